@@ -1,0 +1,3 @@
+from exo_tp.cli.main import main
+
+raise SystemExit(main())

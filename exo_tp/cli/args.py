@@ -1,0 +1,46 @@
+"""Argument types shared by subcommands: each turns bad input into one readable line."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def weight_list(text: str) -> list[float]:
+    """``5,3,2`` -> [5.0, 3.0, 2.0]."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"weights {text!r} must be numbers like 5,3,2") from None
+    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
+        raise argparse.ArgumentTypeError(f"weights {text!r} must be >= 0 with a positive sum")
+    return values
+
+
+def add_model_arg(parser: argparse.ArgumentParser) -> None:
+    from exo_tp.models.registry import DEFAULT_MODEL, DEFAULT_MODELS
+
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"model folder or name ({', '.join(DEFAULT_MODELS)}); "
+                             f"default {DEFAULT_MODEL}")

@@ -1,0 +1,43 @@
+"""`exo-tp` command line: one subcommand module per verb."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from exo_tp import __version__
+from exo_tp.cli import launch, model, plan
+from exo_tp.errors import ExoTpError
+
+COMMANDS = (launch, plan, model)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one readable line, not a usage dump
+        self.exit(2, f"exo-tp: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="exo-tp", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"exo-tp {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        stream=sys.stderr, format="%(levelname)s %(message)s")
+    try:
+        return int(args.handler(args) or 0)
+    except ExoTpError as error:
+        print(f"exo-tp: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("exo-tp: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,35 @@
+"""Human-readable text of a shard plan."""
+
+from __future__ import annotations
+
+from exo_tp.plan.shard_plan import ShardPlan
+
+
+def render_plan(plan: ShardPlan) -> str:
+    spec = plan.spec
+    lines = [
+        f"model {spec.model_type}: {spec.num_layers} layers, hidden {spec.hidden_size}, "
+        f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads x {spec.head_dim}, "
+        f"ffn {spec.ffn_sizes}, vocab {spec.vocab_size}"
+        + (f", {spec.quantization.bits}-bit group {spec.quantization.group_size}"
+           if spec.quantization else ""),
+        f"{plan.size} ranks; attention split by {plan.attention_unit} "
+        f"({plan.head_unit} q heads/unit), ffn unit {plan.ffn_unit} rows, "
+        f"vocab unit {plan.vocab_unit} rows",
+        f"{'rank':>4} {'weight':>7} {'q heads':>9} {'kv heads':>12} "
+        + " ".join(f"{kind:>13}" for kind in spec.ffn_sizes) + f" {'vocab rows':>15}",
+    ]
+    for r in plan.ranks:
+        q = r.heads.q_heads
+        lines.append(
+            f"{r.rank:>4} {r.weight:>7.3f} {f'{q.start}-{q.stop} ({q.size})':>9} "
+            f"{','.join(map(str, r.heads.kv_heads)) or '-':>12} "
+            + " ".join(f"{f'{s.start}-{s.stop} ({s.size})':>13}" for s in r.ffn.values())
+            + f" {f'{r.vocab.start}-{r.vocab.stop}':>15}"
+        )
+    for c in plan.collectives:
+        pad = [c.padded - s for s in c.sizes]
+        per = f"{c.per_layer}x per layer" if c.per_layer else "once per forward"
+        lines.append(f"collective {c.name}: {c.op} {per}, {c.padded} wide"
+                     + (f", padding per rank {pad}" if any(pad) else ""))
+    return "\n".join(lines)

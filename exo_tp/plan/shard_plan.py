@@ -1,0 +1,91 @@
+"""The serializable result of planning: which slice of every split dimension each rank holds."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from exo_tp.plan.spec import Frozen, ModelSpec
+
+
+class Span(Frozen):
+    """Half-open index range [start, stop)."""
+
+    start: int = Field(ge=0)
+    stop: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Span:
+        if self.stop < self.start:
+            raise ValueError(f"span stop {self.stop} < start {self.start}")
+        return self
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def __contains__(self, index: object) -> bool:
+        return isinstance(index, int) and self.start <= index < self.stop
+
+
+class HeadShard(Frozen):
+    """A rank's attention heads.
+
+    Local query head i attends with local KV slot ``i // (len(q_heads) // len(kv_heads))``;
+    ``kv_heads`` lists the global KV head held in each local slot, repeated where a rank's query
+    heads straddle KV groups unevenly (KV heads are then replicated, never split).
+    """
+
+    q_heads: Span
+    kv_heads: tuple[int, ...]
+
+    @property
+    def repeats(self) -> int:
+        return self.q_heads.size // len(self.kv_heads) if self.kv_heads else 0
+
+
+class RankShard(Frozen):
+    rank: int = Field(ge=0)
+    weight: float = Field(ge=0)
+    heads: HeadShard
+    # Feed-forward rows (column-parallel outputs, row-parallel inputs) per FFN kind.
+    ffn: dict[str, Span]
+    vocab: Span
+
+    def span(self, dim: str) -> Span:
+        """The span of a named split dimension ("q_heads", "vocab", or an FFN kind)."""
+        if dim == "q_heads":
+            return self.heads.q_heads
+        if dim == "vocab":
+            return self.vocab
+        return self.ffn[dim]
+
+
+class Collective(Frozen):
+    """One communication step per use, with the common shape every rank sends."""
+
+    name: str
+    op: Literal["all_sum", "all_gather"]
+    # Per-rank payload length along the split axis, and the padded length actually sent.
+    sizes: tuple[int, ...]
+    padded: int
+    per_layer: int = 0  # how many times per transformer layer (0: once per forward)
+
+
+class ShardPlan(Frozen):
+    spec: ModelSpec
+    weights: tuple[float, ...]
+    attention_unit: Literal["kv_group", "q_head"]
+    head_unit: int  # query heads per attention unit
+    ffn_unit: int  # rows per FFN unit
+    vocab_unit: int
+    ranks: tuple[RankShard, ...]
+    collectives: tuple[Collective, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def collective(self, name: str) -> Collective:
+        return next(c for c in self.collectives if c.name == name)

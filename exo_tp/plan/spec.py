@@ -1,0 +1,116 @@
+"""What the planner needs to know about a model, read from its config.json (no MLX)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from exo_tp.errors import ExoTpError
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Quantization(Frozen):
+    """Affine quantization of a checkpoint: input-dimension splits must land on groups."""
+
+    group_size: int = Field(gt=0)
+    bits: int = Field(gt=0)
+
+
+class ModelSpec(Frozen):
+    model_type: str
+    hidden_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    # Width of each feed-forward kind that gets split: {"ffn": 1536}, MoE adds "expert_ffn", ...
+    ffn_sizes: dict[str, int]
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool
+    # bytes per float parameter as stored (2 for bf16/fp16, 4 for fp32)
+    dtype_bytes: int = 2
+    quantization: Quantization | None = None
+    context_length: int = 4096
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def input_align(self) -> int:
+        """Columns an input-dimension split must be a multiple of (the quantization group)."""
+        return self.quantization.group_size if self.quantization else 1
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    # Multimodal wrappers (gemma3, mistral3, ...) nest the language model's settings.
+    return {**config, **config["text_config"]} if "text_config" in config else config
+
+
+def _quantization(config: dict[str, Any]) -> Quantization | None:
+    quant = config.get("quantization")
+    if not quant:
+        return None
+    # Per-module overrides may use other group sizes; a split must respect all of them.
+    groups = [quant["group_size"]] + [
+        v["group_size"] for v in quant.values() if isinstance(v, dict) and "group_size" in v
+    ]
+    return Quantization(group_size=math.lcm(*groups), bits=quant["bits"])
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def spec_from_config(config: dict[str, Any]) -> ModelSpec:
+    c = _text_config(config)
+    try:
+        heads = int(c["num_attention_heads"])
+        hidden = int(c["hidden_size"])
+        kv_heads = int(c.get("num_key_value_heads") or heads)
+        head_dim = int(c.get("head_dim") or hidden // heads)
+        ffn = {"ffn": int(c["intermediate_size"])} if c.get("intermediate_size") else {}
+        if c.get("moe_intermediate_size"):
+            ffn["expert_ffn"] = int(c["moe_intermediate_size"])
+        if c.get("shared_expert_intermediate_size"):
+            ffn["shared_expert_ffn"] = int(c["shared_expert_intermediate_size"])
+        spec = ModelSpec(
+            model_type=str(c["model_type"]),
+            hidden_size=hidden,
+            num_layers=int(c["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            ffn_sizes=ffn,
+            vocab_size=int(c["vocab_size"]),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+            dtype_bytes=_DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")), 2),
+            quantization=_quantization(config),
+            context_length=int(c.get("max_position_embeddings") or 4096),
+        )
+    except KeyError as missing:
+        raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None
+    except (TypeError, ValueError) as bad:
+        raise ExoTpError(f"config.json has an invalid value: {bad}") from None
+    if spec.num_heads % spec.num_kv_heads:
+        raise ExoTpError(
+            f"{spec.num_heads} attention heads are not a multiple of {spec.num_kv_heads} KV heads"
+        )
+    return spec
+
+
+def load_spec(model_dir: Path) -> ModelSpec:
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ExoTpError(f"{path} not found") from None
+    except json.JSONDecodeError as bad:
+        raise ExoTpError(f"{path} is not valid JSON: {bad}") from None
+    return spec_from_config(config)

@@ -1,0 +1,91 @@
+"""Uneven tensor-parallel plans: any number of ranks, shares proportional to device weights.
+
+Units never break the math: attention is split by whole GQA groups (query heads stay with their KV
+head) or, with more ranks than KV heads, by query heads with the KV heads they need replicated;
+any split along an input dimension (o_proj, down_proj) lands on a quantization-group boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from exo_tp.plan.apportion import contiguous_spans, largest_remainder, normalize
+from exo_tp.plan.shard_plan import Collective, HeadShard, RankShard, ShardPlan, Span
+from exo_tp.plan.spec import ModelSpec
+
+# Row alignment of float FFN splits: whole 32-float (128-byte) runs keep matmuls vector-friendly.
+FLOAT_FFN_ALIGN = 32
+VOCAB_ALIGN = 64
+
+
+def _head_unit(spec: ModelSpec, by_group: bool) -> int:
+    """Query heads per unit: a GQA group (or single head), grown until o_proj's column cut
+    (``unit * head_dim``) lands on a quantization group."""
+    base = spec.group_size if by_group else 1
+    cols = base * spec.head_dim
+    return base * (math.lcm(cols, spec.input_align) // cols)
+
+
+def kv_heads_for(q_heads: Span, group_size: int) -> tuple[int, ...]:
+    """KV head per local slot for a run of query heads; replicates KV heads only as needed."""
+    runs: dict[int, int] = {}
+    for q in range(q_heads.start, q_heads.stop):
+        runs[q // group_size] = runs.get(q // group_size, 0) + 1
+    if not runs:
+        return ()
+    repeat = math.gcd(*runs.values())
+    return tuple(kv for kv, n in runs.items() for _ in range(n // repeat))
+
+
+def _ffn_unit(spec: ModelSpec) -> int:
+    return math.lcm(FLOAT_FFN_ALIGN if spec.quantization is None else 1, spec.input_align)
+
+
+def _split(total: int, unit: int, weights: Sequence[float]) -> tuple[Span, ...]:
+    counts = largest_remainder(math.ceil(total / unit), weights)
+    return contiguous_spans(counts, unit, total)
+
+
+def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan:
+    """One TP group over ``len(weights)`` ranks; rank r's share tracks ``weights[r]``."""
+    shares = normalize(weights)
+    n = len(shares)
+    by_group = n <= spec.num_kv_heads
+    head_unit = _head_unit(spec, by_group)
+    q_spans = _split(spec.num_heads, head_unit, shares)
+    ffn_unit = _ffn_unit(spec)
+    ffn_spans = {kind: _split(size, ffn_unit, shares) for kind, size in spec.ffn_sizes.items()}
+    vocab_spans = _split(spec.vocab_size, VOCAB_ALIGN, shares)
+    ranks = tuple(
+        RankShard(
+            rank=r,
+            weight=shares[r],
+            heads=HeadShard(q_heads=q_spans[r], kv_heads=kv_heads_for(q_spans[r], spec.group_size)),
+            ffn={kind: spans[r] for kind, spans in ffn_spans.items()},
+            vocab=vocab_spans[r],
+        )
+        for r in range(n)
+    )
+    vocab_sizes = tuple(s.size for s in vocab_spans)
+    collectives = (
+        # Row-parallel outputs are full hidden vectors on every rank: equal shapes, no padding.
+        Collective(name="attention_out", op="all_sum", sizes=(spec.hidden_size,) * n,
+                   padded=spec.hidden_size, per_layer=1),
+        Collective(name="ffn_out", op="all_sum", sizes=(spec.hidden_size,) * n,
+                   padded=spec.hidden_size, per_layer=1),
+        Collective(name="embedding", op="all_sum", sizes=(spec.hidden_size,) * n,
+                   padded=spec.hidden_size),
+        # Vocab shards differ in size: padded to the largest before the gather.
+        Collective(name="logits", op="all_gather", sizes=vocab_sizes, padded=max(vocab_sizes)),
+    )
+    return ShardPlan(
+        spec=spec,
+        weights=shares,
+        attention_unit="kv_group" if by_group else "q_head",
+        head_unit=head_unit,
+        ffn_unit=ffn_unit,
+        vocab_unit=VOCAB_ALIGN,
+        ranks=ranks,
+        collectives=collectives,
+    )

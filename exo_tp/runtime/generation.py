@@ -1,0 +1,93 @@
+"""Token generation across ranks with mlx-lm's own loop (generate_step / stream_generate).
+
+Every rank runs the same mlx-lm generation loop on its shard. Rank 0 samples; the token is
+broadcast in the same collective as rank 0's stop flag, so every rank stops at the same token
+even for reasons only rank 0 knows (a client went away, a stop string matched).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationResponse, stream_generate
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from exo_tp.runtime.job import SamplingParams
+from exo_tp.shard.collectives import broadcast_from_first
+
+
+@dataclass
+class StopSignal:
+    """Set on rank 0 (any thread) to end generation on every rank within a token or two."""
+
+    _event: threading.Event = field(default_factory=threading.Event)
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+class RankZeroSampler:
+    """Samples on rank 0 only and broadcasts (token, stop flag) to every rank."""
+
+    def __init__(self, sampler: Callable[[mx.array], mx.array], group: mx.distributed.Group,
+                 stop: StopSignal):
+        self._sampler = sampler
+        self._group = group
+        self._stop = stop
+        self.flags: list[mx.array] = []
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        if self._group.rank() == 0:
+            token = self._sampler(logprobs).astype(mx.float32)
+            flag = mx.array([1.0 if self._stop.is_set() else 0.0])
+        else:
+            token = mx.zeros((logprobs.shape[0],), dtype=mx.float32)
+            flag = mx.zeros((1,), dtype=mx.float32)
+        agreed = broadcast_from_first(mx.concatenate([token, flag]), self._group)
+        self.flags.append(agreed[-1])
+        return agreed[:-1].astype(mx.uint32)
+
+    def stopped(self, index: int) -> bool:
+        return bool(self.flags[index].item())
+
+
+def encode_prompt(tokenizer: TokenizerWrapper, prompt: str | None,
+                  messages: list[dict[str, Any]] | None, use_chat_template: bool) -> list[int]:
+    """Token ids the way `mlx_lm.generate` builds them (chat template unless told otherwise)."""
+    if messages is None:
+        messages = [{"role": "user", "content": prompt or ""}]
+    if use_chat_template and tokenizer.has_chat_template:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+    text = prompt if prompt is not None else "".join(str(m["content"]) for m in messages)
+    return tokenizer.encode(text, add_special_tokens=True)
+
+
+def generate(model: Any, tokenizer: TokenizerWrapper, prompt_tokens: list[int],
+             params: SamplingParams, group: mx.distributed.Group,
+             stop: StopSignal | None = None) -> Iterator[GenerationResponse]:
+    """Stream responses; every rank must call this with the same arguments."""
+    if params.seed is not None:
+        mx.random.seed(params.seed)
+    sampler = RankZeroSampler(
+        make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k),
+        group,
+        stop or StopSignal(),
+    )
+    processors = make_logits_processors(repetition_penalty=params.repetition_penalty)
+    responses = stream_generate(model, tokenizer, mx.array(prompt_tokens),
+                                max_tokens=params.max_tokens, sampler=sampler,
+                                logits_processors=processors)
+    # Response i carries token i, sampled (and flagged) by the i-th sampler call.
+    for index, response in enumerate(responses):
+        if sampler.stopped(index):
+            break
+        yield response

@@ -1,0 +1,39 @@
+"""What a rank is asked to do, serialized to every worker process (no MLX here)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from exo_tp.plan import ShardPlan
+from exo_tp.plan.spec import Frozen
+
+READY = "exo-tp:ready"  # status line a worker prints on stderr once it joined the ring
+
+DType = Literal["float32", "float16", "bfloat16", "auto"]
+
+
+class SamplingParams(Frozen):
+    max_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    seed: int | None = None
+
+
+class LaunchJob(Frozen):
+    """A one-shot generation on a local ring of ranks."""
+
+    model_dir: str
+    plan: ShardPlan
+    prompt: str
+    use_chat_template: bool = True
+    sampling: SamplingParams = SamplingParams()
+    # Compute dtype of floating parameters; "auto" keeps the checkpoint's.
+    dtype: DType = "float32"
+    # Optional files rank 0 writes for checking against a reference.
+    logits_out: str | None = None
+    report_out: str | None = None

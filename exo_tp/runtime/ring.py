@@ -1,0 +1,33 @@
+"""Joining an MLX `ring` group started by exo-tp (hostfile + rank in the environment)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import mlx.core as mx
+
+
+def write_hostfile(path: Path, addresses: Sequence[str]) -> None:
+    """MLX's per-rank hostfile: one list of "ip:port" a rank listens on, per rank."""
+    path.write_text(json.dumps([[address] for address in addresses]))
+
+
+def ring_env(rank: int, hostfile: Path) -> dict[str, str]:
+    return {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
+
+
+def init_ring() -> mx.distributed.Group:
+    """The ring group described by MLX_RANK/MLX_HOSTFILE (strict: never a silent group of 1)."""
+    if "MLX_HOSTFILE" not in os.environ:
+        return mx.distributed.init()  # a single rank
+    return mx.distributed.init(backend="ring", strict=True)
+
+
+def barrier(group: mx.distributed.Group) -> None:
+    """Let in-flight communication finish before a rank exits (else peers see a lost link)."""
+    mx.synchronize()
+    if group.size() > 1:
+        mx.eval(mx.distributed.all_sum(mx.ones(1), group=group))

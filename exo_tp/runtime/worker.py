@@ -1,0 +1,87 @@
+"""One rank of a local launch: join the ring, load the shard, generate, report.
+
+Run as ``python -m exo_tp.runtime.worker JOB.json`` with MLX_RANK and MLX_HOSTFILE set.
+Rank 0 writes the generated text to stdout; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.utils import load_tokenizer
+
+from exo_tp.runtime.generation import encode_prompt, generate
+from exo_tp.runtime.job import READY, LaunchJob
+from exo_tp.runtime.ring import barrier, init_ring
+from exo_tp.shard.apply import load_shard
+
+log = logging.getLogger("exo_tp.worker")
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "auto": None}
+
+
+def run(job: LaunchJob) -> None:
+    group = init_ring()  # before loading: a peer that never comes must not cost a load first
+    rank = group.rank()
+    print(READY, file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    model = load_shard(Path(job.model_dir), job.plan, rank, group, DTYPES[job.dtype])
+    mine = job.plan.ranks[rank]
+    log.info("shard loaded in %.1fs: q heads %d-%d, kv %s, ffn %s, vocab %d-%d, %.0f MB active",
+             time.perf_counter() - started, mine.heads.q_heads.start, mine.heads.q_heads.stop,
+             list(mine.heads.kv_heads), {k: (s.start, s.stop) for k, s in mine.ffn.items()},
+             mine.vocab.start, mine.vocab.stop, mx.get_active_memory() / 1e6)
+    tokenizer = load_tokenizer(Path(job.model_dir))
+    prompt = encode_prompt(tokenizer, job.prompt, None, job.use_chat_template)
+
+    if job.logits_out:
+        logits = model(mx.array(prompt)[None]).astype(mx.float32)
+        mx.eval(logits)
+        if rank == 0:
+            np.save(job.logits_out, np.array(logits[0]))
+
+    tokens: list[int] = []
+    last = None
+    for response in generate(model, tokenizer, prompt, job.sampling, group):
+        tokens.append(response.token)
+        last = response
+        if rank == 0:
+            sys.stdout.write(response.text)
+            sys.stdout.flush()
+    if rank == 0:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if last is not None:
+            log.info("prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",
+                     last.prompt_tokens, last.prompt_tps, last.generation_tokens,
+                     last.generation_tps)
+        if job.report_out:
+            text = tokenizer.decode([t for t in tokens if t not in tokenizer.eos_token_ids])
+            report = {
+                "tokens": tokens,
+                "text": text,
+                "prompt_tokens": len(prompt),
+                "generation_tps": last.generation_tps if last else 0.0,
+                "finish_reason": last.finish_reason if last else None,
+            }
+            Path(job.report_out).write_text(json.dumps(report))
+    barrier(group)
+
+
+def main() -> None:
+    rank = os.environ.get("MLX_RANK", "0")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s rank {rank} %(levelname)s %(message)s")
+    job = LaunchJob.model_validate_json(Path(sys.argv[1]).read_text())
+    run(job)
+
+
+if __name__ == "__main__":
+    main()

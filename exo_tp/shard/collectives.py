@@ -1,0 +1,57 @@
+"""The only doors to MLX collectives: each checks that every rank sends the same shape.
+
+MLX collectives never check shapes: mismatched shapes across ranks give silent garbage, corrupt
+the next collective, or hang. Every call here compares the local array with the shape the plan
+fixed for all ranks (so equal on every rank by construction) before it communicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+
+class CollectiveShapeError(RuntimeError):
+    """A rank was about to send a shape the plan did not agree on (a bug, caught before harm)."""
+
+
+def _check_last_dim(x: mx.array, expected: int, what: str) -> None:
+    if x.shape[-1] != expected:
+        raise CollectiveShapeError(f"{what}: last dim {x.shape[-1]} != planned {expected}")
+
+
+def sum_over_ranks(x: mx.array, width: int, group: mx.distributed.Group) -> mx.array:
+    """All-reduce of a full-width activation (row-parallel partial sums)."""
+    _check_last_dim(x, width, "all_sum")
+    if group.size() == 1:
+        return x
+    return mx.distributed.all_sum(x, group=group)
+
+
+def gather_padded(x: mx.array, sizes: Sequence[int], group: mx.distributed.Group) -> mx.array:
+    """Concatenate differently sized last-axis shards from every rank, in rank order.
+
+    Each shard is padded to the largest, all-gathered (equal shapes), and the padding stripped.
+    """
+    rank = group.rank()
+    _check_last_dim(x, sizes[rank], "all_gather shard")
+    if group.size() == 1:
+        return x
+    padded = max(sizes)
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[-1] < padded:
+        flat = mx.pad(flat, [(0, 0), (0, padded - flat.shape[-1])])
+    rows = flat.shape[0]
+    gathered = mx.distributed.all_gather(flat, group=group).reshape(len(sizes), rows, padded)
+    pieces = [gathered[r, :, : sizes[r]] for r in range(len(sizes)) if sizes[r]]
+    return mx.concatenate(pieces, axis=-1).reshape(*lead, sum(sizes))
+
+
+def broadcast_from_first(x: mx.array, group: mx.distributed.Group) -> mx.array:
+    """Rank 0's value of ``x`` on every rank (``x`` must have the same shape everywhere)."""
+    if group.size() == 1:
+        return x
+    mine = x if group.rank() == 0 else mx.zeros_like(x)
+    return mx.distributed.all_sum(mine, group=group)
