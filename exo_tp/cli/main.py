@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from exo_tp import __version__
 from exo_tp.cli import launch, model, plan
 from exo_tp.errors import ExoTpError
+from exo_tp.runtime.lifecycle import exit_on_sigterm
 
 COMMANDS = (launch, plan, model)
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    exit_on_sigterm()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         stream=sys.stderr, format="%(levelname)s %(message)s")
     try:

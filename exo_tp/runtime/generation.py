@@ -18,7 +18,7 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.runtime.job import SamplingParams
-from exo_tp.shard.collectives import broadcast_from_first
+from exo_tp.shard.collectives import broadcast_from_first, zeros_after
 
 
 @dataclass
@@ -47,10 +47,9 @@ class RankZeroSampler:
     def __call__(self, logprobs: mx.array) -> mx.array:
         if self._group.rank() == 0:
             token = self._sampler(logprobs).astype(mx.float32)
-            flag = mx.array([1.0 if self._stop.is_set() else 0.0])
-        else:
-            token = mx.zeros((logprobs.shape[0],), dtype=mx.float32)
-            flag = mx.zeros((1,), dtype=mx.float32)
+        else:  # sampled on rank 0 only; the broadcast below must still follow the logits
+            token = zeros_after((logprobs.shape[0],), mx.float32, logprobs)
+        flag = mx.array([1.0 if self._group.rank() == 0 and self._stop.is_set() else 0.0])
         agreed = broadcast_from_first(mx.concatenate([token, flag]), self._group)
         self.flags.append(agreed[-1])
         return agreed[:-1].astype(mx.uint32)

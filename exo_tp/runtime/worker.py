@@ -19,8 +19,10 @@ from mlx_lm.utils import load_tokenizer
 
 from exo_tp.runtime.generation import encode_prompt, generate
 from exo_tp.runtime.job import READY, LaunchJob
+from exo_tp.runtime.lifecycle import die_with_parent
 from exo_tp.runtime.ring import barrier, init_ring
 from exo_tp.shard.apply import load_shard
+from exo_tp.shard.collectives import gather_padded
 
 log = logging.getLogger("exo_tp.worker")
 
@@ -33,6 +35,7 @@ def run(job: LaunchJob) -> None:
     print(READY, file=sys.stderr, flush=True)
     started = time.perf_counter()
     model = load_shard(Path(job.model_dir), job.plan, rank, group, DTYPES[job.dtype])
+    load_peak = mx.get_peak_memory()
     mine = job.plan.ranks[rank]
     log.info("shard loaded in %.1fs: q heads %d-%d, kv %s, ffn %s, vocab %d-%d, %.0f MB active",
              time.perf_counter() - started, mine.heads.q_heads.start, mine.heads.q_heads.stop,
@@ -55,6 +58,7 @@ def run(job: LaunchJob) -> None:
         if rank == 0:
             sys.stdout.write(response.text)
             sys.stdout.flush()
+    memory = _memory_by_rank(group, load_peak)
     if rank == 0:
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -70,12 +74,23 @@ def run(job: LaunchJob) -> None:
                 "prompt_tokens": len(prompt),
                 "generation_tps": last.generation_tps if last else 0.0,
                 "finish_reason": last.finish_reason if last else None,
+                "memory_by_rank": memory,
             }
             Path(job.report_out).write_text(json.dumps(report))
     barrier(group)
 
 
+def _memory_by_rank(group: mx.distributed.Group, load_peak: int) -> list[dict[str, int]]:
+    """Every rank's memory (peak while loading, peak overall, resident now), on every rank."""
+    mine = mx.array([load_peak, mx.get_peak_memory(), mx.get_active_memory()], dtype=mx.float32)
+    everyone = gather_padded(mine, [3] * group.size(), group)
+    mx.eval(everyone)
+    rows = everyone.reshape(group.size(), 3).tolist()
+    return [{"load_peak": int(a), "peak": int(b), "active": int(c)} for a, b, c in rows]
+
+
 def main() -> None:
+    die_with_parent()
     rank = os.environ.get("MLX_RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s rank {rank} %(levelname)s %(message)s")

@@ -17,7 +17,13 @@ from mlx_lm.utils import load_model
 
 from exo_tp.arch import ArchTable, LinearRule, table_for
 from exo_tp.plan import RankShard, ShardPlan
-from exo_tp.shard.layers import RowParallel, VocabParallelEmbedding, VocabParallelHead, ZeroBranch
+from exo_tp.shard.layers import (
+    RowParallel,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+    ZeroAttention,
+    ZeroBranch,
+)
 from exo_tp.shard.safetensors_slices import Ranges, SafetensorsIndex
 
 _QUANT_PARTS = ("weight", "scales", "biases")
@@ -134,14 +140,17 @@ def _shard_linear(loader: ShardLoader, layer: nn.Module, prefix: str, rule: Line
 
 def _shard_block(loader: ShardLoader, layer: nn.Module, prefix: str, table: ArchTable,
                  select: RankSelector, width: int, group: mx.distributed.Group) -> None:
-    empty = [b.path for b in table.branches if select.count(b.dim) == 0]
-    for path in empty:
-        set_path(layer, path, ZeroBranch(width, group))
+    empty = [b for b in table.branches if select.count(b.dim) == 0]
+    for branch in empty:
+        stand_in = (ZeroAttention(width, select.spec.head_dim, group) if branch.dim == "q_heads"
+                    else ZeroBranch(width, group))
+        set_path(layer, branch.path, stand_in)
+    empty_paths = [b.path for b in empty]
     for rule in table.linears:
-        if not any(rule.path.startswith(f"{path}.") for path in empty):
+        if not any(rule.path.startswith(f"{path}.") for path in empty_paths):
             _shard_linear(loader, layer, prefix, rule, select, width, group)
     for count in table.counts:
-        if not any(count.path.startswith(f"{path}.") for path in empty):
+        if not any(count.path.startswith(f"{path}.") for path in empty_paths):
             set_path(layer, count.path, select.count(count.dim))
 
 

@@ -7,6 +7,7 @@ fixed for all ranks (so equal on every rank by construction) before it communica
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -19,6 +20,16 @@ class CollectiveShapeError(RuntimeError):
 def _check_last_dim(x: mx.array, expected: int, what: str) -> None:
     if x.shape[-1] != expected:
         raise CollectiveShapeError(f"{what}: last dim {x.shape[-1]} != planned {expected}")
+
+
+def zeros_after(shape: Sequence[int], dtype: mx.Dtype, after: mx.array) -> mx.array:
+    """Zeros that the graph computes only after ``after``.
+
+    Collectives must run in the same order on every rank. A constant input has no place in
+    the data flow, so MLX may schedule its collective early and pair it with a peer's other
+    collective (same shapes: silent garbage). Tying it to the preceding value keeps order.
+    """
+    return mx.depends(mx.zeros(shape, dtype=dtype), after)
 
 
 def sum_over_ranks(x: mx.array, width: int, group: mx.distributed.Group) -> mx.array:
@@ -40,10 +51,10 @@ def gather_padded(x: mx.array, sizes: Sequence[int], group: mx.distributed.Group
         return x
     padded = max(sizes)
     lead = x.shape[:-1]
-    flat = x.reshape(-1, x.shape[-1])
+    rows = math.prod(lead)
+    flat = x.reshape(rows, x.shape[-1])  # explicit: -1 is undefined for an empty shard
     if flat.shape[-1] < padded:
         flat = mx.pad(flat, [(0, 0), (0, padded - flat.shape[-1])])
-    rows = flat.shape[0]
     gathered = mx.distributed.all_gather(flat, group=group).reshape(len(sizes), rows, padded)
     pieces = [gathered[r, :, : sizes[r]] for r in range(len(sizes)) if sizes[r]]
     return mx.concatenate(pieces, axis=-1).reshape(*lead, sum(sizes))
@@ -53,5 +64,5 @@ def broadcast_from_first(x: mx.array, group: mx.distributed.Group) -> mx.array:
     """Rank 0's value of ``x`` on every rank (``x`` must have the same shape everywhere)."""
     if group.size() == 1:
         return x
-    mine = x if group.rank() == 0 else mx.zeros_like(x)
+    mine = x if group.rank() == 0 else zeros_after(x.shape, x.dtype, x)
     return mx.distributed.all_sum(mine, group=group)

@@ -13,7 +13,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from exo_tp.shard.collectives import gather_padded, sum_over_ranks
+from exo_tp.shard.collectives import gather_padded, sum_over_ranks, zeros_after
 
 
 class RowParallel(nn.Module):
@@ -34,10 +34,9 @@ class RowParallel(nn.Module):
 
 
 class ZeroBranch(nn.Module):
-    """Stands in for a sub-block (attention, MLP) of which this rank holds nothing.
+    """Stands in for a sub-block (an MLP) of which this rank holds nothing.
 
-    It still joins the sub-block's all-reduce, contributing zeros, and keeps a KV cache's
-    position in step so masks and rope offsets stay right.
+    It still joins the sub-block's all-reduce, contributing zeros.
     """
 
     def __init__(self, width: int, group: mx.distributed.Group):
@@ -45,13 +44,31 @@ class ZeroBranch(nn.Module):
         self._width = width
         self._group = group
 
-    def __call__(self, x: mx.array, *args: Any, cache: Any = None, **kwargs: Any) -> mx.array:
-        if cache is None and len(args) >= 2:
-            cache = args[1]  # mlx-lm attention: (x, mask, cache)
-        if cache is not None and hasattr(cache, "offset"):
-            cache.offset += x.shape[1]
-        zeros = mx.zeros((*x.shape[:-1], self._width), dtype=x.dtype)
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        zeros = zeros_after((*x.shape[:-1], self._width), x.dtype, x)
         return sum_over_ranks(zeros, self._width, self._group)
+
+
+class ZeroAttention(ZeroBranch):
+    """Stands in for attention on a rank that holds no heads.
+
+    mlx-lm's prefill evaluates only the KV caches, so every rank's caches must depend on the
+    layer inputs exactly as a real attention's do: otherwise this rank would skip the prefill
+    all-reduces its peers run, and the ring would hang. It therefore caches one head-sized
+    slice of its input (a stand-in head: negligible memory, never read).
+    """
+
+    def __init__(self, width: int, head_dim: int, group: mx.distributed.Group):
+        super().__init__(width, group)
+        self._head_dim = head_dim
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None,
+                 *args: Any, **kwargs: Any) -> mx.array:
+        if cache is not None:
+            b, length, _ = x.shape
+            stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
+            cache.update_and_fetch(stand_in, stand_in)
+        return super().__call__(x)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -82,7 +99,7 @@ class VocabParallelEmbedding(nn.Module):
             rows = self.inner(mx.where(inside, local, 0))
             rows = rows * inside[..., None].astype(rows.dtype)
         else:
-            rows = mx.zeros((*ids.shape, self._width), dtype=self._dtype)
+            rows = zeros_after((*ids.shape, self._width), self._dtype, ids)
         return sum_over_ranks(rows, self._width, self._group)
 
     def as_linear(self, x: mx.array) -> mx.array:
@@ -105,4 +122,4 @@ class VocabParallelHead(nn.Module):
 
 
 def _no_logits(x: mx.array) -> mx.array:
-    return mx.zeros((*x.shape[:-1], 0), dtype=x.dtype)
+    return zeros_after((*x.shape[:-1], 0), x.dtype, x)

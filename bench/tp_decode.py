@@ -1,0 +1,148 @@
+"""Decode speed of exo-tp on 2 local ranks vs single-process mlx-lm, measured in one run.
+
+Also times the padded all-gather (uneven vocab shards padded to the largest) against an
+equal-shape all-gather of the same payload. Rounds alternate between the contenders so drift
+on this noisy machine hits all of them alike; medians are reported.
+
+    python bench/tp_decode.py [--model smollm2-135m] [--tokens 128] [--rounds 3] [--quick]
+
+The last line of stdout is one JSON object with the headline ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
+
+SINGLE = """
+import json, sys, mlx.core as mx
+from mlx_lm import load, stream_generate
+model, tok = load(sys.argv[1]); model.set_dtype(mx.float32)
+ids = tok.encode(sys.argv[2])
+for r in stream_generate(model, tok, mx.array(ids), max_tokens=int(sys.argv[3])): pass
+print(json.dumps({"tps": r.generation_tps, "tokens": r.generation_tokens}))
+"""
+
+GATHER = """
+import json, sys, time, mlx.core as mx
+from exo_tp.runtime.ring import init_ring, barrier
+from exo_tp.shard.collectives import gather_padded
+group = init_ring(); r = group.rank()
+sizes = json.loads(sys.argv[1]); iters = int(sys.argv[2])
+equal = sum(sizes) // len(sizes)
+uneven = mx.ones((1, sizes[r])); even = mx.ones((1, equal)); mx.eval(uneven, even)
+def timed(fn):
+    out = []
+    for _ in range(iters):
+        mx.eval(mx.distributed.all_sum(mx.ones(1), group=group))  # line up the ranks
+        t = time.perf_counter(); mx.eval(fn()); out.append(time.perf_counter() - t)
+    return sorted(out)[len(out) // 2]
+res = {}
+for _ in range(2):  # alternate to share drift
+    res.setdefault("padded", []).append(timed(lambda: gather_padded(uneven, sizes, group)))
+    res.setdefault("equal", []).append(
+        timed(lambda: mx.distributed.all_gather(even, group=group)))
+barrier(group)
+if r == 0:
+    print(json.dumps({k: min(v) for k, v in res.items()}))
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
+def single_process(model: Path, tokens: int) -> float:
+    out = subprocess.run([sys.executable, "-c", SINGLE, str(model), PROMPT, str(tokens)],
+                         capture_output=True, text=True, check=True, env=_env())
+    return json.loads(out.stdout.strip().splitlines()[-1])["tps"]
+
+
+def exo_tp(model: Path, weights: list[float], tokens: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run(
+            [sys.executable, "-m", "exo_tp", "launch", "--ranks", str(len(weights)),
+             "--weights", ",".join(map(str, weights)), "--model", str(model),
+             "--prompt", PROMPT, "--ignore-chat-template", "--max-tokens", str(tokens),
+             "--report-out", str(report)],
+            capture_output=True, text=True, check=True, env=_env(),
+        )
+        return json.loads(report.read_text())["generation_tps"]
+
+
+def gather_times(sizes: list[int], iters: int) -> dict[str, float]:
+    from exo_tp.runtime.ports import free_ports
+    from exo_tp.runtime.ring import ring_env, write_hostfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hostfile = Path(tmp) / "hosts.json"
+        write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(len(sizes))])
+        procs = [subprocess.Popen([sys.executable, "-c", GATHER, json.dumps(sizes), str(iters)],
+                                  env={**_env(), **ring_env(r, hostfile)},
+                                  stdout=subprocess.PIPE, text=True)
+                 for r in range(len(sizes))]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    return json.loads(outs[0].strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--uneven", default="0.7,0.3")
+    parser.add_argument("--quick", action="store_true", help="1 round, 48 tokens")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.tokens = 1, 48
+    sys.path.insert(0, str(ROOT))
+    from exo_tp.models.registry import resolve_model
+    from exo_tp.plan import load_spec, plan_tensor_parallel
+
+    model = resolve_model(args.model)
+    uneven = [float(w) for w in args.uneven.split(",")]
+    runs: dict[str, list[float]] = {"single": [], "tp2_even": [], "tp2_uneven": []}
+    for round_ in range(args.rounds):
+        runs["single"].append(single_process(model, args.tokens))
+        runs["tp2_even"].append(exo_tp(model, [1, 1], args.tokens))
+        runs["tp2_uneven"].append(exo_tp(model, uneven, args.tokens))
+        print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} tok/s"
+                                                  for k, v in runs.items()), file=sys.stderr)
+    tps = {k: statistics.median(v) for k, v in runs.items()}
+
+    plan = plan_tensor_parallel(load_spec(model), uneven)
+    vocab_sizes = list(plan.collective("logits").sizes)
+    gather = gather_times(vocab_sizes, iters=50 if args.quick else 200)
+
+    print(f"model {args.model}, {args.tokens} tokens, fp32, median of {args.rounds} rounds")
+    print(f"{'contender':<28}{'tok/s':>8}{'vs single':>11}")
+    for name, label in (("single", "mlx-lm, 1 process"), ("tp2_even", "exo-tp 2 ranks 1:1"),
+                        ("tp2_uneven", f"exo-tp 2 ranks {args.uneven}")):
+        print(f"{label:<28}{tps[name]:>8.2f}{tps[name] / tps['single']:>10.2f}x")
+    print(f"logits all-gather {vocab_sizes} padded to {max(vocab_sizes)}: "
+          f"{gather['padded'] * 1e3:.3f} ms vs equal shapes {gather['equal'] * 1e3:.3f} ms")
+    print(json.dumps({
+        "single_tps": round(tps["single"], 3),
+        "tp2_even_tps": round(tps["tp2_even"], 3),
+        "tp2_uneven_tps": round(tps["tp2_uneven"], 3),
+        "tp2_even_over_single": round(tps["tp2_even"] / tps["single"], 3),
+        "tp2_uneven_over_single": round(tps["tp2_uneven"] / tps["single"], 3),
+        "gather_padded_ms": round(gather["padded"] * 1e3, 4),
+        "gather_equal_ms": round(gather["equal"] * 1e3, 4),
+        "gather_padded_over_equal": round(gather["padded"] / gather["equal"], 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Test helpers: run the real CLI, and compute independent single-device mlx-lm references."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CLI = [sys.executable, "-m", "exo_tp"]
+
+
+def run_cli(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exo-tp {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    return result
+
+
+@dataclass
+class LaunchResult:
+    text: str
+    stderr: str
+    report: dict
+    logits: np.ndarray | None
+
+
+def launch(tmp: Path, model: str | Path, weights: list[float], prompt: str, max_tokens: int,
+           *extra: str, logits: bool = True) -> LaunchResult:
+    report, logits_file = tmp / "report.json", tmp / "logits.npy"
+    args = ["launch", "--ranks", str(len(weights)), "--weights", ",".join(map(str, weights)),
+            "--model", str(model), "--prompt", prompt, "--max-tokens", str(max_tokens),
+            "--report-out", str(report), *extra]
+    if logits:
+        args += ["--logits-out", str(logits_file)]
+    result = run_cli(*args)
+    return LaunchResult(result.stdout, result.stderr, json.loads(report.read_text()),
+                        np.load(logits_file) if logits else None)
+
+
+@dataclass
+class Reference:
+    tokens: list[int]
+    text: str
+    logits: np.ndarray  # (prompt_len, vocab) for the prompt tokens
+
+
+def mlx_lm_reference(model_dir: Path, prompt: str, max_tokens: int,
+                     chat_template: bool = True) -> Reference:
+    """What single-device mlx-lm computes (float32), built only from mlx-lm's own API."""
+    import mlx.core as mx
+    from mlx_lm import load, stream_generate
+
+    model, tokenizer = load(str(model_dir))
+    model.set_dtype(mx.float32)
+    if chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(prompt)
+    logits = np.array(model(mx.array(ids)[None]).astype(mx.float32)[0])
+    tokens, out = [], ""
+    for response in stream_generate(model, tokenizer, mx.array(ids), max_tokens=max_tokens):
+        tokens.append(response.token)
+        out += response.text
+    return Reference(tokens, out, logits)
+
+
+def assert_logits_close(ours: np.ndarray, ref: np.ndarray) -> None:
+    """fp32 agreement, scaled to the logits' size.
+
+    Reordering one sum in one process (what a row-parallel split does) already moves SmolLM2's
+    logits (|logit| up to ~35) by 1.1e-4 to 1.6e-4, so the bound is 1e-4 per 10 units of
+    logit scale (1e-5 relative), never looser than 1e-4 for small logits.
+    """
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    scale = max(10.0, float(np.abs(ref).max()))
+    diff = float(np.abs(ours - ref).max())
+    assert diff <= 1e-5 * scale, f"max |logit diff| {diff:.3g} > {1e-5 * scale:.3g}"

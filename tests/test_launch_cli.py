@@ -1,0 +1,101 @@
+"""The `exo-tp` command line: readable one-line errors, and no hang when a rank dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import CLI, run_cli
+
+
+def _one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("exo-tp: error:")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["launch", "--ranks", "0", "--prompt", "x"], "--ranks"),
+        (["launch", "--ranks", "two", "--prompt", "x"], "whole number"),
+        (["launch", "--ranks", "2", "--weights", "1,2,3", "--prompt", "x"], "3 values for 2"),
+        (["launch", "--ranks", "2", "--weights", "1,-1", "--prompt", "x"], "weights"),
+        (["launch", "--ranks", "2", "--weights", "a,b", "--prompt", "x"], "numbers"),
+        (["launch", "--ranks", "2", "--weights", "0,0", "--prompt", "x"], "positive"),
+        (["launch", "--model", "no-such-model", "--prompt", "x"], "unknown model"),
+        (["launch", "--prompt", "x", "--max-tokens", "0"], "--max-tokens"),
+        (["launch", "--prompt", "x", "--temp", "-1"], "--temp"),
+        (["launch", "--prompt", "x", "--top-p", "2"], "top-p"),
+        (["launch", "--ranks", "2"], "--prompt"),
+        (["plan", "--model", "/nonexistent/folder"], "unknown model"),
+        (["model", "path", "nope"], "unknown model"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_readable_line(args: list[str], needle: str) -> None:
+    line = _one_line_error(run_cli(*args, check=False, timeout=120))
+    assert needle in line
+
+
+def test_model_folder_without_config(tmp_path: Path) -> None:
+    line = _one_line_error(run_cli("plan", "--model", str(tmp_path), check=False))
+    assert "config.json" in line
+
+
+def test_model_path_prints_prepared_folder(default_models: dict[str, Path]) -> None:
+    out = run_cli("model", "path", "smollm2-135m-q4").stdout.strip()
+    assert Path(out) == default_models["smollm2-135m-q4"]
+    assert (Path(out) / "config.json").is_file()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _rank_of(pid: int) -> int | None:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    for item in env:
+        if item.startswith(b"MLX_RANK="):
+            return int(item.split(b"=", 1)[1])
+    return None
+
+
+def test_dead_rank_stops_the_job_with_a_clear_error(default_models: dict[str, Path]) -> None:
+    """Kill one rank mid-generation: the launcher reports it within 10 s and leaves no ranks."""
+    launcher = subprocess.Popen(
+        [*CLI, "launch", "--ranks", "3", "--weights", "5,3,2", "--prompt",
+         "Write a very long story about a lighthouse keeper.", "--max-tokens", "2000",
+         "--ignore-chat-template"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        first = launcher.stdout.read(1)  # generation has started on every rank
+        assert first, launcher.stderr.read() if launcher.stderr else ""
+        workers = _children(launcher.pid)
+        victim = next(pid for pid in workers if _rank_of(pid) == 1)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = launcher.communicate(timeout=30)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert elapsed < 10, f"took {elapsed:.1f}s to notice"
+    assert launcher.returncode != 0
+    assert "Traceback" not in stderr.splitlines()[-1]
+    assert "exo-tp: error: rank 1 exited" in stderr
+    time.sleep(0.5)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
