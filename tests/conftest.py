@@ -18,6 +18,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+    parser.addoption("--full-matrix", action="store_true",
+                     help="run the whole architecture x ranks x quantization matrix "
+                          "(tests/test_arch_matrix.py), not only its default sample")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

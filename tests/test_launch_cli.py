@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -48,6 +49,18 @@ def test_bad_input_is_one_readable_line(args: list[str], needle: str) -> None:
 def test_model_folder_without_config(tmp_path: Path) -> None:
     line = _one_line_error(run_cli("plan", "--model", str(tmp_path), check=False))
     assert "config.json" in line
+
+
+@pytest.mark.parametrize("command", [["plan"], ["launch", "--ranks", "2", "--prompt", "x"]])
+def test_unsupported_architecture_is_named_with_the_supported_ones(
+        tmp_path: Path, command: list[str]) -> None:
+    from exo_tp.arch import supported_model_types
+
+    config = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    line = _one_line_error(run_cli(*command, "--model", str(tmp_path), check=False))
+    assert "'gpt2'" in line
+    assert all(t in line for t in supported_model_types())
 
 
 def test_model_path_prints_prepared_folder(default_models: dict[str, Path]) -> None:

@@ -10,10 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exo_tp.errors import PlanError
-from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel
+from exo_tp.arch import supported_model_types, table_for
+from exo_tp.errors import PlanError, UnsupportedArchitectureError
+from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel, spec_from_config
 from exo_tp.plan.apportion import largest_remainder
+from exo_tp.plan.slices import RankSelector
 from exo_tp.plan.tensor_parallel import FLOAT_FFN_ALIGN, VOCAB_ALIGN
+
+MLA_TYPES = ("deepseek_v2", "deepseek_v3")
+OTHER_TYPES = tuple(t for t in supported_model_types() if t not in MLA_TYPES)
 
 
 @st.composite
@@ -23,14 +28,23 @@ def specs(draw: st.DrawFn) -> ModelSpec:
     head_dim = draw(st.sampled_from([16, 32, 64, 80, 96, 128]))
     quant = draw(st.sampled_from([None, (32, 4), (64, 4), (128, 4), (64, 8)]))
     ffn = draw(st.integers(1, 200)) * (quant[0] if quant else 8)
+    # MLA-like specs: the attention output (o_proj input) per head is v_head_dim wide.
+    mla = draw(st.booleans())
+    head_widths = ({"v_head_dim": draw(st.sampled_from([16, 32, 48, 64, 128])),
+                    "kv_b_head_dim": draw(st.sampled_from([48, 96, 256]))} if mla else {})
+    ffn_sizes = {"ffn": ffn}
+    for kind in ("expert_ffn", "shared_expert_ffn"):
+        if draw(st.booleans()):
+            ffn_sizes[kind] = draw(st.integers(1, 50)) * (quant[0] if quant else 8)
     return ModelSpec(
-        model_type="llama",
+        model_type=draw(st.sampled_from(MLA_TYPES if mla else OTHER_TYPES)),
         hidden_size=draw(st.sampled_from([64, 576, 1024])),
         num_layers=draw(st.integers(1, 4)),
         num_heads=kv * group,
         num_kv_heads=kv,
         head_dim=head_dim,
-        ffn_sizes={"ffn": ffn},
+        head_widths=head_widths,
+        ffn_sizes=ffn_sizes,
         vocab_size=draw(st.integers(1, 70000)),
         tie_word_embeddings=draw(st.booleans()),
         quantization=Quantization(group_size=quant[0], bits=quant[1]) if quant else None,
@@ -89,14 +103,28 @@ def test_input_splits_land_on_quantization_groups(spec: ModelSpec, weights: list
     plan = plan_tensor_parallel(spec, weights)
     align = spec.quantization.group_size if spec.quantization else 1
     for r in plan.ranks:
-        # o_proj's input columns are q heads x head_dim; down_proj's are FFN rows.
-        for cut in (r.heads.q_heads.start * spec.head_dim, r.heads.q_heads.stop * spec.head_dim):
-            assert cut % align == 0 or cut == spec.num_heads * spec.head_dim
+        # down_proj's input columns are FFN rows (o_proj's: test_no_split_cuts_a_group).
         for cut in (r.ffn["ffn"].start, r.ffn["ffn"].stop):
             assert cut % align == 0 or cut == spec.ffn_sizes["ffn"]
             if spec.quantization is None:
                 assert cut % FLOAT_FFN_ALIGN == 0 or cut == spec.ffn_sizes["ffn"]
         assert r.vocab.start % VOCAB_ALIGN == 0 or r.vocab.start == spec.vocab_size
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=specs(), weights=weights_lists)
+def test_no_split_cuts_a_group(spec: ModelSpec, weights: list[float]) -> None:
+    """Every input-dimension (row-parallel) slice the loader takes by the architecture's
+    table lands on quantization groups: no split ever needs requantization."""
+    plan = plan_tensor_parallel(spec, weights)
+    align = spec.input_align
+    for rule in (r for r in table_for(spec.model_type).linears if r.style == "row"):
+        if any(p not in ("q_heads", "kv_heads", *spec.ffn_sizes) for p in rule.parts):
+            continue  # an FFN kind this spec lacks: the module does not exist
+        for rank in range(plan.size):
+            ranges, total = RankSelector(plan, rank).rule(rule)
+            for cut in (c for r in ranges for c in r):
+                assert cut % align == 0 or cut == total, (spec.model_type, rule.path)
 
 
 @settings(max_examples=300, deadline=None)
@@ -150,6 +178,51 @@ def test_smollm2_cases_others_refuse() -> None:
     assert sum(r.heads.q_heads.size for r in four.ranks) == 9
     five = plan_tensor_parallel(spec, [1] * 5)  # 1536 rows in 48 groups of 32 over 5 ranks
     assert [r.ffn["ffn"].size for r in five.ranks] == [320, 320, 320, 288, 288]
+
+
+def test_group_128_with_head_dim_64_takes_two_head_units() -> None:
+    spec = ModelSpec(model_type="llama", hidden_size=384, num_layers=2, num_heads=6,
+                     num_kv_heads=3, head_dim=64, ffn_sizes={"ffn": 384}, vocab_size=49152,
+                     tie_word_embeddings=True, quantization=Quantization(group_size=128, bits=4))
+    assert plan_tensor_parallel(spec, [1, 1, 1]).head_unit == 2  # one GQA group: 128 columns
+    five = plan_tensor_parallel(spec, [1] * 5)  # more ranks than KV heads: q-head units
+    assert five.attention_unit == "q_head" and five.head_unit == 2
+    assert [r.heads.q_heads.size for r in five.ranks] == [2, 2, 2, 0, 0]
+
+
+def test_mla_config_reads_per_head_widths() -> None:
+    spec = spec_from_config(dict(
+        model_type="deepseek_v3", hidden_size=128, num_hidden_layers=2, intermediate_size=200,
+        num_attention_heads=6, num_key_value_heads=2, q_lora_rank=48, kv_lora_rank=64,
+        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=24, n_shared_experts=2,
+        moe_intermediate_size=104, vocab_size=1000,
+        quantization={"group_size": 32, "bits": 4, "model.layers.1.mlp.gate": {
+            "group_size": 64, "bits": 8}}))
+    assert spec.num_kv_heads == 6  # MLA: no GQA, whatever num_key_value_heads says
+    assert spec.head_dim == 48
+    assert spec.head_widths == {"kv_b_head_dim": 56, "v_head_dim": 24}
+    assert spec.ffn_sizes == {"ffn": 200, "expert_ffn": 104, "shared_expert_ffn": 208}
+    assert spec.input_align == 64  # the router's override counts too
+    assert not spec.tie_word_embeddings  # deepseek never ties
+
+
+def test_legacy_mxfp4_checkpoints_split_on_groups_of_32() -> None:
+    spec = spec_from_config(dict(
+        model_type="gpt_oss", hidden_size=2880, num_hidden_layers=2, intermediate_size=2880,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, vocab_size=1000,
+        quantization_config={"quant_method": "mxfp4"}))
+    assert spec.input_align == 32
+    plan = plan_tensor_parallel(spec, [3, 2, 2])
+    assert all(r.ffn["ffn"].start % 32 == 0 for r in plan.ranks)
+
+
+def test_unsupported_architecture_names_itself_and_the_supported() -> None:
+    with pytest.raises(UnsupportedArchitectureError) as info:
+        spec_from_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4})
+    message = str(info.value)
+    assert "'gpt2'" in message and "\n" not in message
+    assert all(t in message for t in supported_model_types())
+    assert len(supported_model_types()) >= 10
 
 
 def test_largest_remainder_is_exact_for_integral_quotas() -> None:

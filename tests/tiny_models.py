@@ -8,15 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes
+from mlx_lm.utils import _get_classes, quantize_model
 
 
 def write_tiny_model(folder: Path, config: dict[str, Any], tokenizer_from: Path,
                      dtype: mx.Dtype = mx.float32, seed: int = 0,
-                     quantize: dict[str, int] | None = None) -> Path:
-    """Random weights for ``config`` (scaled so activations stay O(1)), plus a real tokenizer."""
+                     quantize: dict[str, Any] | None = None) -> Path:
+    """Random weights for ``config`` (scaled so activations stay O(1)), plus a real tokenizer.
+
+    ``quantize`` ({"group_size": g, "bits": b, optional "mode"}) quantizes with mlx-lm's own
+    quantize_model, so per-layer choices (e.g. 8-bit group-64 MoE routers) and the config are
+    what mlx-lm writes; modules whose input width is not a multiple of g stay float.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
@@ -29,8 +33,8 @@ def write_tiny_model(folder: Path, config: dict[str, Any], tokenizer_from: Path,
             params[name] = 0.08 * mx.random.normal(value.shape)
     model.load_weights(list(params.items()))
     if quantize:
-        nn.quantize(model, group_size=quantize["group_size"], bits=quantize["bits"])
-        config = {**config, "quantization": quantize}
+        model, config = quantize_model(model, config, quantize["group_size"], quantize["bits"],
+                                       mode=quantize.get("mode", "affine"))
     weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
                for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})

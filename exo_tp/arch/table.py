@@ -1,44 +1,83 @@
 """The schema of a per-architecture tensor-parallel table (pure data, no MLX).
 
-A table says, for the modules inside one transformer block, which linear layers are
-column-parallel (outputs split) or row-parallel (inputs split, then one all-reduce), which split
-dimension each follows (packed projections list one dimension per packed part), which
-sub-blocks vanish on a rank that holds none of their dimension, and which attributes hold head
-counts that become local counts.
+A table describes one transformer block of an mlx-lm architecture, with paths relative to the
+block:
+
+- linears: which weights are split, along which axis, following which split dimension (packed
+  projections list one dimension per packed part, e.g. q|k|v);
+- branches: the sub-blocks (attention, MLP, MoE) whose output is a partial sum over ranks, each
+  all-reduced exactly once at its output; a rank holding none of a branch runs a zero stand-in;
+- replicated: modules inside branches that every rank holds whole (norms, routers, latent
+  projections);
+- counts: attributes holding head counts, set to the rank's local counts.
+
+A rule whose module a block lacks is skipped, so dense and MoE blocks of one model (or optional
+projections) share one table. The loader refuses a parameter inside a branch that no rule
+slices or declares replicated: a table that misses a module fails loudly, never splits wrong.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from exo_tp.plan.spec import Frozen
+from exo_tp.frozen import Frozen
 
-# Split dimensions a rule may follow: query heads, KV heads (as held per rank, possibly
-# replicated), the vocabulary, or an FFN kind named in ModelSpec.ffn_sizes ("ffn", "expert_ffn").
+# Split dimensions: query heads, KV heads (as held per rank, possibly replicated), or an FFN
+# kind named in ModelSpec.ffn_sizes ("ffn", "expert_ffn", "shared_expert_ffn").
 HEAD_DIMS = ("q_heads", "kv_heads")
 
 
 class LinearRule(Frozen):
-    path: str  # module path inside a block, e.g. "self_attn.q_proj"
-    style: Literal["column", "row"]
+    """How one weight (a linear layer of any flavour, or a bare parameter) is split.
+
+    - ``column``: output rows (weight axis -2, bias axis -1); experts' stacked weights
+      (E, out, in) split every expert alike.
+    - ``row``: input columns (weight axis -1); quantized weights are cut on group boundaries
+      (never requantized). The bias is kept by one rank only, so the branch's all-reduce adds
+      it exactly once.
+    - ``stacked``: the leading axis of a per-head stack (MLA's (heads, out, in) weights,
+      gpt-oss attention sinks (heads,)): one entry per head.
+    """
+
+    path: str
+    style: Literal["column", "row", "stacked"]
     # Split dimension of each packed part along the split axis, in packed order.
     parts: tuple[str, ...] = Field(min_length=1)
+    # Elements per head along the split axis (column/row of head dims): a head width of the
+    # ModelSpec ("head_dim", or a name in ModelSpec.head_widths such as "v_head_dim").
+    width: str = "head_dim"
+
+    @model_validator(mode="after")
+    def _stacked_by_heads(self) -> LinearRule:
+        if self.style == "stacked" and any(p not in HEAD_DIMS for p in self.parts):
+            raise ValueError(f"{self.path}: a stacked weight is split by heads only")
+        return self
 
 
 class BranchRule(Frozen):
-    """A sub-block whose output is a row-parallel sum; replaced by zeros where ``dim`` is empty."""
+    """A sub-block computing, on each rank, a partial sum from its slices of the split weights
+    inside it.
+
+    ``reduce``: its output is all-reduced once, here (attention, an MLP, a whole MoE block).
+    Otherwise it is a piece of an enclosing branch (the routed experts or the shared experts
+    of a MoE block) whose partial output joins that branch's single all-reduce. A rank that
+    holds nothing of any split weight inside gets a zero stand-in of ``kind``: ``attention``
+    (also keeps its KV cache in step), ``mlp`` (called with x) or ``experts`` (called with x
+    and the routed expert indices).
+    """
 
     path: str
-    dim: str
+    kind: Literal["attention", "mlp", "experts"]
+    reduce: bool = True
 
 
 class CountRule(Frozen):
     """An attribute holding a head count, set to the rank's local count."""
 
     path: str
-    dim: Literal["q_heads", "kv_heads"]
+    dim: Literal["q_heads", "kv_heads", "repeats"]  # repeats: query heads per local KV head
 
 
 class ArchTable(Frozen):
@@ -46,6 +85,30 @@ class ArchTable(Frozen):
     layers: str = "model.layers"
     linears: tuple[LinearRule, ...]
     branches: tuple[BranchRule, ...]
+    replicated: tuple[str, ...] = ()
     counts: tuple[CountRule, ...]
     embedding: str = "model.embed_tokens"
-    lm_head: str = "lm_head"  # used only when embeddings are not tied
+    lm_head: str = "lm_head"  # used only when the model has one (untied embeddings)
+    # mlx-lm's default when config.json omits tie_word_embeddings
+    tie_default: bool = True
+    # False where mlx-lm derives head_dim as hidden_size // heads whatever config.json says
+    reads_head_dim: bool = True
+
+    @model_validator(mode="after")
+    def _every_split_is_reduced_once(self) -> ArchTable:
+        reducing = [b.path for b in self.branches if b.reduce]
+        for branch in self.branches:
+            outer = [p for p in reducing if p != branch.path and is_under(branch.path, p)]
+            if branch.reduce and outer:
+                raise ValueError(f"branch {branch.path} inside {outer[0]} would reduce twice")
+            if not branch.reduce and not outer:
+                raise ValueError(f"branch {branch.path} is inside no reducing branch")
+        for rule in self.linears:
+            if not any(is_under(rule.path, p) for p in reducing):
+                raise ValueError(f"{rule.path} is inside no reducing branch")
+        return self
+
+
+def is_under(path: str, prefix: str) -> bool:
+    """Whether ``path`` is ``prefix`` or lies inside it."""
+    return path == prefix or path.startswith(f"{prefix}.")

@@ -1,36 +1,176 @@
-"""One tensor-parallel table per supported mlx-lm architecture."""
+"""One tensor-parallel table per supported mlx-lm architecture (family)."""
 
 from __future__ import annotations
 
 from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule
 
 
-def _col(path: str, *parts: str) -> LinearRule:
-    return LinearRule(path=path, style="column", parts=parts)
+def _col(path: str, *parts: str, width: str = "head_dim") -> LinearRule:
+    return LinearRule(path=path, style="column", parts=parts, width=width)
 
 
-def _row(path: str, *parts: str) -> LinearRule:
-    return LinearRule(path=path, style="row", parts=parts)
+def _row(path: str, *parts: str, width: str = "head_dim") -> LinearRule:
+    return LinearRule(path=path, style="row", parts=parts, width=width)
 
 
-# q/k/v column-parallel by heads, o row-parallel; gate/up column, down row; norms replicated
-# (qwen3's per-head q_norm/k_norm act on head_dim, so they need no split).
+def _stacked(path: str) -> LinearRule:
+    return LinearRule(path=path, style="stacked", parts=("q_heads",))
+
+
+def _attention(prefix: str = "self_attn") -> tuple[LinearRule, ...]:
+    """q/k/v column-parallel by heads (biases follow their rows), o row-parallel."""
+    return (
+        _col(f"{prefix}.q_proj", "q_heads"),
+        _col(f"{prefix}.k_proj", "kv_heads"),
+        _col(f"{prefix}.v_proj", "kv_heads"),
+        _row(f"{prefix}.o_proj", "q_heads"),
+    )
+
+
+def _glu(prefix: str, dim: str) -> tuple[LinearRule, ...]:
+    """A gated MLP (dense or every expert of a stacked SwitchGLU): gate/up column, down row."""
+    return (
+        _col(f"{prefix}.gate_proj", dim),
+        _col(f"{prefix}.up_proj", dim),
+        _row(f"{prefix}.down_proj", dim),
+    )
+
+
+ATTENTION = BranchRule(path="self_attn", kind="attention")
+MLP = BranchRule(path="mlp", kind="mlp")
+HEAD_COUNTS = (
+    CountRule(path="self_attn.n_heads", dim="q_heads"),
+    CountRule(path="self_attn.n_kv_heads", dim="kv_heads"),
+)
+# qwen3/gemma3 normalise each head over head_dim: the same weights on every rank.
+QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+
 LLAMA_LIKE = ArchTable(
-    model_types=("llama", "qwen2", "qwen3"),
-    linears=(
-        _col("self_attn.q_proj", "q_heads"),
-        _col("self_attn.k_proj", "kv_heads"),
-        _col("self_attn.v_proj", "kv_heads"),
-        _row("self_attn.o_proj", "q_heads"),
-        _col("mlp.gate_proj", "ffn"),
-        _col("mlp.up_proj", "ffn"),
-        _row("mlp.down_proj", "ffn"),
-    ),
-    branches=(BranchRule(path="self_attn", dim="q_heads"), BranchRule(path="mlp", dim="ffn")),
-    counts=(
-        CountRule(path="self_attn.n_heads", dim="q_heads"),
-        CountRule(path="self_attn.n_kv_heads", dim="kv_heads"),
-    ),
+    model_types=("llama", "mistral", "qwen2", "qwen3"),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    replicated=QK_NORMS,
+    counts=HEAD_COUNTS,
 )
 
-TABLES: tuple[ArchTable, ...] = (LLAMA_LIKE,)
+# Gemma 2/3: the same split; soft-capping of attention scores acts per head, soft-capping of
+# the final logits acts on the gathered logits, the embedding scale after the embedding's
+# all-reduce, and sliding-window layers keep a RotatingKVCache of the local heads.
+GEMMA = ArchTable(
+    model_types=("gemma2", "gemma3_text"),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    replicated=QK_NORMS,
+    counts=(*HEAD_COUNTS, CountRule(path="self_attn.repeats", dim="repeats")),
+)
+
+# Phi-3 packs q|k|v and gate|up into one projection each: every packed part is split on its own.
+PHI3 = ArchTable(
+    model_types=("phi3",),
+    linears=(
+        _col("self_attn.qkv_proj", "q_heads", "kv_heads", "kv_heads"),
+        _row("self_attn.o_proj", "q_heads"),
+        _col("mlp.gate_up_proj", "ffn", "ffn"),
+        _row("mlp.down_proj", "ffn"),
+    ),
+    branches=(ATTENTION, MLP),
+    counts=HEAD_COUNTS,
+    tie_default=False,
+    reads_head_dim=False,
+)
+
+# Mixture of experts: every expert's FFN is split alike (the experts stay stacked), the router
+# is replicated, and the whole MoE block is one branch: one all-reduce after the weighted
+# expert sum (and after adding the shared experts, where there are any).
+MIXTRAL = ArchTable(
+    model_types=("mixtral",),
+    linears=(*_attention(), *_glu("block_sparse_moe.switch_mlp", "ffn")),
+    branches=(ATTENTION, BranchRule(path="block_sparse_moe", kind="mlp")),
+    replicated=("block_sparse_moe.gate",),
+    counts=(
+        CountRule(path="self_attn.num_heads", dim="q_heads"),
+        CountRule(path="self_attn.num_key_value_heads", dim="kv_heads"),
+    ),
+    tie_default=False,
+    reads_head_dim=False,
+)
+
+EXPERTS = BranchRule(path="mlp.switch_mlp", kind="experts", reduce=False)
+
+# Qwen3-MoE: dense layers ("mlp_only_layers") and MoE layers share the "mlp" path.
+QWEN3_MOE = ArchTable(
+    model_types=("qwen3_moe",),
+    linears=(*_attention(), *_glu("mlp", "ffn"), *_glu("mlp.switch_mlp", "expert_ffn")),
+    branches=(ATTENTION, MLP, EXPERTS),
+    replicated=(*QK_NORMS, "mlp.gate"),
+    counts=HEAD_COUNTS,
+)
+
+# Qwen2-MoE: routed experts plus a sigmoid-gated shared expert, summed before the all-reduce.
+QWEN2_MOE = ArchTable(
+    model_types=("qwen2_moe",),
+    linears=(
+        *_attention(),
+        *_glu("mlp.switch_mlp", "expert_ffn"),
+        *_glu("mlp.shared_expert", "shared_expert_ffn"),
+    ),
+    branches=(
+        ATTENTION, MLP, EXPERTS,
+        BranchRule(path="mlp.shared_expert", kind="mlp", reduce=False),
+    ),
+    replicated=("mlp.gate", "mlp.shared_expert_gate"),
+    counts=HEAD_COUNTS,
+    tie_default=False,
+)
+
+# DeepSeek V2/V3 (MLA): split by heads. Per-head projections (q or q_b, V2's kv_b, V3's
+# embed_q/unembed_out stacks) follow the query heads, o_proj is row-parallel over heads of
+# v_head_dim; the latent projections (q_a, kv_a) and their norms are replicated, so V3's latent
+# KV cache is replicated on every rank (V2 caches per-head keys and values: split).
+DEEPSEEK = ArchTable(
+    model_types=("deepseek_v2", "deepseek_v3"),
+    linears=(
+        _col("self_attn.q_proj", "q_heads"),
+        _col("self_attn.q_b_proj", "q_heads"),
+        _col("self_attn.kv_b_proj", "q_heads", width="kv_b_head_dim"),
+        _stacked("self_attn.embed_q"),
+        _stacked("self_attn.unembed_out"),
+        _row("self_attn.o_proj", "q_heads", width="v_head_dim"),
+        *_glu("mlp", "ffn"),
+        *_glu("mlp.switch_mlp", "expert_ffn"),
+        *_glu("mlp.shared_experts", "shared_expert_ffn"),
+    ),
+    branches=(
+        ATTENTION, MLP, EXPERTS,
+        BranchRule(path="mlp.shared_experts", kind="mlp", reduce=False),
+    ),
+    replicated=(
+        "self_attn.q_a_proj", "self_attn.q_a_layernorm",
+        "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm",
+        "mlp.gate",
+    ),
+    counts=(CountRule(path="self_attn.num_heads", dim="q_heads"),),
+    tie_default=False,
+)
+
+# gpt-oss: biased q/k/v/o, one attention sink per query head, biased experts.
+GPT_OSS = ArchTable(
+    model_types=("gpt_oss",),
+    linears=(
+        *_attention(),
+        _stacked("self_attn.sinks"),
+        *_glu("mlp.experts", "ffn"),
+    ),
+    branches=(ATTENTION, MLP),
+    replicated=("mlp.router",),
+    counts=(
+        CountRule(path="self_attn.num_attention_heads", dim="q_heads"),
+        CountRule(path="self_attn.num_key_value_heads", dim="kv_heads"),
+        CountRule(path="self_attn.num_key_value_groups", dim="repeats"),
+    ),
+    tie_default=False,
+)
+
+TABLES: tuple[ArchTable, ...] = (
+    LLAMA_LIKE, GEMMA, PHI3, MIXTRAL, QWEN3_MOE, QWEN2_MOE, DEEPSEEK, GPT_OSS,
+)

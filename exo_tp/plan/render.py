@@ -9,7 +9,8 @@ def render_plan(plan: ShardPlan) -> str:
     spec = plan.spec
     lines = [
         f"model {spec.model_type}: {spec.num_layers} layers, hidden {spec.hidden_size}, "
-        f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads x {spec.head_dim}, "
+        f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads x {spec.head_dim}"
+        + "".join(f", {name} {width}" for name, width in spec.head_widths.items()) + ", "
         f"ffn {spec.ffn_sizes}, vocab {spec.vocab_size}"
         + (f", {spec.quantization.bits}-bit group {spec.quantization.group_size}"
            if spec.quantization else ""),

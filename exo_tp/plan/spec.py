@@ -7,13 +7,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from exo_tp.arch import table_for
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import Frozen
 
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+__all__ = ["Frozen", "ModelSpec", "Quantization", "load_spec", "spec_from_config"]
 
 
 class Quantization(Frozen):
@@ -29,7 +29,9 @@ class ModelSpec(Frozen):
     num_layers: int = Field(gt=0)
     num_heads: int = Field(gt=0)
     num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
+    head_dim: int = Field(gt=0)  # width of one head in the q/k/v projections
+    # Other per-head widths where they differ (MLA: "kv_b_head_dim", "v_head_dim").
+    head_widths: dict[str, int] = {}
     # Width of each feed-forward kind that gets split: {"ffn": 1536}, MoE adds "expert_ffn", ...
     ffn_sizes: dict[str, int]
     vocab_size: int = Field(gt=0)
@@ -43,6 +45,13 @@ class ModelSpec(Frozen):
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    def head_width(self, name: str) -> int:
+        if name == "head_dim":
+            return self.head_dim
+        if name not in self.head_widths:
+            raise ExoTpError(f"{self.model_type} needs a per-head width {name!r} (config.json)")
+        return self.head_widths[name]
+
     @property
     def input_align(self) -> int:
         """Columns an input-dimension split must be a multiple of (the quantization group)."""
@@ -54,8 +63,13 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, **config["text_config"]} if "text_config" in config else config
 
 
+# Legacy quantization_config methods that mlx-lm loads as packed groups of 32 (utils.load_model).
+_LEGACY_GROUPS = {"mxfp4": {"group_size": 32, "bits": 4}, "mxfp8": {"group_size": 32, "bits": 8}}
+
+
 def _quantization(config: dict[str, Any]) -> Quantization | None:
-    quant = config.get("quantization")
+    legacy = (config.get("quantization_config") or {}).get("quant_method")
+    quant = config.get("quantization") or _LEGACY_GROUPS.get(str(legacy))
     if not quant:
         return None
     # Per-module overrides may use other group sizes; a split must respect all of them.
@@ -68,28 +82,50 @@ def _quantization(config: dict[str, Any]) -> Quantization | None:
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+def _ffn_sizes(c: dict[str, Any]) -> dict[str, int]:
+    ffn = {"ffn": int(c["intermediate_size"])} if c.get("intermediate_size") else {}
+    if c.get("moe_intermediate_size"):
+        ffn["expert_ffn"] = int(c["moe_intermediate_size"])
+    if c.get("shared_expert_intermediate_size"):  # qwen2_moe
+        ffn["shared_expert_ffn"] = int(c["shared_expert_intermediate_size"])
+    elif c.get("n_shared_experts") and c.get("moe_intermediate_size"):  # deepseek: one MLP
+        ffn["shared_expert_ffn"] = int(c["moe_intermediate_size"]) * int(c["n_shared_experts"])
+    return ffn
+
+
+def _heads(c: dict[str, Any], reads_head_dim: bool) -> tuple[int, int, dict[str, int]]:
+    """(KV heads, head_dim, other head widths)."""
+    heads = int(c["num_attention_heads"])
+    if c.get("kv_lora_rank") is not None:
+        # MLA: every head has its own keys and values (no GQA); a query head is nope + rope
+        # wide, its slice of kv_b nope + v, its attention output v.
+        nope, rope = int(c["qk_nope_head_dim"]), int(c["qk_rope_head_dim"])
+        v = int(c["v_head_dim"])
+        return heads, nope + rope, {"kv_b_head_dim": nope + v, "v_head_dim": v}
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = c.get("head_dim") if reads_head_dim else None
+    return kv_heads, int(head_dim or int(c["hidden_size"]) // heads), {}
+
+
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:
+    """The planner's view of a model; refuses an architecture without a table."""
+    if "model_type" not in config:
+        raise ExoTpError("config.json lacks 'model_type'")
+    table = table_for(str(config["model_type"]))
     c = _text_config(config)
     try:
-        heads = int(c["num_attention_heads"])
-        hidden = int(c["hidden_size"])
-        kv_heads = int(c.get("num_key_value_heads") or heads)
-        head_dim = int(c.get("head_dim") or hidden // heads)
-        ffn = {"ffn": int(c["intermediate_size"])} if c.get("intermediate_size") else {}
-        if c.get("moe_intermediate_size"):
-            ffn["expert_ffn"] = int(c["moe_intermediate_size"])
-        if c.get("shared_expert_intermediate_size"):
-            ffn["shared_expert_ffn"] = int(c["shared_expert_intermediate_size"])
+        kv_heads, head_dim, head_widths = _heads(c, table.reads_head_dim)
         spec = ModelSpec(
-            model_type=str(c["model_type"]),
-            hidden_size=hidden,
+            model_type=str(config["model_type"]),
+            hidden_size=int(c["hidden_size"]),
             num_layers=int(c["num_hidden_layers"]),
-            num_heads=heads,
+            num_heads=int(c["num_attention_heads"]),
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            ffn_sizes=ffn,
+            head_widths=head_widths,
+            ffn_sizes=_ffn_sizes(c),
             vocab_size=int(c["vocab_size"]),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", table.tie_default)),
             dtype_bytes=_DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")), 2),
             quantization=_quantization(config),
             context_length=int(c.get("max_position_embeddings") or 4096),

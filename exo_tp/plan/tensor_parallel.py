@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from exo_tp.arch import table_for
+from exo_tp.arch.table import HEAD_DIMS
 from exo_tp.plan.apportion import contiguous_spans, largest_remainder, normalize
 from exo_tp.plan.shard_plan import Collective, HeadShard, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import ModelSpec
@@ -19,12 +21,21 @@ FLOAT_FFN_ALIGN = 32
 VOCAB_ALIGN = 64
 
 
+def _row_head_widths(spec: ModelSpec) -> set[int]:
+    """Columns per query head of every weight the architecture splits along its input by heads
+    (o_proj: head_dim, or v_head_dim under MLA)."""
+    table = table_for(spec.model_type)
+    return {spec.head_width(rule.width) for rule in table.linears
+            if rule.style == "row" and any(p in HEAD_DIMS for p in rule.parts)}
+
+
 def _head_unit(spec: ModelSpec, by_group: bool) -> int:
-    """Query heads per unit: a GQA group (or single head), grown until o_proj's column cut
-    (``unit * head_dim``) lands on a quantization group."""
+    """Query heads per unit: a GQA group (or single head), grown until every input-column cut
+    by heads (``unit * width``) lands on a quantization group."""
     base = spec.group_size if by_group else 1
-    cols = base * spec.head_dim
-    return base * (math.lcm(cols, spec.input_align) // cols)
+    grow = math.lcm(1, *(math.lcm(base * w, spec.input_align) // (base * w)
+                         for w in _row_head_widths(spec)))
+    return base * grow
 
 
 def kv_heads_for(q_heads: Span, group_size: int) -> tuple[int, ...]:

@@ -1,8 +1,9 @@
 """MLX modules that wrap mlx-lm's own layers for uneven tensor parallelism.
 
-Column-parallel layers need no wrapper: they are mlx-lm's Linear / QuantizedLinear holding a
-rank's rows. Row-parallel layers sum partial products over ranks (one all-reduce) and add the bias
-once. Vocab-parallel embedding and LM head hold a rank's vocabulary rows.
+Split linears need no wrapper: they are mlx-lm's own (quantized, stacked) layers holding a rank's
+slices. A sub-block whose output is a partial sum is wrapped once (one all-reduce); a sub-block
+of which a rank holds nothing is replaced by zeros. Vocab-parallel embedding and LM head hold a
+rank's vocabulary rows.
 """
 
 from __future__ import annotations
@@ -16,50 +17,65 @@ import mlx.nn as nn
 from exo_tp.shard.collectives import gather_padded, sum_over_ranks, zeros_after
 
 
-class RowParallel(nn.Module):
-    """``inner`` holds this rank's input columns; the all-reduce completes the product."""
+class PartialSum(nn.Module):
+    """A sub-block (attention, MLP, MoE block) whose output on each rank is a partial sum of
+    the full output: one all-reduce completes it.
 
-    def __init__(self, inner: nn.Module, width: int, bias: mx.array | None,
-                 group: mx.distributed.Group):
-        super().__init__()
-        self.inner = inner
-        if bias is not None:
-            self.bias = bias
-        self._width = width
-        self._group = group
-
-    def __call__(self, x: mx.array) -> mx.array:
-        y = sum_over_ranks(self.inner(x), self._width, self._group)
-        return y + self.bias if "bias" in self else y
-
-
-class ZeroBranch(nn.Module):
-    """Stands in for a sub-block (an MLP) of which this rank holds nothing.
-
-    It still joins the sub-block's all-reduce, contributing zeros.
+    Row-parallel weights inside it are sliced, not wrapped, so a MoE block's weighted sum over
+    experts (plus its shared experts) is reduced once, not once per expert or per linear.
     """
 
-    def __init__(self, width: int, group: mx.distributed.Group):
+    def __init__(self, inner: nn.Module, width: int, group: mx.distributed.Group):
         super().__init__()
+        self.inner = inner
         self._width = width
         self._group = group
 
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+        return sum_over_ranks(self.inner(*args, **kwargs), self._width, self._group)
+
+    def __getattr__(self, key: str) -> Any:
+        # Model code may read attributes of the sub-block it called (e.g. a head count).
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:  # still being built
+                raise
+            return getattr(self["inner"], key)
+
+
+class ZeroMLP(nn.Module):
+    """Stands in for a sub-block called with ``x`` of which this rank holds nothing: zeros of
+    the output's shape, tied to ``x`` (see ``zeros_after``) so collectives keep their order."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self._width = width
+
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
-        zeros = zeros_after((*x.shape[:-1], self._width), x.dtype, x)
-        return sum_over_ranks(zeros, self._width, self._group)
+        return zeros_after((*x.shape[:-1], self._width), x.dtype, x)
 
 
-class ZeroAttention(ZeroBranch):
+class ZeroExperts(ZeroMLP):
+    """Stands in for stacked experts (SwitchGLU) of which this rank holds no rows: one zero
+    output per routed expert, as ``switch_mlp(x, indices)`` returns."""
+
+    def __call__(self, x: mx.array, indices: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        return zeros_after((*indices.shape, self._width), x.dtype, x)
+
+
+class ZeroAttention(ZeroMLP):
     """Stands in for attention on a rank that holds no heads.
 
     mlx-lm's prefill evaluates only the KV caches, so every rank's caches must depend on the
     layer inputs exactly as a real attention's do: otherwise this rank would skip the prefill
     all-reduces its peers run, and the ring would hang. It therefore caches one head-sized
-    slice of its input (a stand-in head: negligible memory, never read).
+    slice of its input (a stand-in head: negligible memory, never read). The cache keeps its
+    offset (and a rotating cache its window) in step with the peers', which masks rely on.
     """
 
-    def __init__(self, width: int, head_dim: int, group: mx.distributed.Group):
-        super().__init__(width, group)
+    def __init__(self, width: int, head_dim: int):
+        super().__init__(width)
         self._head_dim = head_dim
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None,

@@ -1,0 +1,62 @@
+"""Which index ranges of each split dimension one rank holds, in elements of a weight's axis
+(pure: the loader slices by these, the planner's tests check them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from exo_tp.arch import LinearRule
+from exo_tp.arch.table import HEAD_DIMS
+from exo_tp.plan.shard_plan import RankShard, ShardPlan
+
+Ranges = list[tuple[int, int]]
+
+
+class RankSelector:
+    def __init__(self, plan: ShardPlan, rank: int):
+        self.spec = plan.spec
+        self.shard: RankShard = plan.ranks[rank]
+
+    def count(self, dim: str) -> int:
+        """Local size of a dimension: heads, KV slots, query heads per KV slot, or rows."""
+        if dim == "kv_heads":
+            return len(self.shard.heads.kv_heads)
+        if dim == "repeats":
+            return self.shard.heads.repeats
+        return self.shard.span(dim).size
+
+    def _total(self, dim: str, per_head: int) -> int:
+        spec = self.spec
+        if dim == "q_heads":
+            return spec.num_heads * per_head
+        if dim == "kv_heads":
+            return spec.num_kv_heads * per_head
+        if dim == "vocab":
+            return spec.vocab_size
+        return spec.ffn_sizes[dim]
+
+    def ranges(self, dim: str, per_head: int = 1) -> Ranges:
+        """This rank's ranges of ``dim``; a head is ``per_head`` elements wide."""
+        if dim == "kv_heads":  # one range per local slot: replicated KV heads repeat
+            return [(k * per_head, (k + 1) * per_head) for k in self.shard.heads.kv_heads]
+        span = self.shard.span(dim)
+        scale = per_head if dim in HEAD_DIMS else 1
+        return [(span.start * scale, span.stop * scale)] if span.size else []
+
+    def packed(self, parts: Sequence[str], per_head: int) -> tuple[Ranges, int]:
+        """Ranges along an axis packing several parts back to back (e.g. q|k|v), and the
+        axis length the plan expects."""
+        out: Ranges = []
+        offset = 0
+        for dim in parts:
+            out += [(offset + a, offset + b) for a, b in self.ranges(dim, per_head)]
+            offset += self._total(dim, per_head)
+        return out, offset
+
+    def rule(self, rule: LinearRule) -> tuple[Ranges, int]:
+        """This rank's ranges along the split axis of ``rule``, and that axis' full length."""
+        per_head = 1 if rule.style == "stacked" else self.spec.head_width(rule.width)
+        return self.packed(rule.parts, per_head)
+
+    def holds(self, rule: LinearRule) -> bool:
+        return bool(self.rule(rule)[0])

@@ -1,0 +1,109 @@
+"""Shard one transformer block by its architecture table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from exo_tp.arch import ArchTable, BranchRule, LinearRule
+from exo_tp.arch.table import HEAD_DIMS, is_under
+from exo_tp.errors import ExoTpError
+from exo_tp.plan.slices import RankSelector
+from exo_tp.shard.layers import PartialSum, ZeroAttention, ZeroExperts, ZeroMLP
+from exo_tp.shard.slicing import ShardError, WeightSlicer
+from exo_tp.shard.tree import get_path, has_path, set_path
+
+
+class BlockSharder:
+    """Applies one rank's share of the plan to each block: slices, stand-ins, all-reduces."""
+
+    def __init__(self, table: ArchTable, slicer: WeightSlicer, ranks: Sequence[RankSelector],
+                 rank: int, width: int, group: mx.distributed.Group):
+        self.table = table
+        self.slicer = slicer
+        self.ranks = ranks  # every rank's selector: a row-parallel bias goes to one holder
+        self.mine = ranks[rank]
+        self.width = width
+        self.group = group
+
+    def shard(self, layer: nn.Module, prefix: str) -> None:
+        rules = [r for r in self.table.linears if has_path(layer, r.path)]
+        for rule in rules:
+            self._check_dims(rule, prefix)
+        branches = [b for b in self.table.branches if has_path(layer, b.path)]
+        for branch in branches:
+            if branch.reduce:
+                self._check_covered(layer, prefix, branch, rules)
+        empty = [b for b in branches if not any(
+            self.mine.holds(r) for r in rules if is_under(r.path, b.path))]
+        # Outermost empty branches get stand-ins; everything inside them is dropped.
+        stand_ins = [b for b in empty if not any(
+            o is not b and is_under(b.path, o.path) for o in empty)]
+        gone = [b.path for b in stand_ins]
+
+        for rule in rules:
+            if not any(is_under(rule.path, path) for path in gone):
+                self._slice(layer, prefix, rule)
+        for count in self.table.counts:
+            if not any(is_under(count.path, path) for path in gone):
+                if not has_path(layer, count.path):
+                    raise ExoTpError(f"{prefix}.{count.path}: no such head count attribute")
+                set_path(layer, count.path, self.mine.count(count.dim))
+        for branch in stand_ins:
+            set_path(layer, branch.path, self._stand_in(branch))
+        for branch in branches:
+            if branch.reduce:
+                inner = get_path(layer, branch.path)
+                set_path(layer, branch.path, PartialSum(inner, self.width, self.group))
+
+    def _check_dims(self, rule: LinearRule, prefix: str) -> None:
+        spec = self.mine.spec
+        for dim in rule.parts:
+            if dim not in HEAD_DIMS and dim not in spec.ffn_sizes:
+                raise ExoTpError(f"{prefix}.{rule.path} is split by {dim!r}, "
+                                 f"but config.json gives no size for it")
+
+    def _check_covered(self, layer: nn.Module, prefix: str, branch: BranchRule,
+                       rules: Sequence[LinearRule]) -> None:
+        """Every parameter of a branch is split by a rule or declared replicated.
+
+        Otherwise a projection the table does not know would be used whole on every rank and
+        summed N times: refuse instead of computing something wrong.
+        """
+        known = [r.path for r in rules] + list(self.table.replicated)
+        if not any(is_under(r.path, branch.path) for r in rules):
+            raise ExoTpError(f"{prefix}.{branch.path}: the {self.table.model_types[0]} table "
+                             f"splits nothing inside it")
+        params = tree_flatten(get_path(layer, branch.path).parameters())
+        for name, _ in params:
+            path = f"{branch.path}.{name}"
+            if not any(is_under(path, k) for k in known):
+                raise ExoTpError(f"{prefix}.{path}: the tensor-parallel table for "
+                                 f"{self.table.model_types[0]} does not say how to split it")
+
+    def _slice(self, layer: nn.Module, prefix: str, rule: LinearRule) -> None:
+        name = f"{prefix}.{rule.path}"
+        ranges, expected = self.mine.rule(rule)
+        if not ranges:  # zero-size weights break MLX kernels: a branch must stand in
+            raise ShardError(f"{name}: empty on this rank but no enclosing branch stands in")
+        if rule.style == "stacked":
+            parent, _, key = rule.path.rpartition(".")
+            owner = get_path(layer, parent) if parent else layer
+            self.slicer.slice_leading(name, owner, key, ranges, expected)
+            return
+        module = get_path(layer, rule.path)
+        if rule.style == "column":
+            self.slicer.slice_rows(name, module, ranges, expected)
+            return
+        holder = next(s for s in self.ranks if s.holds(rule))
+        self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is self.mine)
+
+    def _stand_in(self, branch: BranchRule) -> nn.Module:
+        if branch.kind == "attention":
+            return ZeroAttention(self.width, self.mine.spec.head_dim)
+        if branch.kind == "experts":
+            return ZeroExperts(self.width)
+        return ZeroMLP(self.width)

@@ -1,0 +1,151 @@
+"""Every supported architecture, float and quantized, on 1 to 6 ranks equals single-device mlx-lm.
+
+Each case writes a tiny random checkpoint of the architecture (tests/arch_configs.py: awkward
+head, KV-head and FFN counts), starts real ranks on the MLX ring through `exo-tp launch` with
+random shares, and compares with mlx-lm run whole in this process: prompt logits in fp32
+within 1e-4 (absolute; the tiny models' logits stay below ~11) and greedy tokens identical, for
+float and quantized variants alike (quantized slices are bit-exact, so both checks hold).
+
+The default run is a deterministic sample (SAMPLE); `--full-matrix` runs every architecture x
+ranks 1..6 x {float, 4/8-bit at group 32/64/128}.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from arch_configs import ARCHS, tiny_config
+from helpers import Reference, assert_logits_close, launch, mlx_lm_reference
+from tiny_models import write_tiny_model
+
+PROMPT = "Write a short poem about the sea."
+TOKENS = 10
+# Greedy steps of the references are decided by at least this much (see Reference.margins).
+MIN_MARGIN = 1e-3
+
+# name -> quantization (as quantize_model takes it); None is float
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "float": None,
+    **{f"q{bits}g{group}": {"bits": bits, "group_size": group}
+       for bits in (4, 8) for group in (32, 64, 128)},
+}
+# gpt-oss ships MX-FP4 experts: one extra default case (scales per 32, no biases).
+EXTRA_VARIANTS = {"mxfp4": {"bits": 4, "group_size": 32, "mode": "mxfp4"}}
+# Weight seeds per architecture, picked so that every variant's reference decides each greedy
+# step by at least MIN_MARGIN (random tiny models have no reason to be peaked).
+SEEDS = {"llama": 1, "mistral": 246, "qwen2": 613, "qwen3": 1, "gemma2": 831, "gemma3_text": 1,
+         "phi3": 120, "mixtral": 2, "qwen3_moe": 863, "qwen2_moe": 455, "deepseek_v2": 724,
+         "deepseek_v3": 130, "gpt_oss": 913}
+# Float checkpoints of these are stored as bf16 (sliced on disk as raw 16-bit words), the
+# others as fp32; every run computes in fp32.
+BF16_ARCHS = {"qwen3", "gemma3_text", "mixtral", "qwen2_moe", "deepseek_v3"}
+
+
+@dataclass(frozen=True)
+class Case:
+    arch: str
+    variant: str
+    weights: tuple[float, ...]
+
+    @property
+    def id(self) -> str:
+        shares = "-".join(map(str, self.weights))
+        return f"{self.arch}-{self.variant}-n{len(self.weights)}-w{shares}"
+
+
+def random_weights(n: int, key: str, zero_rank: int | None = None) -> tuple[float, ...]:
+    """Deterministic random shares; ``zero_rank`` holds nothing (and still joins every
+    collective)."""
+    rng = random.Random(zlib.crc32(key.encode()))
+    weights = [round(rng.uniform(0.1, 1.0), 2) for _ in range(n)]
+    if zero_rank is not None:
+        weights[zero_rank] = 0.0
+    return tuple(weights)
+
+
+def case(arch: str, variant: str, n: int, zero_rank: int | None = None) -> Case:
+    return Case(arch, variant, random_weights(n, f"{arch}/{variant}/{n}", zero_rank))
+
+
+# Each architecture twice with different rank counts: float with more ranks than KV heads
+# (query-head units, KV heads replicated; for MLA, more ranks than some rank has heads for),
+# and one quantized variant (all six bit/group combinations appear) with a zero-weight rank
+# in most; a few single-rank cases.
+SAMPLE = [
+    case("llama", "float", 4), case("llama", "q4g128", 5, zero_rank=2),
+    case("mistral", "float", 3), case("mistral", "q8g32", 2, zero_rank=0),
+    case("qwen2", "float", 6), case("qwen2", "q4g32", 1),
+    case("qwen3", "float", 3, zero_rank=1), case("qwen3", "q8g64", 2),
+    case("gemma2", "float", 4), case("gemma2", "q4g64", 3, zero_rank=0),
+    case("gemma3_text", "float", 2), case("gemma3_text", "q4g32", 3, zero_rank=2),
+    case("phi3", "float", 4, zero_rank=3), case("phi3", "q8g64", 2),
+    case("mixtral", "float", 3), case("mixtral", "q8g128", 4, zero_rank=1),
+    case("qwen3_moe", "float", 3), case("qwen3_moe", "q4g32", 4, zero_rank=0),
+    case("qwen2_moe", "float", 4), case("qwen2_moe", "q4g64", 2),
+    case("deepseek_v2", "float", 6), case("deepseek_v2", "q8g32", 3, zero_rank=1),
+    case("deepseek_v3", "float", 4, zero_rank=2), case("deepseek_v3", "q4g64", 1),
+    case("gpt_oss", "float", 3), case("gpt_oss", "q8g64", 5, zero_rank=4),
+    case("gpt_oss", "mxfp4", 3),
+]
+
+
+def full_matrix() -> list[Case]:
+    return [case(arch, variant, n, zero_rank=(n - 2) if n >= 3 and n % 2 else None)
+            for arch in ARCHS for variant in VARIANTS for n in range(1, 7)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "matrix_case" in metafunc.fixturenames:
+        cases = full_matrix() if metafunc.config.getoption("--full-matrix") else SAMPLE
+        metafunc.parametrize("matrix_case", cases, ids=[c.id for c in cases])
+
+
+class TinyModels:
+    """Tiny checkpoints and their single-device references, built once per (arch, variant)."""
+
+    def __init__(self, root: Path, tokenizer: Path):
+        self.root = root
+        self.tokenizer = tokenizer
+        self.models: dict[tuple[str, str], Path] = {}
+        self.references: dict[tuple[str, str], Reference] = {}
+
+    def model(self, arch: str, variant: str) -> Path:
+        key = (arch, variant)
+        if key not in self.models:
+            quant = {**VARIANTS, **EXTRA_VARIANTS}[variant]
+            dtype = mx.bfloat16 if arch in BF16_ARCHS and quant is None else mx.float32
+            self.models[key] = write_tiny_model(
+                self.root / f"{arch}-{variant}", tiny_config(arch, quantized=quant is not None),
+                self.tokenizer, dtype, seed=SEEDS[arch],
+                quantize=quant)
+        return self.models[key]
+
+    def reference(self, arch: str, variant: str) -> Reference:
+        key = (arch, variant)
+        if key not in self.references:
+            self.references[key] = mlx_lm_reference(self.model(arch, variant), PROMPT, TOKENS)
+        return self.references[key]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Path]) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("arch"), default_models["smollm2-135m"])
+
+
+def test_equals_single_device_mlx_lm(tmp_path: Path, tiny: TinyModels,
+                                     matrix_case: Case) -> None:
+    c = matrix_case
+    reference = tiny.reference(c.arch, c.variant)
+    assert min(reference.margins) >= MIN_MARGIN, (
+        f"the reference's greedy choice is a near-tie ({min(reference.margins):.2g}): "
+        "change the tiny model's seed")
+    ours = launch(tmp_path, tiny.model(c.arch, c.variant), list(c.weights), PROMPT, TOKENS)
+    assert_logits_close(ours.logits, reference.logits, atol=1e-4)
+    assert ours.report["tokens"] == reference.tokens
+    assert len(ours.report["tokens"]) == TOKENS
