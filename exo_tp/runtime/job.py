@@ -37,3 +37,25 @@ class LaunchJob(Frozen):
     # Optional files rank 0 writes for checking against a reference.
     logits_out: str | None = None
     report_out: str | None = None
+
+
+class Assignment(Frozen):
+    """A node's part in a cluster epoch: which rank its worker is and how to reach the others."""
+
+    epoch: int = Field(ge=0)
+    model: str  # a prepared model name or a folder present on every node
+    plan: ShardPlan
+    rank: int = Field(ge=0)
+    hostfile: tuple[str, ...]  # "ip:port" each rank's ring socket listens on
+    conductor: str  # "ip:port" where rank 0 hands requests to the other ranks
+    nodes: tuple[str, ...] = ()  # node id per rank
+    dtype: DType = "float32"
+
+
+class GenerateRequest(Frozen):
+    """One generation, as rank 0 receives it from its daemon and passes it to the others."""
+
+    id: str
+    tokens: tuple[int, ...]
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()

@@ -1,0 +1,97 @@
+"""The daemon's side of its worker process: spawn it for an assignment, read its events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from exo_tp.runtime.job import Assignment
+from exo_tp.runtime.ring import ring_env, write_hostfile
+
+log = logging.getLogger(__name__)
+
+EventHandler = Callable[["WorkerHandle", dict[str, Any]], None]
+
+
+class WorkerHandle:
+    """One worker process for one epoch. ``state``: starting, joining, loading, ready, exited."""
+
+    def __init__(self, assignment: Assignment, on_event: EventHandler):
+        self.assignment = assignment
+        self.state = "starting"
+        self.error: str | None = None
+        self._on_event = on_event
+        self._proc: asyncio.subprocess.Process | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="exo-tp-worker-")
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def epoch(self) -> int:
+        return self.assignment.epoch
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._on_connect, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        tmp = Path(self._tmp.name)
+        hostfile, job = tmp / "hostfile.json", tmp / "assignment.json"
+        write_hostfile(hostfile, self.assignment.hostfile)
+        job.write_text(self.assignment.model_dump_json())
+        env = {k: v for k, v in os.environ.items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
+        if self.assignment.plan.size > 1:
+            env.update(ring_env(self.assignment.rank, hostfile))
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "exo_tp.runtime.serve_worker", str(job), f"127.0.0.1:{port}",
+            env=env,
+        )
+        self._tasks.append(asyncio.create_task(self._wait_exit()))
+
+    async def _on_connect(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        if self._writer is not None:  # one worker per handle
+            writer.close()
+            return
+        self._writer = writer
+        while line := await reader.readline():
+            event = json.loads(line)
+            if event["type"] in ("joining", "loading", "ready"):
+                self.state = event["type"]
+            elif event["type"] == "error":
+                self.error = event.get("message", "worker failed")
+            self._on_event(self, event)
+
+    async def _wait_exit(self) -> None:
+        assert self._proc is not None
+        code = await self._proc.wait()
+        if self.state != "exited":
+            self.state = "exited"
+            self.error = self.error or f"worker exited with code {code}"
+            self._on_event(self, {"type": "exited", "code": code})
+
+    def send(self, message: dict[str, Any]) -> bool:
+        if self._writer is None or self._writer.is_closing():
+            return False
+        self._writer.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        return True
+
+    async def stop(self) -> None:
+        """Kill the worker (it may be spinning in a collective of a broken ring)."""
+        self.state = "exited"
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+            await self._proc.wait()
+        if self._writer is not None:
+            self._writer.close()
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        self._tmp.cleanup()
