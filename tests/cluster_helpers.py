@@ -66,17 +66,19 @@ class LocalCluster:
 
 
 @contextmanager
-def local_cluster(count: int, weights: list[float] | None = None,
-                  model: str = "smollm2-135m") -> Iterator[LocalCluster]:
+def local_cluster(count: int, weights: list[float] | None = None, model: str = "smollm2-135m",
+                  extra: tuple[str, ...] = (), ready: bool = True) -> Iterator[LocalCluster]:
     base = free_port_base(count)
-    args = [*CLI, "run", "--local-nodes", str(count), "--api-port", str(base), "--model", model]
+    args = [*CLI, "run", "--local-nodes", str(count), "--api-port", str(base), "--model", model,
+            *extra]
     if weights:
         args += ["--weights", ",".join(map(str, weights))]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
-        wait_ready(urls, nodes=count)
+        if ready:
+            wait_ready(urls, nodes=count)
         yield LocalCluster(urls, proc)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

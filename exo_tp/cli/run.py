@@ -15,8 +15,10 @@ from exo_tp.cli.args import add_model_arg, non_negative_float, positive_int, wei
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start a node (or a local cluster)", description=__doc__)
     add_model_arg(p)
-    p.add_argument("--host", help="address to serve and advertise (default: this machine's "
+    p.add_argument("--host", help="address peers reach this node at (default: this machine's "
                                   "first non-loopback IPv4 address)")
+    p.add_argument("--bind", help="address the API listens on (default: all interfaces when "
+                                  "--host is detected, else --host)")
     p.add_argument("--api-port", type=positive_int, default=8000)
     p.add_argument("--control-port", type=int, default=0,
                    help="port for cluster control (default: any free port, announced)")
@@ -28,6 +30,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="this node's share weight (default: its measured decode speed)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"),
                    default="float32")
+    p.add_argument("--backend", choices=("auto", "ring", "jaccl"), default="auto",
+                   help="MLX distributed backend; auto takes jaccl when every pair of nodes "
+                        "has an RDMA link, else ring (TCP)")
+    p.add_argument("--rdma", action="append", default=[], metavar="PEER=DEVICE",
+                   help="RDMA device towards a peer node (repeatable), for jaccl")
     p.add_argument("--local-nodes", type=positive_int,
                    help="run a whole cluster of N nodes on this machine")
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
@@ -54,13 +61,14 @@ def run(args: argparse.Namespace) -> int:
         from exo_tp.node.local_cluster import run_local_cluster
 
         return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
-                                 args.dtype)
+                                 args.dtype, ["--backend", args.backend])
     return asyncio.run(_serve(args))
 
 
 async def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import mlx.core as mx
     from mlx_lm.utils import load_tokenizer
 
     from exo_tp.errors import ExoTpError
@@ -69,11 +77,19 @@ async def _serve(args: argparse.Namespace) -> int:
     from exo_tp.node.web import web_routes
 
     model_dir = resolve_model(args.model)
+    rdma = {}
+    for item in args.rdma:
+        peer, _, device = item.partition("=")
+        if not peer or not device:
+            raise ExoTpError(f"--rdma {item!r}: expected PEER=DEVICE")
+        rdma[peer] = device
     config = NodeConfig(
         node_id=args.node_id or default_node_id(), model=args.model,
-        host=args.host or default_host(), api_port=args.api_port,
-        control_port=args.control_port, cluster=args.cluster, secret=args.secret,
-        weight=args.weight, dtype=args.dtype,
+        host=args.host or default_host(), bind=args.bind or ("" if args.host else "0.0.0.0"),
+        api_port=args.api_port, control_port=args.control_port, cluster=args.cluster,
+        secret=args.secret, weight=args.weight, dtype=args.dtype, backend=args.backend,
+        rdma=rdma, backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
+                                  if mx.distributed.is_available(b)),
     )
     node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)))
     try:

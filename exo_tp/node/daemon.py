@@ -26,7 +26,9 @@ import aiohttp
 from aiohttp import web
 
 from exo_tp import __version__
+from exo_tp.errors import PlanError
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.backend_choice import Requested, choose_backend
 from exo_tp.node.discovery import Discovery
 from exo_tp.node.dispatcher import Dispatcher
 from exo_tp.node.membership import Membership
@@ -55,6 +57,10 @@ class NodeConfig:
     weight: float = 0.0  # manual share weight; 0: use the measured profile
     dtype: DType = "float32"
     settle: float = 1.5
+    bind: str = ""  # address the HTTP servers listen on (default: ``host``)
+    backend: Requested = "auto"
+    rdma: dict[str, str] = field(default_factory=dict)  # peer node id -> RDMA device
+    backends: tuple[str, ...] = ("ring",)  # backends MLX can start on this node
 
 
 @dataclass
@@ -67,6 +73,7 @@ class Epoch:
     state: str = "loading"  # loading, ready, failed
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
+    backend: str = "ring"
 
 
 class Node:
@@ -90,7 +97,8 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._discovery: Discovery | None = None
-        self._forming = False
+        self._retry_at = 0.0  # no new epoch before this (after failures)
+        self._failures = 0
 
     # ---- identity -------------------------------------------------------------------------
 
@@ -145,7 +153,7 @@ class Node:
     async def _serve(self, app: web.Application, port: int, **kwargs: Any) -> int:
         runner = web.AppRunner(app, access_log=None, **kwargs)
         await runner.setup()
-        site = web.TCPSite(runner, self.config.host, port)
+        site = web.TCPSite(runner, self.config.bind or self.config.host, port)
         await site.start()
         self._runners.append(runner)
         return runner.addresses[0][1]
@@ -235,6 +243,9 @@ class Node:
             "profile": self.profile,
             "weight": self.config.weight,
             "cluster_state": self.led.state if self.led and self.is_leader() else None,
+            "cluster_reason": self.led.reason if self.led and self.is_leader() else None,
+            "backends": list(self.config.backends),
+            "rdma": self.config.rdma,
         }
 
     async def _control_status(self, request: web.Request) -> web.Response:
@@ -312,6 +323,9 @@ class Node:
         if self.led is not None and self.led.state != "failed":
             log.warning("epoch %d failed: %s", self.led.number, reason)
             self.led.state, self.led.reason = "failed", reason
+            # back off 1, 2, 4 ... 30 s so a persistent problem does not spin
+            self._retry_at = time.monotonic() + min(30.0, 2.0 ** self._failures)
+            self._failures += 1
         self.dispatcher.detach(reason)
 
     async def _leader_loop(self) -> None:
@@ -341,6 +355,8 @@ class Node:
             return
         if time.monotonic() - self.membership.changed_at < self.config.settle:
             return
+        if led is not None and led.nodes == nodes and time.monotonic() < self._retry_at:
+            return
         if not self._agreed(members):
             return
         await self._form(members)
@@ -359,7 +375,7 @@ class Node:
                 return
         if led.state == "loading":
             if all(s == "ready" for s in states) and self.worker and self.worker.state == "ready":
-                led.state = "ready"
+                led.state, self._failures = "ready", 0
                 self.dispatcher.attach(self.worker)
                 log.info("epoch %d ready: %d ranks", led.number, len(led.nodes))
             elif time.monotonic() - led.started > LOAD_TIMEOUT:
@@ -375,8 +391,17 @@ class Node:
         self.led = Epoch(number=number, nodes=nodes,
                          plan=plan_tensor_parallel(self.spec, self._weights(members)))
         self.dispatcher.detach("the cluster is re-planning")
-        log.info("forming epoch %d over %s (weights %s)", number, list(nodes),
-                 [round(w, 3) for w in self.led.plan.weights])
+        try:
+            backend = choose_backend(
+                self.config.backend, nodes,
+                {n: self.statuses.get(n, {}).get("backends", ["ring"]) for n in nodes},
+                {n: self.statuses.get(n, {}).get("rdma", {}) for n in nodes})
+        except PlanError as error:
+            self._fail_epoch(str(error))
+            return
+        log.info("forming epoch %d over %s (weights %s), %s", number, list(nodes),
+                 [round(w, 3) for w in self.led.plan.weights], backend.reason)
+        self.led.backend = backend.backend
         ports = await asyncio.gather(*(self._control(m, "POST", "/control/ports", {})
                                        for m in members))
         hostfile = tuple(f"{m.host}:{p['ring']}" for m, p in zip(members, ports, strict=True))
@@ -384,7 +409,8 @@ class Node:
         for rank, member in enumerate(members):
             assignment = Assignment(epoch=number, model=self.config.model, plan=self.led.plan,
                                     rank=rank, hostfile=hostfile, conductor=conductor,
-                                    nodes=nodes, dtype=self.config.dtype)
+                                    nodes=nodes, dtype=self.config.dtype,
+                                    backend=backend.backend, ibv_devices=backend.ibv_devices)
             await self._control(member, "POST", "/control/assign",
                                 {"assignment": assignment.model_dump(mode="json"),
                                  "leader": self.me})
@@ -423,10 +449,17 @@ class Node:
         return {
             "cluster": self.config.cluster, "node_id": self.me,
             "leader": self.membership.leader_id(), "epoch": self.epoch_seen,
-            "state": self.serving_state(), "nodes": nodes,
+            "state": self.serving_state(), "state_reason": self.state_reason(),
+            "backend": assignment.backend if assignment else None, "nodes": nodes,
             "ranks": list(assignment.nodes) if assignment else [],
             "links": [],
         }
+
+    def state_reason(self) -> str:
+        if self.is_leader():
+            return self.led.reason if self.led else "waiting for peers to settle"
+        status = self.statuses.get(self.membership.leader_id(), {}) if self.membership else {}
+        return str(status.get("cluster_reason") or "")
 
     def serving_state(self) -> str:
         if self.is_leader():

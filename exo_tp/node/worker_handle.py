@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from exo_tp.runtime.job import Assignment
-from exo_tp.runtime.ring import ring_env, write_hostfile
+from exo_tp.runtime.ring import jaccl_env, ring_env, write_hostfile
 
 log = logging.getLogger(__name__)
 
+_GROUP_ENV = ("MLX_RANK", "MLX_HOSTFILE", "MLX_JACCL_COORDINATOR", "MLX_IBV_DEVICES")
 EventHandler = Callable[["WorkerHandle", dict[str, Any]], None]
 
 
@@ -45,8 +46,13 @@ class WorkerHandle:
         hostfile, job = tmp / "hostfile.json", tmp / "assignment.json"
         write_hostfile(hostfile, self.assignment.hostfile)
         job.write_text(self.assignment.model_dump_json())
-        env = {k: v for k, v in os.environ.items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
-        if self.assignment.plan.size > 1:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_GROUP_ENV)}
+        if self.assignment.plan.size > 1 and self.assignment.backend == "jaccl":
+            devices = tmp / "ibv_devices.json"
+            devices.write_text(json.dumps(self.assignment.ibv_devices))
+            # rank 0's ring address is free under jaccl: its coordinator listens there
+            env.update(jaccl_env(self.assignment.rank, self.assignment.hostfile[0], devices))
+        elif self.assignment.plan.size > 1:
             env.update(ring_env(self.assignment.rank, hostfile))
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "exo_tp.runtime.serve_worker", str(job), f"127.0.0.1:{port}",

@@ -50,6 +50,9 @@ class Assignment(Frozen):
     conductor: str  # "ip:port" where rank 0 hands requests to the other ranks
     nodes: tuple[str, ...] = ()  # node id per rank
     dtype: DType = "float32"
+    backend: Literal["ring", "jaccl"] = "ring"
+    # jaccl only: ibverbs device from rank i to rank j (None on the diagonal)
+    ibv_devices: tuple[tuple[str | None, ...], ...] | None = None
 
 
 class GenerateRequest(Frozen):

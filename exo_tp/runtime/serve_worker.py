@@ -27,7 +27,7 @@ from exo_tp.models.registry import resolve_model
 from exo_tp.runtime.generation import StopSignal, generate
 from exo_tp.runtime.job import Assignment, GenerateRequest
 from exo_tp.runtime.lifecycle import die_with_parent
-from exo_tp.runtime.ring import init_ring
+from exo_tp.runtime.ring import init_group
 from exo_tp.runtime.stop_strings import StopMatcher
 from exo_tp.runtime.wire import Line, connect, listen
 from exo_tp.runtime.worker import DTYPES
@@ -127,7 +127,7 @@ def _watch_daemon(daemon: Line) -> None:
 
 def run(assignment: Assignment, daemon: Line) -> None:
     daemon.send({"type": "joining", "epoch": assignment.epoch})
-    group = init_ring()
+    group = init_group()
     rank = group.rank()
     daemon.send({"type": "loading", "epoch": assignment.epoch})
     model_dir = resolve_model(assignment.model)
