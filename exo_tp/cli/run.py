@@ -93,13 +93,17 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)))
     try:
-        await node.start(web_routes())
-    except OSError as error:
-        raise ExoTpError(f"cannot serve on {config.host}:{config.api_port}: {error}") from None
-    stopped = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopped.set)
-    await stopped.wait()
-    await node.stop()
+        try:
+            await node.start(web_routes())
+        except OSError as error:
+            raise ExoTpError(f"cannot serve on {config.host}:{config.api_port}: {error}") from None
+        except Exception as error:  # e.g. mDNS refusing to start
+            raise ExoTpError(f"node failed to start: {type(error).__name__}: {error}") from None
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopped.set)
+        await stopped.wait()
+    finally:
+        await node.stop()
     return 0

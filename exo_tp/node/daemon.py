@@ -385,8 +385,8 @@ class Node:
         # The leader is rank 0: its worker takes the requests this node receives.
         members = sorted(members, key=lambda a: (a.node_id != self.me, a.node_id))
         nodes = tuple(m.node_id for m in members)
-        number = max(self.epoch_seen, max((s.get("epoch", 0) for s in self.statuses.values()),
-                                          default=0)) + 1
+        number = max(self.epoch_seen, self.led.number if self.led else 0,
+                     max((s.get("epoch", 0) for s in self.statuses.values()), default=0)) + 1
         previous = self.led
         self.led = Epoch(number=number, nodes=nodes,
                          plan=plan_tensor_parallel(self.spec, self._weights(members)))

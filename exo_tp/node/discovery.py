@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import socket
 from collections.abc import Callable
 
-from zeroconf import IPVersion, ServiceStateChange, Zeroconf
+from zeroconf import DNSQuestionType, IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from exo_tp.node.announcement import SERVICE_TYPE, Announcement
 
 log = logging.getLogger(__name__)
+RESOLVE_ATTEMPTS = 8
 
 
 class Discovery:
@@ -27,10 +29,13 @@ class Discovery:
         self._names: dict[str, str] = {}  # service name -> node id
         self._strangers: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._token = secrets.token_hex(4)
 
     def _info(self) -> AsyncServiceInfo:
+        # mDNS instance names are global on a network: several clusters (or restarts) may reuse
+        # a node id, so the name carries a per-start token; the node id is in the signed TXT.
         return AsyncServiceInfo(
-            SERVICE_TYPE, f"{self.me.node_id}.{SERVICE_TYPE}",
+            SERVICE_TYPE, f"{self.me.node_id}-{self._token}.{SERVICE_TYPE}",
             addresses=[socket.inet_aton(self.me.host)], port=self.me.api_port,
             properties=self.me.to_txt(self.secret),
         )
@@ -38,7 +43,7 @@ class Discovery:
     async def start(self) -> None:
         interfaces = [self.interface] if self.interface not in ("", "0.0.0.0") else None
         self._zc = AsyncZeroconf(interfaces=interfaces or "all", ip_version=IPVersion.V4Only)
-        await self._zc.async_register_service(self._info(), allow_name_change=False)
+        await self._zc.async_register_service(self._info(), allow_name_change=True)
         self._browser = AsyncServiceBrowser(self._zc.zeroconf, SERVICE_TYPE,
                                             handlers=[self._on_change])
 
@@ -66,8 +71,17 @@ class Discovery:
         task.add_done_callback(self._tasks.discard)
 
     async def _resolve(self, zeroconf: Zeroconf, name: str) -> None:
-        info = AsyncServiceInfo(SERVICE_TYPE, name)
-        if not await info.async_request(zeroconf, 3000) or not info.properties:
+        # Multicast answers (QM): several nodes on one host share port 5353 with SO_REUSEPORT,
+        # so a unicast answer may reach another process. Retry: a lost answer must not lose
+        # the peer until its next announcement.
+        for attempt in range(RESOLVE_ATTEMPTS):
+            info = AsyncServiceInfo(SERVICE_TYPE, name)
+            if await info.async_request(zeroconf, 3000, question_type=DNSQuestionType.QM) \
+                    and info.properties:
+                break
+            await asyncio.sleep(min(8.0, 0.5 * 2 ** attempt))
+        else:
+            log.warning("could not resolve %s after %d attempts", name, RESOLVE_ATTEMPTS)
             return
         announcement, why = Announcement.from_txt(info.properties, self.secret)
         if announcement is None or announcement.cluster != self.me.cluster:

@@ -7,8 +7,10 @@ from typing import Literal
 from pydantic import Field
 
 from exo_tp.plan import ShardPlan
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.spec import Frozen
 
+RANK_ENV = "EXO_TP_RANK"  # a worker's global rank (MLX_RANK is its rank inside its stage)
 READY = "exo-tp:ready"  # status line a worker prints on stderr once it joined the ring
 
 DType = Literal["float32", "float16", "bfloat16", "auto"]
@@ -28,7 +30,7 @@ class LaunchJob(Frozen):
     """A one-shot generation on a local ring of ranks."""
 
     model_dir: str
-    plan: ShardPlan
+    plan: PipelinePlan
     prompt: str
     use_chat_template: bool = True
     sampling: SamplingParams = SamplingParams()
@@ -37,6 +39,8 @@ class LaunchJob(Frozen):
     # Optional files rank 0 writes for checking against a reference.
     logits_out: str | None = None
     report_out: str | None = None
+    # Pipelines: the "ip:port" each global rank's incoming hop listens on.
+    hops: tuple[str, ...] = ()
 
 
 class Assignment(Frozen):
