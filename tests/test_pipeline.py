@@ -69,3 +69,24 @@ def test_layers_follow_stage_speed() -> None:
 def test_impossible_pipelines_say_why(weights: list[list[float]], layers: list[int] | None) -> None:
     with pytest.raises(PlanError):
         plan_pipeline(SPEC, weights, layers)
+
+
+def test_cluster_serves_a_hybrid_plan(default_models: dict[str, Path]) -> None:
+    """`exo-tp run --local-nodes 3 --stages 2,1`: the leader's stage runs the first layers, the
+    last node the rest; requests reach that node's conductor over the leader's channel."""
+    from cluster_helpers import http_json, local_cluster
+    from openai import OpenAI
+
+    question = "What is the capital of France?"
+    reference = mlx_lm_reference(default_models["smollm2-135m"], question, 24).text
+    with local_cluster(3, weights=[5, 3, 2], extra=("--stages", "2,1")) as cluster:
+        plan = http_json(f"{cluster.urls[1]}/v1/plan")[1]
+        assert [s["ranks"] for s in plan["stages"]] == [[0, 1], [2]]
+        assert [s["layers"]["stop"] - s["layers"]["start"] for s in plan["stages"]] == [24, 6]
+        assert plan["stages"][0]["plan"]["weights"] == pytest.approx([5 / 8, 3 / 8])
+        for url in (cluster.urls[0], cluster.urls[2]):
+            client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            reply = client.chat.completions.create(
+                model="smollm2-135m", temperature=0, max_tokens=24,
+                messages=[{"role": "user", "content": question}])
+            assert reply.choices[0].message.content == reference

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from exo_tp.cli.args import add_model_arg, non_negative_float, positive_int, weight_list
+from exo_tp.cli.args import (
+    add_model_arg,
+    int_list,
+    non_negative_float,
+    positive_int,
+    weight_list,
+)
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
@@ -68,16 +74,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(text: str, what: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise ExoTpError(f"{what} {text!r} must be whole numbers like 2,1") from None
-    if any(v < 1 for v in values):
-        raise ExoTpError(f"{what} {text!r} must all be at least 1")
-    return values
-
-
 def _plan(spec: ModelSpec, weights: list[float], stages: str | None,
           stage_layers: str | None) -> PipelinePlan:
     from exo_tp.plan import plan_tensor_parallel
@@ -87,12 +83,12 @@ def _plan(spec: ModelSpec, weights: list[float], stages: str | None,
         if stage_layers is not None:
             raise ExoTpError("--stage-layers needs --stages")
         return single_stage(plan_tensor_parallel(spec, weights))
-    sizes = _int_list(stages, "--stages")
+    sizes = int_list(stages, "--stages")
     if sum(sizes) != len(weights):
         raise ExoTpError(f"--stages {stages} adds up to {sum(sizes)} ranks, not {len(weights)}")
     groups, start = [], 0
     for size in sizes:
         groups.append(weights[start:start + size])
         start += size
-    layers = _int_list(stage_layers, "--stage-layers") if stage_layers else None
+    layers = int_list(stage_layers, "--stage-layers") if stage_layers else None
     return plan_pipeline(spec, groups, layers)

@@ -9,7 +9,13 @@ import secrets
 import signal
 import socket
 
-from exo_tp.cli.args import add_model_arg, non_negative_float, positive_int, weight_list
+from exo_tp.cli.args import (
+    add_model_arg,
+    int_list,
+    non_negative_float,
+    positive_int,
+    weight_list,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "has an RDMA link, else ring (TCP)")
     p.add_argument("--rdma", action="append", default=[], metavar="PEER=DEVICE",
                    help="RDMA device towards a peer node (repeatable), for jaccl")
+    p.add_argument("--stages", help="leader: force pipeline stages, ranks per stage in node "
+                                    "order (leader first), e.g. 2,1")
     p.add_argument("--local-nodes", type=positive_int,
                    help="run a whole cluster of N nodes on this machine")
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
@@ -60,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
     if args.local_nodes:
         from exo_tp.node.local_cluster import run_local_cluster
 
+        extra = ["--backend", args.backend] + (["--stages", args.stages] if args.stages else [])
         return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
-                                 args.dtype, ["--backend", args.backend])
+                                 args.dtype, extra)
     return asyncio.run(_serve(args))
 
 
@@ -88,8 +97,9 @@ async def _serve(args: argparse.Namespace) -> int:
         host=args.host or default_host(), bind=args.bind or ("" if args.host else "0.0.0.0"),
         api_port=args.api_port, control_port=args.control_port, cluster=args.cluster,
         secret=args.secret, weight=args.weight, dtype=args.dtype, backend=args.backend,
-        rdma=rdma, backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
-                                  if mx.distributed.is_available(b)),
+        rdma=rdma, stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
+        backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
+                       if mx.distributed.is_available(b)),
     )
     node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)))
     try:
@@ -107,3 +117,4 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         await node.stop()
     return 0
+

@@ -100,9 +100,14 @@ async def plan(request: web.Request) -> web.Response:
     if assignment is None:
         return web.json_response({"epoch": None, "state": node.serving_state(), "plan": None,
                                   "nodes": []})
+    plan = assignment.plan
+    stages = [{"ranks": list(s.ranks), "layers": s.layers.model_dump(),
+               "plan": s.tp.model_dump(mode="json")} for s in plan.stages]
     return web.json_response({
         "epoch": assignment.epoch, "state": node.serving_state(), "model": assignment.model,
-        "nodes": list(assignment.nodes), "plan": assignment.plan.model_dump(mode="json"),
+        "nodes": list(assignment.nodes), "stages": stages,
+        # the single tensor-parallel plan when there is one stage (the common case)
+        "plan": stages[0]["plan"] if len(stages) == 1 else None,
     })
 
 

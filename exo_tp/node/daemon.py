@@ -29,12 +29,15 @@ from exo_tp import __version__
 from exo_tp.errors import PlanError
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.backend_choice import Requested, choose_backend
+from exo_tp.node.conductor_link import ConductorLink, RequestChannel
 from exo_tp.node.discovery import Discovery
 from exo_tp.node.dispatcher import Dispatcher
 from exo_tp.node.membership import Membership
 from exo_tp.node.security import control_headers, control_request_ok
 from exo_tp.node.worker_handle import WorkerHandle
-from exo_tp.plan import ShardPlan, load_spec, plan_tensor_parallel
+from exo_tp.plan import load_spec, plan_tensor_parallel
+from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
+from exo_tp.plan.render import describe
 from exo_tp.runtime.job import Assignment, DType
 from exo_tp.runtime.ports import free_ports
 
@@ -61,6 +64,7 @@ class NodeConfig:
     backend: Requested = "auto"
     rdma: dict[str, str] = field(default_factory=dict)  # peer node id -> RDMA device
     backends: tuple[str, ...] = ("ring",)  # backends MLX can start on this node
+    stages: tuple[int, ...] = ()  # leader: force pipeline stages (ranks per stage)
 
 
 @dataclass
@@ -68,8 +72,8 @@ class Epoch:
     """The leader's record of the cluster it formed."""
 
     number: int
-    nodes: tuple[str, ...]  # node id per rank
-    plan: ShardPlan
+    nodes: tuple[str, ...]  # node id per global rank
+    plan: PipelinePlan
     state: str = "loading"  # loading, ready, failed
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
@@ -97,6 +101,10 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._discovery: Discovery | None = None
+        self.conductor_link: ConductorLink | None = None
+        self._requests = RequestChannel(config.secret, self._on_conductor,
+                                        self._on_conductor_event, self._on_conductor_lost)
+        self._requests_port = 0
         self._retry_at = 0.0  # no new epoch before this (after failures)
         self._failures = 0
 
@@ -138,6 +146,7 @@ class Node:
         ])
         control.middlewares.append(self._require_signature)
         control_port = await self._serve(control, self.config.control_port)
+        self._requests_port = await self._requests.start(self.config.bind or self.config.host)
         await self._serve(build_public_app(self, public_routes), self.config.api_port,
                           handler_cancellation=True)
         me = self.announcement(control_port)
@@ -163,6 +172,7 @@ class Node:
             task.cancel()
         if self.worker is not None:
             await self.worker.stop()
+        await self._requests.stop()
         if self._discovery is not None:
             await self._discovery.stop()
         for runner in self._runners:
@@ -252,8 +262,8 @@ class Node:
         return web.json_response(self.status())
 
     async def _control_ports(self, request: web.Request) -> web.Response:
-        ring, conductor = free_ports(2, host=self.config.host)
-        return web.json_response({"ring": ring, "conductor": conductor})
+        ring, conductor, hop = free_ports(3, host=self.config.host)
+        return web.json_response({"ring": ring, "conductor": conductor, "hop": hop})
 
     async def _control_assign(self, request: web.Request) -> web.Response:
         payload = await request.json()
@@ -276,13 +286,11 @@ class Node:
     async def _replace_worker(self, assignment: Assignment | None) -> None:
         old, self.worker = self.worker, None
         if old is not None:
-            if old is self.dispatcher.conductor:
-                self.dispatcher.detach("the cluster is re-planning")
             await old.stop()
         self.assignment = assignment
         if assignment is not None:
             self.epoch_seen = max(self.epoch_seen, assignment.epoch)
-            self.worker = WorkerHandle(assignment, self._on_worker_event)
+            self.worker = WorkerHandle(assignment, self._on_worker_event, self.config.secret)
             await self.worker.start()
             log.info("epoch %d: worker started as rank %d of %d", assignment.epoch,
                      assignment.rank, assignment.plan.size)
@@ -294,8 +302,26 @@ class Node:
             log.warning("epoch %d worker: %s", worker.epoch, worker.error)
             if self.led is not None and self.led.number == worker.epoch:
                 self._fail_epoch(f"rank {worker.assignment.rank} failed: {worker.error}")
-        if worker is self.dispatcher.conductor or worker.assignment.rank == 0:
+
+    # ---- the conductor's request channel (leader) ----------------------------------------
+
+    def _on_conductor(self, link: ConductorLink) -> None:
+        if self.led is None or link.epoch != self.led.number:
+            link.close()  # a conductor of an epoch this leader is not running
+            return
+        if self.conductor_link is not None:
+            self.conductor_link.close()
+        self.conductor_link = link
+
+    def _on_conductor_event(self, link: ConductorLink, event: dict[str, Any]) -> None:
+        if link is self.conductor_link:
             self.dispatcher.on_worker_event(event)
+
+    def _on_conductor_lost(self, link: ConductorLink) -> None:
+        if link is self.conductor_link:
+            self.conductor_link = None
+            if self.led is not None and self.led.number == link.epoch:
+                self._fail_epoch("the conductor (last stage's first rank) went away")
 
     # ---- leadership -----------------------------------------------------------------------
 
@@ -374,22 +400,33 @@ class Node:
                 self._fail_epoch(f"worker on {node_id} stopped: {status.get('worker_error')}")
                 return
         if led.state == "loading":
-            if all(s == "ready" for s in states) and self.worker and self.worker.state == "ready":
+            link = self.conductor_link
+            if all(s == "ready" for s in states) and link and link.epoch == led.number:
                 led.state, self._failures = "ready", 0
-                self.dispatcher.attach(self.worker)
+                self.dispatcher.attach(link)
                 log.info("epoch %d ready: %d ranks", led.number, len(led.nodes))
             elif time.monotonic() - led.started > LOAD_TIMEOUT:
                 self._fail_epoch(f"workers not ready after {LOAD_TIMEOUT:.0f}s: {states}")
 
-    async def _form(self, members: list[Announcement]) -> None:
-        # The leader is rank 0: its worker takes the requests this node receives.
+    def _plan(self, members: list[Announcement]) -> tuple[PipelinePlan, list[Announcement]]:
+        """The plan for these members, and the member holding each global rank."""
         members = sorted(members, key=lambda a: (a.node_id != self.me, a.node_id))
+        weights = self._weights(members)
+        if self.config.stages and sum(self.config.stages) == len(members):
+            groups, start = [], 0
+            for size in self.config.stages:
+                groups.append(weights[start:start + size])
+                start += size
+            return plan_pipeline(self.spec, groups), members
+        return single_stage(plan_tensor_parallel(self.spec, weights)), members
+
+    async def _form(self, members: list[Announcement]) -> None:
+        plan, members = self._plan(members)
         nodes = tuple(m.node_id for m in members)
         number = max(self.epoch_seen, self.led.number if self.led else 0,
                      max((s.get("epoch", 0) for s in self.statuses.values()), default=0)) + 1
         previous = self.led
-        self.led = Epoch(number=number, nodes=nodes,
-                         plan=plan_tensor_parallel(self.spec, self._weights(members)))
+        self.led = Epoch(number=number, nodes=nodes, plan=plan)
         self.dispatcher.detach("the cluster is re-planning")
         try:
             backend = choose_backend(
@@ -399,18 +436,25 @@ class Node:
         except PlanError as error:
             self._fail_epoch(str(error))
             return
-        log.info("forming epoch %d over %s (weights %s), %s", number, list(nodes),
-                 [round(w, 3) for w in self.led.plan.weights], backend.reason)
+        log.info("forming epoch %d over %s: %s; %s", number, list(nodes), describe(plan),
+                 backend.reason)
         self.led.backend = backend.backend
         ports = await asyncio.gather(*(self._control(m, "POST", "/control/ports", {})
                                        for m in members))
-        hostfile = tuple(f"{m.host}:{p['ring']}" for m, p in zip(members, ports, strict=True))
-        conductor = f"{members[0].host}:{ports[0]['conductor']}"
+
+        def at(rank: int, kind: str) -> str:
+            return f"{members[rank].host}:{ports[rank][kind]}"
+
+        ranks = range(len(members))
+        hops = tuple(at(r, "hop") for r in ranks) if len(plan.stages) > 1 else ()
         for rank, member in enumerate(members):
-            assignment = Assignment(epoch=number, model=self.config.model, plan=self.led.plan,
-                                    rank=rank, hostfile=hostfile, conductor=conductor,
-                                    nodes=nodes, dtype=self.config.dtype,
-                                    backend=backend.backend, ibv_devices=backend.ibv_devices)
+            assignment = Assignment(
+                epoch=number, model=self.config.model, plan=plan, rank=rank,
+                hostfile=tuple(at(r, "ring") for r in ranks),
+                conductor=at(plan.stages[-1].ranks[0], "conductor"),
+                requests_at=f"{self.config.host}:{self._requests_port}", hops=hops,
+                nodes=nodes, dtype=self.config.dtype, backend=backend.backend,
+                ibv_devices=backend.ibv_devices)
             await self._control(member, "POST", "/control/assign",
                                 {"assignment": assignment.model_dump(mode="json"),
                                  "leader": self.me})

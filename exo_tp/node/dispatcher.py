@@ -6,13 +6,18 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from exo_tp.node.openai_schema import ApiError
-from exo_tp.node.worker_handle import WorkerHandle
 from exo_tp.runtime.job import GenerateRequest
 
 MAX_WAITING = 64
+
+
+class Conductor(Protocol):
+    """Where requests go: the conductor worker's link (send returns False once it is gone)."""
+
+    def send(self, message: dict[str, Any]) -> bool: ...
 
 
 @dataclass
@@ -35,7 +40,7 @@ class _Pending:
 
 class Dispatcher:
     def __init__(self) -> None:
-        self.conductor: WorkerHandle | None = None
+        self.conductor: Conductor | None = None
         self.unavailable_reason = "the cluster is forming"
         self._slot = asyncio.Lock()  # FIFO: asyncio wakes waiters in arrival order
         self._waiting = 0
@@ -47,7 +52,7 @@ class Dispatcher:
     def busy(self) -> int:
         return self._waiting + len(self._pending)
 
-    def attach(self, conductor: WorkerHandle) -> None:
+    def attach(self, conductor: Conductor) -> None:
         self.conductor = conductor
 
     def detach(self, reason: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exo_tp.runtime.job import Assignment
+from exo_tp.runtime.job import RANK_ENV, SECRET_ENV, Assignment
 from exo_tp.runtime.ring import jaccl_env, ring_env, write_hostfile
 
 log = logging.getLogger(__name__)
@@ -24,8 +24,9 @@ EventHandler = Callable[["WorkerHandle", dict[str, Any]], None]
 class WorkerHandle:
     """One worker process for one epoch. ``state``: starting, joining, loading, ready, exited."""
 
-    def __init__(self, assignment: Assignment, on_event: EventHandler):
+    def __init__(self, assignment: Assignment, on_event: EventHandler, secret: str):
         self.assignment = assignment
+        self._secret = secret
         self.state = "starting"
         self.error: str | None = None
         self._on_event = on_event
@@ -43,17 +44,25 @@ class WorkerHandle:
         self._server = await asyncio.start_server(self._on_connect, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
         tmp = Path(self._tmp.name)
-        hostfile, job = tmp / "hostfile.json", tmp / "assignment.json"
-        write_hostfile(hostfile, self.assignment.hostfile)
+        job = tmp / "assignment.json"
         job.write_text(self.assignment.model_dump_json())
         env = {k: v for k, v in os.environ.items() if not k.startswith(_GROUP_ENV)}
-        if self.assignment.plan.size > 1 and self.assignment.backend == "jaccl":
+        env.update({RANK_ENV: str(self.assignment.rank), SECRET_ENV: self._secret})
+        plan = self.assignment.plan
+        stage = plan.stages[plan.locate(self.assignment.rank)[0]]
+        local = stage.ranks.index(self.assignment.rank)
+        if stage.size > 1 and self.assignment.backend == "jaccl":
             devices = tmp / "ibv_devices.json"
-            devices.write_text(json.dumps(self.assignment.ibv_devices))
-            # rank 0's ring address is free under jaccl: its coordinator listens there
-            env.update(jaccl_env(self.assignment.rank, self.assignment.hostfile[0], devices))
-        elif self.assignment.plan.size > 1:
-            env.update(ring_env(self.assignment.rank, hostfile))
+            matrix = self.assignment.ibv_devices or ()
+            devices.write_text(json.dumps([[matrix[i][j] for j in stage.ranks]
+                                           for i in stage.ranks]))
+            # the stage's first ring address is free under jaccl: its coordinator listens there
+            coordinator = self.assignment.hostfile[stage.ranks[0]]
+            env.update(jaccl_env(local, coordinator, devices))
+        elif stage.size > 1:  # this stage's ranks form their own ring
+            hostfile = tmp / "hostfile.json"
+            write_hostfile(hostfile, [self.assignment.hostfile[r] for r in stage.ranks])
+            env.update(ring_env(local, hostfile))
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "exo_tp.runtime.serve_worker", str(job), f"127.0.0.1:{port}",
             env=env,

@@ -68,8 +68,11 @@ def split_layers(num_layers: int, stage_speeds: Sequence[float]) -> tuple[int, .
     """Layers per stage in proportion to each stage's speed, every stage at least one."""
     if len(stage_speeds) > num_layers:
         raise PlanError(f"{len(stage_speeds)} stages for {num_layers} layers")
-    counts = list(largest_remainder(num_layers - len(stage_speeds), stage_speeds))
-    return tuple(c + 1 for c in counts)
+    counts = list(largest_remainder(num_layers, stage_speeds))
+    for empty in [i for i, c in enumerate(counts) if c == 0]:
+        counts[counts.index(max(counts))] -= 1  # lend from the biggest stage
+        counts[empty] = 1
+    return tuple(counts)
 
 
 def plan_pipeline(spec: ModelSpec, stage_weights: Sequence[Sequence[float]],

@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from exo_tp.plan import ShardPlan
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.spec import Frozen
 
 RANK_ENV = "EXO_TP_RANK"  # a worker's global rank (MLX_RANK is its rank inside its stage)
+SECRET_ENV = "EXO_TP_SECRET"  # the cluster secret, for a worker's signed hello to the leader
 READY = "exo-tp:ready"  # status line a worker prints on stderr once it joined the ring
 
 DType = Literal["float32", "float16", "bfloat16", "auto"]
@@ -48,11 +48,13 @@ class Assignment(Frozen):
 
     epoch: int = Field(ge=0)
     model: str  # a prepared model name or a folder present on every node
-    plan: ShardPlan
-    rank: int = Field(ge=0)
-    hostfile: tuple[str, ...]  # "ip:port" each rank's ring socket listens on
-    conductor: str  # "ip:port" where rank 0 hands requests to the other ranks
-    nodes: tuple[str, ...] = ()  # node id per rank
+    plan: PipelinePlan
+    rank: int = Field(ge=0)  # global rank
+    hostfile: tuple[str, ...]  # "ip:port" each global rank's ring socket listens on
+    conductor: str  # "ip:port" where the last stage's first rank meets its stage peers
+    requests_at: str  # "ip:port" of the leader's request channel the conductor joins
+    hops: tuple[str, ...] = ()  # pipelines: "ip:port" of each global rank's incoming hop
+    nodes: tuple[str, ...] = ()  # node id per global rank
     dtype: DType = "float32"
     backend: Literal["ring", "jaccl"] = "ring"
     # jaccl only: ibverbs device from rank i to rank j (None on the diagonal)

@@ -1,12 +1,13 @@
-"""A node's long-lived worker: one rank of a cluster epoch, serving requests until told to stop.
+"""A node's long-lived worker: one rank of a cluster epoch, serving requests until replaced.
 
     python -m exo_tp.runtime.serve_worker ASSIGNMENT.json DAEMON_CHANNEL
-    (MLX_RANK / MLX_HOSTFILE in the environment)
+    (EXO_TP_RANK, EXO_TP_SECRET and, in a stage of several ranks, MLX_RANK / MLX_HOSTFILE)
 
-Rank 0 ("conductor") takes requests from its daemon over the channel, hands each to the other
-ranks over plain TCP, and streams events back. Other ranks sleep in recv() between requests (no
-spinning in a collective). Every rank runs the same mlx-lm generation loop; rank 0 samples.
-Events to the daemon: joining, loading, ready, delta, done, error.
+Every rank reports its progress (joining, loading, ready, error) to its own daemon. The last
+stage's first rank is the conductor: it joins the leader's request channel, hands each request
+to the other ranks of its stage over plain TCP, drives generation (mlx-lm's loop) and streams
+events back. Other ranks of that stage sleep in recv() between requests (never spinning in a
+collective); ranks of earlier pipeline stages serve hop frames.
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
 
 from exo_tp.models.registry import resolve_model
+from exo_tp.node.conductor_link import hello_message
+from exo_tp.node.security import sign
 from exo_tp.runtime.generation import StopSignal, generate
-from exo_tp.runtime.job import Assignment, GenerateRequest
+from exo_tp.runtime.hops import open_hops
+from exo_tp.runtime.job import RANK_ENV, SECRET_ENV, Assignment, GenerateRequest
 from exo_tp.runtime.lifecycle import die_with_parent
+from exo_tp.runtime.pipeline import PipelineTail, serve_stage
 from exo_tp.runtime.ring import init_group
 from exo_tp.runtime.stop_strings import StopMatcher
 from exo_tp.runtime.wire import Line, connect, listen
@@ -38,30 +43,30 @@ PEER_TIMEOUT = 120.0
 
 
 class Conductor:
-    """Rank 0: requests in from the daemon, out to the other ranks, events back."""
+    """Requests in from the leader, out to the stage's other ranks, events back."""
 
-    def __init__(self, daemon: Line, followers: list[Line], model: Any, tokenizer: Any,
+    def __init__(self, leader: Line, followers: list[Line], model: Any, tokenizer: Any,
                  group: mx.distributed.Group):
-        self.daemon, self.followers = daemon, followers
+        self.leader, self.followers = leader, followers
         self.model, self.tokenizer, self.group = model, tokenizer, group
         self.requests: queue.Queue[GenerateRequest] = queue.Queue()
         self.current_id: str | None = None
         self.stop = StopSignal()
         self._lock = threading.Lock()
 
-    def read_daemon(self) -> None:
-        """Daemon channel reader (thread): queue requests, raise cancel flags."""
-        while (message := self.daemon.recv()) is not None:
+    def read_leader(self) -> None:
+        """Request channel reader (thread): queue requests, raise cancel flags."""
+        while (message := self.leader.recv()) is not None:
             if message["type"] == "generate":
                 self.requests.put(GenerateRequest.model_validate(message["request"]))
             elif message["type"] == "cancel":
                 with self._lock:
                     if message["id"] == self.current_id:
                         self.stop.set()
-        os._exit(0)  # the daemon is gone: so is this cluster epoch
+        os._exit(0)  # the leader dropped us: this epoch is over
 
     def serve(self) -> None:
-        threading.Thread(target=self.read_daemon, daemon=True).start()
+        threading.Thread(target=self.read_leader, daemon=True).start()
         while True:
             request = self.requests.get()  # blocks: idle ranks sleep
             with self._lock:
@@ -70,17 +75,19 @@ class Conductor:
                 follower.send(request.model_dump(mode="json"))
             self._run(request)
 
+    def _emit(self, request: GenerateRequest, text: str) -> None:
+        if text:
+            self.leader.send({"type": "delta", "id": request.id, "text": text})
+
     def _run(self, request: GenerateRequest) -> None:
         matcher = StopMatcher(request.stop)
         finish, produced, started = "length", 0, time.perf_counter()
         for response in generate(self.model, self.tokenizer, list(request.tokens),
                                  request.sampling, self.group, self.stop):
             produced = response.generation_tokens
-            text = matcher.feed(response.text)
-            if text:
-                self.daemon.send({"type": "delta", "id": request.id, "text": text})
+            self._emit(request, matcher.feed(response.text))
             if matcher.stopped and not self.stop.is_set():
-                self.stop.set()  # every rank ends within a token or two
+                self.stop.set()  # every rank of the stage ends within a token or two
             if response.finish_reason:
                 finish = response.finish_reason
         if matcher.stopped:
@@ -88,68 +95,89 @@ class Conductor:
         elif self.stop.is_set():
             finish = "cancelled"
         else:
-            tail = matcher.flush()
-            if tail:
-                self.daemon.send({"type": "delta", "id": request.id, "text": tail})
-        elapsed = time.perf_counter() - started
-        self.daemon.send({
+            self._emit(request, matcher.flush())
+        self.leader.send({
             "type": "done", "id": request.id, "finish_reason": finish,
             "usage": {"prompt_tokens": len(request.tokens), "completion_tokens": produced},
-            "seconds": elapsed,
+            "seconds": time.perf_counter() - started,
         })
 
 
 def follow(conductor: Line, model: Any, tokenizer: Any, group: mx.distributed.Group) -> None:
-    """Ranks > 0: run each request rank 0 hands out; rank 0 decides every token."""
+    """Other ranks of the last stage: run each request; the conductor decides every token."""
     while (message := conductor.recv()) is not None:
         request = GenerateRequest.model_validate(message)
         for _ in generate(model, tokenizer, list(request.tokens), request.sampling, group):
             pass
 
 
-def _accept_followers(address: str, count: int) -> list[Line]:
+def _accept(address: str, count: int) -> list[Line]:
     server = listen(address)
     server.settimeout(PEER_TIMEOUT)
     try:
         return [Line(server.accept()[0]) for _ in range(count)]
     except TimeoutError:
-        raise RuntimeError(f"only some ranks reached rank 0 within {PEER_TIMEOUT:.0f}s") from None
+        raise RuntimeError(f"only some ranks reached the conductor within {PEER_TIMEOUT:.0f}s") \
+            from None
     finally:
         server.close()
 
 
-def _watch_daemon(daemon: Line) -> None:
-    """Ranks > 0: exit when the daemon closes the channel (it replaced or stopped us)."""
-    while daemon.recv() is not None:
+def _exit_when_closed(line: Line) -> None:
+    """Exit when the daemon closes its channel (it replaced or stopped this worker)."""
+    while line.recv() is not None:
         pass
     os._exit(0)
 
 
+def _join_leader(assignment: Assignment) -> Line:
+    leader = connect(assignment.requests_at, PEER_TIMEOUT)
+    secret = os.environ.get(SECRET_ENV, "")
+    leader.send({"type": "hello", "epoch": assignment.epoch,
+                 "sig": sign(secret, hello_message(assignment.epoch))})
+    return leader
+
+
 def run(assignment: Assignment, daemon: Line) -> None:
+    plan, rank = assignment.plan, assignment.rank
+    index, local = plan.locate(rank)
+    stage, stages = plan.stages[index], plan.stages
+    first, last = index == 0, index == len(stages) - 1
     daemon.send({"type": "joining", "epoch": assignment.epoch})
     group = init_group()
-    rank = group.rank()
     daemon.send({"type": "loading", "epoch": assignment.epoch})
-    model_dir = resolve_model(assignment.model)
-    model = load_shard(Path(model_dir), assignment.plan, rank, group, DTYPES[assignment.dtype])
-    tokenizer = load_tokenizer(Path(model_dir))
-    if rank == 0:
-        followers = _accept_followers(assignment.conductor, group.size() - 1)
+    model_dir = Path(resolve_model(assignment.model))
+    model = load_shard(model_dir, stage.tp, local, group, DTYPES[assignment.dtype],
+                       stage.layers, first, last)
+    threading.Thread(target=_exit_when_closed, args=(daemon,), daemon=True).start()
+    driver: Any = model
+    if len(stages) > 1:
+        after = stages[(index + 1) % len(stages)]
+        targets = [assignment.hops[r] for r in after.ranks] if local == 0 else []
+        incoming, outgoing = open_hops(assignment.hops[rank], targets, True, PEER_TIMEOUT)
+        assert incoming is not None
+        if not last:
+            daemon.send({"type": "ready", "epoch": assignment.epoch, "rank": rank})
+            serve_stage(model, incoming, outgoing, forward_resets=index + 1 < len(stages) - 1)
+            return
+        driver = PipelineTail(model, incoming, outgoing)
+    tokenizer = load_tokenizer(model_dir)
+    if local == 0:
+        followers = _accept(assignment.conductor, stage.size - 1)
+        leader = _join_leader(assignment)
     else:
         conductor = connect(assignment.conductor, PEER_TIMEOUT)
-        threading.Thread(target=_watch_daemon, args=(daemon,), daemon=True).start()
-    daemon.send({"type": "ready", "epoch": assignment.epoch, "rank": rank,
-                 "memory": mx.get_active_memory()})
-    if rank == 0:
-        Conductor(daemon, followers, model, tokenizer, group).serve()
+    daemon.send({"type": "ready", "epoch": assignment.epoch, "rank": rank})
+    if local == 0:
+        Conductor(leader, followers, driver, tokenizer, group).serve()
     else:
-        follow(conductor, model, tokenizer, group)
+        follow(conductor, driver, tokenizer, group)
 
 
 def main() -> None:
     die_with_parent()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s worker rank {os.environ.get('MLX_RANK', '0')} "
+                        format=f"%(asctime)s worker rank {os.environ.get(RANK_ENV, '0')} "
                                "%(levelname)s %(message)s")
     assignment = Assignment.model_validate_json(Path(sys.argv[1]).read_text())
     daemon = connect(sys.argv[2], timeout=30)
@@ -161,6 +189,7 @@ def main() -> None:
             daemon.send({"type": "error", "message": f"{type(error).__name__}: {error}"})
         finally:
             os._exit(1)
+    os._exit(0)
 
 
 if __name__ == "__main__":
