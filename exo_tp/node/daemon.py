@@ -33,6 +33,7 @@ from exo_tp.node.conductor_link import ConductorLink, RequestChannel
 from exo_tp.node.discovery import Discovery
 from exo_tp.node.dispatcher import Dispatcher
 from exo_tp.node.membership import Membership
+from exo_tp.node.memory import memory_now
 from exo_tp.node.security import control_headers, control_request_ok
 from exo_tp.node.worker_handle import WorkerHandle
 from exo_tp.plan import load_spec, plan_tensor_parallel
@@ -256,6 +257,7 @@ class Node:
             "cluster_reason": self.led.reason if self.led and self.is_leader() else None,
             "backends": list(self.config.backends),
             "rdma": self.config.rdma,
+            "memory": memory_now(worker.pid if worker else None),
         }
 
     async def _control_status(self, request: web.Request) -> web.Response:
@@ -488,6 +490,8 @@ class Node:
                 "prefill_flops": a.prefill_flops, "version": a.version,
                 "worker_state": status.get("worker_state"),
                 "profile": status.get("profile") or {},
+                # live: total/available/used bytes of the machine, worker_rss of its worker
+                "memory": status.get("memory"),
             })
         assignment = self.assignment
         return {

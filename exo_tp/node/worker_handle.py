@@ -40,6 +40,10 @@ class WorkerHandle:
     def epoch(self) -> int:
         return self.assignment.epoch
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._on_connect, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
