@@ -20,7 +20,9 @@ import psutil
 import pytest
 from cluster_helpers import LocalCluster, http_json, local_cluster
 
-from exo_tp.plan import load_spec, plan_tensor_parallel
+from exo_tp.node.api import plan_view
+from exo_tp.plan import load_spec
+from exo_tp.plan.pipeline import plan_pipeline
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -312,16 +314,14 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     stages) are drawn when present: the page's own modules render a 5-device hybrid plan built
     by the planner, in the same browser."""
     spec = load_spec(default_models[MODEL])
-    first, second = plan_tensor_parallel(spec, [4, 3, 2]), plan_tensor_parallel(spec, [2, 1])
-    plan = first.model_dump(mode="json")
-    tail = [{**r.model_dump(mode="json"), "rank": 3 + i} for i, r in enumerate(second.ranks)]
-    plan["ranks"] += tail
-    plan["weights"] = [*first.weights, *second.weights]
+    pipeline = plan_pipeline(spec, [[4, 3, 2], [2, 1]], [18, 12])
     nodes = ["a", "b", "c", "d", "e"]
-    response = {"epoch": 9, "state": "ready", "model": MODEL, "nodes": nodes, "plan": plan,
-                "predicted": {"decode_seconds_per_token": 0.0213, "tokens_per_second": 46.9},
-                "stages": [{"ranks": [0, 1, 2], "layers": {"start": 0, "stop": 18}},
-                           {"ranks": [3, 4], "layers": {"start": 18, "stop": 30}}]}
+    # exactly what /v1/plan sends for this plan
+    response = {"epoch": 9, "state": "ready", "model": MODEL, "nodes": nodes,
+                **plan_view(pipeline),
+                "predicted": {"decode_seconds_per_token": 0.0213, "tokens_per_second": 46.9}}
+    local = [(stage.ranks[i], shard) for stage in pipeline.stages
+             for i, shard in enumerate(stage.tp.ranks)]
     profile = {"chip": "Apple M2 Ultra", "cores": 24, "mlx_version": "0.32.4",
                "mlx_device": "gpu", "memory_total": 192e9, "memory_available": 150e9,
                "decode_seconds_per_byte": 1.25e-12, "prefill_flops": 2e13, "backends": ["ring"]}
@@ -361,8 +361,7 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     assert "error" not in drawn, drawn
     assert drawn["predicted"] == "46.9 tok/s predicted"
     assert drawn["stages"] == ["stage 1 · layers 0–17", "stage 2 · layers 18–29"]
-    expected = [(str(r["rank"]), str(r["heads"]["q_heads"]["stop"] - r["heads"]["q_heads"]
-                                     ["start"])) for r in plan["ranks"]]
+    expected = [(str(rank), str(shard.heads.q_heads.size)) for rank, shard in local]
     assert sorted(map(tuple, drawn["q_heads"])) == sorted(expected)
     assert drawn["labels"] == ["300 µs · 2.50 GB/s", "down"]
     assert sum("measured" in c.split() for c in drawn["edges"]) == 1

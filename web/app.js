@@ -4,7 +4,7 @@ import { getJson } from "./api.js";
 import { Chat } from "./chat.js";
 import { claimColors } from "./colors.js";
 import { h, installTooltip } from "./dom.js";
-import { predictedView, renderLayout } from "./layout.js";
+import { normalizePlan, predictedView, renderLayout } from "./layout.js";
 import { renderGraph, renderNodes, topologyNote } from "./topology.js";
 
 const POLL_MS = 2000;
@@ -57,7 +57,8 @@ function drawPlan(plan) {
 }
 
 async function poll() {
-  const [cluster, plan] = await Promise.allSettled([getJson("/v1/cluster"), getJson("/v1/plan")]);
+  const [cluster, plan] = await Promise.allSettled([getJson("/v1/cluster"),
+    getJson("/v1/plan").then(normalizePlan)]);
   const problems = [];
   for (const [path, result] of [["/v1/cluster", cluster], ["/v1/plan", plan]]) {
     if (result.status === "rejected") {

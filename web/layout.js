@@ -34,6 +34,27 @@ function row(id, title, subtitle, ...bars) {
     h("div", { class: "row-bars" }, ...bars));
 }
 
+// A pipeline's stages each carry a TP plan over their own (local) ranks; the views read one
+// plan whose ranks are indexed by global rank. Merge the stages into that shape (idempotent).
+export function normalizePlan(response) {
+  const stages = response?.stages;
+  if (!response || response.plan || !Array.isArray(stages) || !stages.length) return response;
+  const last = stages[stages.length - 1].plan;
+  const numLayers = stages[0].plan.spec.num_layers;
+  const ranks = [];
+  const weights = [];
+  for (const stage of stages) {
+    stage.ranks.forEach((rank, local) => {
+      const shard = stage.plan.ranks[local];
+      ranks[rank] = { ...shard, rank };
+      // a device's share of the model: its share of its stage × the stage's share of layers
+      weights[rank] = (shard.weight * size(stage.layers)) / numLayers;
+    });
+  }
+  const plan = { ...last, weights, ranks, vocab_ranks: stages[stages.length - 1].ranks };
+  return { ...response, plan };
+}
+
 // Pipeline stages when the plan has several; else one group of every rank (pure TP).
 function stageGroups(response) {
   const plan = response.plan;
@@ -183,7 +204,9 @@ function ffnRows(response, groups) {
 function vocabRow(response) {
   const { plan } = response;
   const gather = plan.collectives.find((c) => c.name === "logits");
-  const ranks = plan.ranks.filter((r) => size(r.vocab) > 0 || gather);
+  // in a pipeline the LM head (and its gather) lives on the last stage
+  const holders = plan.vocab_ranks ? plan.vocab_ranks.map((r) => plan.ranks[r]) : plan.ranks;
+  const ranks = holders.filter((r) => size(r.vocab) > 0 || gather);
   const slot = gather ? gather.padded : null;
   const total = slot ? slot * ranks.length : plan.spec.vocab_size;
   const segments = ranks.flatMap((shard, index) => {
@@ -208,7 +231,8 @@ function vocabRow(response) {
     ? `${count(plan.spec.vocab_size)} rows; the logits gather sends ${ranks.length} × ` +
       `${count(slot)} (${count(padTotal)} padding, ${percent(padTotal / total)})`
     : `${count(plan.spec.vocab_size)} rows`;
-  return row("vocab", "Vocabulary", subtitle, bar(segments, { marks, total }));
+  const where = plan.vocab_ranks ? " (LM head on the last stage)" : "";
+  return row("vocab", "Vocabulary", subtitle + where, bar(segments, { marks, total }));
 }
 
 function collectivesList(plan) {
@@ -253,6 +277,7 @@ export function predictedView(response) {
 }
 
 export function renderLayout(container, response) {
+  response = normalizePlan(response);
   if (!response.plan) {
     container.replaceChildren(h("div", { class: "empty" },
       `No plan yet: the cluster is ${response.state || "forming"}.`));

@@ -24,6 +24,7 @@ from exo_tp.node.openai_schema import (
     CompletionRequest,
     validation_error,
 )
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.runtime.job import GenerateRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -100,15 +101,18 @@ async def plan(request: web.Request) -> web.Response:
     if assignment is None:
         return web.json_response({"epoch": None, "state": node.serving_state(), "plan": None,
                                   "nodes": []})
-    plan = assignment.plan
-    stages = [{"ranks": list(s.ranks), "layers": s.layers.model_dump(),
-               "plan": s.tp.model_dump(mode="json")} for s in plan.stages]
     return web.json_response({
         "epoch": assignment.epoch, "state": node.serving_state(), "model": assignment.model,
-        "nodes": list(assignment.nodes), "stages": stages,
-        # the single tensor-parallel plan when there is one stage (the common case)
-        "plan": stages[0]["plan"] if len(stages) == 1 else None,
+        "nodes": list(assignment.nodes), **plan_view(assignment.plan),
     })
+
+
+def plan_view(plan: PipelinePlan) -> dict[str, Any]:
+    """The plan as /v1/plan shows it: stages (ranks, layers, each stage's TP plan) and, with
+    one stage (the common case), that tensor-parallel plan as ``plan``."""
+    stages = [{"ranks": list(s.ranks), "layers": s.layers.model_dump(),
+               "plan": s.tp.model_dump(mode="json")} for s in plan.stages]
+    return {"stages": stages, "plan": stages[0]["plan"] if len(stages) == 1 else None}
 
 
 async def _read_json(request: web.Request) -> Any:
