@@ -89,6 +89,7 @@ class ArchTable(Frozen):
     counts: tuple[CountRule, ...]
     embedding: str = "model.embed_tokens"
     lm_head: str = "lm_head"  # used only when the model has one (untied embeddings)
+    norm: str = "model.norm"  # final norm: only the last pipeline stage applies it
     # mlx-lm's default when config.json omits tie_word_embeddings
     tie_default: bool = True
     # False where mlx-lm derives head_dim as hidden_size // heads whatever config.json says

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.shard_plan import ShardPlan
 
 
@@ -34,3 +35,12 @@ def render_plan(plan: ShardPlan) -> str:
         lines.append(f"collective {c.name}: {c.op} {per}, {c.padded} wide"
                      + (f", padding per rank {pad}" if any(pad) else ""))
     return "\n".join(lines)
+
+
+def describe(plan: PipelinePlan) -> str:
+    """One line: the stages, their layers and shares."""
+    stages = [f"layers {s.layers.start}-{s.layers.stop} on ranks "
+              f"{','.join(map(str, s.ranks))} (shares "
+              f"{'/'.join(f'{w:.2f}' for w in s.tp.weights)})" for s in plan.stages]
+    kind = "tensor parallel" if len(plan.stages) == 1 else f"{len(plan.stages)}-stage pipeline"
+    return f"{kind}: " + "; ".join(stages)

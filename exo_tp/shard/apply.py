@@ -15,10 +15,10 @@ import mlx.nn as nn
 from mlx_lm.utils import load_model
 
 from exo_tp.arch import ArchTable, table_for
-from exo_tp.plan import ShardPlan
+from exo_tp.plan import ShardPlan, Span
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.blocks import BlockSharder
-from exo_tp.shard.layers import VocabParallelEmbedding, VocabParallelHead
+from exo_tp.shard.layers import Absent, VocabParallelEmbedding, VocabParallelHead
 from exo_tp.shard.slicing import WeightSlicer
 from exo_tp.shard.tree import get_path, has_path, set_path
 
@@ -29,37 +29,70 @@ def _finish(module: nn.Module, dtype: mx.Dtype | None) -> None:
     mx.eval(module.parameters())
 
 
+def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
+    """Only this stage's blocks stay; HF-style per-layer type lists follow the slice."""
+    blocks = get_path(model, table.layers)
+    set_path(model, table.layers, blocks[layers.start:layers.stop])
+    inner = get_path(model, table.layers.rpartition(".")[0])
+    types = getattr(inner, "layer_types", None)
+    if types is not None:
+        inner.layer_types = types = types[layers.start:layers.stop]
+        if hasattr(inner, "fa_idx"):  # mlx-lm llama: the layers whose caches make the masks
+            inner.fa_idx = types.index("full_attention") if "full_attention" in types else 0
+        if hasattr(inner, "swa_idx"):
+            sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+            inner.swa_idx = sliding[0] if sliding else None
+
+
 def _shard_vocab(model: nn.Module, table: ArchTable, slicer: WeightSlicer, plan: ShardPlan,
-                 rank: int, dtype: mx.Dtype | None, group: mx.distributed.Group) -> None:
-    vocab = plan.ranks[rank].vocab
+                 rank: int, group: mx.distributed.Group, dtype: mx.Dtype | None,
+                 first: bool, last: bool) -> None:
+    """Vocab-parallel embedding (first stage; last too when tied) and LM head (last stage)."""
+    # The model's own structure says whether the head is tied (gemma3 decides by the weights).
+    tied = not has_path(model, table.lm_head)
     sizes = [r.vocab.size for r in plan.ranks]
     rows = RankSelector(plan, rank).ranges("vocab")
-    width = plan.spec.hidden_size
-    embedding = get_path(model, table.embedding)
-    # (vocab, hidden): output rows are tokens
-    slicer.slice_rows(table.embedding, embedding, rows, plan.spec.vocab_size)
-    embed_dtype = dtype or (embedding.get("scales", embedding.weight)).dtype
-    set_path(model, table.embedding,
-             VocabParallelEmbedding(embedding, vocab.start, sizes, width, embed_dtype, group))
-    # The model's own structure says whether the head is tied (gemma3 decides by the weights).
-    if has_path(model, table.lm_head):
-        head = get_path(model, table.lm_head)
-        slicer.slice_rows(table.lm_head, head, rows, plan.spec.vocab_size)
-        set_path(model, table.lm_head, VocabParallelHead(head, sizes, group))
+    if first or (last and tied):
+        embedding = get_path(model, table.embedding)
+        # (vocab, hidden): output rows are tokens
+        slicer.slice_rows(table.embedding, embedding, rows, plan.spec.vocab_size)
+        embed_dtype = dtype or (embedding.get("scales", embedding.weight)).dtype
+        set_path(model, table.embedding,
+                 VocabParallelEmbedding(embedding, plan.ranks[rank].vocab.start, sizes,
+                                        plan.spec.hidden_size, embed_dtype, group))
+    else:
+        set_path(model, table.embedding, Absent("the embedding"))
+    if not tied:
+        if last:
+            head = get_path(model, table.lm_head)
+            slicer.slice_rows(table.lm_head, head, rows, plan.spec.vocab_size)
+            set_path(model, table.lm_head, VocabParallelHead(head, sizes, group))
+        else:
+            set_path(model, table.lm_head, Absent("the LM head"))
 
 
 def load_shard(model_dir: Path, plan: ShardPlan, rank: int, group: mx.distributed.Group,
-               dtype: mx.Dtype | None = None) -> nn.Module:
-    """The model with only rank ``rank``'s slices, ready to run inside ``group``."""
+               dtype: mx.Dtype | None = None, layers: Span | None = None,
+               first: bool = True, last: bool = True) -> nn.Module:
+    """The model with only rank ``rank``'s slices, ready to run inside ``group``.
+
+    For a pipeline stage, ``layers`` limits the blocks held; ``first``/``last`` say whether the
+    stage holds the embedding and the final norm + LM head.
+    """
     model_dir = Path(model_dir)
     table = table_for(plan.spec.model_type)
     model, _ = load_model(model_dir, lazy=True)
     slicer = WeightSlicer(model_dir, model)
     ranks = [RankSelector(plan, r) for r in range(plan.size)]
-    blocks = BlockSharder(table, slicer, ranks, rank, plan.spec.hidden_size, group)
-    for i, layer in enumerate(get_path(model, table.layers)):
-        blocks.shard(layer, f"{table.layers}.{i}")
-        _finish(layer, dtype)
-    _shard_vocab(model, table, slicer, plan, rank, dtype, group)
+    sharder = BlockSharder(table, slicer, ranks, rank, plan.spec.hidden_size, group)
+    layers = layers or Span(start=0, stop=plan.spec.num_layers)
+    blocks = get_path(model, table.layers)
+    for i in range(layers.start, layers.stop):
+        sharder.shard(blocks[i], f"{table.layers}.{i}")
+        _finish(blocks[i], dtype)
+    _keep_layers(model, table, layers)
+    if not last:
+        set_path(model, table.norm, nn.Identity())
+    _shard_vocab(model, table, slicer, plan, rank, group, dtype, first, last)
     _finish(model, dtype)
     return model
