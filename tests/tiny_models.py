@@ -39,6 +39,25 @@ def write_tiny_model(folder: Path, config: dict[str, Any], tokenizer_from: Path,
                for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(config))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_from / name, folder / name)
+    shutil.copy(tokenizer_from / "tokenizer_config.json", folder / "tokenizer_config.json")
+    write_tokenizer(folder / "tokenizer.json", tokenizer_from / "tokenizer.json",
+                    config.get("vocab_size") or config["text_config"]["vocab_size"])
     return folder
+
+
+def write_tokenizer(path: Path, source: Path, vocab_size: int) -> None:
+    """The source BPE tokenizer, cut to its first ``vocab_size`` ids if it has more.
+
+    Keeping the merges whose parts and result all survive is still a valid BPE over every byte
+    (byte-level tokens come first), so any text encodes to ids below ``vocab_size``: tiny
+    models get a tiny embedding.
+    """
+    tokenizer = json.loads(source.read_text())
+    bpe = tokenizer["model"]
+    if len(bpe["vocab"]) > vocab_size:
+        vocab = {token: i for token, i in bpe["vocab"].items() if i < vocab_size}
+        bpe["vocab"] = vocab
+        bpe["merges"] = [m for m in bpe["merges"]
+                         if all(t in vocab for t in (*m, "".join(m)))]
+        tokenizer["added_tokens"] = [t for t in tokenizer["added_tokens"] if t["id"] < vocab_size]
+    path.write_text(json.dumps(tokenizer))
