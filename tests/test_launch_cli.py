@@ -56,10 +56,12 @@ def test_unsupported_architecture_is_named_with_the_supported_ones(
         tmp_path: Path, command: list[str]) -> None:
     from exo_tp.arch import supported_model_types
 
-    config = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100}
+    # A real mlx-lm architecture (a state-space model: nothing to split by heads).
+    config = {"model_type": "mamba", "hidden_size": 64, "intermediate_size": 128,
+              "state_size": 16, "num_hidden_layers": 2, "vocab_size": 100}
     (tmp_path / "config.json").write_text(json.dumps(config))
     line = _one_line_error(run_cli(*command, "--model", str(tmp_path), check=False))
-    assert "'gpt2'" in line
+    assert "'mamba'" in line
     assert all(t in line for t in supported_model_types())
 
 

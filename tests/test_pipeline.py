@@ -71,6 +71,15 @@ def test_impossible_pipelines_say_why(weights: list[list[float]], layers: list[i
         plan_pipeline(SPEC, weights, layers)
 
 
+def test_architectures_without_stage_support_are_refused() -> None:
+    """gemma3 picks sliding or global attention by a layer's index within the model it runs:
+    a later stage would silently use the wrong kind; refused instead of computed wrong."""
+    gemma = SPEC.model_copy(update={"model_type": "gemma3_text"})
+    with pytest.raises(PlanError, match="not supported for gemma3_text.*llama"):
+        plan_pipeline(gemma, [[1], [1]])
+    assert plan_pipeline(gemma, [[1, 2]]).size == 2  # one stage: plain tensor parallelism
+
+
 def test_cluster_serves_a_hybrid_plan(default_models: dict[str, Path]) -> None:
     """`exo-tp run --local-nodes 3 --stages 2,1`: the leader's stage runs the first layers, the
     last node the rest; requests reach that node's conductor over the leader's channel."""

@@ -23,19 +23,21 @@ OTHER_TYPES = tuple(t for t in supported_model_types() if t not in MLA_TYPES)
 
 @st.composite
 def specs(draw: st.DrawFn) -> ModelSpec:
-    kv = draw(st.integers(1, 8))
-    group = draw(st.integers(1, 8))
-    head_dim = draw(st.sampled_from([16, 32, 64, 80, 96, 128]))
-    quant = draw(st.sampled_from([None, (32, 4), (64, 4), (128, 4), (64, 8)]))
-    ffn = draw(st.integers(1, 200)) * (quant[0] if quant else 8)
-    # MLA-like specs: the attention output (o_proj input) per head is v_head_dim wide.
+    """Any supported architecture: GQA or MLA attention, dense or MoE FFNs (routed experts,
+    shared experts), float or affine-quantized at 4/8 bits and group 32/64/128."""
     mla = draw(st.booleans())
+    kv = draw(st.integers(1, 8))
+    group = 1 if mla else draw(st.integers(1, 8))  # MLA: every head has its own K and V
+    head_dim = draw(st.sampled_from([16, 32, 48, 64, 80, 96, 128, 192]))
+    quant = draw(st.sampled_from([None, *((g, b) for g in (32, 64, 128) for b in (4, 8))]))
+    step = quant[0] if quant else 8
+    # MLA: the attention output (o_proj's input) per head is v_head_dim wide.
     head_widths = ({"v_head_dim": draw(st.sampled_from([16, 32, 48, 64, 128])),
                     "kv_b_head_dim": draw(st.sampled_from([48, 96, 256]))} if mla else {})
-    ffn_sizes = {"ffn": ffn}
+    ffn_sizes = {"ffn": draw(st.integers(1, 200)) * step}
     for kind in ("expert_ffn", "shared_expert_ffn"):
         if draw(st.booleans()):
-            ffn_sizes[kind] = draw(st.integers(1, 50)) * (quant[0] if quant else 8)
+            ffn_sizes[kind] = draw(st.integers(1, 50)) * step
     return ModelSpec(
         model_type=draw(st.sampled_from(MLA_TYPES if mla else OTHER_TYPES)),
         hidden_size=draw(st.sampled_from([64, 576, 1024])),
@@ -71,8 +73,9 @@ def test_every_row_owned_exactly_once(spec: ModelSpec, weights: list[float]) -> 
     assert plan.size == len(weights)
     q = [range(r.heads.q_heads.start, r.heads.q_heads.stop) for r in plan.ranks]
     assert _owners(q, spec.num_heads) == [1] * spec.num_heads
-    ffn = [range(r.ffn["ffn"].start, r.ffn["ffn"].stop) for r in plan.ranks]
-    assert _owners(ffn, spec.ffn_sizes["ffn"]) == [1] * spec.ffn_sizes["ffn"]
+    for kind, size in spec.ffn_sizes.items():  # dense, every expert alike, shared experts
+        ffn = [range(r.ffn[kind].start, r.ffn[kind].stop) for r in plan.ranks]
+        assert _owners(ffn, size) == [1] * size, kind
     vocab = [range(r.vocab.start, r.vocab.stop) for r in plan.ranks]
     assert _owners(vocab, spec.vocab_size) == [1] * spec.vocab_size
 
@@ -104,10 +107,11 @@ def test_input_splits_land_on_quantization_groups(spec: ModelSpec, weights: list
     align = spec.quantization.group_size if spec.quantization else 1
     for r in plan.ranks:
         # down_proj's input columns are FFN rows (o_proj's: test_no_split_cuts_a_group).
-        for cut in (r.ffn["ffn"].start, r.ffn["ffn"].stop):
-            assert cut % align == 0 or cut == spec.ffn_sizes["ffn"]
-            if spec.quantization is None:
-                assert cut % FLOAT_FFN_ALIGN == 0 or cut == spec.ffn_sizes["ffn"]
+        for kind, size in spec.ffn_sizes.items():
+            for cut in (r.ffn[kind].start, r.ffn[kind].stop):
+                assert cut % align == 0 or cut == size
+                if spec.quantization is None:
+                    assert cut % FLOAT_FFN_ALIGN == 0 or cut == size
         assert r.vocab.start % VOCAB_ALIGN == 0 or r.vocab.start == spec.vocab_size
 
 
@@ -134,7 +138,8 @@ def test_shares_track_weights_within_one_unit(spec: ModelSpec, weights: list[flo
     total = sum(weights)
     units = {
         "heads": (plan.head_unit, spec.num_heads, [r.heads.q_heads.size for r in plan.ranks]),
-        "ffn": (plan.ffn_unit, spec.ffn_sizes["ffn"], [r.ffn["ffn"].size for r in plan.ranks]),
+        **{kind: (plan.ffn_unit, size, [r.ffn[kind].size for r in plan.ranks])
+           for kind, size in spec.ffn_sizes.items()},
         "vocab": (plan.vocab_unit, spec.vocab_size, [r.vocab.size for r in plan.ranks]),
     }
     for name, (unit, size, got) in units.items():
@@ -218,9 +223,9 @@ def test_legacy_mxfp4_checkpoints_split_on_groups_of_32() -> None:
 
 def test_unsupported_architecture_names_itself_and_the_supported() -> None:
     with pytest.raises(UnsupportedArchitectureError) as info:
-        spec_from_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4})
+        spec_from_config({"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2})
     message = str(info.value)
-    assert "'gpt2'" in message and "\n" not in message
+    assert "'mamba'" in message and "\n" not in message
     assert all(t in message for t in supported_model_types())
     assert len(supported_model_types()) >= 10
 

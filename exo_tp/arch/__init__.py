@@ -9,6 +9,10 @@ def supported_model_types() -> tuple[str, ...]:
     return tuple(sorted(t for table in TABLES for t in table.model_types))
 
 
+def pipeline_model_types() -> tuple[str, ...]:
+    return tuple(sorted(t for table in TABLES if table.stages for t in table.model_types))
+
+
 def table_for(model_type: str) -> ArchTable:
     for table in TABLES:
         if model_type in table.model_types:
@@ -24,6 +28,7 @@ __all__ = [
     "BranchRule",
     "CountRule",
     "LinearRule",
+    "pipeline_model_types",
     "supported_model_types",
     "table_for",
 ]

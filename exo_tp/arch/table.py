@@ -94,6 +94,9 @@ class ArchTable(Frozen):
     tie_default: bool = True
     # False where mlx-lm derives head_dim as hidden_size // heads whatever config.json says
     reads_head_dim: bool = True
+    # Pipeline stages (a layer range per stage) are known to work: the model takes
+    # input_embeddings and nothing in it depends on a layer's global index.
+    stages: bool = False
 
     @model_validator(mode="after")
     def _every_split_is_reduced_once(self) -> ArchTable:

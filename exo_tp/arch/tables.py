@@ -46,12 +46,16 @@ HEAD_COUNTS = (
 QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 
 LLAMA_LIKE = ArchTable(
-    model_types=("llama", "mistral", "qwen2", "qwen3"),
+    model_types=("llama", "mistral", "qwen3"),
     linears=(*_attention(), *_glu("mlp", "ffn")),
     branches=(ATTENTION, MLP),
     replicated=QK_NORMS,
     counts=HEAD_COUNTS,
+    stages=True,
 )
+
+# Qwen2 (dense and MoE) derives head_dim as hidden_size // heads whatever config.json says.
+QWEN2 = LLAMA_LIKE.model_copy(update={"model_types": ("qwen2",), "reads_head_dim": False})
 
 # Gemma 2/3: the same split; soft-capping of attention scores acts per head, soft-capping of
 # the final logits acts on the gathered logits, the embedding scale after the embedding's
@@ -121,6 +125,7 @@ QWEN2_MOE = ArchTable(
     replicated=("mlp.gate", "mlp.shared_expert_gate"),
     counts=HEAD_COUNTS,
     tie_default=False,
+    reads_head_dim=False,
 )
 
 # DeepSeek V2/V3 (MLA): split by heads. Per-head projections (q or q_b, V2's kv_b, V3's
@@ -172,5 +177,5 @@ GPT_OSS = ArchTable(
 )
 
 TABLES: tuple[ArchTable, ...] = (
-    LLAMA_LIKE, GEMMA, PHI3, MIXTRAL, QWEN3_MOE, QWEN2_MOE, DEEPSEEK, GPT_OSS,
+    LLAMA_LIKE, QWEN2, GEMMA, PHI3, MIXTRAL, QWEN3_MOE, QWEN2_MOE, DEEPSEEK, GPT_OSS,
 )

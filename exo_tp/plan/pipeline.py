@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from pydantic import Field, model_validator
 
+from exo_tp.arch import pipeline_model_types, table_for
 from exo_tp.errors import PlanError
 from exo_tp.plan.apportion import largest_remainder
 from exo_tp.plan.shard_plan import ShardPlan, Span
@@ -83,6 +84,9 @@ def plan_pipeline(spec: ModelSpec, stage_weights: Sequence[Sequence[float]],
     """
     if not stage_weights or any(not w for w in stage_weights):
         raise PlanError("every stage needs at least one rank")
+    if len(stage_weights) > 1 and not table_for(spec.model_type).stages:
+        raise PlanError(f"pipeline stages are not supported for {spec.model_type} (only for "
+                        f"{', '.join(pipeline_model_types())}); run it as one stage")
     if layer_counts is None:
         layer_counts = split_layers(spec.num_layers, [sum(w) for w in stage_weights])
     if len(layer_counts) != len(stage_weights):
