@@ -54,12 +54,17 @@ def _shard_vocab(model: nn.Module, table: ArchTable, slicer: WeightSlicer, plan:
     rows = RankSelector(plan, rank).ranges("vocab")
     if first or (last and tied):
         embedding = get_path(model, table.embedding)
+        if dtype is not None:
+            embedding.set_dtype(dtype)
+        # The dtype a lookup yields (MX-FP4 tables give bfloat16 whatever the compute dtype;
+        # only graph-building, nothing is read): a rank holding no vocab rows must send zeros
+        # of exactly that dtype to the embedding's all-reduce, or the ranks' bytes differ.
+        lookup_dtype = embedding(mx.zeros((1,), dtype=mx.int32)).dtype
         # (vocab, hidden): output rows are tokens
         slicer.slice_rows(table.embedding, embedding, rows, plan.spec.vocab_size)
-        embed_dtype = dtype or (embedding.get("scales", embedding.weight)).dtype
         set_path(model, table.embedding,
                  VocabParallelEmbedding(embedding, plan.ranks[rank].vocab.start, sizes,
-                                        plan.spec.hidden_size, embed_dtype, group))
+                                        plan.spec.hidden_size, lookup_dtype, group))
     else:
         set_path(model, table.embedding, Absent("the embedding"))
     if not tied:
