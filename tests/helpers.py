@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,8 +14,11 @@ import numpy as np
 CLI = [sys.executable, "-m", "exo_tp"]
 
 
-def run_cli(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+def run_cli(*args: str, timeout: float = 600, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `exo-tp` (``env``: variables added to this process's environment)."""
+    result = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, **env} if env else None)
     if check and result.returncode != 0:
         raise AssertionError(f"exo-tp {' '.join(args)} failed:\n{result.stderr[-3000:]}")
     return result

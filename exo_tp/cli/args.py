@@ -16,6 +16,39 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def address_list(text: str) -> list[str]:
+    """``10.0.0.1,10.0.0.2`` -> one address per node (at least two)."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) < 2 or not all(parts) or any(" " in p for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"peers {text!r} must be two or more comma-separated addresses, like 10.0.0.1,10.0.0.2")
+    return parts
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
