@@ -13,24 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
-
-SINGLE = """
-import json, sys, mlx.core as mx
-from mlx_lm import load, stream_generate
-model, tok = load(sys.argv[1]); model.set_dtype(mx.float32)
-ids = tok.encode(sys.argv[2])
-for r in stream_generate(model, tok, mx.array(ids), max_tokens=int(sys.argv[3])): pass
-print(json.dumps({"tps": r.generation_tps, "tokens": r.generation_tokens}))
-"""
+from _common import env, exo_tp_tps, resolve, single_process_tps
 
 GATHER = """
 import json, sys, time, mlx.core as mx
@@ -57,30 +46,6 @@ if r == 0:
 """
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-
-
-def single_process(model: Path, tokens: int) -> float:
-    out = subprocess.run([sys.executable, "-c", SINGLE, str(model), PROMPT, str(tokens)],
-                         capture_output=True, text=True, check=True, env=_env())
-    return json.loads(out.stdout.strip().splitlines()[-1])["tps"]
-
-
-def exo_tp(model: Path, weights: list[float], tokens: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        subprocess.run(
-            [sys.executable, "-m", "exo_tp", "launch", "--ranks", str(len(weights)),
-             "--weights", ",".join(map(str, weights)), "--model", str(model),
-             "--prompt", PROMPT, "--ignore-chat-template", "--max-tokens", str(tokens),
-             "--report-out", str(report)],
-            capture_output=True, text=True, check=True, env=_env(),
-        )
-        return json.loads(report.read_text())["generation_tps"]
-
-
 def gather_times(sizes: list[int], iters: int) -> dict[str, float]:
     from exo_tp.runtime.ports import free_ports
     from exo_tp.runtime.ring import ring_env, write_hostfile
@@ -89,7 +54,7 @@ def gather_times(sizes: list[int], iters: int) -> dict[str, float]:
         hostfile = Path(tmp) / "hosts.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(len(sizes))])
         procs = [subprocess.Popen([sys.executable, "-c", GATHER, json.dumps(sizes), str(iters)],
-                                  env={**_env(), **ring_env(r, hostfile)},
+                                  env={**env(), **ring_env(r, hostfile)},
                                   stdout=subprocess.PIPE, text=True)
                  for r in range(len(sizes))]
         outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -106,17 +71,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.tokens = 1, 48
-    sys.path.insert(0, str(ROOT))
-    from exo_tp.models.registry import resolve_model
+    model = resolve(args.model)
     from exo_tp.plan import load_spec, plan_tensor_parallel
 
-    model = resolve_model(args.model)
     uneven = [float(w) for w in args.uneven.split(",")]
     runs: dict[str, list[float]] = {"single": [], "tp2_even": [], "tp2_uneven": []}
     for round_ in range(args.rounds):
-        runs["single"].append(single_process(model, args.tokens))
-        runs["tp2_even"].append(exo_tp(model, [1, 1], args.tokens))
-        runs["tp2_uneven"].append(exo_tp(model, uneven, args.tokens))
+        runs["single"].append(single_process_tps(model, args.tokens))
+        runs["tp2_even"].append(exo_tp_tps(model, [1, 1], args.tokens))
+        runs["tp2_uneven"].append(exo_tp_tps(model, uneven, args.tokens))
         print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} tok/s"
                                                   for k, v in runs.items()), file=sys.stderr)
     tps = {k: statistics.median(v) for k, v in runs.items()}

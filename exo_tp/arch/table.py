@@ -49,3 +49,4 @@ class ArchTable(Frozen):
     counts: tuple[CountRule, ...]
     embedding: str = "model.embed_tokens"
     lm_head: str = "lm_head"  # used only when embeddings are not tied
+    norm: str = "model.norm"  # final norm: only the last pipeline stage applies it

@@ -77,3 +77,16 @@ def add_model_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"model folder or name ({', '.join(DEFAULT_MODELS)}); "
                              f"default {DEFAULT_MODEL}")
+
+
+def int_list(text: str, what: str) -> list[int]:
+    """``2,1`` -> [2, 1]; each at least 1 (an ExoTpError names ``what`` otherwise)."""
+    from exo_tp.errors import ExoTpError
+
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ExoTpError(f"{what} {text!r} must be whole numbers like 2,1") from None
+    if any(v < 1 for v in values):
+        raise ExoTpError(f"{what} {text!r} must all be at least 1")
+    return values

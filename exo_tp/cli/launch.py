@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from exo_tp.cli.args import add_model_arg, non_negative_float, positive_int, weight_list
+from exo_tp.cli.args import (
+    add_model_arg,
+    int_list,
+    non_negative_float,
+    positive_int,
+    weight_list,
+)
 from exo_tp.errors import ExoTpError
+
+if TYPE_CHECKING:
+    from exo_tp.plan import ModelSpec
+    from exo_tp.plan.pipeline import PipelinePlan
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="use the raw prompt instead of the model's chat template")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"),
                    default="float32", help="compute dtype of float weights (default float32)")
+    p.add_argument("--stages", help="pipeline: ranks per stage, e.g. 2,1 (consecutive ranks "
+                                    "form a tensor-parallel group per stage)")
+    p.add_argument("--stage-layers", help="pipeline: layers per stage, e.g. 18,12 (default: in "
+                                          "proportion to each stage's summed weights)")
     p.add_argument("--join-timeout", type=non_negative_float, default=120.0,
                    help="seconds to wait for all ranks to join the ring")
     p.add_argument("--logits-out", help="save the prompt's logits (npy, rank 0) for checking")
@@ -33,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from exo_tp.models.registry import resolve_model
-    from exo_tp.plan import load_spec, plan_tensor_parallel
+    from exo_tp.plan import load_spec
     from exo_tp.runtime.job import LaunchJob, SamplingParams
     from exo_tp.runtime.launcher import launch_local
 
@@ -43,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top_p <= 0 or args.top_p > 1:
         raise ExoTpError("--top-p must be in (0, 1]")
     model_dir = resolve_model(args.model)
-    plan = plan_tensor_parallel(load_spec(model_dir), weights)
+    plan = _plan(load_spec(model_dir), weights, args.stages, args.stage_layers)
     job = LaunchJob(
         model_dir=str(model_dir),
         plan=plan,
@@ -57,3 +72,23 @@ def run(args: argparse.Namespace) -> int:
     )
     launch_local(job, join_timeout=args.join_timeout)
     return 0
+
+
+def _plan(spec: ModelSpec, weights: list[float], stages: str | None,
+          stage_layers: str | None) -> PipelinePlan:
+    from exo_tp.plan import plan_tensor_parallel
+    from exo_tp.plan.pipeline import plan_pipeline, single_stage
+
+    if stages is None:
+        if stage_layers is not None:
+            raise ExoTpError("--stage-layers needs --stages")
+        return single_stage(plan_tensor_parallel(spec, weights))
+    sizes = int_list(stages, "--stages")
+    if sum(sizes) != len(weights):
+        raise ExoTpError(f"--stages {stages} adds up to {sum(sizes)} ranks, not {len(weights)}")
+    groups, start = [], 0
+    for size in sizes:
+        groups.append(weights[start:start + size])
+        start += size
+    layers = int_list(stage_layers, "--stage-layers") if stage_layers else None
+    return plan_pipeline(spec, groups, layers)

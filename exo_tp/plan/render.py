@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from exo_tp.plan.cost import DecodePrediction, shard_bytes
 from exo_tp.plan.human import duration, rate, size
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.shard_plan import ShardPlan
 
 
@@ -64,3 +65,10 @@ def render_costs(plan: ShardPlan, prediction: DecodePrediction | None = None,
             f"({1 / prediction.seconds:.3g} tokens/s); slowest rank {prediction.slowest_rank}",
         ]
     return "\n".join(lines)
+def describe(plan: PipelinePlan) -> str:
+    """One line: the stages, their layers and shares."""
+    stages = [f"layers {s.layers.start}-{s.layers.stop} on ranks "
+              f"{','.join(map(str, s.ranks))} (shares "
+              f"{'/'.join(f'{w:.2f}' for w in s.tp.weights)})" for s in plan.stages]
+    kind = "tensor parallel" if len(plan.stages) == 1 else f"{len(plan.stages)}-stage pipeline"
+    return f"{kind}: " + "; ".join(stages)

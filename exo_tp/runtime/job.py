@@ -6,9 +6,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from exo_tp.plan import ShardPlan
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.spec import Frozen
 
+RANK_ENV = "EXO_TP_RANK"  # a worker's global rank (MLX_RANK is its rank inside its stage)
+SECRET_ENV = "EXO_TP_SECRET"  # the cluster secret, for a worker's signed hello to the leader
 READY = "exo-tp:ready"  # status line a worker prints on stderr once it joined the ring
 
 DType = Literal["float32", "float16", "bfloat16", "auto"]
@@ -28,7 +30,7 @@ class LaunchJob(Frozen):
     """A one-shot generation on a local ring of ranks."""
 
     model_dir: str
-    plan: ShardPlan
+    plan: PipelinePlan
     prompt: str
     use_chat_template: bool = True
     sampling: SamplingParams = SamplingParams()
@@ -37,3 +39,32 @@ class LaunchJob(Frozen):
     # Optional files rank 0 writes for checking against a reference.
     logits_out: str | None = None
     report_out: str | None = None
+    # Pipelines: the "ip:port" each global rank's incoming hop listens on.
+    hops: tuple[str, ...] = ()
+
+
+class Assignment(Frozen):
+    """A node's part in a cluster epoch: which rank its worker is and how to reach the others."""
+
+    epoch: int = Field(ge=0)
+    model: str  # a prepared model name or a folder present on every node
+    plan: PipelinePlan
+    rank: int = Field(ge=0)  # global rank
+    hostfile: tuple[str, ...]  # "ip:port" each global rank's ring socket listens on
+    conductor: str  # "ip:port" where the last stage's first rank meets its stage peers
+    requests_at: str  # "ip:port" of the leader's request channel the conductor joins
+    hops: tuple[str, ...] = ()  # pipelines: "ip:port" of each global rank's incoming hop
+    nodes: tuple[str, ...] = ()  # node id per global rank
+    dtype: DType = "float32"
+    backend: Literal["ring", "jaccl"] = "ring"
+    # jaccl only: ibverbs device from rank i to rank j (None on the diagonal)
+    ibv_devices: tuple[tuple[str | None, ...], ...] | None = None
+
+
+class GenerateRequest(Frozen):
+    """One generation, as rank 0 receives it from its daemon and passes it to the others."""
+
+    id: str
+    tokens: tuple[int, ...]
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()

@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 
 from exo_tp.errors import ExoTpError
-from exo_tp.runtime.job import READY, LaunchJob
+from exo_tp.runtime.job import RANK_ENV, READY, LaunchJob
 from exo_tp.runtime.ports import free_ports
 from exo_tp.runtime.ring import ring_env, write_hostfile
 
@@ -63,10 +63,11 @@ def _forward_stdout(rank: _Rank) -> None:
             sys.stdout.flush()
 
 
-def _rank_env(rank: int, n: int, hostfile: Path) -> dict[str, str]:
+def _rank_env(rank: int, local: int, stage_size: int, hostfile: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
-    # A ring of one cannot connect to itself: a single rank runs without a group.
-    return {**env, **ring_env(rank, hostfile)} if n > 1 else env
+    env[RANK_ENV] = str(rank)
+    # A ring of one cannot connect to itself: a single-rank stage runs without a group.
+    return {**env, **ring_env(local, hostfile)} if stage_size > 1 else env
 
 
 def _stop_all(ranks: list[_Rank]) -> None:
@@ -80,23 +81,31 @@ def _stop_all(ranks: list[_Rank]) -> None:
 def launch_local(job: LaunchJob, join_timeout: float = 120.0) -> None:
     """Run ``job`` on ``job.plan.size`` local ranks; raises ExoTpError if any rank fails."""
     n = job.plan.size
+    stages = job.plan.stages
+    speaker = stages[-1].ranks[0]  # the last stage's first rank prints the text
     with tempfile.TemporaryDirectory(prefix="exo-tp-launch-") as tmp:
-        hostfile, jobfile = Path(tmp) / "hostfile.json", Path(tmp) / "job.json"
-        write_hostfile(hostfile, [f"127.0.0.1:{port}" for port in free_ports(n)])
+        jobfile = Path(tmp) / "job.json"
+        hostfiles = []
+        for index, stage in enumerate(stages):  # one ring (and port range) per stage
+            hostfiles.append(Path(tmp) / f"hostfile-{index}.json")
+            write_hostfile(hostfiles[-1], [f"127.0.0.1:{p}" for p in free_ports(stage.size)])
+        if len(stages) > 1:
+            job = job.model_copy(update={"hops": tuple(f"127.0.0.1:{p}" for p in free_ports(n))})
         jobfile.write_text(job.model_dump_json())
         ranks: list[_Rank] = []
         try:
             for r in range(n):
+                index, local = job.plan.locate(r)
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "exo_tp.runtime.worker", str(jobfile)],
-                    env=_rank_env(r, n, hostfile),
-                    stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+                    env=_rank_env(r, local, stages[index].size, hostfiles[index]),
+                    stdout=subprocess.PIPE if r == speaker else subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                 )
                 rank = _Rank(r, proc)
                 rank.threads.append(threading.Thread(target=_forward_stderr, args=(rank,),
                                                      daemon=True))
-                if r == 0:
+                if r == speaker:
                     rank.threads.append(threading.Thread(target=_forward_stdout, args=(rank,),
                                                          daemon=True))
                 for t in rank.threads:

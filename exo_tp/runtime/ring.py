@@ -19,6 +19,18 @@ def ring_env(rank: int, hostfile: Path) -> dict[str, str]:
     return {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
 
 
+def jaccl_env(rank: int, coordinator: str, devices_file: Path) -> dict[str, str]:
+    return {"MLX_RANK": str(rank), "MLX_JACCL_COORDINATOR": coordinator,
+            "MLX_IBV_DEVICES": str(devices_file)}
+
+
+def init_group() -> mx.distributed.Group:
+    """The group the environment describes: jaccl (RDMA) if set up, else the ring."""
+    if "MLX_IBV_DEVICES" in os.environ:
+        return mx.distributed.init(backend="jaccl", strict=True)
+    return init_ring()
+
+
 def init_ring() -> mx.distributed.Group:
     """The ring group described by MLX_RANK/MLX_HOSTFILE (strict: never a silent group of 1)."""
     if "MLX_HOSTFILE" not in os.environ:

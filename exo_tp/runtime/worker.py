@@ -1,7 +1,8 @@
-"""One rank of a local launch: join the ring, load the shard, generate, report.
+"""One rank of a local launch: join its stage's ring, load its shard, generate, report.
 
-Run as ``python -m exo_tp.runtime.worker JOB.json`` with MLX_RANK and MLX_HOSTFILE set.
-Rank 0 writes the generated text to stdout; logs go to stderr.
+Run as ``python -m exo_tp.runtime.worker JOB.json`` with EXO_TP_RANK (global rank) and, for a
+stage of several ranks, MLX_RANK / MLX_HOSTFILE set. The last stage's first rank writes the
+generated text to stdout; logs go to stderr.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_tokenizer
 
 from exo_tp.runtime.generation import encode_prompt, generate
-from exo_tp.runtime.job import READY, LaunchJob
+from exo_tp.runtime.hops import open_hops
+from exo_tp.runtime.job import RANK_ENV, READY, LaunchJob
 from exo_tp.runtime.lifecycle import die_with_parent
+from exo_tp.runtime.pipeline import PipelineTail, serve_stage
 from exo_tp.runtime.ring import barrier, init_ring
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.collectives import gather_padded
@@ -27,57 +31,7 @@ from exo_tp.shard.collectives import gather_padded
 log = logging.getLogger("exo_tp.worker")
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "auto": None}
-
-
-def run(job: LaunchJob) -> None:
-    group = init_ring()  # before loading: a peer that never comes must not cost a load first
-    rank = group.rank()
-    print(READY, file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    model = load_shard(Path(job.model_dir), job.plan, rank, group, DTYPES[job.dtype])
-    load_peak = mx.get_peak_memory()
-    mine = job.plan.ranks[rank]
-    log.info("shard loaded in %.1fs: q heads %d-%d, kv %s, ffn %s, vocab %d-%d, %.0f MB active",
-             time.perf_counter() - started, mine.heads.q_heads.start, mine.heads.q_heads.stop,
-             list(mine.heads.kv_heads), {k: (s.start, s.stop) for k, s in mine.ffn.items()},
-             mine.vocab.start, mine.vocab.stop, mx.get_active_memory() / 1e6)
-    tokenizer = load_tokenizer(Path(job.model_dir))
-    prompt = encode_prompt(tokenizer, job.prompt, None, job.use_chat_template)
-
-    if job.logits_out:
-        logits = model(mx.array(prompt)[None]).astype(mx.float32)
-        mx.eval(logits)
-        if rank == 0:
-            np.save(job.logits_out, np.array(logits[0]))
-
-    tokens: list[int] = []
-    last = None
-    for response in generate(model, tokenizer, prompt, job.sampling, group):
-        tokens.append(response.token)
-        last = response
-        if rank == 0:
-            sys.stdout.write(response.text)
-            sys.stdout.flush()
-    memory = _memory_by_rank(group, load_peak)
-    if rank == 0:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        if last is not None:
-            log.info("prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",
-                     last.prompt_tokens, last.prompt_tps, last.generation_tokens,
-                     last.generation_tps)
-        if job.report_out:
-            text = tokenizer.decode([t for t in tokens if t not in tokenizer.eos_token_ids])
-            report = {
-                "tokens": tokens,
-                "text": text,
-                "prompt_tokens": len(prompt),
-                "generation_tps": last.generation_tps if last else 0.0,
-                "finish_reason": last.finish_reason if last else None,
-                "memory_by_rank": memory,
-            }
-            Path(job.report_out).write_text(json.dumps(report))
-    barrier(group)
+HOP_TIMEOUT = 120.0
 
 
 def _memory_by_rank(group: mx.distributed.Group, load_peak: int) -> list[dict[str, int]]:
@@ -89,9 +43,82 @@ def _memory_by_rank(group: mx.distributed.Group, load_peak: int) -> list[dict[st
     return [{"load_peak": int(a), "peak": int(b), "active": int(c)} for a, b, c in rows]
 
 
+def run(job: LaunchJob) -> None:
+    rank = int(os.environ.get(RANK_ENV, "0"))
+    index, local = job.plan.locate(rank)
+    stages = job.plan.stages
+    stage, first, last = stages[index], index == 0, index == len(stages) - 1
+    group = init_ring()  # before loading: a peer that never comes must not cost a load first
+    print(READY, file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    model = load_shard(Path(job.model_dir), stage.tp, local, group, DTYPES[job.dtype],
+                       stage.layers, first, last)
+    load_peak = mx.get_peak_memory()
+    mine = stage.tp.ranks[local]
+    log.info("stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads %d-%d, kv %s, ffn %s, "
+             "vocab %d-%d, %.0f MB active", index + 1, len(stages), stage.layers.start,
+             stage.layers.stop, time.perf_counter() - started, mine.heads.q_heads.start,
+             mine.heads.q_heads.stop, list(mine.heads.kv_heads),
+             {k: (s.start, s.stop) for k, s in mine.ffn.items()}, mine.vocab.start,
+             mine.vocab.stop, mx.get_active_memory() / 1e6)
+    driver: Any = model
+    if len(stages) > 1:
+        after = stages[(index + 1) % len(stages)]
+        targets = [job.hops[r] for r in after.ranks] if local == 0 else []
+        incoming, outgoing = open_hops(job.hops[rank], targets, True, HOP_TIMEOUT)
+        assert incoming is not None
+        if not last:
+            serve_stage(model, incoming, outgoing, forward_resets=index + 1 < len(stages) - 1)
+            barrier(group)
+            return
+        driver = PipelineTail(model, incoming, outgoing)
+    _generate_and_report(job, driver, group, local, load_peak)
+    barrier(group)
+
+
+def _generate_and_report(job: LaunchJob, model: Any, group: mx.distributed.Group, local: int,
+                         load_peak: int) -> None:
+    tokenizer = load_tokenizer(Path(job.model_dir))
+    prompt = encode_prompt(tokenizer, job.prompt, None, job.use_chat_template)
+    speaker = local == 0
+    if job.logits_out:
+        logits = model(mx.array(prompt)[None]).astype(mx.float32)
+        mx.eval(logits)
+        if speaker:
+            np.save(job.logits_out, np.array(logits[0]))
+    tokens: list[int] = []
+    last = None
+    for response in generate(model, tokenizer, prompt, job.sampling, group):
+        tokens.append(response.token)
+        last = response
+        if speaker:
+            sys.stdout.write(response.text)
+            sys.stdout.flush()
+    memory = _memory_by_rank(group, load_peak)
+    if not speaker:
+        return
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if last is not None:
+        log.info("prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",
+                 last.prompt_tokens, last.prompt_tps, last.generation_tokens,
+                 last.generation_tps)
+    if job.report_out:
+        text = tokenizer.decode([t for t in tokens if t not in tokenizer.eos_token_ids])
+        report = {
+            "tokens": tokens,
+            "text": text,
+            "prompt_tokens": len(prompt),
+            "generation_tps": last.generation_tps if last else 0.0,
+            "finish_reason": last.finish_reason if last else None,
+            "memory_by_rank": memory,
+        }
+        Path(job.report_out).write_text(json.dumps(report))
+
+
 def main() -> None:
     die_with_parent()
-    rank = os.environ.get("MLX_RANK", "0")
+    rank = os.environ.get(RANK_ENV, "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s rank {rank} %(levelname)s %(message)s")
     job = LaunchJob.model_validate_json(Path(sys.argv[1]).read_text())

@@ -16,8 +16,9 @@ import mlx.nn as nn
 from mlx_lm.utils import load_model
 
 from exo_tp.arch import ArchTable, LinearRule, table_for
-from exo_tp.plan import RankShard, ShardPlan
+from exo_tp.plan import RankShard, ShardPlan, Span
 from exo_tp.shard.layers import (
+    Absent,
     RowParallel,
     VocabParallelEmbedding,
     VocabParallelHead,
@@ -160,30 +161,68 @@ def _finish(module: nn.Module, dtype: mx.Dtype | None) -> None:
     mx.eval(module.parameters())
 
 
+def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
+    """Only this stage's blocks stay; HF-style per-layer type lists follow the slice."""
+    blocks = get_path(model, table.layers)
+    set_path(model, table.layers, blocks[layers.start:layers.stop])
+    inner = get_path(model, table.layers.rpartition(".")[0])
+    types = getattr(inner, "layer_types", None)
+    if types is not None:
+        inner.layer_types = types = types[layers.start:layers.stop]
+        if hasattr(inner, "fa_idx"):  # mlx-lm llama: the layers whose caches make the masks
+            inner.fa_idx = types.index("full_attention") if "full_attention" in types else 0
+        if hasattr(inner, "swa_idx"):
+            sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+            inner.swa_idx = sliding[0] if sliding else None
+
+
+def _shard_vocab(model: nn.Module, loader: ShardLoader, table: ArchTable, plan: ShardPlan,
+                 select: RankSelector, group: mx.distributed.Group, dtype: mx.Dtype | None,
+                 first: bool, last: bool) -> None:
+    """Vocab-parallel embedding (first stage; last too when tied) and LM head (last stage)."""
+    tied = plan.spec.tie_word_embeddings
+    sizes = [r.vocab.size for r in plan.ranks]
+    vocab_rows = select.ranges("vocab")
+    if first or (last and tied):
+        embedding = get_path(model, table.embedding)
+        loader.slice_rows(table.embedding, embedding, vocab_rows)  # (vocab, hidden): rows
+        embed_dtype = dtype or (embedding.get("scales", embedding.weight)).dtype
+        set_path(model, table.embedding,
+                 VocabParallelEmbedding(embedding, select.shard.vocab.start, sizes,
+                                        plan.spec.hidden_size, embed_dtype, group))
+    else:
+        set_path(model, table.embedding, Absent("the embedding"))
+    if not tied:
+        if last:
+            head = get_path(model, table.lm_head)
+            loader.slice_rows(table.lm_head, head, vocab_rows)
+            set_path(model, table.lm_head, VocabParallelHead(head, sizes, group))
+        else:
+            set_path(model, table.lm_head, Absent("the LM head"))
+
+
 def load_shard(model_dir: Path, plan: ShardPlan, rank: int, group: mx.distributed.Group,
-               dtype: mx.Dtype | None = None) -> nn.Module:
-    """The model with only rank ``rank``'s slices, ready to run inside ``group``."""
+               dtype: mx.Dtype | None = None, layers: Span | None = None,
+               first: bool = True, last: bool = True) -> nn.Module:
+    """The model with only rank ``rank``'s slices, ready to run inside ``group``.
+
+    For a pipeline stage, ``layers`` limits the blocks held; ``first``/``last`` say whether the
+    stage holds the embedding and the final norm + LM head.
+    """
     model_dir = Path(model_dir)
     table = table_for(plan.spec.model_type)
     model, _ = load_model(model_dir, lazy=True)
     loader = ShardLoader(model_dir, model)
     select = RankSelector(plan, plan.ranks[rank])
     width = plan.spec.hidden_size
-    for i, layer in enumerate(get_path(model, table.layers)):
-        _shard_block(loader, layer, f"{table.layers}.{i}", table, select, width, group)
-        _finish(layer, dtype)
-
-    vocab = plan.ranks[rank].vocab
-    sizes = [r.vocab.size for r in plan.ranks]
-    vocab_rows = select.ranges("vocab")
-    embedding = get_path(model, table.embedding)
-    loader.slice_rows(table.embedding, embedding, vocab_rows)  # (vocab, hidden): rows are tokens
-    embed_dtype = dtype or (embedding.get("scales", embedding.weight)).dtype
-    set_path(model, table.embedding,
-             VocabParallelEmbedding(embedding, vocab.start, sizes, width, embed_dtype, group))
-    if not plan.spec.tie_word_embeddings:
-        head = get_path(model, table.lm_head)
-        loader.slice_rows(table.lm_head, head, vocab_rows)
-        set_path(model, table.lm_head, VocabParallelHead(head, sizes, group))
+    layers = layers or Span(start=0, stop=plan.spec.num_layers)
+    blocks = get_path(model, table.layers)
+    for i in range(layers.start, layers.stop):
+        _shard_block(loader, blocks[i], f"{table.layers}.{i}", table, select, width, group)
+        _finish(blocks[i], dtype)
+    _keep_layers(model, table, layers)
+    if not last:
+        set_path(model, table.norm, nn.Identity())
+    _shard_vocab(model, loader, table, plan, select, group, dtype, first, last)
     _finish(model, dtype)
     return model

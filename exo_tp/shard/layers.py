@@ -121,5 +121,19 @@ class VocabParallelHead(nn.Module):
         return gather_padded(local, self._sizes, self._group)
 
 
+class Absent(nn.Module):
+    """A part of the model this pipeline stage does not hold (never called, never loaded)."""
+
+    def __init__(self, what: str):
+        super().__init__()
+        self._what = what
+
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+        raise RuntimeError(f"{self._what} is held by another pipeline stage")
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self(x)
+
+
 def _no_logits(x: mx.array) -> mx.array:
     return zeros_after((*x.shape[:-1], 0), x.dtype, x)

@@ -1,0 +1,56 @@
+"""Helpers shared by the bench scripts: run mlx-lm alone or exo-tp, in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
+
+_SINGLE = """
+import json, sys, mlx.core as mx
+from mlx_lm import load, stream_generate
+model, tok = load(sys.argv[1]); model.set_dtype(mx.float32)
+ids = tok.encode(sys.argv[2])
+for r in stream_generate(model, tok, mx.array(ids), max_tokens=int(sys.argv[3])): pass
+print(json.dumps({"tps": r.generation_tps, "tokens": r.generation_tokens}))
+"""
+
+
+def env() -> dict[str, str]:
+    """The environment with this checkout first on PYTHONPATH (workers import exo_tp)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
+def single_process_tps(model: Path, tokens: int) -> float:
+    """Decode tokens/s of plain mlx-lm in one process (float32, greedy)."""
+    out = subprocess.run([sys.executable, "-c", _SINGLE, str(model), PROMPT, str(tokens)],
+                         capture_output=True, text=True, check=True, env=env())
+    return json.loads(out.stdout.strip().splitlines()[-1])["tps"]
+
+
+def exo_tp_tps(model: Path, weights: list[float], tokens: int, *extra: str) -> float:
+    """Decode tokens/s of `exo-tp launch` on len(weights) local ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run(
+            [sys.executable, "-m", "exo_tp", "launch", "--ranks", str(len(weights)),
+             "--weights", ",".join(map(str, weights)), "--model", str(model),
+             "--prompt", PROMPT, "--ignore-chat-template", "--max-tokens", str(tokens),
+             "--report-out", str(report), *extra],
+            capture_output=True, text=True, check=True, env=env(),
+        )
+        return json.loads(report.read_text())["generation_tps"]
+
+
+def resolve(model: str) -> Path:
+    sys.path.insert(0, str(ROOT))
+    from exo_tp.models.registry import resolve_model
+
+    return resolve_model(model)

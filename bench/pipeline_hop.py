@@ -1,0 +1,93 @@
+"""Per-token cost of a pipeline hop, measured two ways in one run.
+
+1. Raw hop: a decode-sized hidden state (1 x 1 x hidden, float32) sent stage to stage and back
+   over the hop channel (TCP, framed), between two processes: one-way latency.
+2. End to end: decode tokens/s of plain mlx-lm vs a 2-stage pipeline of one rank each
+   (`exo-tp launch --stages 1,1`). Both do the same arithmetic on one core at a time, so the
+   difference per token is what the pipeline adds: two hops (tokens to stage 0, hidden state
+   back) plus one evaluation barrier per stage.
+
+    python bench/pipeline_hop.py [--model smollm2-135m] [--tokens 96] [--rounds 3] [--quick]
+
+The last line of stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+from _common import env, exo_tp_tps, resolve, single_process_tps
+
+PING = """
+import json, sys, time, threading, mlx.core as mx
+from exo_tp.runtime.hops import Frame, open_hops
+from exo_tp.runtime.ports import free_ports
+hidden, iters = int(sys.argv[1]), int(sys.argv[2])
+a, b = (f"127.0.0.1:{p}" for p in free_ports(2))
+result = {}
+def side(me, other, first):
+    incoming, outgoing = open_hops(me, [other], True, 30)
+    x = mx.ones((1, 1, hidden)); mx.eval(x)
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        if first:
+            outgoing.send(Frame("hidden", x)); incoming.recv()
+        else:
+            incoming.recv(); outgoing.send(Frame("hidden", x))
+        times.append(time.perf_counter() - t)
+    if first:
+        result["one_way"] = sorted(times)[len(times) // 2] / 2
+t = threading.Thread(target=side, args=(b, a, False)); t.start()
+side(a, b, True); t.join()
+print(json.dumps(result))
+"""
+
+
+def raw_hop_seconds(hidden: int, iters: int) -> float:
+    out = subprocess.run([sys.executable, "-c", PING, str(hidden), str(iters)],
+                         capture_output=True, text=True, check=True, env=env())
+    return json.loads(out.stdout.strip().splitlines()[-1])["one_way"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1 round, 32 tokens")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.tokens = 1, 32
+    model = resolve(args.model)
+    from exo_tp.plan import load_spec
+
+    hidden = load_spec(model).hidden_size
+    runs: dict[str, list[float]] = {"single": [], "pipeline_1_1": []}
+    for round_ in range(args.rounds):
+        runs["single"].append(single_process_tps(model, args.tokens))
+        runs["pipeline_1_1"].append(exo_tp_tps(model, [1, 1], args.tokens, "--stages", "1,1"))
+        print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} tok/s"
+                                                  for k, v in runs.items()), file=sys.stderr)
+    tps = {k: statistics.median(v) for k, v in runs.items()}
+    added = 1 / tps["pipeline_1_1"] - 1 / tps["single"]
+    hop = raw_hop_seconds(hidden, 200)
+    print(f"model {args.model}, {args.tokens} tokens, fp32, median of {args.rounds} rounds")
+    print(f"raw hop (1x1x{hidden} float32, one way): {hop * 1e3:.3f} ms")
+    print(f"mlx-lm one process: {tps['single']:.2f} tok/s; 2-stage pipeline (1+1): "
+          f"{tps['pipeline_1_1']:.2f} tok/s; added per token: {added * 1e3:.2f} ms")
+    print(json.dumps({
+        "hop_one_way_ms": round(hop * 1e3, 4),
+        "single_tps": round(tps["single"], 3),
+        "pipeline_1_1_tps": round(tps["pipeline_1_1"], 3),
+        "pipeline_over_single": round(tps["pipeline_1_1"] / tps["single"], 3),
+        "pipeline_added_ms_per_token": round(added * 1e3, 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()

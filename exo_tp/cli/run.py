@@ -1,0 +1,120 @@
+"""`exo-tp run`: start a node (discovery, cluster formation, OpenAI-compatible API)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import signal
+import socket
+
+from exo_tp.cli.args import (
+    add_model_arg,
+    int_list,
+    non_negative_float,
+    positive_int,
+    weight_list,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="start a node (or a local cluster)", description=__doc__)
+    add_model_arg(p)
+    p.add_argument("--host", help="address peers reach this node at (default: this machine's "
+                                  "first non-loopback IPv4 address)")
+    p.add_argument("--bind", help="address the API listens on (default: all interfaces when "
+                                  "--host is detected, else --host)")
+    p.add_argument("--api-port", type=positive_int, default=8000)
+    p.add_argument("--control-port", type=int, default=0,
+                   help="port for cluster control (default: any free port, announced)")
+    p.add_argument("--node-id", help="unique node name (default: hostname + random suffix)")
+    p.add_argument("--cluster", default="exo-tp", help="only peers with this name are joined")
+    p.add_argument("--secret", default=os.environ.get("EXO_TP_SECRET", ""),
+                   help="cluster secret (or $EXO_TP_SECRET); peers prove it by HMAC")
+    p.add_argument("--weight", type=non_negative_float, default=0.0,
+                   help="this node's share weight (default: its measured decode speed)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"),
+                   default="float32")
+    p.add_argument("--backend", choices=("auto", "ring", "jaccl"), default="auto",
+                   help="MLX distributed backend; auto takes jaccl when every pair of nodes "
+                        "has an RDMA link, else ring (TCP)")
+    p.add_argument("--rdma", action="append", default=[], metavar="PEER=DEVICE",
+                   help="RDMA device towards a peer node (repeatable), for jaccl")
+    p.add_argument("--stages", help="leader: force pipeline stages, ranks per stage in node "
+                                    "order (leader first), e.g. 2,1")
+    p.add_argument("--local-nodes", type=positive_int,
+                   help="run a whole cluster of N nodes on this machine")
+    p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
+    p.set_defaults(handler=run)
+
+
+def default_host() -> str:
+    import ifaddr
+
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if isinstance(ip.ip, str) and not ip.ip.startswith(("127.", "169.254.")):
+                return ip.ip
+    return "127.0.0.1"
+
+
+def default_node_id() -> str:
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
+    return f"{host[:40] or 'node'}-{secrets.token_hex(3)}"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.local_nodes:
+        from exo_tp.node.local_cluster import run_local_cluster
+
+        extra = ["--backend", args.backend] + (["--stages", args.stages] if args.stages else [])
+        return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
+                                 args.dtype, extra)
+    return asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import mlx.core as mx
+    from mlx_lm.utils import load_tokenizer
+
+    from exo_tp.errors import ExoTpError
+    from exo_tp.models.registry import resolve_model
+    from exo_tp.node.daemon import Node, NodeConfig
+    from exo_tp.node.web import web_routes
+
+    model_dir = resolve_model(args.model)
+    rdma = {}
+    for item in args.rdma:
+        peer, _, device = item.partition("=")
+        if not peer or not device:
+            raise ExoTpError(f"--rdma {item!r}: expected PEER=DEVICE")
+        rdma[peer] = device
+    config = NodeConfig(
+        node_id=args.node_id or default_node_id(), model=args.model,
+        host=args.host or default_host(), bind=args.bind or ("" if args.host else "0.0.0.0"),
+        api_port=args.api_port, control_port=args.control_port, cluster=args.cluster,
+        secret=args.secret, weight=args.weight, dtype=args.dtype, backend=args.backend,
+        rdma=rdma, stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
+        backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
+                       if mx.distributed.is_available(b)),
+    )
+    node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)))
+    try:
+        try:
+            await node.start(web_routes())
+        except OSError as error:
+            raise ExoTpError(f"cannot serve on {config.host}:{config.api_port}: {error}") from None
+        except Exception as error:  # e.g. mDNS refusing to start
+            raise ExoTpError(f"node failed to start: {type(error).__name__}: {error}") from None
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopped.set)
+        await stopped.wait()
+    finally:
+        await node.stop()
+    return 0
+

@@ -1,0 +1,1 @@
+"""The node daemon: discovery, cluster formation, worker management and the HTTP API."""

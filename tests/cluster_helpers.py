@@ -1,0 +1,180 @@
+"""Start real exo-tp clusters for tests: local (loopback) or one node per network namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exo_tp.runtime.ports import port_is_free
+
+CLI = [sys.executable, "-m", "exo_tp"]
+
+
+def http_json(url: str, body: Any = None, timeout: float = 5) -> tuple[int, Any]:
+    data = None if body is None else (body if isinstance(body, bytes) else
+                                      json.dumps(body).encode())
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def wait_ready(urls: list[str], timeout: float = 180, nodes: int | None = None) -> None:
+    """Until every node says the cluster serves (and, if given, spans ``nodes`` ranks)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            states = [http_json(f"{u}/health", timeout=2)[1]["state"] for u in urls]
+            plans = [http_json(f"{u}/v1/plan", timeout=2)[1] for u in urls]
+            last = (states, [p["nodes"] for p in plans])
+            if all(s == "ready" for s in states) and (
+                    nodes is None or all(len(p["nodes"]) == nodes for p in plans)):
+                return
+        except (OSError, KeyError, json.JSONDecodeError) as error:
+            last = error
+        time.sleep(0.5)
+    raise TimeoutError(f"cluster not ready after {timeout}s: {last}")
+
+
+def free_port_base(count: int) -> int:
+    for base in range(18000, 30000, 97):
+        if all(port_is_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+@dataclass
+class LocalCluster:
+    urls: list[str]
+    proc: subprocess.Popen
+
+
+@contextmanager
+def local_cluster(count: int, weights: list[float] | None = None, model: str = "smollm2-135m",
+                  extra: tuple[str, ...] = (), ready: bool = True) -> Iterator[LocalCluster]:
+    base = free_port_base(count)
+    args = [*CLI, "run", "--local-nodes", str(count), "--api-port", str(base), "--model", model,
+            *extra]
+    if weights:
+        args += ["--weights", ",".join(map(str, weights))]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
+    try:
+        if ready:
+            wait_ready(urls, nodes=count)
+        yield LocalCluster(urls, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def can_make_namespaces() -> str | None:
+    """None if this process may create network namespaces, else why not."""
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (ip)"
+    return None
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@dataclass
+class Host:
+    name: str  # network namespace
+    ip: str
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip}:8000"
+
+
+@dataclass
+class NamespaceLab:
+    """A bridge on this machine and hosts in their own network namespaces behind it."""
+
+    tag: str = field(default_factory=lambda: secrets.token_hex(2))
+    subnet: str = field(default_factory=lambda: f"10.{100 + secrets.randbelow(100)}."
+                                                f"{secrets.randbelow(250)}")
+    hosts: list[Host] = field(default_factory=list)
+
+    @property
+    def bridge(self) -> str:
+        return f"etpbr{self.tag}"
+
+    def up(self) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("link", "set", self.bridge, "up")
+        _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+
+    def add_host(self) -> Host:
+        index = len(self.hosts) + 1
+        name, veth = f"etp{self.tag}n{index}", f"etp{self.tag}v{index}"
+        ip = f"{self.subnet}.{10 + index}"
+        _ip("netns", "add", name)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
+        _ip("link", "set", veth, "master", self.bridge, "up")
+        _ip("-n", name, "addr", "add", f"{ip}/24", "dev", "eth0")
+        _ip("-n", name, "link", "set", "eth0", "up")
+        _ip("-n", name, "link", "set", "lo", "up")
+        host = Host(name, ip)
+        self.hosts.append(host)
+        return host
+
+    def start_node(self, host: Host, tmp: Path, *args: str) -> None:
+        host.log = tmp / f"{host.name}.log"
+        host.proc = subprocess.Popen(
+            ["ip", "netns", "exec", host.name, *CLI, "run", "--host", host.ip, *args],
+            stdout=host.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop_node(self, host: Host) -> None:
+        if host.proc is not None and host.proc.poll() is None:
+            os.killpg(host.proc.pid, signal.SIGTERM)
+            try:
+                host.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(host.proc.pid, signal.SIGKILL)
+                host.proc.wait()
+
+    def down(self) -> None:
+        for host in self.hosts:
+            self.stop_node(host)
+            # anything still running inside the namespace (a worker) goes too
+            pids = subprocess.run(["ip", "netns", "pids", host.name], capture_output=True,
+                                  text=True).stdout.split()
+            for pid in pids:
+                with suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", host.name], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def worker_pids(namespace: str) -> list[int]:
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                          text=True).stdout.split()
+    return [int(p) for p in pids
+            if b"serve_worker" in Path(f"/proc/{p}/cmdline").read_bytes()]

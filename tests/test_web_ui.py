@@ -1,0 +1,415 @@
+"""The web UI in a real headless Chromium against a real local 3-node cluster (shares 5/3/2).
+
+The page must show what the node's own API says: three devices whose heads, KV heads, FFN rows
+and vocab rows (with the logits gather's padding) are exactly /v1/plan's, bars sized by those
+counts; a chat answer that streams in and equals the API's own non-streamed greedy answer; API
+errors in the page; a live re-plan when a node hangs; and a lost node in a visible banner.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from cluster_helpers import LocalCluster, http_json, local_cluster
+
+from exo_tp.node.api import plan_view
+from exo_tp.plan import load_spec
+from exo_tp.plan.pipeline import plan_pipeline
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.chrome.options import Options  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="needs Debian's chromium and chromium-driver (.ci/install installs them)")
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("EXO_TP_ARTIFACTS", ROOT / "artifacts"))
+MODEL = "smollm2-135m"
+QUESTION = "What is the capital of France?"
+MAX_TOKENS = 24
+# Offline: no component updates, no sync, no first-run network; explicit binaries so selenium
+# never tries to download a driver.
+CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1500,1000")
+
+# Everything the layout draws, read in one go (the page redraws while polling).
+READ_LAYOUT = """
+const bar = (el) => el.closest('.bar').getBoundingClientRect().width;
+return [...document.querySelectorAll('#layout [data-kind]')].map((el) => ({
+  ...el.dataset, text: el.textContent,
+  fraction: el.closest('.bar') ? el.getBoundingClientRect().width / bar(el) : null}));
+"""
+READ_CHAT = """
+const answers = document.querySelectorAll('#messages .message.assistant');
+const last = answers[answers.length - 1];
+return last ? {state: last.dataset.state, text: last.querySelector('.content').textContent,
+               stats: document.getElementById('chat-stats').textContent,
+               tps: document.getElementById('chat-stats').dataset.tps} : null;
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
+    with local_cluster(3, weights=[5, 3, 2]) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in CHROME_FLAGS:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_script_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def page(cluster: LocalCluster, browser: Any) -> Any:
+    """The UI as served by a node that is not the leader (chat passes through to the leader)."""
+    browser.get(cluster.urls[1] + "/")
+    return browser
+
+
+def wait(driver: Any, condition: Any, timeout: float, message: str) -> Any:
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(
+            lambda d: condition(d) or None)
+    except TimeoutException:
+        raise AssertionError(f"{message} (after {timeout}s)") from None
+
+
+def plan_of(url: str) -> dict[str, Any]:
+    status, plan = http_json(url + "/v1/plan")
+    assert status == 200 and plan["plan"] is not None, plan
+    return plan
+
+
+def shown_plan_epoch(driver: Any) -> str:
+    return driver.execute_script("return document.body.dataset.planEpoch || ''")
+
+
+def assert_layout_matches(driver: Any, response: dict[str, Any]) -> None:
+    """Every device's heads, KV heads, FFN rows and vocab rows as drawn equal /v1/plan's."""
+    plan, nodes = response["plan"], response["nodes"]
+    shown = driver.execute_script(READ_LAYOUT)
+
+    def one(kind: str, rank: int) -> dict[str, Any]:
+        found = [e for e in shown if e["kind"] == kind and e.get("rank") == str(rank)]
+        assert len(found) == 1, (kind, rank, found)
+        return found[0]
+
+    gather = next(c for c in plan["collectives"] if c["name"] == "logits")
+    assert {e["node"] for e in shown if e["kind"] == "q_heads"} == set(nodes)
+    total_weight = sum(plan["weights"])
+    for shard in plan["ranks"]:
+        rank = shard["rank"]
+        share = one("share", rank)
+        assert share["node"] == nodes[rank]
+        assert share["fraction"] == pytest.approx(shard["weight"] / total_weight, abs=0.01)
+
+        q = shard["heads"]["q_heads"]
+        heads = one("q_heads", rank)
+        size = q["stop"] - q["start"]
+        assert (int(heads["start"]), int(heads["stop"]), int(heads["count"])) == (
+            q["start"], q["stop"], size)
+        assert heads["text"] == f"{size} head{'s' if size != 1 else ''}"
+        assert heads["fraction"] == pytest.approx(size / plan["spec"]["num_heads"], abs=0.01)
+        assert heads["kv"] == ",".join(map(str, shard["heads"]["kv_heads"]))
+        kv_lanes = {int(e["kv"]) for e in shown if e["kind"] == "kv_heads"
+                    and e["rank"] == str(rank)}
+        assert kv_lanes == set(shard["heads"]["kv_heads"])
+
+        for kind, rows in shard["ffn"].items():
+            ffn = one(f"ffn:{kind}", rank)
+            size = rows["stop"] - rows["start"]
+            assert (int(ffn["start"]), int(ffn["stop"]), int(ffn["count"])) == (
+                rows["start"], rows["stop"], size)
+            assert ffn["text"] == f"{size:,} rows"
+            assert ffn["fraction"] == pytest.approx(
+                size / plan["spec"]["ffn_sizes"][kind], abs=0.01)
+
+        vocab = one("vocab", rank)
+        size = shard["vocab"]["stop"] - shard["vocab"]["start"]
+        assert int(vocab["count"]) == size == gather["sizes"][rank]
+        assert int(vocab["padding"]) == gather["padded"] - size
+        assert vocab["text"] == f"{size:,} rows"
+        padded = [e for e in shown if e["kind"] == "vocab_padding" and e["rank"] == str(rank)]
+        assert len(padded) == (1 if gather["padded"] > size else 0)
+        if padded:
+            assert padded[0]["text"] == f"+{gather['padded'] - size:,} pad"
+            assert padded[0]["fraction"] == pytest.approx(
+                (gather["padded"] - size) / (gather["padded"] * len(nodes)), abs=0.01)
+
+
+def test_every_node_serves_the_page(cluster: LocalCluster) -> None:
+    for url in cluster.urls:
+        for path in ("/", "/ui/app.js", "/ui/style.css"):
+            served = http_get(url + path)
+            source = "index.html" if path == "/" else path.removeprefix("/ui/")
+            assert served == (ROOT / "web" / source).read_bytes(), (url, path)
+    status, body = http_json(cluster.urls[0] + "/ui/missing.js")
+    assert status == 404 and "missing.js" in body["error"]["message"]
+
+
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()
+
+
+def test_page_shows_three_devices_and_the_plan(cluster: LocalCluster, page: Any) -> None:
+    response = plan_of(cluster.urls[1])
+    assert len(response["nodes"]) == 3
+    wait(page, lambda d: shown_plan_epoch(d) == str(response["epoch"]), 20,
+         "the page never drew the plan")
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#nodes [data-node]")) == 3, 10,
+         "the page never showed three devices")
+    assert_layout_matches(page, response)
+
+    cards = {e.get_attribute("data-node"): e
+             for e in page.find_elements(By.CSS_SELECTOR, "#nodes [data-node]")}
+    assert set(cards) == set(response["nodes"])
+    status, view = http_json(cluster.urls[1] + "/v1/cluster")
+    for rank, node in enumerate(response["nodes"]):
+        assert cards[node].get_attribute("data-rank") == str(rank)
+        assert cards[node].get_attribute("data-leader") == str(node == view["leader"]).lower()
+        # memory used/total (live, reported by each node)
+        memory = next(n for n in view["nodes"] if n["node_id"] == node)["memory"]
+        assert memory["total"] > memory["used"] > 0 and memory["worker_rss"] > 0
+        assert " / " in cards[node].find_element(By.CSS_SELECTOR, "[data-field=memory]").text
+        # nothing measured yet: said so, not invented
+        assert "not profiled" in cards[node].text and "not measured" in cards[node].text
+    assert "links not measured" in page.find_element(By.ID, "topology-note").text
+    assert "not measured" in page.find_element(By.ID, "predicted").text
+    assert len(page.find_elements(By.CSS_SELECTOR, "#topology-graph .glyph")) == 3
+
+    # exact counts on hover
+    target = page.find_element(By.CSS_SELECTOR, '#layout [data-kind="vocab_padding"]')
+    # scroll first: a scroll event hides the tooltip, and would race the hover
+    page.execute_script("arguments[0].scrollIntoView({block: 'center'})", target)
+    time.sleep(0.3)
+    ActionChains(page).move_to_element(target).perform()
+    tip = page.find_element(By.ID, "tooltip")
+    wait(page, lambda d: tip.is_displayed(), 5, "no tooltip on hover")
+    rank = int(target.get_attribute("data-rank"))
+    shard = response["plan"]["ranks"][rank]["vocab"]
+    padded = next(c for c in response["plan"]["collectives"] if c["name"] == "logits")["padded"]
+    assert f"{shard['stop'] - shard['start']:,} rows" in tip.text
+    assert f"padded by {padded - (shard['stop'] - shard['start']):,}" in tip.text
+
+
+def set_field(driver: Any, element_id: str, value: str) -> None:
+    field = driver.find_element(By.ID, element_id)
+    field.clear()
+    field.send_keys(value)
+
+
+def send(driver: Any, text: str) -> None:
+    set_field(driver, "chat-input", text)
+    driver.find_element(By.ID, "chat-send").click()
+
+
+def test_chat_streams_an_answer_with_speed(cluster: LocalCluster, page: Any,
+                                           tmp_path: Path) -> None:
+    set_field(page, "chat-temperature", "0")
+    set_field(page, "chat-max-tokens", str(MAX_TOKENS))
+    send(page, QUESTION)
+    seen = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        state = page.execute_script(READ_CHAT)
+        seen.append(state)
+        if state and state["state"] in ("done", "error"):
+            break
+        time.sleep(0.05)
+    final = seen[-1]
+    assert final and final["state"] == "done", final
+    partial = [s for s in seen if s and s["state"] == "streaming"
+               and 0 < len(s["text"]) < len(final["text"])]
+    assert partial, "never saw a partial answer while streaming"
+    assert any("tok/s" in s["stats"] for s in partial), "no live tokens/s while streaming"
+    assert float(final["tps"]) > 0 and "tok/s" in final["stats"]
+
+    # the streamed text, assembled by the page, is the API's own greedy answer, and the token
+    # count shown at the end is its usage
+    status, reference = http_json(cluster.urls[0] + "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": MAX_TOKENS, "temperature": 0}, timeout=120)
+    assert status == 200
+    assert final["text"] == reference["choices"][0]["message"]["content"]
+    assert final["stats"].startswith(f"{reference['usage']['completion_tokens']} tokens")
+
+    save_screenshot(page, [tmp_path / "web_ui.png", ARTIFACTS / "web_ui.png"])
+
+
+def save_screenshot(driver: Any, paths: list[Path]) -> None:
+    """The whole page: the window grows to the document's height first."""
+    size = driver.get_window_size()
+    inner, needed = driver.execute_script(
+        "return [window.innerHeight, document.documentElement.scrollHeight]")
+    if needed > inner:
+        driver.set_window_size(size["width"], size["height"] + needed - inner)
+    try:
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            assert driver.save_screenshot(str(path))
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        driver.set_window_size(size["width"], size["height"])
+
+
+def chat_error(driver: Any) -> str:
+    box = driver.find_element(By.ID, "chat-error")
+    return box.text if box.is_displayed() else ""
+
+
+def test_api_errors_show_in_the_page(cluster: LocalCluster, page: Any) -> None:
+    body = {"model": "no-such-model", "messages": [{"role": "user", "content": QUESTION}]}
+    status, expected = http_json(cluster.urls[1] + "/v1/chat/completions", body)
+    assert status == 404
+    set_field(page, "chat-model", "no-such-model")
+    try:
+        send(page, QUESTION)
+        wait(page, chat_error, 20, "the API's error never showed in the page")
+        assert expected["error"]["message"] in chat_error(page)
+        assert "HTTP 404" in chat_error(page)
+        assert page.execute_script(READ_CHAT)["state"] == "error"
+        # the rejected message is back in the input, ready to retry
+        assert page.find_element(By.ID, "chat-input").get_attribute("value") == QUESTION
+    finally:
+        set_field(page, "chat-model", MODEL)
+        set_field(page, "chat-input", "")
+
+
+def node_process(cluster: LocalCluster, node_id: str) -> psutil.Process:
+    for child in psutil.Process(cluster.proc.pid).children():
+        if node_id in child.cmdline():
+            return child
+    raise AssertionError(f"no process for {node_id}")
+
+
+def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> None:
+    """Fields the API adds once measured (device profiles, links, predicted speed, pipeline
+    stages) are drawn when present: the page's own modules render a 5-device hybrid plan built
+    by the planner, in the same browser."""
+    spec = load_spec(default_models[MODEL])
+    pipeline = plan_pipeline(spec, [[4, 3, 2], [2, 1]], [18, 12])
+    nodes = ["a", "b", "c", "d", "e"]
+    # exactly what /v1/plan sends for this plan
+    response = {"epoch": 9, "state": "ready", "model": MODEL, "nodes": nodes,
+                **plan_view(pipeline),
+                "predicted": {"decode_seconds_per_token": 0.0213, "tokens_per_second": 46.9}}
+    local = [(stage.ranks[i], shard) for stage in pipeline.stages
+             for i, shard in enumerate(stage.tp.ranks)]
+    profile = {"chip": "Apple M2 Ultra", "cores": 24, "mlx_version": "0.32.4",
+               "mlx_device": "gpu", "memory_total": 192e9, "memory_available": 150e9,
+               "decode_seconds_per_byte": 1.25e-12, "prefill_flops": 2e13, "backends": ["ring"]}
+    cluster_view = {
+        "cluster": "lab", "node_id": "b", "leader": "a", "epoch": 9, "state": "ready",
+        "state_reason": "", "backend": "ring", "ranks": nodes,
+        "nodes": [{"node_id": n, "host": "10.0.0.1", "api_url": "http://10.0.0.1:8000",
+                   "alive": True, "leader": n == "a", "weight": 0, "memory_total": 0,
+                   "memory_available": 0, "decode_seconds_per_byte": 0, "prefill_flops": 0,
+                   "version": "0.1.0", "worker_state": "ready", "profile": profile,
+                   "memory": {"total": 192e9, "available": 120e9, "used": 72e9,
+                              "worker_rss": 3e9}} for n in nodes],
+        "links": [{"a": "a", "b": "b", "up": True, "all_sum_latency": 3e-4,
+                   "all_sum_bandwidth": 2.5e9, "send_recv_latency": 1e-4},
+                  {"a": 3, "b": 4, "up": False}],
+    }
+    drawn = page.execute_async_script("""
+        const [response, cluster, done] = arguments;
+        Promise.all([import('/ui/layout.js'), import('/ui/topology.js')]).then(([l, t]) => {
+          const layout = document.createElement('div');
+          l.renderLayout(layout, response);
+          const graph = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+          t.renderGraph(graph, cluster);
+          const cards = document.createElement('div');
+          t.renderNodes(cards, cluster, response);
+          done({predicted: l.predictedView(response).textContent,
+                stages: [...layout.querySelectorAll('[data-kind=stage]')].map(e => e.textContent),
+                q_heads: [...layout.querySelectorAll('[data-kind=q_heads]')].map(
+                  e => [e.dataset.rank, e.dataset.count]),
+                replicated: [...layout.querySelectorAll('.kv-cell.replicated')].map(
+                  e => e.textContent),
+                edges: [...graph.querySelectorAll('.edge')].map(e => e.getAttribute('class')),
+                labels: [...graph.querySelectorAll('.edge-label')].map(e => e.textContent),
+                card: cards.querySelector('[data-node=a]').textContent});
+        }).catch((error) => done({error: String(error)}));
+    """, response, cluster_view)
+    assert "error" not in drawn, drawn
+    assert drawn["predicted"] == "46.9 tok/s predicted"
+    assert drawn["stages"] == ["stage 1 · layers 0–17", "stage 2 · layers 18–29"]
+    expected = [(str(rank), str(shard.heads.q_heads.size)) for rank, shard in local]
+    assert sorted(map(tuple, drawn["q_heads"])) == sorted(expected)
+    assert drawn["labels"] == ["300 µs · 2.50 GB/s", "down"]
+    assert sum("measured" in c.split() for c in drawn["edges"]) == 1
+    assert sum("down" in c.split() for c in drawn["edges"]) == 1
+    for text in ("Apple M2 Ultra", "24 cores", "72.0 GB / 192 GB", "3.00 GB RSS",
+                 "800 GB/s weights", "20.0 TFLOP/s"):
+        assert text in drawn["card"], (text, drawn["card"])
+    assert "not measured" not in drawn["card"]
+
+
+def test_live_replan_and_lost_node(cluster: LocalCluster, page: Any) -> None:
+    """Runs last. A node hangs mid-answer (SIGSTOP: `--local-nodes` ends the whole cluster when
+    one node exits): the stream's error event shows, the layout redraws for the re-plan over the
+    two others; then the page's own node hangs: a banner says the page lost it."""
+    before = plan_of(cluster.urls[1])
+    frozen: list[psutil.Process] = []
+    try:
+        set_field(page, "chat-max-tokens", "400")
+        send(page, "Write a long story about a lighthouse keeper.")
+        wait(page, lambda d: (d.execute_script(READ_CHAT) or {}).get("state") == "streaming",
+             60, "the long answer never started")
+        leaving = before["nodes"][2]
+        frozen.append(node_process(cluster, leaving))
+        frozen[-1].suspend()
+
+        wait(page, chat_error, 30, "the interrupted stream's error never showed")
+        assert "generation failed" in chat_error(page), chat_error(page)
+
+        def replanned(driver: Any) -> dict[str, Any] | None:
+            epoch = shown_plan_epoch(driver)
+            if not epoch or int(epoch) <= before["epoch"]:
+                return None
+            response = plan_of(cluster.urls[1])
+            return response if str(response["epoch"]) == epoch else None
+
+        after = wait(page, replanned, 90, "the page never showed the new plan")
+        assert len(after["nodes"]) == 2 and leaving not in after["nodes"]
+        assert_layout_matches(page, after)
+        note = page.find_element(By.ID, "layout-note").text
+        assert f"epoch {before['epoch']} → {after['epoch']}" in note
+        wait(page, lambda d: d.find_element(By.CSS_SELECTOR, f'#nodes [data-node="{leaving}"]')
+             .get_attribute("data-alive") == "false", 10, "the hung node still looks alive")
+
+        frozen.append(node_process(cluster, "local-1"))  # the node serving the page
+        frozen[-1].suspend()
+        banner = page.find_element(By.ID, "banner")
+        wait(page, lambda d: banner.is_displayed() and "cannot reach this node" in banner.text,
+             20, "losing the node did not show in the page")
+    finally:
+        for process in frozen:
+            process.resume()
