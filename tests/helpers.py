@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import statistics
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,3 +89,43 @@ def assert_logits_close(ours: np.ndarray, ref: np.ndarray) -> None:
     scale = max(10.0, float(np.abs(ref).max()))
     diff = float(np.abs(ours - ref).max())
     assert diff <= 1e-5 * scale, f"max |logit diff| {diff:.3g} > {1e-5 * scale:.3g}"
+
+
+def tcp_loopback_reference() -> tuple[float, float]:
+    """Independent loopback figures: one-way latency of a 4 KB TCP ping-pong, and the rate of
+    an 8 MB one-way TCP transfer."""
+    server = socket.create_server(("127.0.0.1", 0))
+    small, large = 4096, 8 * 2**20
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        with conn:
+            for _ in range(50):
+                data = b""
+                while len(data) < small:
+                    data += conn.recv(small - len(data))
+                conn.sendall(data)
+            got = 0
+            while got < large:
+                got += len(conn.recv(1 << 20))
+            conn.sendall(b"k")
+
+    thread = threading.Thread(target=echo)
+    thread.start()
+    with socket.create_connection(server.getsockname()) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        trips = []
+        for _ in range(50):
+            start = time.perf_counter()
+            conn.sendall(b"x" * small)
+            data = b""
+            while len(data) < small:
+                data += conn.recv(small - len(data))
+            trips.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        conn.sendall(b"y" * large)
+        conn.recv(1)
+        rate = large / (time.perf_counter() - start)
+    thread.join()
+    server.close()
+    return statistics.median(trips) / 2, rate

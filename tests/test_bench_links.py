@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-from helpers import CLI
+from helpers import CLI, tcp_loopback_reference
 
 from exo_tp.plan.devices import DeviceProfile, LinkProfile
 from exo_tp.profile.cache import save
@@ -61,51 +60,11 @@ def _free(port: int) -> bool:
     return True
 
 
-def _tcp_reference() -> tuple[float, float]:
-    """Independent loopback figures: one-way latency of a 4 KB TCP ping-pong, and the rate of
-    an 8 MB one-way TCP transfer."""
-    server = socket.create_server(("127.0.0.1", 0))
-    small, large = 4096, 8 * 2**20
-
-    def echo() -> None:
-        conn, _ = server.accept()
-        with conn:
-            for _ in range(50):
-                data = b""
-                while len(data) < small:
-                    data += conn.recv(small - len(data))
-                conn.sendall(data)
-            got = 0
-            while got < large:
-                got += len(conn.recv(1 << 20))
-            conn.sendall(b"k")
-
-    thread = threading.Thread(target=echo)
-    thread.start()
-    with socket.create_connection(server.getsockname()) as conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        trips = []
-        for _ in range(50):
-            start = time.perf_counter()
-            conn.sendall(b"x" * small)
-            data = b""
-            while len(data) < small:
-                data += conn.recv(small - len(data))
-            trips.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        conn.sendall(b"y" * large)
-        conn.recv(1)
-        rate = large / (time.perf_counter() - start)
-    thread.join()
-    server.close()
-    return statistics.median(trips) / 2, rate
-
-
 def test_two_bench_processes_measure_their_link(tmp_path: Path) -> None:
     base = _port_base(4)
     procs = [_start_bench(tmp_path / f"n{r}", "127.0.0.1,127.0.0.1", r, base) for r in (0, 1)]
     seen = [_links(p) for p in procs]
-    one_way, rate = _tcp_reference()
+    one_way, rate = tcp_loopback_reference()
     for rank, links in enumerate(seen):
         assert len(links) == 1
         link = links[0]

@@ -8,6 +8,7 @@ errors in the page; a live re-plan when a node hangs; and a lost node in a visib
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -198,9 +199,19 @@ def test_page_shows_three_devices_and_the_plan(cluster: LocalCluster, page: Any)
         memory = next(n for n in view["nodes"] if n["node_id"] == node)["memory"]
         assert memory["total"] > memory["used"] > 0 and memory["worker_rss"] > 0
         assert " / " in cards[node].find_element(By.CSS_SELECTOR, "[data-field=memory]").text
-        # nothing measured yet: said so, not invented
+        # shares set by hand (--weight): no device profile, and the page says so
         assert "not profiled" in cards[node].text and "not measured" in cards[node].text
-    assert "links not measured" in page.find_element(By.ID, "topology-note").text
+    # links: timed by the workers as their ring formed, one per pair of ring neighbours
+    assert {frozenset((x["a"], x["b"])) for x in view["links"]} == {
+        frozenset(pair) for pair in itertools.combinations(response["nodes"], 2)}
+    for link in view["links"]:
+        assert link["up"] and link["group_size"] == 3, link
+        assert link["all_sum_latency"] > 0 and link["all_sum_bandwidth"] > 0, link
+    wait(page, lambda d: "3 links measured" in d.find_element(By.ID, "topology-note").text, 10,
+         "the page never said the links were measured")
+    edges = page.find_elements(By.CSS_SELECTOR, "#topology-graph .edge.measured")
+    assert len(edges) == 3
+    assert all("ring of 3 ranks" in (e.get_attribute("data-tip") or "") for e in edges)
     assert "not measured" in page.find_element(By.ID, "predicted").text
     assert len(page.find_elements(By.CSS_SELECTOR, "#topology-graph .glyph")) == 3
 

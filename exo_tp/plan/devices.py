@@ -50,7 +50,8 @@ class MatmulScore(Frozen):
 
 
 class LinkProfile(Frozen):
-    """A measured link between two nodes (labels ``rank@address``), seen from node ``a``."""
+    """A measured link between two nodes, seen from node ``a``: ``rank@address`` labels from
+    `exo-tp bench --peers`, node ids in a running cluster."""
 
     a: str
     b: str
@@ -59,6 +60,9 @@ class LinkProfile(Frozen):
     all_sum_bandwidth: float | None = None  # payload bytes/s of an 8 MB all_sum
     send_recv_latency: float | None = None  # seconds one way, neighbours
     error: str | None = None
+    # Ranks of the all_sum the two all_sum figures come from: 2 is this pair alone; a running
+    # cluster's ring of n > 2 ranks can only time its all_sum as a whole (no group split on ring).
+    group_size: int = Field(default=2, ge=2)
 
 
 def decode_seconds_per_byte(kernels: Sequence[MatmulScore], dtype: str) -> float | None:
@@ -109,6 +113,36 @@ class DeviceProfile(Frozen):
 
     def decode_speed_for(self, dtype: str) -> float:
         return 1.0 / self.seconds_per_byte(dtype)
+
+    def summary(self) -> ProfileSummary:
+        formats = sorted({k.dtype for k in self.kernels if k.kind == "matvec"})
+        return ProfileSummary(
+            **self.model_dump(include=set(ProfileSummary.model_fields) - {"seconds_per_byte"}),
+            seconds_per_byte={f: self.seconds_per_byte(f) for f in formats})
+
+
+class ProfileSummary(Frozen):
+    """What a node tells its cluster about its profile: the scores without the kernel table."""
+
+    chip: str
+    cores: int = Field(ge=1)
+    mlx_version: str
+    mlx_device: str
+    memory_total: int = Field(ge=0)
+    memory_available: int = Field(ge=0)
+    backends: tuple[str, ...]
+    memory_bandwidth: float = Field(gt=0)
+    decode_seconds_per_byte: float = Field(gt=0)
+    prefill_flops: float = Field(gt=0)
+    decode_dtype: str = ENGINE_DTYPE
+    # decode score of each measured weight format ("float32", "q4g32", ...)
+    seconds_per_byte: dict[str, float] = {}
+    quick: bool = False
+    measured_at: str = ""
+
+    def decode_speed_for(self, dtype: str) -> float:
+        """Bytes of weights per second at decode for ``dtype`` (the headline if not measured)."""
+        return 1.0 / self.seconds_per_byte.get(dtype, self.decode_seconds_per_byte)
 
 
 def read_profile(path: Path) -> DeviceProfile:

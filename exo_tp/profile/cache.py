@@ -26,13 +26,15 @@ def profile_path() -> Path:
     return cache_home() / "profile.json"
 
 
-def load_cached(path: Path) -> DeviceProfile | None:
+def load_cached(path: Path, if_invalid: str = "measuring again") -> DeviceProfile | None:
+    """The profile cached at ``path``; None if there is none, or (with a warning ending in
+    ``if_invalid``) if it cannot be read."""
     if not path.exists():
         return None
     try:
         return read_profile(path)
     except ExoTpError as error:
-        log.warning("%s; measuring again", error)
+        log.warning("%s; %s", error, if_invalid)
         return None
 
 
@@ -55,19 +57,31 @@ def save(profile: DeviceProfile, path: Path) -> None:
     tmp.replace(path)
 
 
+def cached_profile(quick: bool = True, path: Path | None = None,
+                   if_invalid: str = "measuring again") -> DeviceProfile | None:
+    """The cached profile if it stands for this device now (with live memory figures), else
+    None (a reason is logged)."""
+    path = path or profile_path()
+    cached = load_cached(path, if_invalid)
+    if cached is None:
+        return None
+    now = system_info()
+    reason = _stale(cached, now, quick)
+    if reason is not None:
+        log.info("cached profile %s not reused: %s", path, reason)
+        return None
+    live = {"hostname": now.hostname, "memory_total": now.memory_total,
+            "memory_available": now.memory_available}
+    return cached.model_copy(update=live)
+
+
 def device_profile(refresh: bool = False, quick: bool = False, progress: Progress | None = None,
                    path: Path | None = None) -> tuple[DeviceProfile, bool]:
     """This device's profile and whether it came from the cache."""
     path = path or profile_path()
-    now = system_info()
-    cached = None if refresh else load_cached(path)
+    cached = None if refresh else cached_profile(quick, path)
     if cached is not None:
-        reason = _stale(cached, now, quick)
-        if reason is None:
-            live = {"hostname": now.hostname, "memory_total": now.memory_total,
-                    "memory_available": now.memory_available}
-            return cached.model_copy(update=live), True
-        log.info("cached profile %s not reused: %s", path, reason)
+        return cached, True
     profile = measure_device(quick, progress)
     try:
         save(profile, path)
