@@ -7,6 +7,7 @@ import pytest
 from exo_tp.plan import ModelSpec, Quantization, Span, plan_tensor_parallel
 from exo_tp.plan.cluster import Cluster, DeviceCost, Link, cluster_from_profiles
 from exo_tp.plan.cost import (
+    HOP_OVERHEAD,
     LinkCost,
     all_gather_seconds,
     all_sum_seconds,
@@ -125,12 +126,14 @@ def test_pipeline_prediction_by_hand() -> None:
     layer = 8 * (2 * 8 + 2 * 4) + 3 * 8 * 64  # one rank: all heads, all FFN rows
     stage0 = (layer * 4 + 2 * 8 * 4) * 1e-9  # its layer and 2 norms (embedding lookup free)
     stage1 = (layer * 4 + 128 * 8 * 4 + 3 * 8 * 4) * 2e-9  # + the head and final norm
-    hops = (1e-4 + 4 / 1e9) + (1e-4 + 8 * 4 / 1e9)  # token to stage 0, hidden to stage 1
+    # token to stage 0, hidden to stage 1; each also wakes a rank blocked on its socket
+    hops = 2 * HOP_OVERHEAD + (1e-4 + 4 / 1e9) + (1e-4 + 8 * 4 / 1e9)
     assert [s.compute_seconds for s in p.stages] == pytest.approx([stage0, stage1])
     assert p.hop_seconds == pytest.approx(hops)
     assert p.decode_seconds == pytest.approx(stage0 + stage1 + hops)
     assert [m.kv_cache for m in p.memory] == [320, 320]  # 1 layer x 10 tokens x K,V x 2 x 2
-    assert p.prefill_hop_seconds == pytest.approx((1e-4 + 16 / 1e9) + (1e-4 + 128 / 1e9))
+    assert p.prefill_hop_seconds == pytest.approx(2 * HOP_OVERHEAD + (1e-4 + 16 / 1e9)
+                                                  + (1e-4 + 128 / 1e9))
     tight = cluster.model_copy(update={"devices": (_device("a", 1e-9, memory=5000),
                                                    _device("b", 2e-9))})
     over = predict(plan, [0, 1], tight, context_tokens=10).overflow()

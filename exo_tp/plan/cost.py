@@ -11,7 +11,8 @@ L/2 + s/B (a 2-rank all_sum is two such steps of b/2):
     all_sum of b bytes over n ranks:        2(n-1) steps of b/n  =  (n-1) L + 2(n-1)/n * b/B
     all_gather of p bytes from each rank:   (n-1) steps of p     =  (n-1) (L/2 + p/B)
 
-A pipeline hop (TCP, `exo_tp.runtime.hops`) of b bytes to k ranks costs L + k * b/B.
+A pipeline hop (TCP, `exo_tp.runtime.hops`) of b bytes to k ranks costs
+HOP_OVERHEAD + L + k * b/B.
 
 Counted: attention (q, k, v, o), every FFN kind as a gated MLP (gate, up, down), MoE experts
 (held: all of them; read per token: ``experts_per_token``) and their router, the vocab-parallel
@@ -32,6 +33,10 @@ from exo_tp.plan.spec import Frozen, ModelSpec
 
 FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
 TOKEN_BYTES = 4  # a token id on the wire (int32)
+# What a hop adds beyond its link: the receiving rank waits blocked on a socket (it must not
+# spin) and wakes on the scheduler's next tick. bench/pipeline_hop.py measured 8.0 ms per token
+# for a 2-stage pipeline over plain mlx-lm (two hops) against an 18 µs raw one-way hop.
+HOP_OVERHEAD = 4e-3
 # Collectives that run once per forward on the first / last stage only.
 FIRST_STAGE_COLLECTIVES = frozenset({"embedding"})
 LAST_STAGE_COLLECTIVES = frozenset({"logits"})
@@ -146,7 +151,7 @@ def all_gather_seconds(ranks: int, nbytes_per_rank: float, link: LinkCost) -> fl
 
 
 def hop_seconds(nbytes: float, receivers: int, link: LinkCost) -> float:
-    return link.latency + receivers * nbytes / link.bandwidth
+    return HOP_OVERHEAD + link.latency + receivers * nbytes / link.bandwidth
 
 
 def collective_seconds(plan: ShardPlan, layers: int, first: bool, last: bool, link: LinkCost,
