@@ -1,20 +1,29 @@
 """`exo-tp plan`: print the shard plan for a model over weighted or profiled devices.
 
-With --profile (one per device, written by `exo-tp bench --out` or `--json`), each device's
-share follows its measured decode speed for the model's weight format, and the predicted decode
-time per token is printed (links measured between the profiled nodes are used if present).
+With --weights: one uneven TP group with those shares. With --profile (one per device, written
+by `exo-tp bench --out` or `--json`): the planner compares uneven TP, pure pipeline, TP groups
+chained as pipeline stages and plans that leave slow devices out, using each device's measured
+scores and memory and the links measured between the profiled nodes (others are assumed), and
+prints the fastest plan that fits, with its predicted decode time, and the runner-ups.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from exo_tp.cli.args import add_model_arg, weight_list
+from exo_tp.cli.args import (
+    add_model_arg,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    weight_list,
+)
 from exo_tp.errors import ExoTpError
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from exo_tp.plan.spec import ModelSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,43 +33,57 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="relative speed of each device, e.g. 5,3,2 (default 1,1)")
     p.add_argument("--profile", type=Path, action="append",
                    help="a device profile from `exo-tp bench` (repeat: one per device)")
+    p.add_argument("--context", type=positive_int,
+                   help="tokens of context whose KV cache must fit (default: the model's)")
+    p.add_argument("--prompt-tokens", type=positive_int, default=512,
+                   help="prompt length for the predicted prefill time (default 512)")
+    p.add_argument("--link-latency", type=positive_float, default=200.0,
+                   help="µs of a small all_sum on links no profile measured (default 200)")
+    p.add_argument("--link-bandwidth", type=positive_float, default=1.0,
+                   help="GB/s of links no profile measured (default 1)")
+    p.add_argument("--alternatives", type=non_negative_int, default=5,
+                   help="runner-up plans to show (default 5)")
     p.add_argument("--json", action="store_true",
-                   help="print the plan as JSON (with --profile: {plan, prediction})")
+                   help="print JSON: the plan, or with --profile the planner's choice")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from exo_tp.models.registry import resolve_model
-    from exo_tp.plan import load_spec, plan_tensor_parallel
-    from exo_tp.plan.render import render_costs, render_plan
+    from exo_tp.plan import load_spec
 
     if args.weights and args.profile:
         raise ExoTpError("give --weights or --profile, not both")
     spec = load_spec(resolve_model(args.model))
-    if not args.profile:
-        plan = plan_tensor_parallel(spec, args.weights or [1.0, 1.0])
-        print(plan.model_dump_json(indent=2) if args.json
-              else render_plan(plan) + "\n\n" + render_costs(plan))
-        return 0
+    if args.profile:
+        return _choose(args, spec)
 
-    from exo_tp.plan.cost import DEFAULT_LINK, predict_decode, weight_format, worst_link
-    from exo_tp.plan.devices import read_profile
+    from exo_tp.plan import plan_tensor_parallel
+    from exo_tp.plan.cost import rank_load
+    from exo_tp.plan.human import size
+    from exo_tp.plan.render import render_plan
+    from exo_tp.plan.shard_plan import Span
 
-    profiles = [read_profile(path) for path in args.profile]
-    dtype = weight_format(spec)
-    plan = plan_tensor_parallel(spec, [p.decode_speed_for(dtype) for p in profiles])
-    ids = {p.node_id for p in profiles if p.node_id}
-    links = [x for p in profiles for x in p.links if x.a in ids and x.b in ids]
-    for x in links:
-        if not x.up:
-            log.warning("link %s <-> %s is down: %s", x.a, x.b, x.error)
-    prediction = predict_decode(plan, [p.seconds_per_byte(dtype) for p in profiles],
-                                worst_link(links) or DEFAULT_LINK)
+    plan = plan_tensor_parallel(spec, args.weights or [1.0, 1.0])
     if args.json:
-        print(f'{{"plan": {plan.model_dump_json()}, "prediction": '
-              f'{prediction.model_dump_json()}}}')
+        print(plan.model_dump_json(indent=2))
         return 0
-    names = [f"{p.node_id or p.hostname or path.name}: {p.chip}"
-             for p, path in zip(profiles, args.profile, strict=True)]
-    print(render_plan(plan) + "\n\n" + render_costs(plan, prediction, names))
+    every = Span(start=0, stop=spec.num_layers)
+    held = [size(rank_load(spec, r, every, True, True).held_bytes) for r in plan.ranks]
+    print(render_plan(plan) + "\nweights held per rank: " + ", ".join(held))
+    return 0
+
+
+def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
+    from exo_tp.plan.cluster import cluster_from_profiles
+    from exo_tp.plan.cost import LinkCost
+    from exo_tp.plan.devices import read_profile
+    from exo_tp.plan.render_choice import render_choice
+    from exo_tp.plan.search import choose_plan
+
+    assumed = LinkCost(latency=args.link_latency * 1e-6, bandwidth=args.link_bandwidth * 1e9,
+                       measured=False)
+    cluster = cluster_from_profiles(spec, [read_profile(path) for path in args.profile], assumed)
+    choice = choose_plan(spec, cluster, args.context, args.prompt_tokens, args.alternatives)
+    print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
     return 0

@@ -35,13 +35,17 @@ from exo_tp.node.discovery import Discovery
 from exo_tp.node.dispatcher import Dispatcher
 from exo_tp.node.membership import Membership
 from exo_tp.node.memory import memory_now
+from exo_tp.node.planning import cluster_from_members
 from exo_tp.node.security import control_headers, control_request_ok
 from exo_tp.node.worker_handle import WorkerHandle
 from exo_tp.plan import load_spec, plan_tensor_parallel
 from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
+from exo_tp.plan.predict import Prediction
 from exo_tp.plan.render import describe
+from exo_tp.plan.render_choice import describe_candidate
+from exo_tp.plan.search import choose_plan
 from exo_tp.runtime.job import Assignment, DType
 from exo_tp.runtime.ports import free_ports
 
@@ -78,6 +82,8 @@ class Epoch:
     number: int
     nodes: tuple[str, ...]  # node id per global rank
     plan: PipelinePlan
+    members: tuple[str, ...] = ()  # every alive member it was formed for (some may be left out)
+    prediction: Prediction | None = None  # the cost model's, when planned from profiles
     state: str = "loading"  # loading, ready, failed
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
@@ -404,14 +410,14 @@ class Node:
                 self.led = None
             return
         members = self.membership.alive()
-        nodes = tuple(m.node_id for m in members)
+        nodes = tuple(sorted(m.node_id for m in members))
         led = self.led
-        if led is not None and led.nodes == nodes and led.state != "failed":
+        if led is not None and led.members == nodes and led.state != "failed":
             self._track(led)
             return
         if time.monotonic() - self.membership.changed_at < self.config.settle:
             return
-        if led is not None and led.nodes == nodes and time.monotonic() < self._retry_at:
+        if led is not None and led.members == nodes and time.monotonic() < self._retry_at:
             return
         if not self._agreed(members):
             return
@@ -438,8 +444,13 @@ class Node:
             elif time.monotonic() - led.started > LOAD_TIMEOUT:
                 self._fail_epoch(f"workers not ready after {LOAD_TIMEOUT:.0f}s: {states}")
 
-    def _plan(self, members: list[Announcement]) -> tuple[PipelinePlan, list[Announcement]]:
-        """The plan for these members, and the member holding each global rank."""
+    def _plan(self, members: list[Announcement]) -> tuple[PipelinePlan, list[Announcement],
+                                                          Prediction | None]:
+        """The plan for these members, the member holding each global rank, the prediction.
+
+        Forced stages and manual weights plan as told; otherwise, when every member announced
+        its measured scores, the planner chooses (and may leave slow members out).
+        """
         members = sorted(members, key=lambda a: (a.node_id != self.me, a.node_id))
         profiles = {a.node_id: self.profile if a.node_id == self.me
                     else _summary(self.statuses.get(a.node_id, {})) for a in members}
@@ -449,16 +460,26 @@ class Node:
             for size in self.config.stages:
                 groups.append(weights[start:start + size])
                 start += size
-            return plan_pipeline(self.spec, groups), members
-        return single_stage(plan_tensor_parallel(self.spec, weights)), members
+            return plan_pipeline(self.spec, groups), members, None
+        if all(m.weight <= 0 and m.decode_seconds_per_byte > 0 for m in members):
+            choice = choose_plan(self.spec, cluster_from_members(members))
+            names = [m.node_id for m in members]
+            log.info("planner: %s; runner-ups: %s", describe_candidate(choice.best, names),
+                     "; ".join(f"{c.prediction.tokens_per_second:.3g} tok/s "
+                               f"{describe_candidate(c, names)}" for c in choice.alternatives))
+            chosen = [members[d] for d in choice.best.devices]
+            return choice.best.plan, chosen, choice.best.prediction
+        return single_stage(plan_tensor_parallel(self.spec, weights)), members, None
 
     async def _form(self, members: list[Announcement]) -> None:
-        plan, members = self._plan(members)
+        alive = tuple(sorted(m.node_id for m in members))
+        plan, members, prediction = self._plan(members)
         nodes = tuple(m.node_id for m in members)
         number = max(self.epoch_seen, self.led.number if self.led else 0,
                      max((s.get("epoch", 0) for s in self.statuses.values()), default=0)) + 1
         previous = self.led
-        self.led = Epoch(number=number, nodes=nodes, plan=plan)
+        self.led = Epoch(number=number, nodes=nodes, plan=plan, members=alive,
+                         prediction=prediction)
         self.dispatcher.detach("the cluster is re-planning")
         try:
             backend = choose_backend(
@@ -486,7 +507,7 @@ class Node:
                 conductor=at(plan.stages[-1].ranks[0], "conductor"),
                 requests_at=f"{self.config.host}:{self._requests_port}", hops=hops,
                 nodes=nodes, dtype=self.config.dtype, backend=backend.backend,
-                ibv_devices=backend.ibv_devices)
+                ibv_devices=backend.ibv_devices, prediction=prediction)
             await self._control(member, "POST", "/control/assign",
                                 {"assignment": assignment.model_dump(mode="json"),
                                  "leader": self.me})

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from exo_tp.plan.cost import DecodePrediction, shard_bytes
-from exo_tp.plan.human import duration, rate, size
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.shard_plan import ShardPlan
 
@@ -40,31 +36,7 @@ def render_plan(plan: ShardPlan) -> str:
     return "\n".join(lines)
 
 
-def render_costs(plan: ShardPlan, prediction: DecodePrediction | None = None,
-                 devices: Sequence[str] = ()) -> str:
-    """Each rank's predicted memory and weight reads; with a prediction, its decode time too."""
-    sizes = {b.rank: b for b in shard_bytes(plan)}
-    timed = {r.rank: r for r in prediction.ranks} if prediction else {}
-    lines = [f"{'rank':>4} {'device':<32} {'share':>6} {'memory':>9} {'reads/token':>11}"
-             + (f" {'decode speed':>13} {'compute':>9}" if prediction else "")]
-    for r in plan.ranks:
-        name = devices[r.rank] if r.rank < len(devices) else "-"
-        line = (f"{r.rank:>4} {name[:32]:<32} {r.weight:>6.3f} {size(sizes[r.rank].memory):>9} "
-                f"{size(sizes[r.rank].decode):>11}")
-        if prediction:
-            cost = timed[r.rank]
-            line += f" {rate(1 / cost.seconds_per_byte):>13} {duration(cost.compute_seconds):>9}"
-        lines.append(line)
-    if prediction:
-        link = prediction.link
-        source = "slowest measured link" if link.measured else "assumed, no link measured"
-        lines += [
-            f"collectives per token: {duration(prediction.collective_seconds)} ({source}: "
-            f"all_sum {duration(link.latency)} at 4 KB, {rate(link.bandwidth)} at 8 MB)",
-            f"predicted decode: {duration(prediction.seconds)} per token "
-            f"({1 / prediction.seconds:.3g} tokens/s); slowest rank {prediction.slowest_rank}",
-        ]
-    return "\n".join(lines)
+
 def describe(plan: PipelinePlan) -> str:
     """One line: the stages, their layers and shares."""
     stages = [f"layers {s.layers.start}-{s.layers.stop} on ranks "
