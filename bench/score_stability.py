@@ -8,8 +8,8 @@ time (targets: --quick <= 15 s, default <= 60 s on a 2-core machine).
 
 Unless ``--no-decode-check``, it then checks that the decode score predicts real decoding:
 single-process mlx-lm (float32) generates with the default models and the measured seconds per
-token are compared with `exo_tp.plan.cost.predict_decode` on a 1-rank plan from the median
-quick profile. Run it under the CPU lock on a shared machine:
+token are compared with the cost model's (`exo_tp.plan.predict`) for a 1-rank plan on the
+median quick profile. Run it under the CPU lock on a shared machine:
 
     flock /tmp/exo-tp-cpu.lock python bench/score_stability.py [--runs 5] [--full-runs 1]
 
@@ -32,8 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from exo_tp.plan import load_spec, plan_tensor_parallel  # noqa: E402
-from exo_tp.plan.cost import predict_decode, weight_format  # noqa: E402
+from exo_tp.plan.cluster import cluster_from_profiles  # noqa: E402
+from exo_tp.plan.cost import weight_format  # noqa: E402
 from exo_tp.plan.devices import DeviceProfile  # noqa: E402
+from exo_tp.plan.pipeline import single_stage  # noqa: E402
+from exo_tp.plan.predict import predict  # noqa: E402
 
 METRICS = {  # name -> (profile field, unit scale, unit)
     "decode": ("decode_seconds_per_byte", 1e-10, "1e-10 s/byte"),
@@ -98,8 +101,9 @@ def decode_check(profile: DeviceProfile, tokens: int) -> dict[str, dict[str, flo
     for name in DEFAULT_MODELS:
         folder = resolve_model(name)
         spec = load_spec(folder)
-        predicted = predict_decode(plan_tensor_parallel(spec, [1.0]),
-                                   [profile.seconds_per_byte(weight_format(spec))]).seconds
+        predicted = predict(single_stage(plan_tensor_parallel(spec, [1.0])), [0],
+                            cluster_from_profiles(spec, [profile]), context_tokens=tokens
+                            ).decode_seconds
         runs = [json.loads(subprocess.run(
             [sys.executable, "-c", DECODE, str(folder), str(tokens)], capture_output=True,
             text=True, check=True).stdout.strip().splitlines()[-1])["tps"] for _ in range(2)]

@@ -52,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", type=Path,
                    help="device profile to use (from `exo-tp bench --out`) instead of the "
                         "cached one")
+    p.add_argument("--profiles", type=_path_list,
+                   help="with --local-nodes: each node's device profile, e.g. a.json,b.json "
+                        "(try the planner on devices this machine is not)")
     p.add_argument("--no-bench", action="store_true",
                    help="never measure on start: the cached profile if any, else equal shares")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"),
@@ -109,15 +112,33 @@ def node_profile(args: argparse.Namespace) -> DeviceProfile | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.profiles and not args.local_nodes:
+        from exo_tp.errors import ExoTpError
+
+        raise ExoTpError("--profiles is for --local-nodes; a single node takes --profile")
     if args.local_nodes:
         return _run_local(args)
     return asyncio.run(_serve(args))
 
 
+def _path_list(text: str) -> list[Path]:
+    return [Path(part) for part in text.split(",") if part]
+
+
 def _run_local(args: argparse.Namespace) -> int:
+    from exo_tp.errors import ExoTpError
     from exo_tp.node.local_cluster import run_local_cluster
+    from exo_tp.plan.devices import read_profile
 
     extra = ["--backend", args.backend] + (["--stages", args.stages] if args.stages else [])
+    if args.profiles:
+        if len(args.profiles) != args.local_nodes:
+            raise ExoTpError(f"--profiles has {len(args.profiles)} files for "
+                             f"{args.local_nodes} local nodes")
+        for path in args.profiles:
+            read_profile(path)  # a bad file is one readable error here, not a dead node later
+        return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
+                                 args.dtype, extra, profiles=args.profiles)
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.

@@ -6,6 +6,7 @@ generation requests through to the leader unchanged, streaming included.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -100,6 +101,16 @@ async def plan(request: web.Request) -> web.Response:
     node = _node(request)
     assignment = node.assignment
     if assignment is None:
+        # A node the planner left out holds no rank but still shows the cluster's plan.
+        leader = node.leader()
+        if leader is not None and not node.is_leader():
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                timeout = aiohttp.ClientTimeout(total=3)
+                async with aiohttp.ClientSession(timeout=timeout) as session, \
+                        session.get(leader.api_url + "/v1/plan") as upstream:
+                    view = await upstream.json()
+                    if view.get("nodes"):
+                        return web.json_response(view)
         return web.json_response({"epoch": None, "state": node.serving_state(), "plan": None,
                                   "nodes": []})
     return web.json_response({

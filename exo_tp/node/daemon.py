@@ -461,8 +461,10 @@ class Node:
                 groups.append(weights[start:start + size])
                 start += size
             return plan_pipeline(self.spec, groups), members, None
-        if all(m.weight <= 0 and m.decode_seconds_per_byte > 0 for m in members):
-            choice = choose_plan(self.spec, cluster_from_members(members))
+        measured = all(a.weight <= 0 and (profiles[a.node_id] is not None
+                                          or a.decode_seconds_per_byte > 0) for a in members)
+        if measured:  # weights are then decode speeds for the model's weight format
+            choice = choose_plan(self.spec, cluster_from_members(members, weights))
             names = [m.node_id for m in members]
             log.info("planner: %s; runner-ups: %s", describe_candidate(choice.best, names),
                      "; ".join(f"{c.prediction.tokens_per_second:.3g} tok/s "

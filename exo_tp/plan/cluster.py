@@ -84,6 +84,8 @@ def cluster_from_profiles(spec: ModelSpec, profiles: Sequence[DeviceProfile],
             if not x.up:
                 links[a, b] = Link(a=a, b=b, cost=DOWN_LINK)
             elif x.all_sum_latency and x.all_sum_bandwidth and (a, b) not in links:
+                # A collective in a forward pass costs what it costs there, not alone.
+                latency = max(x.all_sum_latency, x.all_sum_in_graph or 0.0)
                 links[a, b] = Link(a=a, b=b, cost=LinkCost(
-                    latency=x.all_sum_latency, bandwidth=x.all_sum_bandwidth, measured=True))
+                    latency=latency, bandwidth=x.all_sum_bandwidth, measured=True))
     return Cluster(devices=devices, links=tuple(links.values()), default_link=default_link)

@@ -23,11 +23,9 @@ bias per group. Not counted: per-op dispatch overhead, activations other than th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from pydantic import Field
 
-from exo_tp.plan.devices import ENGINE_DTYPE, LinkProfile, quant_key
+from exo_tp.plan.devices import ENGINE_DTYPE, quant_key
 from exo_tp.plan.shard_plan import RankShard, ShardPlan, Span
 from exo_tp.plan.spec import Frozen, ModelSpec
 
@@ -43,7 +41,8 @@ LAST_STAGE_COLLECTIVES = frozenset({"logits"})
 
 
 class LinkCost(Frozen):
-    latency: float = Field(gt=0)  # seconds of a 2-rank all_sum of a small (4 KB) message
+    # seconds of a 2-rank all_sum of a small (4 KB) message, inside a compute graph if measured
+    latency: float = Field(gt=0)
     bandwidth: float = Field(gt=0)  # payload bytes/s of a large (8 MB) 2-rank all_sum
     measured: bool
 
@@ -175,12 +174,3 @@ def collective_seconds(plan: ShardPlan, layers: int, first: bool, last: bool, li
                else all_gather_seconds(plan.size, payload, link))
         total += times * one
     return total
-
-
-def worst_link(links: Iterable[LinkProfile]) -> LinkCost | None:
-    """The slowest measured up link (largest latency, smallest bandwidth); None if none."""
-    up = [x for x in links if x.up and x.all_sum_latency and x.all_sum_bandwidth]
-    if not up:
-        return None
-    return LinkCost(latency=max(x.all_sum_latency or 0 for x in up),
-                    bandwidth=min(x.all_sum_bandwidth or 0 for x in up), measured=True)

@@ -59,6 +59,9 @@ class LinkProfile(Frozen):
     all_sum_latency: float | None = None  # seconds for a 4 KB all_sum
     all_sum_bandwidth: float | None = None  # payload bytes/s of an 8 MB all_sum
     send_recv_latency: float | None = None  # seconds one way, neighbours
+    # seconds a small all_sum adds to a decode step inside a compute graph (hand-over, wake-up,
+    # the peer's jitter): what tensor parallelism really pays per collective
+    all_sum_in_graph: float | None = None
     error: str | None = None
     # Ranks of the all_sum the two all_sum figures come from: 2 is this pair alone; a running
     # cluster's ring of n > 2 ranks can only time its all_sum as a whole (no group split on ring).

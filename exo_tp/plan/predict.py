@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import computed_field
+from pydantic import ConfigDict, computed_field
 
 from exo_tp.plan.cluster import Cluster
 from exo_tp.plan.cost import (
@@ -57,6 +57,9 @@ class StageCost(Frozen):
 
 
 class Prediction(Frozen):
+    # Dumps carry the computed totals for readers; reading a dump back ignores them.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
     stages: tuple[StageCost, ...]
     hop_seconds: float  # per decoded token
     prefill_hop_seconds: float

@@ -3,7 +3,8 @@
 The parent (`exo_tp.profile.links`) kills this process at its deadline: a ring connect retries
 for ~31 s and accept() has no timeout, so an absent peer must never be waited on in-process.
 Prints one JSON object on stdout: all_sum latency (4 KB), all_sum bandwidth (8 MB payload
-bytes/s) and one-way send/recv latency (half a ping-pong round trip), medians.
+bytes/s), one-way send/recv latency (half a ping-pong round trip) and what an all_sum adds to a
+decode step inside a compute graph (`exo_tp.profile.in_graph`), medians.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import mlx.core as mx
 
 from exo_tp.profile.collective_speed import all_sum_speed, neighbour_latencies
+from exo_tp.profile.in_graph import all_sum_in_graph
 from exo_tp.runtime.lifecycle import die_with_parent
 from exo_tp.runtime.ring import barrier, init_ring
 
@@ -25,7 +27,7 @@ def measure(group: mx.distributed.Group, quick: bool) -> dict[str, float]:
     latency, bandwidth = all_sum_speed(group, small_n, large_n)
     one_way = neighbour_latencies(group, small_n)[(0, 1)]
     return {"all_sum_latency": latency, "all_sum_bandwidth": bandwidth,
-            "send_recv_latency": one_way}
+            "send_recv_latency": one_way, "all_sum_in_graph": all_sum_in_graph(group, quick)}
 
 
 def main() -> None:
