@@ -262,11 +262,16 @@ def netem_namespace(delay_ms: float, rate_mbit: float | None) -> Iterator[str]:
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         def inside(*command: str) -> None:
-            subprocess.run(["ip", "netns", "exec", name, *command], check=True)
+            subprocess.run(["ip", "netns", "exec", name, *command], check=True,
+                           capture_output=True)
 
         inside("ip", "link", "set", "lo", "up")
         netem = ["delay", f"{delay_ms}ms"] + (["rate", f"{rate_mbit}mbit"] if rate_mbit else [])
-        inside("tc", "qdisc", "add", "dev", "lo", "root", "netem", *netem)
+        try:
+            inside("tc", "qdisc", "add", "dev", "lo", "root", "netem", *netem)
+        except subprocess.CalledProcessError:
+            raise SystemExit("tc netem is not available (this kernel lacks sch_netem): run the "
+                             "lab without --delay-ms") from None
         yield name
     finally:
         subprocess.run(["ip", "netns", "delete", name], check=False)

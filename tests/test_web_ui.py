@@ -23,7 +23,9 @@ from cluster_helpers import LocalCluster, http_json, local_cluster
 
 from exo_tp.node.api import plan_view
 from exo_tp.plan import load_spec
+from exo_tp.plan.cluster import Cluster, DeviceCost
 from exo_tp.plan.pipeline import plan_pipeline
+from exo_tp.plan.predict import predict
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -327,10 +329,13 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     spec = load_spec(default_models[MODEL])
     pipeline = plan_pipeline(spec, [[4, 3, 2], [2, 1]], [18, 12])
     nodes = ["a", "b", "c", "d", "e"]
-    # exactly what /v1/plan sends for this plan
+    # exactly what /v1/plan sends for this plan, with the cost model's prediction
+    devices = Cluster(devices=tuple(
+        DeviceCost(name=n, seconds_per_byte=1 / (speed * 1e9), prefill_flops=1e12, memory=10**10)
+        for n, speed in zip(nodes, [400, 300, 200, 200, 100], strict=True)))
+    prediction = predict(pipeline, range(5), devices)
     response = {"epoch": 9, "state": "ready", "model": MODEL, "nodes": nodes,
-                **plan_view(pipeline),
-                "predicted": {"decode_seconds_per_token": 0.0213, "tokens_per_second": 46.9}}
+                **plan_view(pipeline, prediction)}
     local = [(stage.ranks[i], shard) for stage in pipeline.stages
              for i, shard in enumerate(stage.tp.ranks)]
     profile = {"chip": "Apple M2 Ultra", "cores": 24, "mlx_version": "0.32.4",
@@ -370,7 +375,7 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
         }).catch((error) => done({error: String(error)}));
     """, response, cluster_view)
     assert "error" not in drawn, drawn
-    assert drawn["predicted"] == "46.9 tok/s predicted"
+    assert drawn["predicted"] == f"{prediction.tokens_per_second:.1f} tok/s predicted"
     assert drawn["stages"] == ["stage 1 · layers 0–17", "stage 2 · layers 18–29"]
     expected = [(str(rank), str(shard.heads.q_heads.size)) for rank, shard in local]
     assert sorted(map(tuple, drawn["q_heads"])) == sorted(expected)

@@ -19,14 +19,14 @@ memory wins, the others are returned as runner-ups.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
 
 from exo_tp.errors import PlanError
 from exo_tp.plan.cluster import Cluster, DeviceCost
-from exo_tp.plan.cost import all_sum_seconds, rank_load
+from exo_tp.plan.cost import FLOAT_BYTES, all_sum_seconds, rank_load
 from exo_tp.plan.human import size
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.predict import Prediction, predict
@@ -160,7 +160,7 @@ class _Layouts:
                         for x, d in zip(every, devices, strict=True))
         link = self.cluster.ring_link(group)
         if link is not None:
-            per_layer += 2 * all_sum_seconds(len(group), spec.hidden_size * 4, link)
+            per_layer += 2 * all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
         capacity = min(
             math.floor((d.memory - end.held_bytes)
                        / ((x.held_bytes + x.kv_bytes_per_token * self.context) / n))
@@ -224,12 +224,10 @@ def _pipeline(spec: ModelSpec, tps: Sequence[ShardPlan], counts: Sequence[int]) 
 
 
 def choose_plan(spec: ModelSpec, cluster: Cluster, context_tokens: int | None = None,
-                prompt_tokens: int = 512, keep: int = 5,
-                allow: Callable[[Groups], bool] = lambda groups: True) -> Choice:
+                prompt_tokens: int = 512, keep: int = 5) -> Choice:
     """The fastest plan of ``spec`` on ``cluster`` that fits, and up to ``keep`` runner-ups.
 
-    ``allow`` filters groupings (e.g. the runtime's limits); ``context_tokens`` defaults to the
-    model's context length, whose KV cache must fit too.
+    ``context_tokens`` defaults to the model's context length, whose KV cache must fit too.
     """
     context = spec.context_length if context_tokens is None else context_tokens
     layouts = _Layouts(spec, cluster, context, prompt_tokens)
@@ -241,7 +239,7 @@ def choose_plan(spec: ModelSpec, cluster: Cluster, context_tokens: int | None = 
     for subset in _subsets(cluster, components):
         dropped = tuple(sorted(everyone - set(subset)))
         for groups in _structures(cluster, subset, components):
-            if groups in seen or not allow(groups):
+            if groups in seen:
                 continue
             seen.add(groups)
             result = layouts.layout(groups, dropped)
