@@ -83,7 +83,10 @@ def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
 
     assumed = LinkCost(latency=args.link_latency * 1e-6, bandwidth=args.link_bandwidth * 1e9,
                        measured=False)
-    cluster = cluster_from_profiles(spec, [read_profile(path) for path in args.profile], assumed)
+    profiles = [read_profile(path) for path in args.profile]
+    # A profile measured without --peers has no node id: name devices by their files then.
+    names = [p.node_id or path.name for p, path in zip(profiles, args.profile, strict=True)]
+    cluster = cluster_from_profiles(spec, profiles, assumed, names=names)
     choice = choose_plan(spec, cluster, args.context, args.prompt_tokens, args.alternatives)
     print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
     return 0

@@ -65,11 +65,13 @@ class Cluster(Frozen):
 
 def cluster_from_profiles(spec: ModelSpec, profiles: Sequence[DeviceProfile],
                           default_link: LinkCost = DEFAULT_LINK,
-                          headroom: float = MEMORY_HEADROOM) -> Cluster:
-    """Devices scored for ``spec``'s weight format; links measured between profiled nodes."""
+                          headroom: float = MEMORY_HEADROOM,
+                          names: Sequence[str] = ()) -> Cluster:
+    """Devices scored for ``spec``'s weight format; links measured between profiled nodes.
+    Devices are named ``names[i]``, else by node id or host name."""
     dtype = weight_format(spec)
     devices = tuple(
-        DeviceCost(name=p.node_id or p.hostname or f"device {i}",
+        DeviceCost(name=names[i] if i < len(names) else p.node_id or p.hostname or f"device {i}",
                    seconds_per_byte=p.seconds_per_byte(dtype), prefill_flops=p.prefill_flops,
                    memory=int(p.memory_available * headroom))
         for i, p in enumerate(profiles)
