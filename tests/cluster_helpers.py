@@ -67,14 +67,22 @@ class LocalCluster:
 
 @contextmanager
 def local_cluster(count: int, weights: list[float] | None = None, model: str = "smollm2-135m",
-                  extra: tuple[str, ...] = (), ready: bool = True) -> Iterator[LocalCluster]:
+                  extra: tuple[str, ...] = (), ready: bool = True, bench: bool = False,
+                  env: dict[str, str] | None = None,
+                  log: Path | None = None) -> Iterator[LocalCluster]:
+    """``exo-tp run --local-nodes``. Without weights, --profile or ``bench`` the nodes get
+    --no-bench: a test spends ~10 s of CPU on a device measurement only if it asks for one.
+    ``env``: variables added to this process's; ``log``: the cluster's stderr goes there."""
     base = free_port_base(count)
     args = [*CLI, "run", "--local-nodes", str(count), "--api-port", str(base), "--model", model,
             *extra]
     if weights:
         args += ["--weights", ",".join(map(str, weights))]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    elif "--profile" not in extra and not bench:
+        args.append("--no-bench")
+    stderr = log.open("w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr,
+                            start_new_session=True, env={**os.environ, **env} if env else None)
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
         if ready:
@@ -86,6 +94,43 @@ def local_cluster(count: int, weights: list[float] | None = None, model: str = "
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@dataclass
+class LoopbackNodes:
+    urls: list[str]
+    cluster: str
+    secret: str
+
+
+@contextmanager
+def loopback_nodes(node_args: list[list[str]], model: str, logs: Path,
+                   ready: bool = True) -> Iterator[LoopbackNodes]:
+    """One `exo-tp run` per entry of ``node_args`` (its own extra arguments) on 127.0.0.1, in
+    one fresh cluster: node ids n0, n1, ...; each node's stderr in ``logs``/n<i>.log."""
+    count = len(node_args)
+    base = free_port_base(count)
+    cluster, secret = f"test-{secrets.token_hex(4)}", secrets.token_hex(16)
+    procs = []
+    urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
+    try:
+        for i, extra in enumerate(node_args):
+            procs.append(subprocess.Popen(
+                [*CLI, "run", "--host", "127.0.0.1", "--api-port", str(base + i), "--node-id",
+                 f"n{i}", "--cluster", cluster, "--secret", secret, "--model", model, *extra],
+                stdout=subprocess.DEVNULL, stderr=(logs / f"n{i}.log").open("w"),
+                start_new_session=True))
+        if ready:
+            wait_ready(urls, nodes=count)
+        yield LoopbackNodes(urls, cluster, secret)
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def can_make_namespaces() -> str | None:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import statistics
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +18,11 @@ import numpy as np
 CLI = [sys.executable, "-m", "exo_tp"]
 
 
-def run_cli(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+def run_cli(*args: str, timeout: float = 600, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `exo-tp` (``env``: variables added to this process's environment)."""
+    result = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, **env} if env else None)
     if check and result.returncode != 0:
         raise AssertionError(f"exo-tp {' '.join(args)} failed:\n{result.stderr[-3000:]}")
     return result
@@ -86,3 +94,43 @@ def assert_logits_close(ours: np.ndarray, ref: np.ndarray, atol: float | None = 
     bound = atol if atol is not None else 1e-5 * max(10.0, float(np.abs(ref).max()))
     diff = float(np.abs(ours - ref).max())
     assert diff <= bound, f"max |logit diff| {diff:.3g} > {bound:.3g}"
+
+
+def tcp_loopback_reference() -> tuple[float, float]:
+    """Independent loopback figures: one-way latency of a 4 KB TCP ping-pong, and the rate of
+    an 8 MB one-way TCP transfer."""
+    server = socket.create_server(("127.0.0.1", 0))
+    small, large = 4096, 8 * 2**20
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        with conn:
+            for _ in range(50):
+                data = b""
+                while len(data) < small:
+                    data += conn.recv(small - len(data))
+                conn.sendall(data)
+            got = 0
+            while got < large:
+                got += len(conn.recv(1 << 20))
+            conn.sendall(b"k")
+
+    thread = threading.Thread(target=echo)
+    thread.start()
+    with socket.create_connection(server.getsockname()) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        trips = []
+        for _ in range(50):
+            start = time.perf_counter()
+            conn.sendall(b"x" * small)
+            data = b""
+            while len(data) < small:
+                data += conn.recv(small - len(data))
+            trips.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        conn.sendall(b"y" * large)
+        conn.recv(1)
+        rate = large / (time.perf_counter() - start)
+    thread.join()
+    server.close()
+    return statistics.median(trips) / 2, rate

@@ -46,7 +46,8 @@ def test_smollm2_float_matches_single_device(tmp_path: Path, float_reference: Re
     assert ours.text.strip() == float_reference.text.strip()
 
 
-@pytest.mark.parametrize("weights", [[0.7, 0.3], [5, 3, 2]], ids=["w0.7-0.3", "w5-3-2"])
+# 3 uneven ranks; 2 ranks of 4-bit run in tests/test_pipeline.py's TP stage.
+@pytest.mark.parametrize("weights", [[5, 3, 2]], ids=["w5-3-2"])
 def test_smollm2_q4_greedy_identical(tmp_path: Path, q4_reference: Reference,
                                      weights: list[float]) -> None:
     ours = launch(tmp_path, "smollm2-135m-q4", weights, PROMPT, TOKENS)

@@ -8,6 +8,7 @@ errors in the page; a live re-plan when a node hangs; and a lost node in a visib
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -22,7 +23,9 @@ from cluster_helpers import LocalCluster, http_json, local_cluster
 
 from exo_tp.node.api import plan_view
 from exo_tp.plan import load_spec
+from exo_tp.plan.cluster import Cluster, DeviceCost
 from exo_tp.plan.pipeline import plan_pipeline
+from exo_tp.plan.predict import predict
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -198,9 +201,19 @@ def test_page_shows_three_devices_and_the_plan(cluster: LocalCluster, page: Any)
         memory = next(n for n in view["nodes"] if n["node_id"] == node)["memory"]
         assert memory["total"] > memory["used"] > 0 and memory["worker_rss"] > 0
         assert " / " in cards[node].find_element(By.CSS_SELECTOR, "[data-field=memory]").text
-        # nothing measured yet: said so, not invented
+        # shares set by hand (--weight): no device profile, and the page says so
         assert "not profiled" in cards[node].text and "not measured" in cards[node].text
-    assert "links not measured" in page.find_element(By.ID, "topology-note").text
+    # links: timed by the workers as their ring formed, one per pair of ring neighbours
+    assert {frozenset((x["a"], x["b"])) for x in view["links"]} == {
+        frozenset(pair) for pair in itertools.combinations(response["nodes"], 2)}
+    for link in view["links"]:
+        assert link["up"] and link["group_size"] == 3, link
+        assert link["all_sum_latency"] > 0 and link["all_sum_bandwidth"] > 0, link
+    wait(page, lambda d: "3 links measured" in d.find_element(By.ID, "topology-note").text, 10,
+         "the page never said the links were measured")
+    edges = page.find_elements(By.CSS_SELECTOR, "#topology-graph .edge.measured")
+    assert len(edges) == 3
+    assert all("ring of 3 ranks" in (e.get_attribute("data-tip") or "") for e in edges)
     assert "not measured" in page.find_element(By.ID, "predicted").text
     assert len(page.find_elements(By.CSS_SELECTOR, "#topology-graph .glyph")) == 3
 
@@ -316,10 +329,13 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     spec = load_spec(default_models[MODEL])
     pipeline = plan_pipeline(spec, [[4, 3, 2], [2, 1]], [18, 12])
     nodes = ["a", "b", "c", "d", "e"]
-    # exactly what /v1/plan sends for this plan
+    # exactly what /v1/plan sends for this plan, with the cost model's prediction
+    devices = Cluster(devices=tuple(
+        DeviceCost(name=n, seconds_per_byte=1 / (speed * 1e9), prefill_flops=1e12, memory=10**10)
+        for n, speed in zip(nodes, [400, 300, 200, 200, 100], strict=True)))
+    prediction = predict(pipeline, range(5), devices)
     response = {"epoch": 9, "state": "ready", "model": MODEL, "nodes": nodes,
-                **plan_view(pipeline),
-                "predicted": {"decode_seconds_per_token": 0.0213, "tokens_per_second": 46.9}}
+                **plan_view(pipeline, prediction)}
     local = [(stage.ranks[i], shard) for stage in pipeline.stages
              for i, shard in enumerate(stage.tp.ranks)]
     profile = {"chip": "Apple M2 Ultra", "cores": 24, "mlx_version": "0.32.4",
@@ -359,7 +375,7 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
         }).catch((error) => done({error: String(error)}));
     """, response, cluster_view)
     assert "error" not in drawn, drawn
-    assert drawn["predicted"] == "46.9 tok/s predicted"
+    assert drawn["predicted"] == f"{prediction.tokens_per_second:.1f} tok/s predicted"
     assert drawn["stages"] == ["stage 1 · layers 0–17", "stage 2 · layers 18–29"]
     expected = [(str(rank), str(shard.heads.q_heads.size)) for rank, shard in local]
     assert sorted(map(tuple, drawn["q_heads"])) == sorted(expected)

@@ -30,6 +30,8 @@ function linkTip(a, b, link) {
   if (!link) return `${a} ↔ ${b}\nlink ${NOT_MEASURED}`;
   return [
     `${a} ↔ ${b}: ${link.up === false ? "DOWN" : "up"}`,
+    // a ring of more than two ranks times its all_sum as a whole, not per pair
+    link.group_size > 2 ? `all_sum over the ring of ${link.group_size} ranks:` : null,
     `all_sum latency (4 KB): ${seconds(link.all_sum_latency)}`,
     `all_sum bandwidth (8 MB): ${rate(link.all_sum_bandwidth)}`,
     `send/recv latency: ${seconds(link.send_recv_latency)}`,

@@ -6,14 +6,45 @@ import argparse
 import math
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least {least}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def address_list(text: str) -> list[str]:
+    """``10.0.0.1,10.0.0.2`` -> one address per node (at least two)."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) < 2 or not all(parts) or any(" " in p for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"peers {text!r} must be two or more comma-separated addresses, like 10.0.0.1,10.0.0.2")
+    return parts
 
 
 def non_negative_float(text: str) -> float:

@@ -1,26 +1,92 @@
-"""`exo-tp plan`: print the shard plan for a model over weighted devices."""
+"""`exo-tp plan`: print the shard plan for a model over weighted or profiled devices.
+
+With --weights: one uneven TP group with those shares. With --profile (one per device, written
+by `exo-tp bench --out` or `--json`): the planner compares uneven TP, pure pipeline, TP groups
+chained as pipeline stages and plans that leave slow devices out, using each device's measured
+scores and memory and the links measured between the profiled nodes (others are assumed), and
+prints the fastest plan that fits, with its predicted decode time, and the runner-ups.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from exo_tp.cli.args import add_model_arg, weight_list
+from exo_tp.cli.args import (
+    add_model_arg,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    weight_list,
+)
+from exo_tp.errors import ExoTpError
+
+if TYPE_CHECKING:
+    from exo_tp.plan.spec import ModelSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="print the shard plan", description=__doc__)
     add_model_arg(p)
-    p.add_argument("--weights", type=weight_list, default=[1.0, 1.0],
-                   help="relative speed of each device, e.g. 5,3,2")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--weights", type=weight_list,
+                   help="relative speed of each device, e.g. 5,3,2 (default 1,1)")
+    p.add_argument("--profile", type=Path, action="append",
+                   help="a device profile from `exo-tp bench` (repeat: one per device)")
+    p.add_argument("--context", type=positive_int,
+                   help="tokens of context whose KV cache must fit (default: the model's)")
+    p.add_argument("--prompt-tokens", type=positive_int, default=512,
+                   help="prompt length for the predicted prefill time (default 512)")
+    p.add_argument("--link-latency", type=positive_float, default=200.0,
+                   help="µs of a small all_sum on links no profile measured (default 200)")
+    p.add_argument("--link-bandwidth", type=positive_float, default=1.0,
+                   help="GB/s of links no profile measured (default 1)")
+    p.add_argument("--alternatives", type=non_negative_int, default=5,
+                   help="runner-up plans to show (default 5)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: the plan, or with --profile the planner's choice")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from exo_tp.models.registry import resolve_model
-    from exo_tp.plan import load_spec, plan_tensor_parallel
-    from exo_tp.plan.render import render_plan
+    from exo_tp.plan import load_spec
 
-    plan = plan_tensor_parallel(load_spec(resolve_model(args.model)), args.weights)
-    print(plan.model_dump_json(indent=2) if args.json else render_plan(plan))
+    if args.weights and args.profile:
+        raise ExoTpError("give --weights or --profile, not both")
+    spec = load_spec(resolve_model(args.model))
+    if args.profile:
+        return _choose(args, spec)
+
+    from exo_tp.plan import plan_tensor_parallel
+    from exo_tp.plan.cost import rank_load
+    from exo_tp.plan.human import size
+    from exo_tp.plan.render import render_plan
+    from exo_tp.plan.shard_plan import Span
+
+    plan = plan_tensor_parallel(spec, args.weights or [1.0, 1.0])
+    if args.json:
+        print(plan.model_dump_json(indent=2))
+        return 0
+    every = Span(start=0, stop=spec.num_layers)
+    held = [size(rank_load(spec, r, every, True, True).held_bytes) for r in plan.ranks]
+    print(render_plan(plan) + "\nweights held per rank: " + ", ".join(held))
+    return 0
+
+
+def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
+    from exo_tp.plan.cluster import cluster_from_profiles
+    from exo_tp.plan.cost import LinkCost
+    from exo_tp.plan.devices import read_profile
+    from exo_tp.plan.render_choice import render_choice
+    from exo_tp.plan.search import choose_plan
+
+    assumed = LinkCost(latency=args.link_latency * 1e-6, bandwidth=args.link_bandwidth * 1e9,
+                       measured=False)
+    profiles = [read_profile(path) for path in args.profile]
+    # A profile measured without --peers has no node id: name devices by their files then.
+    names = [p.node_id or path.name for p, path in zip(profiles, args.profile, strict=True)]
+    cluster = cluster_from_profiles(spec, profiles, assumed, names=names)
+    choice = choose_plan(spec, cluster, args.context, args.prompt_tokens, args.alternatives)
+    print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
     return 0

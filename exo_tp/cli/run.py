@@ -1,13 +1,22 @@
-"""`exo-tp run`: start a node (discovery, cluster formation, OpenAI-compatible API)."""
+"""`exo-tp run`: start a node (discovery, cluster formation, OpenAI-compatible API).
+
+Shares follow each node's measured decode speed: a node uses its cached device profile (`exo-tp
+bench`), or measures a quick one on first start (about 10 s), unless --weight sets its share by
+hand (then nothing is measured) or --profile names a profile file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import secrets
 import signal
 import socket
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import (
     add_model_arg,
@@ -16,6 +25,11 @@ from exo_tp.cli.args import (
     positive_int,
     weight_list,
 )
+
+if TYPE_CHECKING:
+    from exo_tp.plan.devices import DeviceProfile
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +47,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--secret", default=os.environ.get("EXO_TP_SECRET", ""),
                    help="cluster secret (or $EXO_TP_SECRET); peers prove it by HMAC")
     p.add_argument("--weight", type=non_negative_float, default=0.0,
-                   help="this node's share weight (default: its measured decode speed)")
+                   help="this node's share weight, set by hand: nothing is measured (default: "
+                        "its measured decode speed)")
+    p.add_argument("--profile", type=Path,
+                   help="device profile to use (from `exo-tp bench --out`) instead of the "
+                        "cached one")
+    p.add_argument("--profiles", type=_path_list,
+                   help="with --local-nodes: each node's device profile, e.g. a.json,b.json "
+                        "(try the planner on devices this machine is not)")
+    p.add_argument("--no-bench", action="store_true",
+                   help="never measure on start: the cached profile if any, else equal shares")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"),
                    default="float32")
     p.add_argument("--backend", choices=("auto", "ring", "jaccl"), default="auto",
@@ -64,19 +87,73 @@ def default_node_id() -> str:
     return f"{host[:40] or 'node'}-{secrets.token_hex(3)}"
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.local_nodes:
-        from exo_tp.node.local_cluster import run_local_cluster
+def node_profile(args: argparse.Namespace) -> DeviceProfile | None:
+    """The profile this node plans with: --profile, else the cached one, else a quick
+    measurement (None with a manual --weight, or with --no-bench and nothing cached)."""
+    from exo_tp.plan.devices import read_profile
+    from exo_tp.profile.cache import cached_profile, device_profile, profile_path
 
-        extra = ["--backend", args.backend] + (["--stages", args.stages] if args.stages else [])
-        return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
-                                 args.dtype, extra)
+    if args.profile:
+        return read_profile(args.profile)
+    if args.weight > 0:
+        return None
+    cached = cached_profile(if_invalid="not using it" if args.no_bench else "measuring again")
+    if cached is not None or args.no_bench:
+        if cached is None:
+            log.warning("no cached device profile and --no-bench: this node counts as "
+                        "average speed")
+        return cached
+    log.info("no cached device profile in %s: measuring a quick one (about 10 s; "
+             "`exo-tp bench` measures a full one)", profile_path())
+    profile, _ = device_profile(quick=True)
+    log.info("measured: decode %.3g s/byte, prefill %.3g FLOP/s in %.1f s",
+             profile.decode_seconds_per_byte, profile.prefill_flops, profile.duration_seconds)
+    return profile
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.profiles and not args.local_nodes:
+        from exo_tp.errors import ExoTpError
+
+        raise ExoTpError("--profiles is for --local-nodes; a single node takes --profile")
+    if args.local_nodes:
+        return _run_local(args)
     return asyncio.run(_serve(args))
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _path_list(text: str) -> list[Path]:
+    return [Path(part) for part in text.split(",") if part]
 
+
+def _run_local(args: argparse.Namespace) -> int:
+    from exo_tp.errors import ExoTpError
+    from exo_tp.node.local_cluster import run_local_cluster
+    from exo_tp.plan.devices import read_profile
+
+    extra = ["--backend", args.backend] + (["--stages", args.stages] if args.stages else [])
+    if args.profiles:
+        if len(args.profiles) != args.local_nodes:
+            raise ExoTpError(f"--profiles has {len(args.profiles)} files for "
+                             f"{args.local_nodes} local nodes")
+        for path in args.profiles:
+            read_profile(path)  # a bad file is one readable error here, not a dead node later
+        return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
+                                 args.dtype, extra, profiles=args.profiles)
+    with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
+        # One measurement for the whole machine, before the nodes start: N nodes measuring at
+        # once would share its cores and each see a fraction of its speed.
+        profile = node_profile(args) if args.profile or not args.weights else None
+        if profile is not None:
+            path = Path(tmp) / "profile.json"
+            path.write_text(profile.model_dump_json())
+            extra += ["--profile", str(path)]
+        elif not args.weights:
+            extra.append("--no-bench")
+        return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
+                                 args.dtype, extra)
+
+
+async def _serve(args: argparse.Namespace) -> int:
     import mlx.core as mx
     from mlx_lm.utils import load_tokenizer
 
@@ -84,8 +161,14 @@ async def _serve(args: argparse.Namespace) -> int:
     from exo_tp.models.registry import resolve_model
     from exo_tp.node.daemon import Node, NodeConfig
     from exo_tp.node.web import web_routes
+    from exo_tp.profile.system import memory
 
     model_dir = resolve_model(args.model)
+    profile = node_profile(args)
+    if profile is not None:  # memory as it is now, not when the profile was measured
+        total, available = memory()
+        profile = profile.model_copy(update={"memory_total": total,
+                                             "memory_available": available})
     rdma = {}
     for item in args.rdma:
         peer, _, device = item.partition("=")
@@ -101,7 +184,8 @@ async def _serve(args: argparse.Namespace) -> int:
         backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
                        if mx.distributed.is_available(b)),
     )
-    node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)))
+    node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)),
+                profile.summary() if profile else None)
     try:
         try:
             await node.start(web_routes())

@@ -6,6 +6,7 @@ generation requests through to the leader unchanged, streaming included.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ from exo_tp.node.openai_schema import (
     validation_error,
 )
 from exo_tp.plan.pipeline import PipelinePlan
+from exo_tp.plan.predict import Prediction
 from exo_tp.runtime.job import GenerateRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -99,20 +101,39 @@ async def plan(request: web.Request) -> web.Response:
     node = _node(request)
     assignment = node.assignment
     if assignment is None:
+        # A node the planner left out holds no rank but still shows the cluster's plan.
+        leader = node.leader()
+        if leader is not None and not node.is_leader():
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                timeout = aiohttp.ClientTimeout(total=3)
+                async with aiohttp.ClientSession(timeout=timeout) as session, \
+                        session.get(leader.api_url + "/v1/plan") as upstream:
+                    view = await upstream.json()
+                    if view.get("nodes"):
+                        return web.json_response(view)
         return web.json_response({"epoch": None, "state": node.serving_state(), "plan": None,
                                   "nodes": []})
     return web.json_response({
         "epoch": assignment.epoch, "state": node.serving_state(), "model": assignment.model,
-        "nodes": list(assignment.nodes), **plan_view(assignment.plan),
+        "nodes": list(assignment.nodes), **plan_view(assignment.plan, assignment.prediction),
     })
 
 
-def plan_view(plan: PipelinePlan) -> dict[str, Any]:
+def plan_view(plan: PipelinePlan, prediction: Prediction | None = None) -> dict[str, Any]:
     """The plan as /v1/plan shows it: stages (ranks, layers, each stage's TP plan) and, with
-    one stage (the common case), that tensor-parallel plan as ``plan``."""
+    one stage (the common case), that tensor-parallel plan as ``plan``; with the planner's
+    prediction, ``predicted`` (null when shares were set by hand)."""
     stages = [{"ranks": list(s.ranks), "layers": s.layers.model_dump(),
                "plan": s.tp.model_dump(mode="json")} for s in plan.stages]
-    return {"stages": stages, "plan": stages[0]["plan"] if len(stages) == 1 else None}
+    predicted = None if prediction is None else {
+        "tokens_per_second": prediction.tokens_per_second,
+        "decode_seconds_per_token": prediction.decode_seconds,
+        "prefill_seconds": prediction.prefill_seconds,
+        "prompt_tokens": prediction.prompt_tokens,
+        "context_tokens": prediction.context_tokens,
+    }
+    return {"stages": stages, "plan": stages[0]["plan"] if len(stages) == 1 else None,
+            "predicted": predicted}
 
 
 async def _read_json(request: web.Request) -> Any:

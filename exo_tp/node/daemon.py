@@ -3,7 +3,8 @@
 Cluster formation (the leader; every node runs the same loop and acts only while it leads):
 1. the alive membership has been stable for ``settle`` seconds and every member's last status
    names this node as leader (so two nodes never assign ranks at once);
-2. plan the model over the members (shares from manual weights or measured decode speed);
+2. plan the model over the members (shares from manual weights or measured decode speed:
+   `node_weights`);
 3. ask every member for free ports, build the ring hostfile, send each its Assignment (a new,
    higher epoch); each node replaces its worker;
 4. when every worker reports ready, rank 0's worker (the leader's) starts taking requests.
@@ -34,11 +35,17 @@ from exo_tp.node.discovery import Discovery
 from exo_tp.node.dispatcher import Dispatcher
 from exo_tp.node.membership import Membership
 from exo_tp.node.memory import memory_now
+from exo_tp.node.planning import cluster_from_members
 from exo_tp.node.security import control_headers, control_request_ok
 from exo_tp.node.worker_handle import WorkerHandle
 from exo_tp.plan import load_spec, plan_tensor_parallel
+from exo_tp.plan.cost import weight_format
+from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
+from exo_tp.plan.predict import Prediction
 from exo_tp.plan.render import describe
+from exo_tp.plan.render_choice import describe_candidate
+from exo_tp.plan.search import choose_plan
 from exo_tp.runtime.job import Assignment, DType
 from exo_tp.runtime.ports import free_ports
 
@@ -58,7 +65,7 @@ class NodeConfig:
     control_port: int = 0  # 0: any free port (announced over mDNS)
     cluster: str = "exo-tp"
     secret: str = ""
-    weight: float = 0.0  # manual share weight; 0: use the measured profile
+    weight: float = 0.0  # manual share weight; 0: use the measured profile (see node_weights)
     dtype: DType = "float32"
     settle: float = 1.5
     bind: str = ""  # address the HTTP servers listen on (default: ``host``)
@@ -75,20 +82,54 @@ class Epoch:
     number: int
     nodes: tuple[str, ...]  # node id per global rank
     plan: PipelinePlan
+    members: tuple[str, ...] = ()  # every alive member it was formed for (some may be left out)
+    prediction: Prediction | None = None  # the cost model's, when planned from profiles
     state: str = "loading"  # loading, ready, failed
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
     backend: str = "ring"
 
 
+def node_weights(members: list[Announcement], profiles: dict[str, ProfileSummary | None],
+                 fmt: str) -> list[float]:
+    """Share weight of each member: the manual weights if every member set one; else each
+    member's decode speed (bytes/s) for the model's weight format, from its profile summary
+    (or its announced headline score); a member with neither gets the others' mean speed.
+    ``fmt``: the model's weight format (`exo_tp.plan.cost.weight_format`)."""
+    if all(a.weight > 0 for a in members):
+        return [a.weight for a in members]
+    if any(a.weight > 0 for a in members):
+        log.warning("manual weights ignored: not every node set --weight (%s)",
+                    ", ".join(a.node_id for a in members if a.weight <= 0))
+
+    def speed(a: Announcement) -> float | None:
+        profile = profiles.get(a.node_id)
+        if profile is not None:
+            return profile.decode_speed_for(fmt)
+        return 1.0 / a.decode_seconds_per_byte if a.decode_seconds_per_byte > 0 else None
+
+    speeds = [speed(a) for a in members]
+    known = [x for x in speeds if x is not None]
+    fill = sum(known) / len(known) if known else 1.0
+    return [fill if x is None else x for x in speeds]
+
+
+def _summary(status: dict[str, Any]) -> ProfileSummary | None:
+    """A peer's profile summary from its status; None if it has none (or an unreadable one)."""
+    try:
+        return ProfileSummary.model_validate(status["profile"]) if status.get("profile") else None
+    except ValueError:  # pydantic's ValidationError: a peer of another version
+        return None
+
+
 class Node:
     def __init__(self, config: NodeConfig, model_dir: Path, tokenizer: Any,
-                 profile: dict[str, Any] | None = None):
+                 profile: ProfileSummary | None = None):
         self.config = config
         self.model_dir = model_dir
         self.tokenizer = tokenizer
         self.spec = load_spec(model_dir)
-        self.profile = profile or {}
+        self.profile = profile
         self.started = time.time()
         self.membership: Membership | None = None
         self.statuses: dict[str, dict[str, Any]] = {}
@@ -112,13 +153,14 @@ class Node:
     # ---- identity -------------------------------------------------------------------------
 
     def announcement(self, control_port: int) -> Announcement:
+        memory = memory_now(None)  # at start; status polls report it live
+        profile = self.profile
         return Announcement(
             node_id=self.config.node_id, version=__version__, cluster=self.config.cluster,
             host=self.config.host, api_port=self.config.api_port, control_port=control_port,
-            memory_total=int(self.profile.get("memory_total", 0)),
-            memory_available=int(self.profile.get("memory_available", 0)),
-            decode_seconds_per_byte=float(self.profile.get("decode_seconds_per_byte", 0.0)),
-            prefill_flops=float(self.profile.get("prefill_flops", 0.0)),
+            memory_total=memory["total"] or 0, memory_available=memory["available"] or 0,
+            decode_seconds_per_byte=profile.decode_seconds_per_byte if profile else 0.0,
+            prefill_flops=profile.prefill_flops if profile else 0.0,
             weight=self.config.weight, started=self.started,
         )
 
@@ -251,13 +293,15 @@ class Node:
             "worker_epoch": worker.epoch if worker else None,
             "worker_state": worker.state if worker else "none",
             "worker_error": worker.error if worker else None,
-            "profile": self.profile,
+            "profile": self.profile.model_dump(mode="json") if self.profile else None,
             "weight": self.config.weight,
             "cluster_state": self.led.state if self.led and self.is_leader() else None,
             "cluster_reason": self.led.reason if self.led and self.is_leader() else None,
             "backends": list(self.config.backends),
             "rdma": self.config.rdma,
             "memory": memory_now(worker.pid if worker else None),
+            # the links its worker's group measured when it formed (LinkProfile, node ids)
+            "links": worker.links if worker and worker.state == "ready" else [],
         }
 
     async def _control_status(self, request: web.Request) -> web.Response:
@@ -327,16 +371,6 @@ class Node:
 
     # ---- leadership -----------------------------------------------------------------------
 
-    def _weights(self, members: list[Announcement]) -> list[float]:
-        def weight(a: Announcement) -> float:
-            if a.weight > 0:
-                return a.weight
-            if a.decode_seconds_per_byte > 0:
-                return 1.0 / a.decode_seconds_per_byte
-            return 1.0
-
-        return [weight(a) for a in members]
-
     def _agreed(self, members: list[Announcement]) -> bool:
         now = time.monotonic()
         for member in members:
@@ -376,14 +410,14 @@ class Node:
                 self.led = None
             return
         members = self.membership.alive()
-        nodes = tuple(m.node_id for m in members)
+        nodes = tuple(sorted(m.node_id for m in members))
         led = self.led
-        if led is not None and led.nodes == nodes and led.state != "failed":
+        if led is not None and led.members == nodes and led.state != "failed":
             self._track(led)
             return
         if time.monotonic() - self.membership.changed_at < self.config.settle:
             return
-        if led is not None and led.nodes == nodes and time.monotonic() < self._retry_at:
+        if led is not None and led.members == nodes and time.monotonic() < self._retry_at:
             return
         if not self._agreed(members):
             return
@@ -410,25 +444,44 @@ class Node:
             elif time.monotonic() - led.started > LOAD_TIMEOUT:
                 self._fail_epoch(f"workers not ready after {LOAD_TIMEOUT:.0f}s: {states}")
 
-    def _plan(self, members: list[Announcement]) -> tuple[PipelinePlan, list[Announcement]]:
-        """The plan for these members, and the member holding each global rank."""
+    def _plan(self, members: list[Announcement]) -> tuple[PipelinePlan, list[Announcement],
+                                                          Prediction | None]:
+        """The plan for these members, the member holding each global rank, the prediction.
+
+        Forced stages and manual weights plan as told; otherwise, when every member announced
+        its measured scores, the planner chooses (and may leave slow members out).
+        """
         members = sorted(members, key=lambda a: (a.node_id != self.me, a.node_id))
-        weights = self._weights(members)
+        profiles = {a.node_id: self.profile if a.node_id == self.me
+                    else _summary(self.statuses.get(a.node_id, {})) for a in members}
+        weights = node_weights(members, profiles, weight_format(self.spec))
         if self.config.stages and sum(self.config.stages) == len(members):
             groups, start = [], 0
             for size in self.config.stages:
                 groups.append(weights[start:start + size])
                 start += size
-            return plan_pipeline(self.spec, groups), members
-        return single_stage(plan_tensor_parallel(self.spec, weights)), members
+            return plan_pipeline(self.spec, groups), members, None
+        measured = all(a.weight <= 0 and (profiles[a.node_id] is not None
+                                          or a.decode_seconds_per_byte > 0) for a in members)
+        if measured:  # weights are then decode speeds for the model's weight format
+            choice = choose_plan(self.spec, cluster_from_members(members, weights))
+            names = [m.node_id for m in members]
+            log.info("planner: %s; runner-ups: %s", describe_candidate(choice.best, names),
+                     "; ".join(f"{c.prediction.tokens_per_second:.3g} tok/s "
+                               f"{describe_candidate(c, names)}" for c in choice.alternatives))
+            chosen = [members[d] for d in choice.best.devices]
+            return choice.best.plan, chosen, choice.best.prediction
+        return single_stage(plan_tensor_parallel(self.spec, weights)), members, None
 
     async def _form(self, members: list[Announcement]) -> None:
-        plan, members = self._plan(members)
+        alive = tuple(sorted(m.node_id for m in members))
+        plan, members, prediction = self._plan(members)
         nodes = tuple(m.node_id for m in members)
         number = max(self.epoch_seen, self.led.number if self.led else 0,
                      max((s.get("epoch", 0) for s in self.statuses.values()), default=0)) + 1
         previous = self.led
-        self.led = Epoch(number=number, nodes=nodes, plan=plan)
+        self.led = Epoch(number=number, nodes=nodes, plan=plan, members=alive,
+                         prediction=prediction)
         self.dispatcher.detach("the cluster is re-planning")
         try:
             backend = choose_backend(
@@ -456,7 +509,7 @@ class Node:
                 conductor=at(plan.stages[-1].ranks[0], "conductor"),
                 requests_at=f"{self.config.host}:{self._requests_port}", hops=hops,
                 nodes=nodes, dtype=self.config.dtype, backend=backend.backend,
-                ibv_devices=backend.ibv_devices)
+                ibv_devices=backend.ibv_devices, prediction=prediction)
             await self._control(member, "POST", "/control/assign",
                                 {"assignment": assignment.model_dump(mode="json"),
                                  "leader": self.me})
@@ -500,8 +553,26 @@ class Node:
             "state": self.serving_state(), "state_reason": self.state_reason(),
             "backend": assignment.backend if assignment else None, "nodes": nodes,
             "ranks": list(assignment.nodes) if assignment else [],
-            "links": [],
+            "links": self.links_view(),
         }
+
+    def links_view(self) -> list[dict[str, Any]]:
+        """Links measured by the workers of the current epoch (each once, as LinkProfile)."""
+        assignment = self.assignment
+        if assignment is None:
+            return []
+        links: dict[tuple[str, str], dict[str, Any]] = {}
+        for node_id in assignment.nodes:
+            status = self.status() if node_id == self.me else self.statuses.get(node_id, {})
+            if status.get("worker_epoch") != assignment.epoch:
+                continue
+            for raw in status.get("links") or []:
+                try:
+                    link = LinkProfile.model_validate(raw)
+                except ValueError:  # a peer of another version
+                    continue
+                links[tuple(sorted((link.a, link.b)))] = link.model_dump(mode="json")
+        return [links[k] for k in sorted(links)]
 
     def state_reason(self) -> str:
         if self.is_leader():

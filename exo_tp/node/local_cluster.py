@@ -7,13 +7,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from exo_tp.errors import ExoTpError
 from exo_tp.runtime.ports import port_is_free
 
 
 def run_local_cluster(count: int, weights: Sequence[float] | None, model: str, api_port: int,
-                      dtype: str, extra: Sequence[str] = ()) -> int:
+                      dtype: str, extra: Sequence[str] = (),
+                      profiles: Sequence[Path] | None = None) -> int:
     if weights is not None and len(weights) != count:
         raise ExoTpError(f"--weights has {len(weights)} values for {count} local nodes")
     ports = [api_port + i for i in range(count)]
@@ -29,6 +31,8 @@ def run_local_cluster(count: int, weights: Sequence[float] | None, model: str, a
                     "--secret", secret, "--model", model, "--dtype", dtype, *extra]
             if weights is not None:
                 args += ["--weight", str(weights[i])]
+            if profiles is not None:
+                args += ["--profile", str(profiles[i])]
             procs.append(subprocess.Popen(args))
         print(f"local cluster {cluster!r} of {count} nodes: "
               + ", ".join(f"http://127.0.0.1:{p}" for p in ports), flush=True)

@@ -29,6 +29,7 @@ class WorkerHandle:
         self._secret = secret
         self.state = "starting"
         self.error: str | None = None
+        self.links: list[dict[str, Any]] = []  # LinkProfile dicts its stage measured when ready
         self._on_event = on_event
         self._proc: asyncio.subprocess.Process | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -83,6 +84,7 @@ class WorkerHandle:
             event = json.loads(line)
             if event["type"] in ("joining", "loading", "ready"):
                 self.state = event["type"]
+                self.links = event.get("links", self.links)
             elif event["type"] == "error":
                 self.error = event.get("message", "worker failed")
             self._on_event(self, event)

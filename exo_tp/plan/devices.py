@@ -1,14 +1,37 @@
-"""Measured device and link profiles: what `exo-tp bench` writes and the planner reads (pure)."""
+"""Measured device and link profiles: what `exo-tp bench` writes and the planner reads (pure).
+
+Scores (measured by `exo_tp.profile`, defined here so the planner and the bench agree):
+
+- **decode score** `decode_seconds_per_byte`: the mean, over decode-shaped layer matvecs
+  (1 x K . K x N at real layer sizes, each streamed over a working set of distinct matrices far
+  larger than the CPU's L2 so that weights come from memory as in a real decode), of the wall
+  time per byte of weights read, at the engine's compute dtype (`decode_dtype`, float32). A rank
+  reading B bytes of weights per token spends about ``B * decode_seconds_per_byte`` seconds on
+  them. ``seconds_per_byte(dtype)`` gives the same score for another weight format
+  ("bfloat16", "q4g32", ...) when it was measured.
+- **prefill score** `prefill_flops`: FLOP/s of prefill-shaped (M x K . K x N, M tokens) matmuls
+  at the engine's dtype: the total FLOPs of one matmul of each measured shape over their total
+  time.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
+from exo_tp.errors import ExoTpError
 from exo_tp.plan.spec import Frozen
 
 PROFILE_VERSION = 1
+ENGINE_DTYPE = "float32"  # exo-tp computes in float32 unless told otherwise (launch --dtype)
+
+
+def quant_key(bits: int, group_size: int) -> str:
+    """Kernel dtype name of an affine-quantized weight format: ``q4g32`` for 4 bits, group 32."""
+    return f"q{bits}g{group_size}"
 
 
 class MatmulScore(Frozen):
@@ -19,17 +42,52 @@ class MatmulScore(Frozen):
     m: int
     k: int
     n: int
-    seconds: float = Field(gt=0)
+    seconds: float = Field(gt=0)  # mean wall time of one product
     flops: float = Field(ge=0)  # FLOP/s
     weight_bytes_per_second: float = Field(ge=0)  # bytes of weights read per second
+    weight_bytes: int = Field(default=0, ge=0)  # one matrix as stored (scales/biases included)
+    working_set_bytes: int = Field(default=0, ge=0)  # distinct weights cycled through per pass
+
+
+class LinkProfile(Frozen):
+    """A measured link between two nodes, seen from node ``a``: ``rank@address`` labels from
+    `exo-tp bench --peers`, node ids in a running cluster."""
+
+    a: str
+    b: str
+    up: bool
+    all_sum_latency: float | None = None  # seconds for a 4 KB all_sum
+    all_sum_bandwidth: float | None = None  # payload bytes/s of an 8 MB all_sum
+    send_recv_latency: float | None = None  # seconds one way, neighbours
+    # seconds a small all_sum adds to a decode step inside a compute graph (hand-over, wake-up,
+    # the peer's jitter): what tensor parallelism really pays per collective
+    all_sum_in_graph: float | None = None
+    error: str | None = None
+    # Ranks of the all_sum the two all_sum figures come from: 2 is this pair alone; a running
+    # cluster's ring of n > 2 ranks can only time its all_sum as a whole (no group split on ring).
+    group_size: int = Field(default=2, ge=2)
+
+
+def decode_seconds_per_byte(kernels: Sequence[MatmulScore], dtype: str) -> float | None:
+    """Mean seconds per weight byte over the decode-shaped kernels of ``dtype`` (None: none)."""
+    rates = [k.weight_bytes_per_second for k in kernels
+             if k.kind == "matvec" and k.dtype == dtype and k.weight_bytes_per_second > 0]
+    return sum(1.0 / r for r in rates) / len(rates) if rates else None
+
+
+def prefill_flops(kernels: Sequence[MatmulScore], dtype: str) -> float | None:
+    """Total FLOPs over total seconds of one prefill-shaped matmul per shape (None: none)."""
+    chosen = [k for k in kernels if k.kind == "matmul" and k.dtype == dtype]
+    seconds = sum(k.seconds for k in chosen)
+    return sum(k.flops * k.seconds for k in chosen) / seconds if chosen else None
 
 
 class DeviceProfile(Frozen):
     version: int = PROFILE_VERSION
-    node_id: str = ""
+    node_id: str = ""  # "rank@address" when measured with peers
     hostname: str = ""
     chip: str  # CPU or Apple chip name
-    cores: int = Field(ge=1)
+    cores: int = Field(ge=1)  # cores this process may run on
     mlx_version: str
     mlx_device: str  # "cpu" or "gpu"
     memory_total: int = Field(ge=0)  # bytes
@@ -40,7 +98,9 @@ class DeviceProfile(Frozen):
     decode_seconds_per_byte: float = Field(gt=0)
     # Prefill score: FLOP/s on prefill-shaped matmuls.
     prefill_flops: float = Field(gt=0)
+    decode_dtype: str = ENGINE_DTYPE  # the dtype both headline scores were measured at
     kernels: tuple[MatmulScore, ...] = ()
+    links: tuple[LinkProfile, ...] = ()  # this node's links to its peers (not cached)
     quick: bool = False
     measured_at: str = ""  # ISO 8601
     duration_seconds: float = 0.0
@@ -50,14 +110,52 @@ class DeviceProfile(Frozen):
         """Bytes of weights per second at decode: the planner's share weight."""
         return 1.0 / self.decode_seconds_per_byte
 
+    def seconds_per_byte(self, dtype: str) -> float:
+        """Decode score for weights stored as ``dtype``; the headline score if not measured."""
+        return decode_seconds_per_byte(self.kernels, dtype) or self.decode_seconds_per_byte
 
-class LinkProfile(Frozen):
-    """A measured link between two nodes (or ranks)."""
+    def decode_speed_for(self, dtype: str) -> float:
+        return 1.0 / self.seconds_per_byte(dtype)
 
-    a: str
-    b: str
-    up: bool
-    all_sum_latency: float | None = None  # seconds for a 4 KB all_sum
-    all_sum_bandwidth: float | None = None  # bytes/s for an 8 MB all_sum
-    send_recv_latency: float | None = None  # seconds one way, neighbours
-    error: str | None = None
+    def summary(self) -> ProfileSummary:
+        formats = sorted({k.dtype for k in self.kernels if k.kind == "matvec"})
+        return ProfileSummary(
+            **self.model_dump(include=set(ProfileSummary.model_fields) - {"seconds_per_byte"}),
+            seconds_per_byte={f: self.seconds_per_byte(f) for f in formats})
+
+
+class ProfileSummary(Frozen):
+    """What a node tells its cluster about its profile: the scores without the kernel table."""
+
+    chip: str
+    cores: int = Field(ge=1)
+    mlx_version: str
+    mlx_device: str
+    memory_total: int = Field(ge=0)
+    memory_available: int = Field(ge=0)
+    backends: tuple[str, ...]
+    memory_bandwidth: float = Field(gt=0)
+    decode_seconds_per_byte: float = Field(gt=0)
+    prefill_flops: float = Field(gt=0)
+    decode_dtype: str = ENGINE_DTYPE
+    # decode score of each measured weight format ("float32", "q4g32", ...)
+    seconds_per_byte: dict[str, float] = {}
+    quick: bool = False
+    measured_at: str = ""
+
+    def decode_speed_for(self, dtype: str) -> float:
+        """Bytes of weights per second at decode for ``dtype`` (the headline if not measured)."""
+        return 1.0 / self.seconds_per_byte.get(dtype, self.decode_seconds_per_byte)
+
+
+def read_profile(path: Path) -> DeviceProfile:
+    """A profile written by `exo-tp bench`; a missing or invalid file is one readable error."""
+    try:
+        return DeviceProfile.model_validate_json(Path(path).read_bytes())
+    except OSError as error:
+        raise ExoTpError(f"cannot read profile {path}: {error.strerror or error}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "file"
+        raise ExoTpError(f"profile {path} is not a valid exo-tp profile ({where}: "
+                         f"{first['msg']})") from None

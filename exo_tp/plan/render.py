@@ -37,6 +37,7 @@ def render_plan(plan: ShardPlan) -> str:
     return "\n".join(lines)
 
 
+
 def describe(plan: PipelinePlan) -> str:
     """One line: the stages, their layers and shares."""
     stages = [f"layers {s.layers.start}-{s.layers.stop} on ranks "

@@ -40,6 +40,11 @@ class ModelSpec(Frozen):
     dtype_bytes: int = 2
     quantization: Quantization | None = None
     context_length: int = 4096
+    # Mixture of experts (0: dense). The cost model needs them: an MoE layer holds every
+    # expert but a decoded token reads only ``experts_per_token`` of them.
+    num_experts: int = Field(default=0, ge=0)
+    experts_per_token: int = Field(default=0, ge=0)
+    dense_layers: int = Field(default=0, ge=0)  # leading layers with a dense FFN (DeepSeek)
 
     @property
     def group_size(self) -> int:
@@ -129,6 +134,11 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             dtype_bytes=_DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")), 2),
             quantization=_quantization(config),
             context_length=int(c.get("max_position_embeddings") or 4096),
+            num_experts=int(c.get("num_local_experts") or c.get("num_experts")
+                            or c.get("n_routed_experts") or 0),
+            experts_per_token=int(c.get("num_experts_per_tok") or c.get("experts_per_token")
+                                  or 0),
+            dense_layers=int(c.get("first_k_dense_replace") or 0),
         )
     except KeyError as missing:
         raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from exo_tp.plan.pipeline import PipelinePlan
+from exo_tp.plan.predict import Prediction
 from exo_tp.plan.spec import Frozen
 
 RANK_ENV = "EXO_TP_RANK"  # a worker's global rank (MLX_RANK is its rank inside its stage)
@@ -59,6 +60,7 @@ class Assignment(Frozen):
     backend: Literal["ring", "jaccl"] = "ring"
     # jaccl only: ibverbs device from rank i to rank j (None on the diagonal)
     ibv_devices: tuple[tuple[str | None, ...], ...] | None = None
+    prediction: Prediction | None = None  # the planner's cost model for this plan, if any
 
 
 class GenerateRequest(Frozen):

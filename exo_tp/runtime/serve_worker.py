@@ -3,7 +3,8 @@
     python -m exo_tp.runtime.serve_worker ASSIGNMENT.json DAEMON_CHANNEL
     (EXO_TP_RANK, EXO_TP_SECRET and, in a stage of several ranks, MLX_RANK / MLX_HOSTFILE)
 
-Every rank reports its progress (joining, loading, ready, error) to its own daemon. The last
+Every rank reports its progress (joining, loading, ready, error) to its own daemon; its ready
+message carries the links of its stage's group, timed right after the group formed. The last
 stage's first rank is the conductor: it joins the leader's request channel, hands each request
 to the other ranks of its stage over plain TCP, drives generation (mlx-lm's loop) and streams
 events back. Other ranks of that stage sleep in recv() between requests (never spinning in a
@@ -27,6 +28,7 @@ from mlx_lm.utils import load_tokenizer
 from exo_tp.models.registry import resolve_model
 from exo_tp.node.conductor_link import hello_message
 from exo_tp.node.security import sign
+from exo_tp.profile.collective_speed import group_links
 from exo_tp.runtime.generation import StopSignal, generate
 from exo_tp.runtime.hops import open_hops
 from exo_tp.runtime.job import RANK_ENV, SECRET_ENV, Assignment, GenerateRequest
@@ -145,6 +147,10 @@ def run(assignment: Assignment, daemon: Line) -> None:
     first, last = index == 0, index == len(stages) - 1
     daemon.send({"type": "joining", "epoch": assignment.epoch})
     group = init_group()
+    # Every rank of the stage times the same collectives, in step, before loading.
+    names = [assignment.nodes[r] if assignment.nodes else str(r) for r in stage.ranks]
+    ready = {"type": "ready", "epoch": assignment.epoch, "rank": rank,
+             "links": [link.model_dump(mode="json") for link in group_links(group, names)]}
     daemon.send({"type": "loading", "epoch": assignment.epoch})
     model_dir = Path(resolve_model(assignment.model))
     model = load_shard(model_dir, stage.tp, local, group, DTYPES[assignment.dtype],
@@ -157,7 +163,7 @@ def run(assignment: Assignment, daemon: Line) -> None:
         incoming, outgoing = open_hops(assignment.hops[rank], targets, True, PEER_TIMEOUT)
         assert incoming is not None
         if not last:
-            daemon.send({"type": "ready", "epoch": assignment.epoch, "rank": rank})
+            daemon.send(ready)
             serve_stage(model, incoming, outgoing, forward_resets=index + 1 < len(stages) - 1)
             return
         driver = PipelineTail(model, incoming, outgoing)
@@ -167,7 +173,7 @@ def run(assignment: Assignment, daemon: Line) -> None:
         leader = _join_leader(assignment)
     else:
         conductor = connect(assignment.conductor, PEER_TIMEOUT)
-    daemon.send({"type": "ready", "epoch": assignment.epoch, "rank": rank})
+    daemon.send(ready)
     if local == 0:
         Conductor(leader, followers, driver, tokenizer, group).serve()
     else:

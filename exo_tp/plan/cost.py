@@ -1,0 +1,176 @@
+"""Bytes, FLOPs and seconds of the pieces of a plan (pure: plan + scores in, numbers out).
+
+Decode reads every weight a rank uses for a token once, so a rank's compute time per token is
+``read_bytes * seconds_per_byte`` (its decode score for the model's weight format, see
+`exo_tp.plan.devices`). Prefill is compute-bound: ``FLOPs / prefill_flops``.
+
+Collectives are priced by a ring model fitted to the 2-rank link measurements of `exo-tp bench`
+(L: all_sum latency of 4 KB, B: all_sum payload rate of 8 MB). A ring step moving s bytes costs
+L/2 + s/B (a 2-rank all_sum is two such steps of b/2):
+
+    all_sum of b bytes over n ranks:        2(n-1) steps of b/n  =  (n-1) L + 2(n-1)/n * b/B
+    all_gather of p bytes from each rank:   (n-1) steps of p     =  (n-1) (L/2 + p/B)
+
+A pipeline hop (TCP, `exo_tp.runtime.hops`) of b bytes to k ranks costs
+HOP_OVERHEAD + L + k * b/B.
+
+Counted: attention (q, k, v, o), every FFN kind as a gated MLP (gate, up, down), MoE experts
+(held: all of them; read per token: ``experts_per_token``) and their router, the vocab-parallel
+embedding and LM head, norms, the KV cache. Weights are held in the engine's float dtype
+(float32: 4 bytes) unless quantized: then ``bits/8`` bytes per weight plus a float scale and
+bias per group. Not counted: per-op dispatch overhead, activations other than the KV cache.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from exo_tp.plan.devices import ENGINE_DTYPE, quant_key
+from exo_tp.plan.shard_plan import RankShard, ShardPlan, Span
+from exo_tp.plan.spec import Frozen, ModelSpec
+
+FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
+TOKEN_BYTES = 4  # a token id on the wire (int32)
+# What a hop adds beyond its link: the receiving rank waits blocked on a socket (it must not
+# spin) and wakes on the scheduler's next tick. bench/pipeline_hop.py measured 8.0 ms per token
+# for a 2-stage pipeline over plain mlx-lm (two hops) against an 18 µs raw one-way hop.
+HOP_OVERHEAD = 4e-3
+# Collectives that run once per forward on the first / last stage only.
+FIRST_STAGE_COLLECTIVES = frozenset({"embedding"})
+LAST_STAGE_COLLECTIVES = frozenset({"logits"})
+
+
+class LinkCost(Frozen):
+    # seconds of a 2-rank all_sum of a small (4 KB) message, inside a compute graph if measured
+    latency: float = Field(gt=0)
+    bandwidth: float = Field(gt=0)  # payload bytes/s of a large (8 MB) 2-rank all_sum
+    measured: bool
+
+
+# Assumed when no link was measured: a switched LAN, ~200 us per small all_sum, 1 GB/s.
+DEFAULT_LINK = LinkCost(latency=200e-6, bandwidth=1e9, measured=False)
+
+
+def weight_format(spec: ModelSpec) -> str:
+    """Kernel dtype name the model's linear weights run as: "float32" or e.g. "q4g32"."""
+    q = spec.quantization
+    return quant_key(q.bits, q.group_size) if q else ENGINE_DTYPE
+
+
+def bytes_per_weight(spec: ModelSpec, float_bytes: int = FLOAT_BYTES) -> float:
+    q = spec.quantization
+    return q.bits / 8 + 2 * float_bytes / q.group_size if q else float(float_bytes)
+
+
+def _expert_kind(spec: ModelSpec) -> str:
+    # Mixtral and gpt-oss size their experts with intermediate_size ("ffn").
+    return "expert_ffn" if "expert_ffn" in spec.ffn_sizes else "ffn"
+
+
+class LayerWeights(Frozen):
+    """Matrix weights (not bytes) of one layer on one rank."""
+
+    held: int
+    read: int  # per decoded token
+
+
+def layer_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> LayerWeights:
+    h = spec.hidden_size
+    q_width = shard.heads.q_heads.size * spec.head_dim
+    kv_width = len(shard.heads.kv_heads) * spec.head_dim  # replicated KV heads count each time
+    held = read = h * (2 * q_width + 2 * kv_width)  # q_proj, o_proj; k_proj, v_proj
+    if not moe:
+        rows = shard.ffn["ffn"].size if "ffn" in shard.ffn else 0
+        return LayerWeights(held=held + 3 * h * rows, read=read + 3 * h * rows)
+    expert = 3 * h * shard.ffn[_expert_kind(spec)].size
+    shared = 3 * h * shard.ffn["shared_expert_ffn"].size if "shared_expert_ffn" in shard.ffn \
+        else 0
+    router = h * spec.num_experts  # replicated on every rank
+    return LayerWeights(held=held + spec.num_experts * expert + shared + router,
+                        read=read + spec.experts_per_token * expert + shared + router)
+
+
+def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTES) -> int:
+    """KV cache bytes one layer of this rank adds per token of context."""
+    return 2 * len(shard.heads.kv_heads) * spec.head_dim * float_bytes
+
+
+class RankLoad(Frozen):
+    """What one rank holds and does for a range of layers (and the vocab, on end stages)."""
+
+    held_bytes: int  # weights in memory
+    read_bytes: int  # weights read per decoded token
+    flops_per_token: float  # prefill arithmetic per token, without attention scores
+    attention_width: int  # local query heads * head_dim, summed over its layers
+    kv_bytes_per_token: int  # KV cache per token of context, all its layers
+
+
+def rank_load(spec: ModelSpec, shard: RankShard, layers: Span, first: bool, last: bool,
+              float_bytes: int = FLOAT_BYTES) -> RankLoad:
+    per = bytes_per_weight(spec, float_bytes)
+    moe_layers = max(0, layers.stop - max(layers.start, spec.dense_layers)) \
+        if spec.num_experts else 0
+    dense_layers = layers.size - moe_layers
+    parts = [(n, layer_weights(spec, shard, moe)) for n, moe in
+             ((dense_layers, False), (moe_layers, True)) if n]
+    held = sum(n * w.held for n, w in parts)
+    read = sum(n * w.read for n, w in parts)
+    vocab = shard.vocab.size * spec.hidden_size
+    norms = (2 * layers.size + (1 if last else 0)) * spec.hidden_size * float_bytes
+    vocab_held = 0
+    if last:
+        vocab_held += vocab  # LM head shard (or the tied embedding it shares)
+        read += vocab
+    if first and not (last and spec.tie_word_embeddings):
+        vocab_held += vocab  # embedding shard; a lookup reads one row, not counted
+    return RankLoad(
+        held_bytes=round((held + vocab_held) * per + norms),
+        read_bytes=round(read * per + norms),
+        flops_per_token=2.0 * read,
+        attention_width=layers.size * shard.heads.q_heads.size * spec.head_dim,
+        kv_bytes_per_token=layers.size * kv_bytes_per_token(spec, shard, float_bytes),
+    )
+
+
+def prefill_flops(load: RankLoad, tokens: int) -> float:
+    """FLOPs of a prompt of ``tokens``: weights, plus causal attention scores and mixing."""
+    return load.flops_per_token * tokens + 2.0 * load.attention_width * tokens * tokens
+
+
+def all_sum_seconds(ranks: int, nbytes: float, link: LinkCost) -> float:
+    if ranks < 2:
+        return 0.0
+    return (ranks - 1) * link.latency + 2 * (ranks - 1) / ranks * nbytes / link.bandwidth
+
+
+def all_gather_seconds(ranks: int, nbytes_per_rank: float, link: LinkCost) -> float:
+    if ranks < 2:
+        return 0.0
+    return (ranks - 1) * (link.latency / 2 + nbytes_per_rank / link.bandwidth)
+
+
+def hop_seconds(nbytes: float, receivers: int, link: LinkCost) -> float:
+    return HOP_OVERHEAD + link.latency + receivers * nbytes / link.bandwidth
+
+
+def collective_seconds(plan: ShardPlan, layers: int, first: bool, last: bool, link: LinkCost,
+                       tokens: int = 1, float_bytes: int = FLOAT_BYTES) -> float:
+    """Seconds a TP group over ``layers`` spends in its collectives for ``tokens`` at once."""
+    total = 0.0
+    for c in plan.collectives:
+        if c.per_layer:
+            times = c.per_layer * layers
+        elif c.name in FIRST_STAGE_COLLECTIVES:
+            times = int(first)
+        elif c.name in LAST_STAGE_COLLECTIVES:
+            times = int(last)
+        else:
+            times = 1
+        if not times:
+            continue
+        # Logits are gathered for the last position only, prompt or not.
+        payload = c.padded * float_bytes * (1 if c.name in LAST_STAGE_COLLECTIVES else tokens)
+        one = (all_sum_seconds(plan.size, payload, link) if c.op == "all_sum"
+               else all_gather_seconds(plan.size, payload, link))
+        total += times * one
+    return total

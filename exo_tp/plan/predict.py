@@ -1,0 +1,151 @@
+"""Predicted decode and prefill time and memory of a pipeline plan on a cluster (pure).
+
+One request at a time: the stages run one after another for every token, so a token costs the
+sum over stages of (slowest rank's compute + the stage's collectives), plus the hops: the last
+stage sends the sampled token to stage 0 and every stage its hidden state to the next. A prompt
+is the same with ``prompt_tokens`` rows at once and compute priced by FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import ConfigDict, computed_field
+
+from exo_tp.plan.cluster import Cluster
+from exo_tp.plan.cost import (
+    FLOAT_BYTES,
+    TOKEN_BYTES,
+    LinkCost,
+    RankLoad,
+    collective_seconds,
+    hop_seconds,
+    prefill_flops,
+    rank_load,
+)
+from exo_tp.plan.pipeline import PipelinePlan, Stage
+from exo_tp.plan.spec import Frozen
+
+
+class RankMemory(Frozen):
+    rank: int
+    device: int
+    weights: int  # bytes
+    kv_cache: int  # bytes for the context
+    limit: int  # bytes the device allows
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.limit
+
+
+class StageCost(Frozen):
+    devices: tuple[int, ...]
+    layers: tuple[int, int]  # [start, stop)
+    compute_seconds: float  # per token: the slowest rank's weight reads
+    collective_seconds: float  # per token
+    prefill_seconds: float  # the whole prompt: compute and collectives
+    link: LinkCost | None  # the ring's slowest link (None: one rank)
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_seconds + self.collective_seconds
+
+
+class Prediction(Frozen):
+    # Dumps carry the computed totals for readers; reading a dump back ignores them.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    stages: tuple[StageCost, ...]
+    hop_seconds: float  # per decoded token
+    prefill_hop_seconds: float
+    prompt_tokens: int
+    context_tokens: int
+    memory: tuple[RankMemory, ...]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def decode_seconds(self) -> float:
+        """Predicted seconds per decoded token."""
+        return sum(s.seconds for s in self.stages) + self.hop_seconds
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tokens_per_second(self) -> float:
+        return 1.0 / self.decode_seconds
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def prefill_seconds(self) -> float:
+        return sum(s.prefill_seconds for s in self.stages) + self.prefill_hop_seconds
+
+    @property
+    def fits(self) -> bool:
+        return all(m.fits for m in self.memory)
+
+    def overflow(self) -> RankMemory | None:
+        """The rank that overflows its device's memory the most, if any."""
+        over = [m for m in self.memory if not m.fits]
+        return max(over, key=lambda m: m.total - m.limit) if over else None
+
+
+def _stage_cost(plan: PipelinePlan, index: int, stage: Stage, devices: Sequence[int],
+                loads: Sequence[RankLoad], cluster: Cluster, prompt: int) -> StageCost:
+    first, last = index == 0, index == len(plan.stages) - 1
+    link = cluster.ring_link(devices)
+    decode = prefill = 0.0
+    if link is not None:
+        decode = collective_seconds(stage.tp, stage.layers.size, first, last, link)
+        prefill = collective_seconds(stage.tp, stage.layers.size, first, last, link, prompt)
+    specs = [cluster.devices[d] for d in devices]
+    return StageCost(
+        devices=tuple(devices), layers=(stage.layers.start, stage.layers.stop),
+        compute_seconds=max(x.read_bytes * d.seconds_per_byte for x, d in zip(loads, specs,
+                                                                             strict=True)),
+        collective_seconds=decode,
+        prefill_seconds=prefill + max(prefill_flops(x, prompt) / d.prefill_flops
+                                      for x, d in zip(loads, specs, strict=True)),
+        link=link,
+    )
+
+
+def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster,
+          tokens: int) -> float:
+    if len(plan.stages) == 1:
+        return 0.0
+    hidden = plan.spec.hidden_size * FLOAT_BYTES * tokens
+    first_ranks = [s.ranks[0] for s in plan.stages]
+    # The last stage's first rank sends the tokens to every rank of stage 0 ...
+    total = hop_seconds(TOKEN_BYTES * tokens, plan.stages[0].size,
+                        cluster.link(devices[first_ranks[-1]], devices[first_ranks[0]]))
+    # ... and each stage's first rank its hidden state to every rank of the next.
+    for a, b in zip(plan.stages, plan.stages[1:], strict=False):
+        link = cluster.link(devices[a.ranks[0]], devices[b.ranks[0]])
+        total += hop_seconds(hidden, b.size, link)
+    return total
+
+
+def predict(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster,
+            context_tokens: int = 4096, prompt_tokens: int = 512) -> Prediction:
+    """Cost of ``plan`` with global rank r on ``cluster.devices[devices[r]]``."""
+    if len(devices) != plan.size:
+        raise ValueError(f"{len(devices)} devices for {plan.size} ranks")
+    stages, memory = [], []
+    for index, stage in enumerate(plan.stages):
+        first, last = index == 0, index == len(plan.stages) - 1
+        loads = [rank_load(plan.spec, shard, stage.layers, first, last) for shard in stage.tp.ranks]
+        stage_devices = [devices[r] for r in stage.ranks]
+        stages.append(_stage_cost(plan, index, stage, stage_devices, loads, cluster,
+                                  prompt_tokens))
+        memory += [RankMemory(rank=r, device=d, weights=x.held_bytes,
+                              kv_cache=x.kv_bytes_per_token * context_tokens,
+                              limit=cluster.devices[d].memory)
+                   for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)]
+    return Prediction(stages=tuple(stages), hop_seconds=_hops(plan, devices, cluster, 1),
+                      prefill_hop_seconds=_hops(plan, devices, cluster, prompt_tokens),
+                      prompt_tokens=prompt_tokens, context_tokens=context_tokens,
+                      memory=tuple(memory))

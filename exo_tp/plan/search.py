@@ -1,0 +1,255 @@
+"""Choosing a plan: which devices, grouped how, hold which layers (pure).
+
+Candidates, for every subset that keeps the fastest k devices (and each group of devices joined
+by fast links on its own):
+
+- one uneven TP group of all of them;
+- pure pipeline: one device per stage;
+- TP groups of devices joined by fast links, chained as stages (a slow link is crossed by one
+  hop per token instead of two all_sums per layer);
+- homogeneous TP groups: the same, further split into devices of similar speed.
+
+Inside a TP group shares follow decode speed. Layers go to stages by the single-request decode
+objective: stages run one after another, so a layer costs its stage's per-layer time wherever
+the others are, and the fastest stages are filled up to their memory first (every stage holds at
+least one layer). Each candidate is priced by `exo_tp.plan.predict`; the fastest that fits in
+memory wins, the others are returned as runner-ups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from exo_tp.arch import table_for
+from exo_tp.errors import PlanError
+from exo_tp.plan.cluster import Cluster, DeviceCost
+from exo_tp.plan.cost import FLOAT_BYTES, all_sum_seconds, rank_load
+from exo_tp.plan.human import size
+from exo_tp.plan.pipeline import PipelinePlan, Stage
+from exo_tp.plan.predict import Prediction, predict
+from exo_tp.plan.shard_plan import ShardPlan, Span
+from exo_tp.plan.spec import Frozen, ModelSpec
+from exo_tp.plan.tensor_parallel import plan_tensor_parallel
+
+SIMILAR_SPEED = 1.5  # devices within this decode-speed ratio make a homogeneous group
+FAST_LINK = 4.0  # links within this factor of the best latency and bandwidth count as fast
+
+Groups = tuple[tuple[int, ...], ...]
+Kind = Literal["single device", "tensor parallel", "pipeline", "hybrid"]
+
+
+class Candidate(Frozen):
+    groups: Groups  # device indices of each stage, in stage order
+    dropped: tuple[int, ...]  # devices left out
+    plan: PipelinePlan
+    prediction: Prediction
+
+    @property
+    def kind(self) -> Kind:
+        if len(self.groups) == 1:
+            return "single device" if len(self.groups[0]) == 1 else "tensor parallel"
+        return "pipeline" if all(len(g) == 1 for g in self.groups) else "hybrid"
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The device of each global rank."""
+        return tuple(d for g in self.groups for d in g)
+
+
+class Rejected(Frozen):
+    groups: Groups
+    reason: str
+
+
+class Choice(Frozen):
+    best: Candidate
+    alternatives: tuple[Candidate, ...]  # runner-ups, fastest first
+    rejected: tuple[Rejected, ...]
+    considered: int = Field(ge=1)
+
+
+def _fast_components(cluster: Cluster, devices: Sequence[int]) -> list[tuple[int, ...]]:
+    """Devices joined (transitively) by links within FAST_LINK of the best one among them."""
+    pairs = [(a, b, cluster.link(a, b)) for i, a in enumerate(devices) for b in devices[i + 1:]]
+    if not pairs:
+        return [tuple(devices)]
+    best_latency = min(c.latency for _, _, c in pairs)
+    best_bandwidth = max(c.bandwidth for _, _, c in pairs)
+    parent = {d: d for d in devices}
+
+    def root(d: int) -> int:
+        while parent[d] != d:
+            parent[d] = parent[parent[d]]
+            d = parent[d]
+        return d
+
+    for a, b, c in pairs:
+        if c.latency <= FAST_LINK * best_latency and c.bandwidth * FAST_LINK >= best_bandwidth:
+            parent[root(a)] = root(b)
+    groups: dict[int, list[int]] = {}
+    for d in devices:  # keeps the caller's (speed) order inside and between groups
+        groups.setdefault(root(d), []).append(d)
+    return [tuple(g) for g in groups.values()]
+
+
+def _speed_bands(cluster: Cluster, devices: Sequence[int]) -> list[tuple[int, ...]]:
+    """Runs of devices (fastest first) whose speeds are within SIMILAR_SPEED of the run's first."""
+    bands: list[list[int]] = []
+    for d in devices:
+        if bands and cluster.devices[bands[-1][0]].speed <= SIMILAR_SPEED * \
+                cluster.devices[d].speed:
+            bands[-1].append(d)
+        else:
+            bands.append([d])
+    return [tuple(b) for b in bands]
+
+
+def _structures(cluster: Cluster, devices: tuple[int, ...],
+                components: list[tuple[int, ...]]) -> list[Groups]:
+    comps = [c for c in (tuple(d for d in comp if d in devices) for comp in components) if c]
+    out: list[Groups] = [(devices,)]
+    if len(devices) > 1:
+        out.append(tuple((d,) for d in devices))
+    out.append(tuple(comps))
+    out.append(tuple(band for comp in comps for band in _speed_bands(cluster, comp)))
+    return out
+
+
+def _subsets(cluster: Cluster, components: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    by_speed = tuple(sorted(range(len(cluster.devices)),
+                            key=lambda d: (-cluster.devices[d].speed, d)))
+    subsets = [by_speed[:k] for k in range(len(by_speed), 0, -1)]
+    subsets += [tuple(d for d in by_speed if d in comp) for comp in components
+                if len(components) > 1]
+    return subsets
+
+
+class _Layouts:
+    """Lays out one grouping: TP shares, layers per stage within memory, exact plan."""
+
+    def __init__(self, spec: ModelSpec, cluster: Cluster, context: int, prompt: int):
+        self.spec, self.cluster = spec, cluster
+        self.context, self.prompt = context, prompt
+        self._tp: dict[tuple[float, ...], ShardPlan] = {}
+        self._terms: dict[tuple[tuple[int, ...], bool, bool], tuple[float, int]] = {}
+
+    def tp(self, speeds: Sequence[float]) -> ShardPlan:
+        key = tuple(round(s / sum(speeds), 12) for s in speeds)  # one-rank plans are all alike
+        if key not in self._tp:
+            self._tp[key] = plan_tensor_parallel(self.spec, key)
+        return self._tp[key]
+
+    def _stage_terms(self, group: tuple[int, ...], tp: ShardPlan, first: bool,
+                     last: bool) -> tuple[float, int]:
+        key = (group, first, last)
+        if key not in self._terms:
+            self._terms[key] = self._measure_stage(group, tp, first, last)
+        return self._terms[key]
+
+    def _measure_stage(self, group: tuple[int, ...], tp: ShardPlan, first: bool,
+                       last: bool) -> tuple[float, int]:
+        """(seconds per layer per token, layers the stage can hold)."""
+        spec, n = self.spec, self.spec.num_layers
+        devices: list[DeviceCost] = [self.cluster.devices[d] for d in group]
+        every = [rank_load(spec, s, Span(start=0, stop=n), False, False) for s in tp.ranks]
+        ends = [rank_load(spec, s, Span(start=0, stop=0), first, last) for s in tp.ranks]
+        per_layer = max(x.read_bytes / n * d.seconds_per_byte
+                        for x, d in zip(every, devices, strict=True))
+        link = self.cluster.ring_link(group)
+        if link is not None:
+            per_layer += 2 * all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
+        capacity = min(
+            math.floor((d.memory - end.held_bytes)
+                       / ((x.held_bytes + x.kv_bytes_per_token * self.context) / n))
+            for x, end, d in zip(every, ends, devices, strict=True)
+        )
+        return per_layer, capacity
+
+    def layout(self, groups: Groups, dropped: tuple[int, ...]) -> Candidate | Rejected:
+        spec, layers = self.spec, self.spec.num_layers
+        if len(groups) > layers:
+            return Rejected(groups=groups, reason=f"{len(groups)} stages for {layers} layers")
+        if len(groups) > 1 and not table_for(spec.model_type).stages:
+            return Rejected(groups=groups, reason=f"no pipeline stages for {spec.model_type}")
+        tps = [self.tp([self.cluster.devices[d].speed for d in g]) for g in groups]
+        terms = [self._stage_terms(g, tp, i == 0, i == len(groups) - 1)
+                 for i, (g, tp) in enumerate(zip(groups, tps, strict=True))]
+        caps = [cap for _, cap in terms]
+        if min(caps) < 1:
+            short = groups[caps.index(min(caps))]
+            return Rejected(groups=groups, reason=f"devices {list(short)} cannot hold a layer")
+        order = sorted(range(len(groups)), key=lambda i: terms[i][0])
+        devices = tuple(d for g in groups for d in g)
+        # Capacities come from an average layer; a stage whose real layers (dense vs MoE) do
+        # not fit gives one back and the fill runs again.
+        for _ in range(len(groups) + 4):
+            counts = _fill(layers, caps, order)
+            if counts is None:
+                return Rejected(groups=groups, reason=f"memory holds {sum(caps)} of {layers} "
+                                                      "layers")
+            plan = _pipeline(spec, tps, counts)
+            prediction = predict(plan, devices, self.cluster, self.context, self.prompt)
+            over = prediction.overflow()
+            if over is None:
+                return Candidate(groups=groups, dropped=dropped, plan=plan,
+                                 prediction=prediction)
+            stage = plan.locate(over.rank)[0]
+            if counts[stage] == 1:
+                break
+            caps[stage] = counts[stage] - 1
+        return Rejected(groups=groups, reason=(
+            f"{self.cluster.devices[over.device].name} needs {size(over.total)}, "
+            f"has {size(over.limit)}"))
+
+
+def _fill(layers: int, caps: Sequence[int], order: Sequence[int]) -> list[int] | None:
+    """One layer per stage, then the rest to stages in ``order``, each up to its cap."""
+    counts = [1] * len(caps)
+    left = layers - len(caps)
+    for i in order:
+        add = min(caps[i] - 1, left)
+        counts[i] += add
+        left -= add
+    return None if left else counts
+
+
+def _pipeline(spec: ModelSpec, tps: Sequence[ShardPlan], counts: Sequence[int]) -> PipelinePlan:
+    stages, rank, start = [], 0, 0
+    for tp, count in zip(tps, counts, strict=True):
+        stages.append(Stage(ranks=tuple(range(rank, rank + tp.size)),
+                            layers=Span(start=start, stop=start + count), tp=tp))
+        rank, start = rank + tp.size, start + count
+    return PipelinePlan(spec=spec, stages=tuple(stages))
+
+
+def choose_plan(spec: ModelSpec, cluster: Cluster, context_tokens: int | None = None,
+                prompt_tokens: int = 512, keep: int = 5) -> Choice:
+    """The fastest plan of ``spec`` on ``cluster`` that fits, and up to ``keep`` runner-ups.
+
+    ``context_tokens`` defaults to the model's context length, whose KV cache must fit too.
+    """
+    context = spec.context_length if context_tokens is None else context_tokens
+    layouts = _Layouts(spec, cluster, context, prompt_tokens)
+    components = _fast_components(cluster, range(len(cluster.devices)))
+    everyone = set(range(len(cluster.devices)))
+    seen: set[Groups] = set()
+    candidates: list[Candidate] = []
+    rejected: list[Rejected] = []
+    for subset in _subsets(cluster, components):
+        dropped = tuple(sorted(everyone - set(subset)))
+        for groups in _structures(cluster, subset, components):
+            if groups in seen:
+                continue
+            seen.add(groups)
+            result = layouts.layout(groups, dropped)
+            (candidates if isinstance(result, Candidate) else rejected).append(result)
+    if not candidates:
+        reasons = sorted({r.reason for r in rejected}, key=len)
+        raise PlanError("no plan fits: " + "; ".join(reasons[:3]))
+    ranked = sorted(candidates, key=lambda c: (c.prediction.decode_seconds, len(c.devices)))
+    return Choice(best=ranked[0], alternatives=tuple(ranked[1:keep + 1]),
+                  rejected=tuple(rejected), considered=len(seen))

@@ -1,0 +1,1 @@
+"""Measuring this device and its links for the planner (MLX allowed here)."""

@@ -1,0 +1,91 @@
+"""The device profile cached in the user's cache folder, reused until ``--refresh``.
+
+A cached profile is reused only if it was measured on the same chip, core count, MLX version and
+device, and is not a ``--quick`` one when a full measurement is asked for. Memory figures are
+always read afresh. An unreadable or invalid cache is reported on stderr and measured again,
+never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from exo_tp.errors import ExoTpError
+from exo_tp.paths import cache_home
+from exo_tp.plan.devices import DeviceProfile, read_profile
+from exo_tp.profile.device import measure_device
+from exo_tp.profile.progress import Progress
+from exo_tp.profile.system import SystemInfo, system_info
+
+log = logging.getLogger(__name__)
+
+
+def profile_path() -> Path:
+    return cache_home() / "profile.json"
+
+
+def load_cached(path: Path, if_invalid: str = "measuring again") -> DeviceProfile | None:
+    """The profile cached at ``path``; None if there is none, or (with a warning ending in
+    ``if_invalid``) if it cannot be read."""
+    if not path.exists():
+        return None
+    try:
+        return read_profile(path)
+    except ExoTpError as error:
+        log.warning("%s; %s", error, if_invalid)
+        return None
+
+
+def _stale(cached: DeviceProfile, now: SystemInfo, quick: bool) -> str | None:
+    """Why ``cached`` cannot stand for this device now (None: it can)."""
+    for field in ("chip", "cores", "mlx_version", "mlx_device"):
+        if getattr(cached, field) != getattr(now, field):
+            return f"{field} changed ({getattr(cached, field)} -> {getattr(now, field)})"
+    if cached.quick and not quick:
+        return "it is a --quick profile"
+    return None
+
+
+def save(profile: DeviceProfile, path: Path) -> None:
+    """Write atomically (a crash never leaves half a file); links and node id are per run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(profile.model_copy(update={"links": (), "node_id": ""}).model_dump_json(
+        indent=2))
+    tmp.replace(path)
+
+
+def cached_profile(quick: bool = True, path: Path | None = None,
+                   if_invalid: str = "measuring again") -> DeviceProfile | None:
+    """The cached profile if it stands for this device now (with live memory figures), else
+    None (a reason is logged)."""
+    path = path or profile_path()
+    cached = load_cached(path, if_invalid)
+    if cached is None:
+        return None
+    now = system_info()
+    reason = _stale(cached, now, quick)
+    if reason is not None:
+        log.info("cached profile %s not reused: %s", path, reason)
+        return None
+    live = {"hostname": now.hostname, "memory_total": now.memory_total,
+            "memory_available": now.memory_available}
+    return cached.model_copy(update=live)
+
+
+def device_profile(refresh: bool = False, quick: bool = False, progress: Progress | None = None,
+                   path: Path | None = None) -> tuple[DeviceProfile, bool]:
+    """This device's profile and whether it came from the cache."""
+    path = path or profile_path()
+    cached = None if refresh else cached_profile(quick, path)
+    if cached is not None:
+        return cached, True
+    profile = measure_device(quick, progress)
+    try:
+        save(profile, path)
+    except OSError as error:
+        log.warning("cannot cache the profile in %s: %s", path, error.strerror or error)
+    return profile, False
+

@@ -1,0 +1,57 @@
+"""Measure this device: memory bandwidth, every kernel, and the two scores the planner reads.
+
+The scores are defined in `exo_tp.plan.devices` (decode: mean seconds per weight byte of
+decode-shaped float32 matvecs streaming from memory; prefill: FLOP/s of 128-token float32
+matmuls). ``--quick`` measures the same kernels for less time each, so both modes report the same
+quantities; the default only averages longer. Every kernel is timed by its mean over its whole
+measured stretch (see `timing`).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from exo_tp.plan.devices import ENGINE_DTYPE, DeviceProfile, decode_seconds_per_byte, prefill_flops
+from exo_tp.profile.kernels import WeightSource, kernel_cases, measure_kernel
+from exo_tp.profile.memory import read_bandwidth
+from exo_tp.profile.progress import Progress
+from exo_tp.profile.system import system_info
+
+# Minimum wall time per kernel: long enough to span many CFS periods of a CPU quota. The
+# kernels behind the headline scores (the engine's dtype) get HEADLINE_FACTOR times longer, so a
+# burst of noise from other processes moves them less.
+MIN_SECONDS = {True: 0.1, False: 0.6}
+HEADLINE_FACTOR = 3
+
+
+def measure_device(quick: bool, progress: Progress | None = None) -> DeviceProfile:
+    progress = progress or Progress(enabled=False)
+    start = time.perf_counter()
+    seconds = MIN_SECONDS[quick]
+    cases = kernel_cases()
+    progress.expect(len(cases) + 2)
+    info = system_info()
+    with progress.step("random weights"):
+        source = WeightSource()
+    with progress.step("memory read bandwidth"):
+        bandwidth = read_bandwidth(source.words, seconds)
+    kernels = []
+    for case in cases:
+        with progress.step(case.label):
+            factor = HEADLINE_FACTOR if case.dtype == ENGINE_DTYPE else 1
+            kernels.append(measure_kernel(case, source, seconds * factor))
+    decode = decode_seconds_per_byte(kernels, ENGINE_DTYPE)
+    prefill = prefill_flops(kernels, ENGINE_DTYPE)
+    assert decode is not None and prefill is not None, "the engine's dtype is always measured"
+    return DeviceProfile(
+        **info.model_dump(),
+        memory_bandwidth=bandwidth,
+        decode_seconds_per_byte=decode,
+        prefill_flops=prefill,
+        decode_dtype=ENGINE_DTYPE,
+        kernels=tuple(kernels),
+        quick=quick,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        duration_seconds=round(time.perf_counter() - start, 2),
+    )

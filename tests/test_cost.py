@@ -1,0 +1,174 @@
+"""The cost model on hand-computed cases (pure, no MLX): bytes, FLOPs, collectives, hops."""
+
+from __future__ import annotations
+
+import pytest
+
+from exo_tp.plan import ModelSpec, Quantization, Span, plan_tensor_parallel
+from exo_tp.plan.cluster import Cluster, DeviceCost, Link, cluster_from_profiles
+from exo_tp.plan.cost import (
+    HOP_OVERHEAD,
+    LinkCost,
+    all_gather_seconds,
+    all_sum_seconds,
+    bytes_per_weight,
+    collective_seconds,
+    rank_load,
+    weight_format,
+)
+from exo_tp.plan.devices import DeviceProfile, LinkProfile, MatmulScore
+from exo_tp.plan.pipeline import plan_pipeline, single_stage
+from exo_tp.plan.predict import predict
+
+LINK = LinkCost(latency=1e-4, bandwidth=1e9, measured=True)
+EVERY = Span(start=0, stop=2)
+
+
+def tiny(**changes: object) -> ModelSpec:
+    # 2 layers, hidden 8, 4 heads / 2 KV heads of width 2, FFN 64, vocab 128, tied.
+    fields = dict(model_type="llama", hidden_size=8, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=2, ffn_sizes={"ffn": 64}, vocab_size=128, tie_word_embeddings=True)
+    return ModelSpec(**{**fields, **changes})
+
+
+def test_rank_bytes_by_hand() -> None:
+    spec = tiny()
+    shard = plan_tensor_parallel(spec, [1, 1]).ranks[0]
+    # 2 q heads (width 4), 1 KV head (width 2), 32 FFN rows, 64 vocab rows.
+    # layer = 8*(2*4 + 2*2) attention + 3*8*32 FFN = 96 + 768 = 864 weights
+    # 2 layers * 864 * 4 B = 6912; head 64*8*4 = 2048; norms (2*2+1)*8*4 = 160
+    load = rank_load(spec, shard, EVERY, True, True)
+    assert (load.held_bytes, load.read_bytes) == (9120, 9120)
+    assert load.kv_bytes_per_token == 2 * (2 * 1 * 2 * 4)  # 2 layers of K and V, 1 head of 2
+    untied = tiny(tie_word_embeddings=False)
+    load = rank_load(untied, plan_tensor_parallel(untied, [1, 1]).ranks[0], EVERY, True, True)
+    assert (load.held_bytes, load.read_bytes) == (11168, 9120)  # embedding held, barely read
+    # Pipeline ends: the first stage holds the embedding, the last the head and final norm.
+    first = rank_load(spec, shard, Span(start=0, stop=1), True, False)
+    last = rank_load(spec, shard, Span(start=1, stop=2), False, True)
+    assert (first.held_bytes, first.read_bytes) == (3456 + 2048 + 64, 3456 + 64)
+    assert (last.held_bytes, last.read_bytes) == (3456 + 2048 + 96,) * 2
+
+
+def test_quantized_bytes_by_hand() -> None:
+    spec = tiny(quantization=Quantization(group_size=32, bits=4))
+    assert bytes_per_weight(spec) == 0.5 + 2 * 4 / 32
+    assert weight_format(spec) == "q4g32" and weight_format(tiny()) == "float32"
+    plan = plan_tensor_parallel(spec, [1, 1])
+    # o_proj's column cut must land on a group of 32 columns = 16 heads: rank 0 holds all 4
+    # heads (layer: 8*(2*8 + 2*4) + 768 = 960 weights), rank 1 none (768); both 32 FFN rows.
+    # 2 layers * weights * 0.75 B + 64*8 head weights * 0.75 B + 160 norm bytes
+    reads = [rank_load(spec, r, EVERY, True, True).read_bytes for r in plan.ranks]
+    assert reads == [1440 + 384 + 160, 1152 + 384 + 160]
+
+
+def test_moe_holds_every_expert_and_reads_the_active_ones() -> None:
+    # Layer 0 dense (FFN 64), layer 1 MoE: 4 experts of 32 rows, 2 per token, router 8x4.
+    spec = tiny(ffn_sizes={"ffn": 64, "expert_ffn": 32}, num_experts=4, experts_per_token=2,
+                dense_layers=1)
+    shard = plan_tensor_parallel(spec, [1]).ranks[0]
+    attention = 8 * (2 * 8 + 2 * 4)
+    dense = attention + 3 * 8 * 64
+    moe_held, moe_read = attention + 4 * 768 + 32, attention + 2 * 768 + 32
+    load = rank_load(spec, shard, EVERY, True, True)
+    assert load.held_bytes == (dense + moe_held) * 4 + 128 * 8 * 4 + 160
+    assert load.read_bytes == (dense + moe_read) * 4 + 128 * 8 * 4 + 160
+    assert load.flops_per_token == 2 * (dense + moe_read + 128 * 8)
+
+
+def test_ring_collective_model_by_hand() -> None:
+    assert all_sum_seconds(2, 4096, LINK) == pytest.approx(1e-4 + 4096 / 1e9)
+    assert all_sum_seconds(3, 3000, LINK) == pytest.approx(2e-4 + 4 / 3 * 3000 / 1e9)
+    assert all_gather_seconds(3, 1000, LINK) == pytest.approx(2 * (5e-5 + 1000 / 1e9))
+    assert all_sum_seconds(1, 4096, LINK) == all_gather_seconds(1, 4096, LINK) == 0
+
+
+def test_collectives_by_stage_position() -> None:
+    plan = plan_tensor_parallel(tiny(), [1, 1])
+    one_sum = 1e-4 + 32 / 1e9  # 8 floats over 2 ranks
+    gather = 5e-5 + 256 / 1e9  # 64 padded floats per rank
+    # Whole model: 2 per layer + embedding all_sum, and the logits gather.
+    assert collective_seconds(plan, 2, True, True, LINK) == pytest.approx(5 * one_sum + gather)
+    # A middle stage of one layer: its two all_sums only.
+    assert collective_seconds(plan, 1, False, False, LINK) == pytest.approx(2 * one_sum)
+    # A 10-token prompt: all_sums carry 10 rows; logits only for the last position.
+    assert collective_seconds(plan, 2, True, True, LINK, tokens=10) == pytest.approx(
+        5 * (1e-4 + 320 / 1e9) + gather)
+
+
+def _device(name: str, seconds_per_byte: float, memory: int = 10**9) -> DeviceCost:
+    return DeviceCost(name=name, seconds_per_byte=seconds_per_byte, prefill_flops=1e9,
+                      memory=memory)
+
+
+def test_tensor_parallel_prediction_by_hand() -> None:
+    plan = single_stage(plan_tensor_parallel(tiny(), [1, 1]))
+    cluster = Cluster(devices=(_device("a", 1e-9), _device("b", 2e-9)), default_link=LINK)
+    p = predict(plan, [0, 1], cluster, context_tokens=10, prompt_tokens=4)
+    comm = 5 * (1e-4 + 32 / 1e9) + (5e-5 + 256 / 1e9)
+    assert p.stages[0].compute_seconds == pytest.approx(9120 * 2e-9)  # the slower rank
+    assert p.decode_seconds == pytest.approx(9120 * 2e-9 + comm)
+    assert p.hop_seconds == 0
+    assert [(m.weights, m.kv_cache) for m in p.memory] == [(9120, 320), (9120, 320)]
+    # Prefill of 4 tokens: 2 * 4 * read weights (2 layers * 864 + 64*8 head) + attention
+    # 2 * (2 layers * 2 heads * 2 wide) * 4^2, on the rank at 1 GFLOP/s; all_sums carry 4 rows.
+    flops = 2 * 4 * (2 * 864 + 512) + 2 * 8 * 16
+    comm4 = 5 * (1e-4 + 128 / 1e9) + (5e-5 + 256 / 1e9)
+    assert p.prefill_seconds == pytest.approx(flops / 1e9 + comm4)
+
+
+def test_pipeline_prediction_by_hand() -> None:
+    plan = plan_pipeline(tiny(), [[1], [1]], [1, 1])
+    cluster = Cluster(devices=(_device("a", 1e-9), _device("b", 2e-9)),
+                      links=(Link(a=0, b=1, cost=LINK),),
+                      default_link=LinkCost(latency=1, bandwidth=1, measured=False))
+    p = predict(plan, [0, 1], cluster, context_tokens=10, prompt_tokens=4)
+    layer = 8 * (2 * 8 + 2 * 4) + 3 * 8 * 64  # one rank: all heads, all FFN rows
+    stage0 = (layer * 4 + 2 * 8 * 4) * 1e-9  # its layer and 2 norms (embedding lookup free)
+    stage1 = (layer * 4 + 128 * 8 * 4 + 3 * 8 * 4) * 2e-9  # + the head and final norm
+    # token to stage 0, hidden to stage 1; each also wakes a rank blocked on its socket
+    hops = 2 * HOP_OVERHEAD + (1e-4 + 4 / 1e9) + (1e-4 + 8 * 4 / 1e9)
+    assert [s.compute_seconds for s in p.stages] == pytest.approx([stage0, stage1])
+    assert p.hop_seconds == pytest.approx(hops)
+    assert p.decode_seconds == pytest.approx(stage0 + stage1 + hops)
+    assert [m.kv_cache for m in p.memory] == [320, 320]  # 1 layer x 10 tokens x K,V x 2 x 2
+    assert p.prefill_hop_seconds == pytest.approx(2 * HOP_OVERHEAD + (1e-4 + 16 / 1e9)
+                                                  + (1e-4 + 128 / 1e9))
+    tight = cluster.model_copy(update={"devices": (_device("a", 1e-9, memory=5000),
+                                                   _device("b", 2e-9))})
+    over = predict(plan, [0, 1], tight, context_tokens=10).overflow()
+    assert over is not None and over.device == 0 and over.total == layer * 4 + 4096 + 64 + 320
+
+
+def _kernel(kind: str, dtype: str, rate: float) -> MatmulScore:
+    return MatmulScore(kind=kind, dtype=dtype, m=1, k=8, n=8, seconds=0.01, flops=1e9,
+                       weight_bytes_per_second=rate)
+
+
+def _profile(node_id: str, links: tuple[LinkProfile, ...] = ()) -> DeviceProfile:
+    return DeviceProfile(
+        node_id=node_id, chip="x", cores=1, mlx_version="0", mlx_device="cpu",
+        memory_total=2000, memory_available=1000, backends=(), memory_bandwidth=1.0,
+        decode_seconds_per_byte=5e-10, prefill_flops=3.0, links=links,
+        kernels=(_kernel("matvec", "q4g32", 1e9), _kernel("matvec", "q4g32", 4e9),
+                 _kernel("matmul", "q4g32", 1.0)))
+
+
+def test_scores_per_weight_format() -> None:
+    profile = _profile("0@x")
+    assert profile.seconds_per_byte("q4g32") == pytest.approx((1e-9 + 0.25e-9) / 2)
+    assert profile.seconds_per_byte("bfloat16") == 5e-10  # not measured: the headline score
+    assert profile.decode_speed == pytest.approx(2e9)
+
+
+def test_cluster_from_profiles_uses_measured_links_and_headroom() -> None:
+    links = (LinkProfile(a="0@x", b="1@y", up=True, all_sum_latency=3e-4, all_sum_bandwidth=2e9),
+             LinkProfile(a="1@y", b="2@z", up=False, error="unreachable"),
+             LinkProfile(a="0@x", b="9@gone", up=True, all_sum_latency=1, all_sum_bandwidth=1))
+    cluster = cluster_from_profiles(tiny(quantization=Quantization(group_size=32, bits=4)),
+                                    [_profile("0@x", links), _profile("1@y"), _profile("2@z")])
+    assert cluster.devices[0].seconds_per_byte == pytest.approx(0.625e-9)  # q4g32 score
+    assert cluster.devices[0].memory == 900  # 90% of what is available
+    assert cluster.link(1, 0) == LinkCost(latency=3e-4, bandwidth=2e9, measured=True)
+    assert cluster.link(1, 2).latency >= 3600  # down: priced out
+    assert cluster.link(0, 2) == cluster.default_link

@@ -1,0 +1,126 @@
+"""The planner's search: which devices, grouped how (pure, no MLX)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exo_tp.errors import PlanError
+from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel
+from exo_tp.plan.cluster import Cluster, DeviceCost, Link
+from exo_tp.plan.cost import LinkCost
+from exo_tp.plan.pipeline import single_stage
+from exo_tp.plan.predict import predict
+from exo_tp.plan.search import choose_plan
+
+# An 8B-class llama in 4-bit group 64: ~4.5 GB of weights.
+SPEC = ModelSpec(model_type="llama", hidden_size=4096, num_layers=32, num_heads=32,
+                 num_kv_heads=8, head_dim=128, ffn_sizes={"ffn": 14336}, vocab_size=128256,
+                 tie_word_embeddings=False, quantization=Quantization(group_size=64, bits=4),
+                 context_length=8192)
+GB = 10**9
+THUNDERBOLT = LinkCost(latency=30e-6, bandwidth=8e9, measured=True)
+LAN = LinkCost(latency=300e-6, bandwidth=1e9, measured=True)
+SLOW = LinkCost(latency=5e-3, bandwidth=50e6, measured=True)
+
+
+def device(name: str, gb_per_s: float, memory_gb: float) -> DeviceCost:
+    return DeviceCost(name=name, seconds_per_byte=1 / (gb_per_s * GB), prefill_flops=1e12,
+                      memory=int(memory_gb * GB))
+
+
+def test_uneven_tensor_parallel_when_links_are_fast() -> None:
+    cluster = Cluster(devices=(device("a", 100, 64), device("b", 60, 64), device("c", 30, 64)),
+                      default_link=THUNDERBOLT)
+    choice = choose_plan(SPEC, cluster, context_tokens=4096)
+    assert choice.best.kind == "tensor parallel" and choice.best.groups == ((0, 1, 2),)
+    assert choice.best.plan.stages[0].tp.weights == pytest.approx((100 / 190, 60 / 190, 30 / 190))
+    kinds = {c.kind for c in choice.alternatives}
+    assert {"single device", "pipeline"} <= kinds  # the runner-ups it beat
+
+
+def test_hybrid_when_one_link_is_slow() -> None:
+    # Two pairs joined by Thunderbolt, the pairs by a slow link; no pair holds the model alone.
+    links = (Link(a=0, b=1, cost=THUNDERBOLT), Link(a=2, b=3, cost=THUNDERBOLT))
+    cluster = Cluster(devices=tuple(device(n, 100, 2.2) for n in "abcd"), links=links,
+                      default_link=SLOW)
+    choice = choose_plan(SPEC, cluster, context_tokens=4096)
+    assert choice.best.kind == "hybrid"
+    assert sorted(map(sorted, choice.best.groups)) == [[0, 1], [2, 3]]
+    by_kind = {c.kind: c.prediction.decode_seconds for c in reversed(choice.alternatives)}
+    # All four as one TP group pays the slow link twice per layer: far slower.
+    assert by_kind["tensor parallel"] > 10 * choice.best.prediction.decode_seconds
+    assert by_kind["pipeline"] > choice.best.prediction.decode_seconds
+
+
+def test_no_stages_for_an_architecture_without_stage_support() -> None:
+    """The slow-link cluster of the hybrid test, with a gemma3 model (whose sliding layers are
+    picked by their index in the model a stage runs): only one-stage plans are considered."""
+    links = (Link(a=0, b=1, cost=THUNDERBOLT), Link(a=2, b=3, cost=THUNDERBOLT))
+    cluster = Cluster(devices=tuple(device(n, 100, 2.2) for n in "abcd"), links=links,
+                      default_link=SLOW)
+    gemma = SPEC.model_copy(update={"model_type": "gemma3_text"})
+    choice = choose_plan(gemma, cluster, context_tokens=4096)
+    assert {len(c.groups) for c in (choice.best, *choice.alternatives)} == {1}
+    assert any("no pipeline stages for gemma3_text" in r.reason for r in choice.rejected)
+
+
+def test_drops_a_device_twenty_times_slower() -> None:
+    cluster = Cluster(devices=(device("a", 100, 64), device("b", 100, 64), device("c", 5, 64)),
+                      default_link=LAN)
+    choice = choose_plan(SPEC, cluster, context_tokens=4096)
+    assert choice.best.dropped == (2,) and choice.best.groups == ((0, 1),)
+    everyone = next(c for c in choice.alternatives if c.groups == ((0, 1, 2),))
+    assert everyone.prediction.decode_seconds > choice.best.prediction.decode_seconds
+
+
+def test_layers_fill_the_fastest_stage_first_within_memory() -> None:
+    # b is twice as fast as a but holds only 10 of the 32 layers (~140 MB each + KV cache).
+    cluster = Cluster(devices=(device("a", 50, 64), device("b", 100, 2.0)), default_link=SLOW)
+    choice = choose_plan(SPEC, cluster, context_tokens=4096)
+    for candidate in (choice.best, *choice.alternatives):
+        assert candidate.prediction.fits
+    pipeline = next(c for c in (choice.best, *choice.alternatives) if c.kind == "pipeline")
+    faster = pipeline.groups.index((1,))
+    layers = [s.layers.size for s in pipeline.plan.stages]
+    # b takes as many layers as fit: one more would overflow it.
+    more = [n + (1 if i == faster else -1) for i, n in enumerate(layers)]
+    from exo_tp.plan.search import _pipeline
+
+    bigger = _pipeline(SPEC, [s.tp for s in pipeline.plan.stages], more)
+    assert not predict(bigger, pipeline.devices, cluster, 4096).fits
+
+
+def test_no_plan_fits_is_one_readable_error() -> None:
+    cluster = Cluster(devices=(device("a", 100, 1), device("b", 100, 1)), default_link=LAN)
+    with pytest.raises(PlanError, match="no plan fits") as error:
+        choose_plan(SPEC, cluster, context_tokens=4096)
+    assert "\n" not in str(error.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(1, 200), st.floats(0.5, 12)), min_size=1, max_size=6),
+       st.sampled_from([THUNDERBOLT, LAN, SLOW]))
+def test_the_choice_fits_and_is_the_fastest_found(devices: list[tuple[float, float]],
+                                                  link: LinkCost) -> None:
+    cluster = Cluster(devices=tuple(device(f"d{i}", s, m) for i, (s, m) in enumerate(devices)),
+                      default_link=link)
+    try:
+        choice = choose_plan(SPEC, cluster, context_tokens=2048)
+    except PlanError:
+        # Only when memory really is short: the model and its KV cache on one device, plus
+        # what a pipeline may leave unused on each device (less than a layer).
+        whole = predict(single_stage(plan_tensor_parallel(SPEC, [1])), [0], cluster, 2048)
+        need = whole.memory[0].total
+        assert sum(m for _, m in devices) * GB < need + len(devices) * need / SPEC.num_layers
+        return
+    ranked = (choice.best, *choice.alternatives)
+    times = [c.prediction.decode_seconds for c in ranked]
+    assert times == sorted(times)
+    for c in ranked:
+        assert c.prediction.fits
+        assert sorted(c.devices + c.dropped) == list(range(len(devices)))
+        # The prediction is the cost model's, recomputed independently of the search.
+        again = predict(c.plan, c.devices, cluster, 2048)
+        assert again.decode_seconds == pytest.approx(c.prediction.decode_seconds)
