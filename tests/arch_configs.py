@@ -4,9 +4,9 @@ Attention widths (heads x head_dim, MLA's heads x v_head_dim) are multiples of 1
 quantized variant, group 128 included, quantizes the row-parallel o_proj and the split lands on
 group boundaries; hidden sizes are multiples of 128 (and of the head count: transformers, which
 loads the tokenizer, checks hidden % heads for some types) so every other linear is quantized
-too. FFN widths are awkward in float (not multiples of 32) and whole but odd numbers of
-128-groups in quantized variants (``tiny_config(arch, quantized=True)``), so every down
-projection is quantized and split unevenly. The vocabulary is the first 512 ids of SmolLM2's
+too. FFN widths are awkward in float (not multiples of 32) and 5, 3 or 2 whole 128-groups in
+quantized variants (``tiny_config(arch, quantized=True)``), so every down projection is
+quantized and split unevenly. The vocabulary is the first 512 ids of SmolLM2's
 tokenizer (tests/tiny_models.py trims it): tiny models get a tiny embedding.
 """
 

@@ -42,6 +42,8 @@ ARCH_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
 
 def variants(arch: str) -> dict[str, dict[str, Any] | None]:
     return {**VARIANTS, **ARCH_VARIANTS.get(arch, {})}
+
+
 # Weight seeds (default 0), picked so that every variant's reference generates TOKENS tokens
 # (no early end of sequence) and decides each greedy step by at least MIN_MARGIN (random tiny
 # models have no reason to be peaked).
@@ -78,9 +80,9 @@ def case(arch: str, variant: str, n: int, zero_rank: int | None = None) -> Case:
 
 
 # Each architecture twice with different rank counts: float with more ranks than KV heads
-# (query-head units, KV heads replicated; for MLA, more ranks than some rank has heads for),
-# and one quantized variant (all six bit/group combinations appear) with a zero-weight rank
-# in most; a few single-rank cases.
+# (query-head units, KV heads replicated; deepseek_v3 instead has a zero-weight rank), and one
+# quantized variant (all six bit/group combinations appear) with a zero-weight rank in most;
+# N from 1 to 6.
 SAMPLE = [
     case("llama", "float", 4), case("llama", "q4g128", 5, zero_rank=2),
     case("mistral", "float", 3), case("mistral", "q8g32", 4, zero_rank=0),
