@@ -73,11 +73,10 @@ TINY = {
                   head_dim=32, rms_norm_eps=1e-6, vocab_size=49152, rope_theta=10000.0,
                   tie_word_embeddings=True, max_position_embeddings=512),
 }
+# Awkward head counts on 1..6 ranks of every architecture run in tests/test_arch_matrix.py;
+# here the qwen configs of the core issue keep the zero-weight cases.
 TINY_CASES = [
     ("qwen2", [0.4, 0.3, 0.2, 0.1]),  # 5 KV groups over 4 ranks
-    ("qwen2", _random_weights(6, 3)),  # more ranks than KV heads: KV heads replicated
-    ("qwen3", [5, 3, 2]),
-    ("qwen3", [1, 2, 3, 4, 5]),
     # A rank with weight 0 holds nothing (zero heads, rows, vocab) yet joins every collective;
     # rank 0 holding nothing still samples from the gathered logits.
     ("qwen2", [0.5, 0.5, 0.0]),
