@@ -35,18 +35,26 @@ def single_process_tps(model: Path, tokens: int) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["tps"]
 
 
+def launch_command(model: Path, weights: list[float], tokens: int, report: Path,
+                   *extra: str) -> list[str]:
+    """`exo-tp launch` of the bench prompt on len(weights) local ranks, stats to ``report``."""
+    return [sys.executable, "-m", "exo_tp", "launch", "--ranks", str(len(weights)),
+            "--weights", ",".join(map(str, weights)), "--model", str(model),
+            "--prompt", PROMPT, "--ignore-chat-template", "--max-tokens", str(tokens),
+            "--report-out", str(report), *extra]
+
+
+def generation_tps(report: Path) -> float:
+    return json.loads(report.read_text())["generation_tps"]
+
+
 def exo_tp_tps(model: Path, weights: list[float], tokens: int, *extra: str) -> float:
     """Decode tokens/s of `exo-tp launch` on len(weights) local ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        subprocess.run(
-            [sys.executable, "-m", "exo_tp", "launch", "--ranks", str(len(weights)),
-             "--weights", ",".join(map(str, weights)), "--model", str(model),
-             "--prompt", PROMPT, "--ignore-chat-template", "--max-tokens", str(tokens),
-             "--report-out", str(report), *extra],
-            capture_output=True, text=True, check=True, env=env(),
-        )
-        return json.loads(report.read_text())["generation_tps"]
+        subprocess.run(launch_command(model, weights, tokens, report, *extra),
+                       capture_output=True, text=True, check=True, env=env())
+        return generation_tps(report)
 
 
 def resolve(model: str) -> Path:

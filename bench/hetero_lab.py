@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import PROMPT, ROOT, env, resolve
+from _common import ROOT, env, generation_tps, launch_command, resolve
 
 sys.path.insert(0, str(ROOT))
 
@@ -167,22 +167,20 @@ def _place(launcher: subprocess.Popen[str], placement: Sequence[Device],
         time.sleep(0.02)
 
 
-def launch_args(plan: PipelinePlan) -> list[str]:
-    weights = [w for s in plan.stages for w in s.tp.weights]
-    args = ["--ranks", str(plan.size), "--weights", ",".join(f"{w:.6f}" for w in weights)]
-    if len(plan.stages) > 1:
-        args += ["--stages", ",".join(str(s.size) for s in plan.stages),
-                 "--stage-layers", ",".join(str(s.layers.size) for s in plan.stages)]
-    return args
+def stage_args(plan: PipelinePlan) -> list[str]:
+    """`exo-tp launch` options that lay out ``plan``'s stages (none for plain TP)."""
+    if len(plan.stages) == 1:
+        return []
+    return ["--stages", ",".join(str(s.size) for s in plan.stages),
+            "--stage-layers", ",".join(str(s.layers.size) for s in plan.stages)]
 
 
 def decode_tps(model: Path, plan: PipelinePlan, placement: Sequence[Device],
                tokens: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        command = [sys.executable, "-m", "exo_tp", "launch", *launch_args(plan),
-                   "--model", str(model), "--prompt", PROMPT, "--ignore-chat-template",
-                   "--max-tokens", str(tokens), "--report-out", str(report)]
+        weights = [round(w, 6) for s in plan.stages for w in s.tp.weights]
+        command = launch_command(model, weights, tokens, report, *stage_args(plan))
         launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     text=True, env=env())
         stop = threading.Event()
@@ -193,7 +191,7 @@ def decode_tps(model: Path, plan: PipelinePlan, placement: Sequence[Device],
         placer.join()
         if launcher.returncode:
             raise SystemExit(f"launch failed: {err[-2000:]}")
-        return json.loads(report.read_text())["generation_tps"]
+        return generation_tps(report)
 
 
 def run_lab(args: argparse.Namespace) -> dict[str, object]:

@@ -75,6 +75,8 @@ def test_two_bench_processes_measure_their_link(tmp_path: Path) -> None:
         assert one_way / 10 < link.send_recv_latency < one_way * 100, (link, one_way)
         assert link.send_recv_latency < link.all_sum_latency * 5
         assert rate / 100 < link.all_sum_bandwidth < rate * 4, (link, rate)
+        # What an all_sum adds to a decode step: measured, in seconds (not ms or µs).
+        assert link.all_sum_in_graph is not None and 0 <= link.all_sum_in_graph < 0.05, link
 
 
 def test_absent_peer_is_down_within_the_timeout_and_others_still_measure(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ SERVE = """
 import asyncio, json, sys, urllib.request
 from aiohttp import web
 import exo_tp
-from exo_tp.node.web import web_dir, web_routes
+from exo_tp.api.web import web_dir, web_routes
 
 async def main():
     app = web.Application()
@@ -46,7 +46,7 @@ def test_wheel_ships_and_serves_the_ui(tmp_path: Path) -> None:
     wheel = next((tmp_path / "wheels").glob("exo_tp-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"exo_tp/web/{name}" for name in UI_FILES} <= names
-    assert "exo_tp/node/web.py" in names
+    assert "exo_tp/api/web.py" in names
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",

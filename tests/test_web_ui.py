@@ -21,7 +21,7 @@ import psutil
 import pytest
 from cluster_helpers import LocalCluster, http_json, local_cluster
 
-from exo_tp.node.api import plan_view
+from exo_tp.api.views import plan_view
 from exo_tp.plan import load_spec
 from exo_tp.plan.cluster import Cluster, DeviceCost
 from exo_tp.plan.pipeline import plan_pipeline

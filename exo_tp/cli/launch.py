@@ -49,8 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from exo_tp.models.registry import resolve_model
     from exo_tp.plan import load_spec
-    from exo_tp.runtime.job import LaunchJob, SamplingParams
+    from exo_tp.runtime.job import LaunchJob
     from exo_tp.runtime.launcher import launch_local
+    from exo_tp.runtime.messages import SamplingParams
 
     weights = args.weights or [1.0] * args.ranks
     if len(weights) != args.ranks:

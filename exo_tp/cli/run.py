@@ -157,10 +157,10 @@ async def _serve(args: argparse.Namespace) -> int:
     import mlx.core as mx
     from mlx_lm.utils import load_tokenizer
 
+    from exo_tp.api.web import web_routes
     from exo_tp.errors import ExoTpError
     from exo_tp.models.registry import resolve_model
     from exo_tp.node.daemon import Node, NodeConfig
-    from exo_tp.node.web import web_routes
     from exo_tp.profile.system import memory
 
     model_dir = resolve_model(args.model)

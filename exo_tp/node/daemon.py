@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ import aiohttp
 from aiohttp import web
 
 from exo_tp import __version__
+from exo_tp.api.errors import ApiError
+from exo_tp.api.routes import build_public_app
+from exo_tp.api.views import plan_view
 from exo_tp.errors import PlanError
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.backend_choice import Requested, choose_backend
@@ -47,6 +51,7 @@ from exo_tp.plan.render import describe
 from exo_tp.plan.render_choice import describe_candidate
 from exo_tp.plan.search import choose_plan
 from exo_tp.runtime.job import Assignment, DType
+from exo_tp.runtime.messages import Delta, Done, GenerateRequest
 from exo_tp.runtime.ports import free_ports
 
 log = logging.getLogger(__name__)
@@ -168,6 +173,51 @@ class Node:
     def me(self) -> str:
         return self.config.node_id
 
+    # ---- the public API's view of this node (exo_tp.api.backend.Backend) -------------------
+
+    @property
+    def node_id(self) -> str:
+        return self.config.node_id
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    @property
+    def context_length(self) -> int:
+        return self.spec.context_length
+
+    def leader_id(self) -> str | None:
+        return self.membership.leader_id() if self.membership else None
+
+    def generation_url(self) -> str | None:
+        if self.is_leader():
+            return None
+        leader = self.leader()
+        if leader is None:
+            raise ApiError(503, "cluster not ready: no leader", kind="server_error",
+                           code="cluster_not_ready")
+        return leader.api_url
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+        return self.dispatcher.generate(request)
+
+    async def plan_view(self) -> dict[str, Any]:
+        assignment = self.assignment
+        if assignment is None:
+            # A node the planner left out holds no rank but still shows the cluster's plan.
+            leader = self.leader()
+            if leader is not None and not self.is_leader():
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with self._session.get(leader.api_url + "/v1/plan") as upstream:
+                        view = await upstream.json()
+                        if view.get("nodes"):
+                            return view
+            return {"epoch": None, "state": self.serving_state(), "plan": None, "nodes": []}
+        return {"epoch": assignment.epoch, "state": self.serving_state(),
+                "model": assignment.model, "nodes": list(assignment.nodes),
+                **plan_view(assignment.plan, assignment.prediction)}
+
     def is_leader(self) -> bool:
         return self.membership is not None and self.membership.leader_id() == self.me
 
@@ -177,8 +227,6 @@ class Node:
     # ---- lifecycle ------------------------------------------------------------------------
 
     async def start(self, public_routes: web.RouteTableDef) -> None:
-        from exo_tp.node.api import build_public_app
-
         self._session = aiohttp.ClientSession(timeout=CONTROL_TIMEOUT)
         control = web.Application()
         control.add_routes([

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from exo_tp.node.openai_schema import ApiError
-from exo_tp.runtime.job import GenerateRequest
+from exo_tp.api.errors import ApiError
+from exo_tp.runtime.messages import Delta, Done, GenerateRequest
 
 MAX_WAITING = 64
 
@@ -18,19 +18,6 @@ class Conductor(Protocol):
     """Where requests go: the conductor worker's link (send returns False once it is gone)."""
 
     def send(self, message: dict[str, Any]) -> bool: ...
-
-
-@dataclass
-class Delta:
-    text: str
-
-
-@dataclass
-class Done:
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    seconds: float
 
 
 @dataclass
@@ -69,11 +56,13 @@ class Dispatcher:
     def on_worker_event(self, event: dict[str, Any]) -> None:
         pending = self._pending.get(event.get("id", ""))
         if event["type"] == "delta" and pending:
-            pending.events.put_nowait(Delta(event["text"]))
+            pending.events.put_nowait(Delta(id=event["id"], text=event["text"]))
         elif event["type"] == "done" and pending:
             usage = event["usage"]
-            pending.events.put_nowait(Done(event["finish_reason"], usage["prompt_tokens"],
-                                           usage["completion_tokens"], event["seconds"]))
+            pending.events.put_nowait(Done(
+                id=event["id"], finish_reason=event["finish_reason"],
+                prompt_tokens=usage["prompt_tokens"],
+                completion_tokens=usage["completion_tokens"], seconds=event["seconds"]))
         elif event["type"] in ("error", "exited"):
             self.fail_all(event.get("message") or "a worker stopped")
 

@@ -16,7 +16,7 @@ SMALL_BYTES = 4 * 1024
 LARGE_BYTES = 8 * 1024 * 1024
 
 
-def _median_seconds(step: Callable[[], object], repeats: int) -> float:
+def median_seconds(step: Callable[[], object], repeats: int) -> float:
     step()  # warm-up: first use of the connection, allocations
     samples = []
     for _ in range(repeats):
@@ -31,9 +31,9 @@ def all_sum_speed(group: mx.distributed.Group, small_repeats: int,
     """(seconds of a 4 KB all_sum, payload bytes/s of an 8 MB all_sum) over the whole group."""
     small, large = mx.ones(SMALL_BYTES // 4), mx.ones(LARGE_BYTES // 4)
     mx.eval(small, large)
-    latency = _median_seconds(
+    latency = median_seconds(
         lambda: mx.eval(mx.distributed.all_sum(small, group=group)), small_repeats)
-    large_seconds = _median_seconds(
+    large_seconds = median_seconds(
         lambda: mx.eval(mx.distributed.all_sum(large, group=group)), large_repeats)
     return latency, LARGE_BYTES / large_seconds
 

@@ -10,25 +10,22 @@ over the slower rank's own chain, is the in-graph cost the planner prices a coll
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import mlx.core as mx
+
+from exo_tp.profile.collective_speed import median_seconds
 
 WIDTH = 1024  # 4 MB float32 matrices ...
 MATRICES = 24  # ... 96 MB of them, so weights come from memory as in a decode
 
 
 def _chain(weights: list[mx.array], x: mx.array, group: mx.distributed.Group, steps: int,
-           reduce: bool) -> float:
-    start = time.perf_counter()
+           reduce: bool) -> None:
     y = x
     for step in range(steps):
         y = y @ weights[step % len(weights)]
         if reduce:
             y = mx.distributed.all_sum(y, group=group) * 0.5
     mx.eval(y)
-    return time.perf_counter() - start
 
 
 def all_sum_in_graph(group: mx.distributed.Group, quick: bool = False) -> float:
@@ -38,9 +35,7 @@ def all_sum_in_graph(group: mx.distributed.Group, quick: bool = False) -> float:
                for i in range(MATRICES)]
     x = mx.ones((1, WIDTH))
     mx.eval(weights, x)
-    _chain(weights, x, group, steps, True)  # warm-up: first use of the connection
-    alone = statistics.median(_chain(weights, x, group, steps, False) for _ in range(repeats))
-    together = statistics.median(_chain(weights, x, group, steps, True)
-                                 for _ in range(repeats))
+    alone = median_seconds(lambda: _chain(weights, x, group, steps, False), repeats)
+    together = median_seconds(lambda: _chain(weights, x, group, steps, True), repeats)
     slowest_alone = mx.distributed.all_gather(mx.array([alone]), group=group).max().item()
     return max(0.0, (together - slowest_alone) / steps)

@@ -17,7 +17,7 @@ from mlx_lm.generate import GenerationResponse, stream_generate
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo_tp.runtime.job import SamplingParams
+from exo_tp.runtime.messages import SamplingParams
 from exo_tp.shard.collectives import broadcast_from_first, zeros_after
 
 

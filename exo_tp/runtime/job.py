@@ -9,22 +9,13 @@ from pydantic import Field
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.spec import Frozen
+from exo_tp.runtime.messages import SamplingParams
 
 RANK_ENV = "EXO_TP_RANK"  # a worker's global rank (MLX_RANK is its rank inside its stage)
 SECRET_ENV = "EXO_TP_SECRET"  # the cluster secret, for a worker's signed hello to the leader
 READY = "exo-tp:ready"  # status line a worker prints on stderr once it joined the ring
 
 DType = Literal["float32", "float16", "bfloat16", "auto"]
-
-
-class SamplingParams(Frozen):
-    max_tokens: int = Field(default=256, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
-    seed: int | None = None
 
 
 class LaunchJob(Frozen):
@@ -61,12 +52,3 @@ class Assignment(Frozen):
     # jaccl only: ibverbs device from rank i to rank j (None on the diagonal)
     ibv_devices: tuple[tuple[str | None, ...], ...] | None = None
     prediction: Prediction | None = None  # the planner's cost model for this plan, if any
-
-
-class GenerateRequest(Frozen):
-    """One generation, as rank 0 receives it from its daemon and passes it to the others."""
-
-    id: str
-    tokens: tuple[int, ...]
-    sampling: SamplingParams
-    stop: tuple[str, ...] = ()

@@ -9,13 +9,15 @@ their own MLX group for tensor parallelism.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from exo_tp.runtime.hops import Frame, HopIn, HopOut
+from exo_tp.plan.pipeline import PipelinePlan
+from exo_tp.runtime.hops import Frame, HopIn, HopOut, open_hops
 
 
 class PipelineTail(nn.Module):
@@ -66,3 +68,24 @@ def serve_stage(model: nn.Module, incoming: HopIn, outgoing: HopOut | None,
         mx.eval(hidden)
         if outgoing is not None:
             outgoing.send(Frame("hidden", hidden))
+
+
+def stage_driver(model: nn.Module, plan: PipelinePlan, rank: int, hops: Sequence[str],
+                 timeout: float, before_serving: Callable[[], None] = lambda: None,
+                 ) -> nn.Module | None:
+    """What rank ``rank`` generates with: its model alone (one stage), the last stage's
+    ``PipelineTail``, or None for an earlier stage once it has served until the link closed
+    (``before_serving`` runs as it starts serving)."""
+    index, local = plan.locate(rank)
+    stages = plan.stages
+    if len(stages) == 1:
+        return model
+    after = stages[(index + 1) % len(stages)]
+    targets = [hops[r] for r in after.ranks] if local == 0 else []
+    incoming, outgoing = open_hops(hops[rank], targets, True, timeout)
+    assert incoming is not None
+    if index < len(stages) - 1:
+        before_serving()
+        serve_stage(model, incoming, outgoing, forward_resets=index + 1 < len(stages) - 1)
+        return None
+    return PipelineTail(model, incoming, outgoing)

@@ -30,10 +30,10 @@ from exo_tp.node.conductor_link import hello_message
 from exo_tp.node.security import sign
 from exo_tp.profile.collective_speed import group_links
 from exo_tp.runtime.generation import StopSignal, generate
-from exo_tp.runtime.hops import open_hops
-from exo_tp.runtime.job import RANK_ENV, SECRET_ENV, Assignment, GenerateRequest
+from exo_tp.runtime.job import RANK_ENV, SECRET_ENV, Assignment
 from exo_tp.runtime.lifecycle import die_with_parent
-from exo_tp.runtime.pipeline import PipelineTail, serve_stage
+from exo_tp.runtime.messages import GenerateRequest
+from exo_tp.runtime.pipeline import stage_driver
 from exo_tp.runtime.ring import init_group
 from exo_tp.runtime.stop_strings import StopMatcher
 from exo_tp.runtime.wire import Line, connect, listen
@@ -156,17 +156,10 @@ def run(assignment: Assignment, daemon: Line) -> None:
     model = load_shard(model_dir, stage.tp, local, group, DTYPES[assignment.dtype],
                        stage.layers, first, last)
     threading.Thread(target=_exit_when_closed, args=(daemon,), daemon=True).start()
-    driver: Any = model
-    if len(stages) > 1:
-        after = stages[(index + 1) % len(stages)]
-        targets = [assignment.hops[r] for r in after.ranks] if local == 0 else []
-        incoming, outgoing = open_hops(assignment.hops[rank], targets, True, PEER_TIMEOUT)
-        assert incoming is not None
-        if not last:
-            daemon.send(ready)
-            serve_stage(model, incoming, outgoing, forward_resets=index + 1 < len(stages) - 1)
-            return
-        driver = PipelineTail(model, incoming, outgoing)
+    driver = stage_driver(model, plan, rank, assignment.hops, PEER_TIMEOUT,
+                          before_serving=lambda: daemon.send(ready))
+    if driver is None:  # an earlier stage: served until the last stage closed its link
+        return
     tokenizer = load_tokenizer(model_dir)
     if local == 0:
         followers = _accept(assignment.conductor, stage.size - 1)

@@ -20,10 +20,9 @@ import numpy as np
 from mlx_lm.utils import load_tokenizer
 
 from exo_tp.runtime.generation import encode_prompt, generate
-from exo_tp.runtime.hops import open_hops
 from exo_tp.runtime.job import RANK_ENV, READY, LaunchJob
 from exo_tp.runtime.lifecycle import die_with_parent
-from exo_tp.runtime.pipeline import PipelineTail, serve_stage
+from exo_tp.runtime.pipeline import stage_driver
 from exo_tp.runtime.ring import barrier, init_ring
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.collectives import gather_padded
@@ -61,17 +60,10 @@ def run(job: LaunchJob) -> None:
              mine.heads.q_heads.stop, list(mine.heads.kv_heads),
              {k: (s.start, s.stop) for k, s in mine.ffn.items()}, mine.vocab.start,
              mine.vocab.stop, mx.get_active_memory() / 1e6)
-    driver: Any = model
-    if len(stages) > 1:
-        after = stages[(index + 1) % len(stages)]
-        targets = [job.hops[r] for r in after.ranks] if local == 0 else []
-        incoming, outgoing = open_hops(job.hops[rank], targets, True, HOP_TIMEOUT)
-        assert incoming is not None
-        if not last:
-            serve_stage(model, incoming, outgoing, forward_resets=index + 1 < len(stages) - 1)
-            barrier(group)
-            return
-        driver = PipelineTail(model, incoming, outgoing)
+    driver = stage_driver(model, job.plan, rank, job.hops, HOP_TIMEOUT)
+    if driver is None:  # an earlier stage: served until the last stage closed its link
+        barrier(group)
+        return
     _generate_and_report(job, driver, group, local, load_peak)
     barrier(group)
 

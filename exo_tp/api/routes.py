@@ -6,37 +6,31 @@ generation requests through to the leader unchanged, streaming included.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
-from exo_tp.node.dispatcher import Delta, Done
-from exo_tp.node.openai_schema import (
-    ApiError,
+from exo_tp.api.backend import Backend
+from exo_tp.api.errors import ApiError
+from exo_tp.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     validation_error,
 )
-from exo_tp.plan.pipeline import PipelinePlan
-from exo_tp.plan.predict import Prediction
-from exo_tp.runtime.job import GenerateRequest, SamplingParams
-
-if TYPE_CHECKING:
-    from exo_tp.node.daemon import Node
+from exo_tp.runtime.messages import Delta, Done, GenerateRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 4 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 512
-NODE_KEY = web.AppKey("node", object)
+BACKEND_KEY = web.AppKey("backend", object)
 
 
 def error_response(error: ApiError) -> web.Response:
@@ -61,16 +55,16 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(ApiError(500, "internal server error", kind="server_error"))
 
 
-def build_public_app(node: Node, extra_routes: web.RouteTableDef) -> web.Application:
+def build_public_app(backend: Backend, extra_routes: web.RouteTableDef) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY, middlewares=[json_errors])
-    app[NODE_KEY] = node
+    app[BACKEND_KEY] = backend
     app.add_routes(ROUTES)
     app.add_routes(extra_routes)
     return app
 
 
-def _node(request: web.Request) -> Node:
-    return request.app[NODE_KEY]  # type: ignore[return-value]
+def _node(request: web.Request) -> Backend:
+    return request.app[BACKEND_KEY]  # type: ignore[return-value]
 
 
 ROUTES = web.RouteTableDef()
@@ -79,15 +73,15 @@ ROUTES = web.RouteTableDef()
 @ROUTES.get("/health")
 async def health(request: web.Request) -> web.Response:
     node = _node(request)
-    return web.json_response({"status": "ok", "node_id": node.me, "state": node.serving_state(),
-                              "leader": node.membership.leader_id() if node.membership else None})
+    return web.json_response({"status": "ok", "node_id": node.node_id,
+                              "state": node.serving_state(), "leader": node.leader_id()})
 
 
 @ROUTES.get("/v1/models")
 async def models(request: web.Request) -> web.Response:
     node = _node(request)
     return web.json_response({"object": "list", "data": [
-        {"id": node.config.model, "object": "model", "created": int(node.started),
+        {"id": node.model, "object": "model", "created": int(node.started),
          "owned_by": "exo-tp"}]})
 
 
@@ -98,42 +92,7 @@ async def cluster(request: web.Request) -> web.Response:
 
 @ROUTES.get("/v1/plan")
 async def plan(request: web.Request) -> web.Response:
-    node = _node(request)
-    assignment = node.assignment
-    if assignment is None:
-        # A node the planner left out holds no rank but still shows the cluster's plan.
-        leader = node.leader()
-        if leader is not None and not node.is_leader():
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-                timeout = aiohttp.ClientTimeout(total=3)
-                async with aiohttp.ClientSession(timeout=timeout) as session, \
-                        session.get(leader.api_url + "/v1/plan") as upstream:
-                    view = await upstream.json()
-                    if view.get("nodes"):
-                        return web.json_response(view)
-        return web.json_response({"epoch": None, "state": node.serving_state(), "plan": None,
-                                  "nodes": []})
-    return web.json_response({
-        "epoch": assignment.epoch, "state": node.serving_state(), "model": assignment.model,
-        "nodes": list(assignment.nodes), **plan_view(assignment.plan, assignment.prediction),
-    })
-
-
-def plan_view(plan: PipelinePlan, prediction: Prediction | None = None) -> dict[str, Any]:
-    """The plan as /v1/plan shows it: stages (ranks, layers, each stage's TP plan) and, with
-    one stage (the common case), that tensor-parallel plan as ``plan``; with the planner's
-    prediction, ``predicted`` (null when shares were set by hand)."""
-    stages = [{"ranks": list(s.ranks), "layers": s.layers.model_dump(),
-               "plan": s.tp.model_dump(mode="json")} for s in plan.stages]
-    predicted = None if prediction is None else {
-        "tokens_per_second": prediction.tokens_per_second,
-        "decode_seconds_per_token": prediction.decode_seconds,
-        "prefill_seconds": prediction.prefill_seconds,
-        "prompt_tokens": prediction.prompt_tokens,
-        "context_tokens": prediction.context_tokens,
-    }
-    return {"stages": stages, "plan": stages[0]["plan"] if len(stages) == 1 else None,
-            "predicted": predicted}
+    return web.json_response(await _node(request).plan_view())
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -157,7 +116,7 @@ def _validate(model: type[ChatCompletionRequest] | type[CompletionRequest], body
         raise validation_error(error) from None
 
 
-def _prompt_tokens(node: Node, request: ChatCompletionRequest | CompletionRequest) -> list[int]:
+def _prompt_tokens(node: Backend, request: ChatCompletionRequest | CompletionRequest) -> list[int]:
     tokenizer = node.tokenizer
     if isinstance(request, CompletionRequest):
         return tokenizer.encode(request.prompt_text(), add_special_tokens=True)
@@ -172,13 +131,13 @@ def _prompt_tokens(node: Node, request: ChatCompletionRequest | CompletionReques
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _generation(node: Node, request: ChatCompletionRequest | CompletionRequest,
+def _generation(node: Backend, request: ChatCompletionRequest | CompletionRequest,
                 kind: str) -> GenerateRequest:
-    if request.model != node.config.model:
+    if request.model != node.model:
         raise ApiError(404, f"The model '{request.model}' does not exist; this cluster serves "
-                            f"'{node.config.model}'.", param="model", code="model_not_found")
+                            f"'{node.model}'.", param="model", code="model_not_found")
     tokens = _prompt_tokens(node, request)
-    context = node.spec.context_length
+    context = node.context_length
     wanted = request.requested_max_tokens()
     if len(tokens) >= context:
         raise ApiError(400, f"This model's maximum context length is {context} tokens; the "
@@ -242,13 +201,14 @@ class _Shape:
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     node = _node(request)
-    if not node.is_leader():
-        return await _pass_to_leader(request)
+    upstream = node.generation_url()
+    if upstream is not None:
+        return await _pass_to_leader(request, upstream)
     body = await _read_json(request)
     parsed = _validate(ChatCompletionRequest if chat else CompletionRequest, body)
     generation = _generation(node, parsed, "chatcmpl" if chat else "cmpl")
-    shape = _Shape(chat, generation.id, node.config.model)
-    events = node.dispatcher.generate(generation)
+    shape = _Shape(chat, generation.id, node.model)
+    events = node.generate(generation)
     if parsed.stream:
         include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
         return await _stream(request, events, shape, include_usage)
@@ -308,17 +268,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
 
 
-async def _pass_to_leader(request: web.Request) -> web.StreamResponse:
-    node = _node(request)
-    leader = node.leader()
-    if leader is None:
-        raise ApiError(503, "cluster not ready: no leader", kind="server_error",
-                       code="cluster_not_ready")
+async def _pass_to_leader(request: web.Request, upstream_url: str) -> web.StreamResponse:
     body = await _read_json(request)  # malformed bodies are refused here already
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=3)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-            leader.api_url + request.path, json=body,
+            upstream_url + request.path, json=body,
         ) as upstream:
             headers = {k: v for k, v in upstream.headers.items()
                        if k.lower() not in _HOP_HEADERS}
@@ -329,5 +284,5 @@ async def _pass_to_leader(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             return response
     except (aiohttp.ClientConnectionError, TimeoutError):
-        raise ApiError(503, f"cluster not ready: leader {leader.node_id} unreachable",
+        raise ApiError(503, f"cluster not ready: the leader at {upstream_url} is unreachable",
                        kind="server_error", code="cluster_not_ready") from None

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from exo_tp.api.errors import ApiError
+
 ROLES = ("system", "developer", "user", "assistant")
-
-
-class ApiError(Exception):
-    """An error the API returns as OpenAI-style JSON with an HTTP status."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status, message, param, code, kind)
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
 
 
 class _Strict(BaseModel):

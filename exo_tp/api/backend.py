@@ -1,0 +1,35 @@
+"""What the public API needs from the node that serves it (the node implements this)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from exo_tp.runtime.messages import Delta, Done, GenerateRequest
+
+
+class Backend(Protocol):
+    node_id: str
+    model: str  # the model id this cluster serves
+    tokenizer: TokenizerWrapper
+    context_length: int
+    started: float  # unix time the node started
+
+    def serving_state(self) -> str:
+        """forming, loading, ready, failed or unknown."""
+
+    def leader_id(self) -> str | None: ...
+
+    def generation_url(self) -> str | None:
+        """The API of the node that runs generation when it is another node (requests are
+        passed through to it); None when this node runs it."""
+
+    def cluster_view(self) -> dict[str, Any]: ...
+
+    async def plan_view(self) -> dict[str, Any]: ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+        """The events of one generation; raises `ApiError` (503 while the cluster is not
+        ready, 429 when the queue is full); closing the iterator early cancels it."""

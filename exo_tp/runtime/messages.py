@@ -1,0 +1,226 @@
+"""Every message that crosses a process boundary, as typed pydantic models (no MLX here).
+
+Each link carries one discriminated union (the ``kind`` field names the message) over the framing
+of `exo_tp.runtime.channel`:
+
+- a rank and its supervisor (the node daemon, or `exo-tp launch`): `RankEvent` up, nothing down
+  (closing the link stops the rank);
+- the request source (the leader's dispatcher, or `exo-tp launch`) and the conductor (the last
+  stage's first rank): `SourceMessage` down, `ConductorEvent` up;
+- the conductor and every other rank of the epoch: `StageControl` (batch changes, and for ranks
+  of earlier pipeline stages the sampled tokens);
+- a pipeline hop: `HiddenHeader` followed by the raw bytes of the activation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from exo_tp.frozen import Frozen
+from exo_tp.plan.devices import LinkProfile
+
+# ---- what a request asks for --------------------------------------------------------------
+
+
+class SamplingParams(Frozen):
+    """Per-request sampling, with mlx_lm.server's meanings (`mlx_lm.sample_utils`)."""
+
+    max_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    xtc_probability: float = Field(default=0.0, ge=0.0, le=1.0)
+    xtc_threshold: float = Field(default=0.0, ge=0.0, le=0.5)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    repetition_context_size: int = Field(default=20, ge=1)
+    presence_penalty: float | None = None
+    presence_context_size: int = Field(default=20, ge=1)
+    frequency_penalty: float | None = None
+    frequency_context_size: int = Field(default=20, ge=1)
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    logprobs: bool = False  # report each generated token's log-probability
+    top_logprobs: int = Field(default=0, ge=0, le=20)  # and the k most likely alternatives
+
+
+class GenerateRequest(Frozen):
+    """One generation: the prompt's token ids and how to continue them."""
+
+    id: str = Field(min_length=1, max_length=200)
+    tokens: tuple[int, ...] = Field(min_length=1)
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()  # stop strings, matched on the streamed text
+    logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
+
+
+# ---- request source <-> conductor --------------------------------------------------------
+
+
+class Generate(Frozen):
+    kind: Literal["generate"] = "generate"
+    request: GenerateRequest
+
+
+class Cancel(Frozen):
+    kind: Literal["cancel"] = "cancel"
+    id: str
+
+
+SourceMessage = Annotated[Generate | Cancel, Field(discriminator="kind")]
+
+
+class TokenLogprob(Frozen):
+    """A generated token's log-probability (after logits processors, as mlx-lm reports it)
+    over the whole vocabulary, and the ``top`` most likely tokens with theirs."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class Delta(Frozen):
+    """Newly generated tokens of one request and the text they complete."""
+
+    kind: Literal["delta"] = "delta"
+    id: str
+    text: str
+    tokens: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
+
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class Done(Frozen):
+    kind: Literal["done"] = "done"
+    id: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV cache came from the prompt cache
+    seconds: float = 0.0
+
+
+class RequestFailed(Frozen):
+    """This request failed (and only it: the ranks keep serving the others)."""
+
+    kind: Literal["failed"] = "failed"
+    id: str
+    message: str
+
+
+ConductorEvent = Annotated[Delta | Done | RequestFailed, Field(discriminator="kind")]
+
+
+# ---- rank -> supervisor ------------------------------------------------------------------
+
+
+class RankMemory(Frozen):
+    """MLX memory of a rank, bytes: peak while loading its shard, peak so far, active now."""
+
+    load_peak: int = 0
+    peak: int = 0
+    active: int = 0
+
+
+class Joining(Frozen):
+    kind: Literal["joining"] = "joining"
+    epoch: int
+
+
+class Loading(Frozen):
+    kind: Literal["loading"] = "loading"
+    epoch: int
+
+
+class Ready(Frozen):
+    kind: Literal["ready"] = "ready"
+    epoch: int
+    rank: int
+    links: tuple[LinkProfile, ...] = ()  # its stage's links, timed as the group formed
+    memory: RankMemory = RankMemory()
+
+
+class Heartbeat(Frozen):
+    """Sent every second from a thread: a frozen process sends none, a rank stuck in a
+    collective keeps sending them with ``steps`` no longer growing while ``busy``."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    steps: int  # batch steps completed so far
+    busy: bool  # requests in flight
+    memory: RankMemory = RankMemory()
+
+
+class RankFailed(Frozen):
+    kind: Literal["rank_failed"] = "rank_failed"
+    message: str
+
+
+RankEvent = Annotated[Joining | Loading | Ready | Heartbeat | RankFailed,
+                      Field(discriminator="kind")]
+
+
+# ---- conductor -> the other ranks --------------------------------------------------------
+
+
+class Insert(Frozen):
+    """A request joins the batch (every rank inserts it at the same step)."""
+
+    kind: Literal["insert"] = "insert"
+    uid: int
+    tokens: tuple[int, ...]
+    max_tokens: int
+    cached_tokens: int  # how many the conductor's prompt cache covers: every rank must agree
+    save_logits: bool = False
+
+
+class Remove(Frozen):
+    """Requests leave the batch (cancelled, or stopped by a stop string)."""
+
+    kind: Literal["remove"] = "remove"
+    uids: tuple[int, ...]
+
+
+class TrimPromptCache(Frozen):
+    """Keep only this many prompt-cache entries (the conductor evicted by bytes)."""
+
+    kind: Literal["trim_cache"] = "trim_cache"
+    entries: int
+
+
+class Tokens(Frozen):
+    """Earlier pipeline stages: the tokens the conductor sampled in one step, and how many
+    batch changes it had committed by then (the same number rides on the last stage's token
+    broadcast)."""
+
+    kind: Literal["tokens"] = "tokens"
+    tokens: tuple[int, ...]
+    committed: int
+
+
+StageControl = Annotated[Insert | Remove | TrimPromptCache | Tokens,
+                         Field(discriminator="kind")]
+
+
+# ---- pipeline hops -----------------------------------------------------------------------
+
+
+class HiddenHeader(Frozen):
+    """Precedes the raw bytes of an activation sent to the next pipeline stage."""
+
+    kind: Literal["hidden"] = "hidden"
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype of the bytes that follow
+    cast: str  # MLX dtype to restore (bfloat16 travels as float32)
+
+
+SOURCE_MESSAGES: TypeAdapter[Generate | Cancel] = TypeAdapter(SourceMessage)
+CONDUCTOR_EVENTS: TypeAdapter[Delta | Done | RequestFailed] = TypeAdapter(ConductorEvent)
+RANK_EVENTS: TypeAdapter[Joining | Loading | Ready | Heartbeat | RankFailed] = \
+    TypeAdapter(RankEvent)
+STAGE_CONTROL: TypeAdapter[Insert | Remove | TrimPromptCache | Tokens] = \
+    TypeAdapter(StageControl)
+HIDDEN_HEADER: TypeAdapter[HiddenHeader] = TypeAdapter(HiddenHeader)
