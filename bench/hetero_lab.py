@@ -49,7 +49,7 @@ from exo_tp.plan.devices import DeviceProfile  # noqa: E402
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage, split_layers  # noqa: E402,E501
 from exo_tp.plan.predict import predict  # noqa: E402
 from exo_tp.plan.search import choose_plan  # noqa: E402
-from exo_tp.runtime.job import RANK_ENV  # noqa: E402
+from exo_tp.runtime.job import Assignment  # noqa: E402
 
 CGROUPS = Path("/sys/fs/cgroup")
 PERIOD_US = 10_000  # short CFS periods: a quota throttles in small slices, not 100 ms stalls
@@ -160,11 +160,17 @@ def _place(launcher: subprocess.Popen[str], placement: Sequence[Device],
             for child in parent.children(recursive=True):
                 if child.pid in placed:
                     continue
-                with contextlib.suppress(psutil.Error, KeyError, OSError):
-                    rank = int(child.environ()[RANK_ENV])
+                with contextlib.suppress(psutil.Error, ValueError, OSError):
+                    rank = rank_of(child.cmdline())
                     placement[rank].enter(child.pid)
                     placed.add(child.pid)
         time.sleep(0.02)
+
+
+def rank_of(cmdline: list[str]) -> int:
+    """The global rank of a rank process (`python -m exo_tp.runtime.rank JOB.json ...`)."""
+    job = cmdline[cmdline.index("exo_tp.runtime.rank") + 1]
+    return Assignment.model_validate_json(Path(job).read_text()).rank
 
 
 def stage_args(plan: PipelinePlan) -> list[str]:

@@ -1,11 +1,12 @@
 """Per-token cost of a pipeline hop, measured two ways in one run.
 
 1. Raw hop: a decode-sized hidden state (1 x 1 x hidden, float32) sent stage to stage and back
-   over the hop channel (TCP, framed), between two processes: one-way latency.
+   over a hop link (an authenticated channel: typed header + raw bytes) between two
+   threads: one-way latency.
 2. End to end: decode tokens/s of plain mlx-lm vs a 2-stage pipeline of one rank each
    (`exo-tp launch --stages 1,1`). Both do the same arithmetic on one core at a time, so the
-   difference per token is what the pipeline adds: two hops (tokens to stage 0, hidden state
-   back) plus one evaluation barrier per stage.
+   difference per token is what the pipeline adds: two hops (the tokens to stage 0, the hidden
+   state to stage 1) plus one evaluation barrier per stage.
 
     python bench/pipeline_hop.py [--model smollm2-135m] [--tokens 96] [--rounds 3] [--quick]
 
@@ -24,26 +25,31 @@ from _common import env, exo_tp_tps, resolve, single_process_tps
 
 PING = """
 import json, sys, time, threading, mlx.core as mx
-from exo_tp.runtime.hops import Frame, open_hops
+from exo_tp.runtime.channel import accept_count, connect
+from exo_tp.runtime.messages import HOP_MESSAGES
+from exo_tp.runtime.pipeline import recv_hidden, send_hidden
 from exo_tp.runtime.ports import free_ports
 hidden, iters = int(sys.argv[1]), int(sys.argv[2])
-a, b = (f"127.0.0.1:{p}" for p in free_ports(2))
+address, key = f"127.0.0.1:{free_ports(1)[0]}", b"bench"
 result = {}
-def side(me, other, first):
-    incoming, outgoing = open_hops(me, [other], True, 30)
+def side(first):
+    if first:
+        link = accept_count(address, key, HOP_MESSAGES, 1, 30, "bench")[0]
+    else:
+        link = connect(address, key, HOP_MESSAGES, 30)
     x = mx.ones((1, 1, hidden)); mx.eval(x)
     times = []
     for _ in range(iters):
         t = time.perf_counter()
         if first:
-            outgoing.send(Frame("hidden", x)); incoming.recv()
+            send_hidden(link, x); recv_hidden(link)
         else:
-            incoming.recv(); outgoing.send(Frame("hidden", x))
+            recv_hidden(link); send_hidden(link, x)
         times.append(time.perf_counter() - t)
     if first:
         result["one_way"] = sorted(times)[len(times) // 2] / 2
-t = threading.Thread(target=side, args=(b, a, False)); t.start()
-side(a, b, True); t.join()
+t = threading.Thread(target=side, args=(False,)); t.start()
+side(True); t.join()
 print(json.dumps(result))
 """
 

@@ -74,8 +74,11 @@ def local_cluster(count: int, weights: list[float] | None = None, model: str = "
     --no-bench: a test spends ~10 s of CPU on a device measurement only if it asks for one.
     ``env``: variables added to this process's; ``log``: the cluster's stderr goes there."""
     base = free_port_base(count)
+    # A generous stall timeout: a loaded 2-core box can take long over a batched step; the
+    # stall tests set their own.
+    stall = () if "--stall-timeout" in extra else ("--stall-timeout", "300")
     args = [*CLI, "run", "--local-nodes", str(count), "--api-port", str(base), "--model", model,
-            *extra]
+            *stall, *extra]
     if weights:
         args += ["--weights", ",".join(map(str, weights))]
     elif "--profile" not in extra and not bench:
@@ -222,4 +225,4 @@ def worker_pids(namespace: str) -> list[int]:
     pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
                           text=True).stdout.split()
     return [int(p) for p in pids
-            if b"serve_worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            if b"exo_tp.runtime.rank" in Path(f"/proc/{p}/cmdline").read_bytes()]

@@ -60,16 +60,19 @@ class Reference:
 
 
 def mlx_lm_reference(model_dir: Path, prompt: str, max_tokens: int,
-                     chat_template: bool = True) -> Reference:
-    """What single-device mlx-lm computes (float32), built only from mlx-lm's own API."""
+                     chat_template: bool = True,
+                     messages: list[dict[str, str]] | None = None) -> Reference:
+    """What single-device mlx-lm computes (float32), built only from mlx-lm's own API
+    (``messages``: a whole conversation instead of one user ``prompt``)."""
     import mlx.core as mx
     from mlx_lm import load, stream_generate
 
     model, tokenizer = load(str(model_dir))
     model.set_dtype(mx.float32)
     if chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                             tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages or [{"role": "user", "content": prompt}], tokenize=False,
+            add_generation_prompt=True)
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:
         ids = tokenizer.encode(prompt)

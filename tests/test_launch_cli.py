@@ -90,8 +90,7 @@ def test_dead_rank_stops_the_job_with_a_clear_error(default_models: dict[str, Pa
     """Kill one rank mid-generation: the launcher reports it within 10 s and leaves no ranks."""
     launcher = subprocess.Popen(
         [*CLI, "launch", "--ranks", "3", "--weights", "5,3,2", "--prompt",
-         "Write a very long story about a lighthouse keeper.", "--max-tokens", "2000",
-         "--ignore-chat-template"],
+         "Write a very long story about a lighthouse keeper.", "--max-tokens", "2000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -11,7 +11,7 @@ from cluster_helpers import http_json, local_cluster, loopback_nodes
 from helpers import tcp_loopback_reference
 
 from exo_tp.node.announcement import SERVICE_TYPE, Announcement
-from exo_tp.node.daemon import node_weights
+from exo_tp.node.formation import node_weights
 from exo_tp.plan.devices import DeviceProfile, MatmulScore, ProfileSummary, read_profile
 from exo_tp.profile.system import system_info
 

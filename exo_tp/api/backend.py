@@ -17,6 +17,9 @@ class Backend(Protocol):
     context_length: int
     started: float  # unix time the node started
 
+    def health(self) -> dict[str, Any]:
+        """/health: this node's state and its worker's (incl. a stall)."""
+
     def serving_state(self) -> str:
         """forming, loading, ready, failed or unknown."""
 

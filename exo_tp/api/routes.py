@@ -34,7 +34,7 @@ BACKEND_KEY = web.AppKey("backend", object)
 
 
 def error_response(error: ApiError) -> web.Response:
-    return web.json_response(error.body(), status=error.status)
+    return web.json_response(error.body(), status=error.status, headers=error.headers())
 
 
 @web.middleware
@@ -72,9 +72,7 @@ ROUTES = web.RouteTableDef()
 
 @ROUTES.get("/health")
 async def health(request: web.Request) -> web.Response:
-    node = _node(request)
-    return web.json_response({"status": "ok", "node_id": node.node_id,
-                              "state": node.serving_state(), "leader": node.leader_id()})
+    return web.json_response(_node(request).health())
 
 
 @ROUTES.get("/v1/models")
@@ -155,9 +153,10 @@ def _generation(node: Backend, request: ChatCompletionRequest | CompletionReques
                            sampling=sampling, stop=tuple(request.stop_list()))
 
 
-def _usage(done: Done) -> dict[str, int]:
+def _usage(done: Done) -> dict[str, Any]:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
 def _finish(done: Done) -> str:

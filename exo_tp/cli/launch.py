@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import (
@@ -15,6 +16,8 @@ from exo_tp.cli.args import (
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
     from exo_tp.plan import ModelSpec
     from exo_tp.plan.pipeline import PipelinePlan
 
@@ -47,11 +50,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mlx_lm.utils import load_tokenizer
+
     from exo_tp.models.registry import resolve_model
     from exo_tp.plan import load_spec
-    from exo_tp.runtime.job import LaunchJob
     from exo_tp.runtime.launcher import launch_local
-    from exo_tp.runtime.messages import SamplingParams
+    from exo_tp.runtime.messages import GenerateRequest, SamplingParams
 
     weights = args.weights or [1.0] * args.ranks
     if len(weights) != args.ranks:
@@ -59,20 +63,32 @@ def run(args: argparse.Namespace) -> int:
     if args.top_p <= 0 or args.top_p > 1:
         raise ExoTpError("--top-p must be in (0, 1]")
     model_dir = resolve_model(args.model)
-    plan = _plan(load_spec(model_dir), weights, args.stages, args.stage_layers)
-    job = LaunchJob(
-        model_dir=str(model_dir),
-        plan=plan,
-        prompt=args.prompt,
-        use_chat_template=not args.ignore_chat_template,
+    spec = load_spec(model_dir)
+    plan = _plan(spec, weights, args.stages, args.stage_layers)
+    tokens = encode_prompt(load_tokenizer(model_dir), args.prompt,
+                           not args.ignore_chat_template)
+    if len(tokens) + args.max_tokens > spec.context_length:
+        raise ExoTpError(f"the prompt ({len(tokens)} tokens) and --max-tokens "
+                         f"{args.max_tokens} exceed the model's context of "
+                         f"{spec.context_length} tokens")
+    request = GenerateRequest(
+        id="launch", tokens=tuple(tokens),
         sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temp,
                                 top_p=args.top_p, seed=args.seed),
-        dtype=args.dtype,
-        logits_out=args.logits_out,
-        report_out=args.report_out,
-    )
-    launch_local(job, join_timeout=args.join_timeout)
+        logits_out=str(Path(args.logits_out).resolve()) if args.logits_out else None)
+    launch_local(str(model_dir), plan, request, args.dtype, args.report_out,
+                 join_timeout=args.join_timeout)
     return 0
+
+
+def encode_prompt(tokenizer: TokenizerWrapper, prompt: str, use_chat_template: bool,
+                  ) -> list[int]:
+    """Token ids the way `mlx_lm.generate` builds them (chat template unless told otherwise)."""
+    if use_chat_template and tokenizer.has_chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             tokenize=False, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(prompt, add_special_tokens=True)
 
 
 def _plan(spec: ModelSpec, weights: list[float], stages: str | None,

@@ -28,6 +28,7 @@ from exo_tp.cli.args import (
 
 if TYPE_CHECKING:
     from exo_tp.plan.devices import DeviceProfile
+    from exo_tp.runtime.job import ServingOptions
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="RDMA device towards a peer node (repeatable), for jaccl")
     p.add_argument("--stages", help="leader: force pipeline stages, ranks per stage in node "
                                     "order (leader first), e.g. 2,1")
+    serving = p.add_argument_group("serving")
+    serving.add_argument("--max-concurrency", type=positive_int, default=8,
+                         help="requests decoded together in one batch (default 8); more wait")
+    serving.add_argument("--max-queue", type=int, default=64,
+                         help="requests waiting beyond the batch before new ones get a 429 "
+                              "(default 64)")
+    serving.add_argument("--prefill-step-size", type=positive_int, default=512,
+                         help="prompt tokens processed per step between decode steps, so a "
+                              "long prompt never freezes running streams (default 512)")
+    serving.add_argument("--prompt-cache-size", type=int, default=10,
+                         help="KV caches of recent requests kept for reuse by prefix "
+                              "(default 10; 0 disables the prompt cache)")
+    serving.add_argument("--prompt-cache-bytes", type=int,
+                         help="byte budget of the prompt cache on the rank holding the most")
+    serving.add_argument("--stall-timeout", type=non_negative_float, default=30.0,
+                         help="seconds a rank may make no progress before its epoch fails "
+                              "and the cluster re-plans without it (default 30)")
     p.add_argument("--local-nodes", type=positive_int,
                    help="run a whole cluster of N nodes on this machine")
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
@@ -121,6 +139,37 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(args))
 
 
+def serving_options(args: argparse.Namespace) -> ServingOptions:
+    from pydantic import ValidationError
+
+    from exo_tp.errors import ExoTpError
+    from exo_tp.runtime.job import ServingOptions
+
+    try:
+        return ServingOptions(
+            max_concurrency=args.max_concurrency, prefill_step_size=args.prefill_step_size,
+            prompt_cache_size=args.prompt_cache_size,
+            prompt_cache_bytes=args.prompt_cache_bytes)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise ExoTpError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") \
+            from None
+
+
+SERVING_FLAGS = ("max_concurrency", "max_queue", "prefill_step_size", "prompt_cache_size",
+                 "prompt_cache_bytes", "stall_timeout")
+
+
+def serving_flags(args: argparse.Namespace) -> list[str]:
+    """The serving flags as given, for every node of --local-nodes."""
+    out = []
+    for name in SERVING_FLAGS:
+        value = getattr(args, name)
+        if value is not None:
+            out += [f"--{name.replace('_', '-')}", str(value)]
+    return out
+
+
 def _path_list(text: str) -> list[Path]:
     return [Path(part) for part in text.split(",") if part]
 
@@ -130,7 +179,11 @@ def _run_local(args: argparse.Namespace) -> int:
     from exo_tp.node.local_cluster import run_local_cluster
     from exo_tp.plan.devices import read_profile
 
-    extra = ["--backend", args.backend] + (["--stages", args.stages] if args.stages else [])
+    serving_options(args)  # a bad value is one readable error here, not N dead nodes
+    if args.max_queue < 0:
+        raise ExoTpError("--max-queue must be 0 or more")
+    extra = ["--backend", args.backend, *serving_flags(args)] + (
+        ["--stages", args.stages] if args.stages else [])
     if args.profiles:
         if len(args.profiles) != args.local_nodes:
             raise ExoTpError(f"--profiles has {len(args.profiles)} files for "
@@ -160,7 +213,8 @@ async def _serve(args: argparse.Namespace) -> int:
     from exo_tp.api.web import web_routes
     from exo_tp.errors import ExoTpError
     from exo_tp.models.registry import resolve_model
-    from exo_tp.node.daemon import Node, NodeConfig
+    from exo_tp.node.config import NodeConfig
+    from exo_tp.node.node import Node
     from exo_tp.profile.system import memory
 
     model_dir = resolve_model(args.model)
@@ -183,6 +237,8 @@ async def _serve(args: argparse.Namespace) -> int:
         rdma=rdma, stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
         backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
                        if mx.distributed.is_available(b)),
+        serving=serving_options(args), max_queue=args.max_queue,
+        stall_timeout=args.stall_timeout,
     )
     node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)),
                 profile.summary() if profile else None)

@@ -47,12 +47,10 @@ class Discovery:
         self._browser = AsyncServiceBrowser(self._zc.zeroconf, SERVICE_TYPE,
                                             handlers=[self._on_change])
 
-    async def update(self, me: Announcement) -> None:
-        self.me = me
-        if self._zc is not None:
-            await self._zc.async_update_service(self._info())
-
     async def stop(self) -> None:
+        for task in self._tasks:  # resolutions still retrying
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._browser is not None:
             await self._browser.async_cancel()
         if self._zc is not None:

@@ -11,7 +11,7 @@ L/2 + s/B (a 2-rank all_sum is two such steps of b/2):
     all_sum of b bytes over n ranks:        2(n-1) steps of b/n  =  (n-1) L + 2(n-1)/n * b/B
     all_gather of p bytes from each rank:   (n-1) steps of p     =  (n-1) (L/2 + p/B)
 
-A pipeline hop (TCP, `exo_tp.runtime.hops`) of b bytes to k ranks costs
+A pipeline hop (TCP, `exo_tp.runtime.pipeline`) of b bytes to k ranks costs
 HOP_OVERHEAD + L + k * b/B.
 
 Counted: attention (q, k, v, o), every FFN kind as a gated MLP (gate, up, down), MoE experts

@@ -1,91 +1,87 @@
 """Before measuring links, find which peers are running the bench (bounded wait).
 
-Every node listens on its rendezvous port and knocks on every other node's. One exchange in either
-direction tells both sides that the pair is up (the listener records the peer before it answers),
-so a node stops waiting once it has met everyone. Peers not met within the timeout are down: the
-link schedule then skips them at once instead of waiting for them round after round.
+Every node listens on its rendezvous port and knocks on every other node's. One exchange of
+`BenchHello`s in either direction tells both sides that the pair is up (the listener records the
+peer before it answers), so a node stops waiting once it has met everyone. Peers not met within
+the timeout are down: the link schedule then skips them at once instead of waiting for them round
+after round. Links are the runtime's channels (`exo_tp.runtime.channel`).
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
+from typing import Literal
+
+from pydantic import TypeAdapter
 
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import Frozen
 from exo_tp.profile.peers import Peers
+from exo_tp.runtime.channel import Channel, Listener, connect
 
 KNOCK_TIMEOUT = 1.0
 RETRY_SECONDS = 0.2
-_MAGIC = "exo-tp-bench"
+# Benches share no secret: the key only tells an exo-tp bench from anything else on the port.
+BENCH_KEY = b"exo-tp-bench"
 
 
-def _hello(peers: Peers) -> bytes:
-    return f"{_MAGIC} {peers.rank} {peers.fingerprint()}\n".encode()
+class BenchHello(Frozen):
+    kind: Literal["bench_hello"] = "bench_hello"
+    rank: int
+    fingerprint: str  # equal on benches started with the same peers and ports
 
 
-def _parse(line: bytes, peers: Peers) -> tuple[int, str | None]:
-    """(peer rank, error) from a hello line; rank -1 if it is not one."""
-    parts = line.decode(errors="replace").split()
-    if len(parts) != 3 or parts[0] != _MAGIC or not parts[1].isdigit():
+HELLO: TypeAdapter[BenchHello] = TypeAdapter(BenchHello)
+
+
+def _hello(peers: Peers) -> BenchHello:
+    return BenchHello(rank=peers.rank, fingerprint=peers.fingerprint())
+
+
+def _check(hello: BenchHello | None, peers: Peers) -> tuple[int, str | None]:
+    """(peer rank, error) from a hello; rank -1 if it is not one of ours."""
+    if hello is None or not 0 <= hello.rank < peers.size or hello.rank == peers.rank:
         return -1, None
-    rank = int(parts[1])
-    if rank >= peers.size or rank == peers.rank:
-        return -1, None
-    if parts[2] != peers.fingerprint():
-        return rank, "peer was started with different --peers or --port-base"
-    return rank, None
+    if hello.fingerprint != peers.fingerprint():
+        return hello.rank, "peer was started with different --peers or --port-base"
+    return hello.rank, None
 
 
-class _Listener(threading.Thread):
-    def __init__(self, peers: Peers, met: dict[int, str | None]) -> None:
-        super().__init__(daemon=True)
-        self.peers, self.met, self.stop = peers, met, threading.Event()
-        address = (peers.addresses[peers.rank], peers.hello_port(peers.rank))
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _listen(peers: Peers, met: dict[int, str | None]) -> Listener[BenchHello]:
+    def on_channel(channel: Channel[BenchHello]) -> None:
         try:
-            self.sock.bind(address)
-        except OSError as error:
-            self.sock.close()
-            raise ExoTpError(f"cannot listen on {address[0]}:{address[1]} for peers: "
-                             f"{error.strerror or error}") from None
-        self.sock.listen(16)
-        self.sock.settimeout(RETRY_SECONDS)
+            if channel.poll(KNOCK_TIMEOUT):
+                rank, error = _check(channel.recv(), peers)
+                if rank >= 0:
+                    met[rank] = error  # recorded before answering: see module doc
+                    channel.send(_hello(peers))
+        except (OSError, ValueError):
+            pass
+        finally:
+            channel.close()
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            with conn:
-                try:
-                    conn.settimeout(KNOCK_TIMEOUT)
-                    rank, error = _parse(conn.makefile("rb").readline(), self.peers)
-                    if rank >= 0:
-                        self.met[rank] = error  # recorded before answering: see module doc
-                        conn.sendall(_hello(self.peers))
-                except OSError:
-                    continue
-
-    def close(self) -> None:
-        self.stop.set()
-        self.join()
-        self.sock.close()
+    address = f"{peers.addresses[peers.rank]}:{peers.hello_port(peers.rank)}"
+    try:
+        return Listener(address, BENCH_KEY, HELLO, on_channel, "bench rendezvous")
+    except OSError as error:
+        raise ExoTpError(f"cannot listen on {address} for peers: "
+                         f"{error.strerror or error}") from None
 
 
 def _knock(peers: Peers, rank: int, patience: float) -> tuple[bool, str | None]:
     """(answered, error): one attempt to greet ``rank``."""
-    address = (peers.addresses[rank], peers.hello_port(rank))
+    address = f"{peers.addresses[rank]}:{peers.hello_port(rank)}"
     try:
-        with socket.create_connection(address, timeout=patience) as conn:
-            conn.sendall(_hello(peers))
-            answer, error = _parse(conn.makefile("rb").readline(), peers)
-    except OSError as error:
-        return False, f"{address[0]}:{address[1]}: {error.strerror or error}"
+        channel = connect(address, BENCH_KEY, HELLO, patience)
+        try:
+            channel.send(_hello(peers))
+            answer, error = _check(channel.recv() if channel.poll(patience) else None, peers)
+        finally:
+            channel.close()
+    except (OSError, ValueError) as error:
+        return False, f"{address}: {getattr(error, 'strerror', None) or error}"
     if answer != rank:
-        return False, f"{address[0]}:{address[1]} is not an exo-tp bench of rank {rank}"
+        return False, f"{address} is not an exo-tp bench of rank {rank}"
     return True, error
 
 
@@ -93,8 +89,7 @@ def meet_peers(peers: Peers, timeout: float) -> dict[int, str | None]:
     """For every other rank: None if it is up, else why not (after at most ``timeout`` s)."""
     met: dict[int, str | None] = {}
     why: dict[int, str] = {}
-    listener = _Listener(peers, met)
-    listener.start()
+    listener = _listen(peers, met)
     deadline = time.monotonic() + timeout
     others = [r for r in range(peers.size) if r != peers.rank]
     try:

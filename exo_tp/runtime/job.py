@@ -1,4 +1,5 @@
-"""What a rank is asked to do, serialized to every worker process (no MLX here)."""
+"""What a rank is asked to do: the one job description of `exo-tp launch` and `exo-tp run`
+(serialized to every rank process; no MLX here)."""
 
 from __future__ import annotations
 
@@ -6,45 +7,36 @@ from typing import Literal
 
 from pydantic import Field
 
+from exo_tp.frozen import Frozen
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
-from exo_tp.plan.spec import Frozen
-from exo_tp.runtime.messages import SamplingParams
 
-RANK_ENV = "EXO_TP_RANK"  # a worker's global rank (MLX_RANK is its rank inside its stage)
-SECRET_ENV = "EXO_TP_SECRET"  # the cluster secret, for a worker's signed hello to the leader
-READY = "exo-tp:ready"  # status line a worker prints on stderr once it joined the ring
+# The key every link of the job authenticates with (hex): the cluster secret, or a per-job key
+# for `exo-tp launch`. In the environment, never on a command line.
+LINK_KEY_ENV = "EXO_TP_LINK_KEY"
 
 DType = Literal["float32", "float16", "bfloat16", "auto"]
 
 
-class LaunchJob(Frozen):
-    """A one-shot generation on a local ring of ranks."""
+class ServingOptions(Frozen):
+    """How the conductor batches (every rank of the epoch uses the same)."""
 
-    model_dir: str
-    plan: PipelinePlan
-    prompt: str
-    use_chat_template: bool = True
-    sampling: SamplingParams = SamplingParams()
-    # Compute dtype of floating parameters; "auto" keeps the checkpoint's.
-    dtype: DType = "float32"
-    # Optional files rank 0 writes for checking against a reference.
-    logits_out: str | None = None
-    report_out: str | None = None
-    # Pipelines: the "ip:port" each global rank's incoming hop listens on.
-    hops: tuple[str, ...] = ()
+    max_concurrency: int = Field(default=8, ge=1, le=256)  # sequences in one decode batch
+    prefill_step_size: int = Field(default=512, ge=16)  # prompt tokens per chunk between steps
+    prompt_cache_size: int = Field(default=10, ge=0)  # entries kept (0: no prompt cache)
+    prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
 
 
 class Assignment(Frozen):
-    """A node's part in a cluster epoch: which rank its worker is and how to reach the others."""
+    """A rank's part in an epoch: which rank it is, how to reach the others, what to serve."""
 
     epoch: int = Field(ge=0)
-    model: str  # a prepared model name or a folder present on every node
+    model: str  # a prepared model name or a folder present on the rank's machine
     plan: PipelinePlan
     rank: int = Field(ge=0)  # global rank
     hostfile: tuple[str, ...]  # "ip:port" each global rank's ring socket listens on
-    conductor: str  # "ip:port" where the last stage's first rank meets its stage peers
-    requests_at: str  # "ip:port" of the leader's request channel the conductor joins
+    conductor: str  # "ip:port" the conductor (last stage's first rank) meets the others at
+    requests_at: str  # "ip:port" of the request source the conductor joins
     hops: tuple[str, ...] = ()  # pipelines: "ip:port" of each global rank's incoming hop
     nodes: tuple[str, ...] = ()  # node id per global rank
     dtype: DType = "float32"
@@ -52,3 +44,18 @@ class Assignment(Frozen):
     # jaccl only: ibverbs device from rank i to rank j (None on the diagonal)
     ibv_devices: tuple[tuple[str | None, ...], ...] | None = None
     prediction: Prediction | None = None  # the planner's cost model for this plan, if any
+    serving: ServingOptions = ServingOptions()
+    measure_links: bool = True  # time the stage's collectives once the group formed
+
+    @property
+    def stage_index(self) -> int:
+        return self.plan.locate(self.rank)[0]
+
+    @property
+    def local_rank(self) -> int:
+        """Rank inside its stage's MLX group."""
+        return self.plan.locate(self.rank)[1]
+
+    @property
+    def conductor_rank(self) -> int:
+        return self.plan.stages[-1].ranks[0]

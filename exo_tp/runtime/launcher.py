@@ -1,140 +1,154 @@
-"""Start N local ranks on the MLX ring backend and watch them until they finish.
+"""`exo-tp launch`: a local cluster that serves one request.
 
-Every rank is a child process with MLX_RANK and a private hostfile. Rank 0's stdout (the text)
-streams through; every rank's stderr is forwarded. If a rank dies, the others are stopped and the
-error names the rank instead of leaving them spinning in a collective.
+The ranks are the same rank program a node runs (`exo_tp.runtime.rank`), started by the same
+supervisor, each with its own MLX ring per stage on 127.0.0.1 and private ports. This process is
+their supervisor and their request source: it sends the one request, prints the text as it
+streams in, and stops the ranks. A rank that dies, or stalls, ends the launch with one line
+naming it.
 """
 
 from __future__ import annotations
 
-import os
+import json
+import logging
+import queue
+import secrets
 import subprocess
 import sys
-import tempfile
 import threading
-import time
-from collections import deque
 from pathlib import Path
+from typing import Any
 
 from exo_tp.errors import ExoTpError
-from exo_tp.runtime.job import RANK_ENV, READY, LaunchJob
+from exo_tp.plan.pipeline import PipelinePlan
+from exo_tp.runtime.channel import Channel, Listener
+from exo_tp.runtime.job import Assignment, DType, ServingOptions
+from exo_tp.runtime.messages import (
+    CONDUCTOR_EVENTS,
+    Delta,
+    Done,
+    Generate,
+    GenerateRequest,
+    Hello,
+    RequestFailed,
+)
 from exo_tp.runtime.ports import free_ports
-from exo_tp.runtime.ring import ring_env, write_hostfile
+from exo_tp.runtime.supervisor import RankStatus, Supervisor
 
-POLL_SECONDS = 0.05
+log = logging.getLogger(__name__)
 
-
-class _Rank:
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes]):
-        self.rank = rank
-        self.proc = proc
-        self.ready = threading.Event()
-        self.tail: deque[str] = deque(maxlen=20)
-        self.threads: list[threading.Thread] = []
-
-    def last_error(self) -> str:
-        for line in reversed(self.tail):
-            if "Error" in line or "error" in line:
-                return line
-        return self.tail[-1] if self.tail else "no output"
+ADDRESS = "127.0.0.1"
 
 
-def _forward_stderr(rank: _Rank) -> None:
-    assert rank.proc.stderr is not None
-    for raw in rank.proc.stderr:
-        line = raw.decode(errors="replace").rstrip("\n")
-        if line == READY:
-            rank.ready.set()
-            continue
-        rank.tail.append(line)
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+def _jobs(model: str, plan: PipelinePlan, dtype: DType, source_port: int,
+          ) -> list[Assignment]:
+    hostfile: list[str] = [""] * plan.size
+    for stage in plan.stages:  # one ring (and port range) per stage
+        for rank, port in zip(stage.ranks, free_ports(stage.size), strict=True):
+            hostfile[rank] = f"{ADDRESS}:{port}"
+    conductor, *hops = free_ports(1 + (plan.size if len(plan.stages) > 1 else 0))
+    return [Assignment(
+        epoch=0, model=model, plan=plan, rank=rank, hostfile=tuple(hostfile),
+        conductor=f"{ADDRESS}:{conductor}", requests_at=f"{ADDRESS}:{source_port}",
+        hops=tuple(f"{ADDRESS}:{p}" for p in hops), dtype=dtype, measure_links=False,
+        serving=ServingOptions(max_concurrency=1, prompt_cache_size=0),
+    ) for rank in range(plan.size)]
 
 
-def _forward_stdout(rank: _Rank) -> None:
-    assert rank.proc.stdout is not None
-    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
-    while chunk := rank.proc.stdout.read1(4096):
-        if out is not None:
-            out.write(chunk)
-            out.flush()
-        else:
-            sys.stdout.write(chunk.decode(errors="replace"))
-            sys.stdout.flush()
+class _Launch:
+    """What the launch hears, from any thread, in one queue."""
 
+    def __init__(self) -> None:
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.conductor: Channel[Any] | None = None
 
-def _rank_env(rank: int, local: int, stage_size: int, hostfile: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
-    env[RANK_ENV] = str(rank)
-    # A ring of one cannot connect to itself: a single-rank stage runs without a group.
-    return {**env, **ring_env(local, hostfile)} if stage_size > 1 else env
+    def on_rank(self, status: RankStatus) -> None:
+        self.events.put(status)
 
-
-def _stop_all(ranks: list[_Rank]) -> None:
-    for r in ranks:
-        if r.proc.poll() is None:
-            r.proc.kill()
-    for r in ranks:
-        r.proc.wait()
-
-
-def launch_local(job: LaunchJob, join_timeout: float = 120.0) -> None:
-    """Run ``job`` on ``job.plan.size`` local ranks; raises ExoTpError if any rank fails."""
-    n = job.plan.size
-    stages = job.plan.stages
-    speaker = stages[-1].ranks[0]  # the last stage's first rank prints the text
-    with tempfile.TemporaryDirectory(prefix="exo-tp-launch-") as tmp:
-        jobfile = Path(tmp) / "job.json"
-        hostfiles = []
-        for index, stage in enumerate(stages):  # one ring (and port range) per stage
-            hostfiles.append(Path(tmp) / f"hostfile-{index}.json")
-            write_hostfile(hostfiles[-1], [f"127.0.0.1:{p}" for p in free_ports(stage.size)])
-        if len(stages) > 1:
-            job = job.model_copy(update={"hops": tuple(f"127.0.0.1:{p}" for p in free_ports(n))})
-        jobfile.write_text(job.model_dump_json())
-        ranks: list[_Rank] = []
-        try:
-            for r in range(n):
-                index, local = job.plan.locate(r)
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "exo_tp.runtime.worker", str(jobfile)],
-                    env=_rank_env(r, local, stages[index].size, hostfiles[index]),
-                    stdout=subprocess.PIPE if r == speaker else subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                )
-                rank = _Rank(r, proc)
-                rank.threads.append(threading.Thread(target=_forward_stderr, args=(rank,),
-                                                     daemon=True))
-                if r == speaker:
-                    rank.threads.append(threading.Thread(target=_forward_stdout, args=(rank,),
-                                                         daemon=True))
-                for t in rank.threads:
-                    t.start()
-                ranks.append(rank)
-            _watch(ranks, join_timeout)
-        finally:
-            _stop_all(ranks)
-            for r in ranks:
-                for t in r.threads:
-                    t.join(timeout=2)
-
-
-def _watch(ranks: list[_Rank], join_timeout: float) -> None:
-    deadline = time.monotonic() + join_timeout
-    while True:
-        codes = [r.proc.poll() for r in ranks]
-        failed = [r for r, code in zip(ranks, codes, strict=False) if code not in (None, 0)]
-        if failed:
-            first = failed[0]
-            for t in first.threads:
-                t.join(timeout=1)  # let its last words arrive
-            raise ExoTpError(
-                f"rank {first.rank} exited with code {first.proc.returncode} "
-                f"({first.last_error()}); stopped the other ranks"
-            )
-        if all(code == 0 for code in codes):
+    def on_conductor(self, channel: Channel[Any]) -> None:
+        hello = channel.recv()
+        if not isinstance(hello, Hello) or self.conductor is not None:
+            channel.close()
             return
-        if time.monotonic() > deadline and not all(r.ready.is_set() for r in ranks):
-            missing = [r.rank for r in ranks if not r.ready.is_set()]
-            raise ExoTpError(f"ranks {missing} did not join the ring within {join_timeout:.0f}s")
-        time.sleep(POLL_SECONDS)
+        self.conductor = channel
+        self.events.put(hello)
+        while (event := channel.recv()) is not None:
+            self.events.put(event)
+
+
+def _failure(status: RankStatus) -> ExoTpError | None:
+    if status.state == "exited" or status.stalled:
+        return ExoTpError(f"rank {status.job.rank} {status.error}; stopped the other ranks")
+    return None
+
+
+def launch_local(model: str, plan: PipelinePlan, request: GenerateRequest, dtype: DType,
+                 report_out: str | None = None, join_timeout: float = 120.0,
+                 stall_timeout: float = 60.0) -> dict[str, Any]:
+    """Generate ``request`` on ``plan.size`` local ranks, printing the text to stdout; returns
+    the report (also written to ``report_out``). Raises ExoTpError if a rank fails."""
+    key = secrets.token_bytes(32)
+    launch = _Launch()
+    source = Listener(f"{ADDRESS}:0", key, CONDUCTOR_EVENTS, launch.on_conductor, "launch")
+    supervisor = Supervisor(key, launch.on_rank, stall_timeout)
+    ranks = [supervisor.start(job) for job in _jobs(model, plan, dtype, source.port)]
+    joined = threading.Event()
+    timer = threading.Timer(join_timeout, lambda: joined.is_set() or launch.events.put("join"))
+    timer.daemon = True
+    timer.start()
+    tokens: list[int] = []
+    text: list[str] = []
+    done: Done | None = None
+    try:
+        while done is None:
+            event = launch.events.get()
+            if event == "join":
+                late = [s.job.rank for s in ranks if s.state in ("starting", "joining")]
+                if late:
+                    raise ExoTpError(f"ranks {late} did not join the ring within "
+                                     f"{join_timeout:.0f}s")
+            elif isinstance(event, RankStatus):
+                if (error := _failure(event)) is not None:
+                    raise error
+                if all(s.state not in ("starting", "joining") for s in ranks):
+                    joined.set()
+            elif isinstance(event, Hello):
+                assert launch.conductor is not None
+                launch.conductor.send(Generate(request=request))
+            elif isinstance(event, Delta):
+                tokens.extend(event.tokens)
+                text.append(event.text)
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, RequestFailed):
+                raise ExoTpError(f"generation failed: {event.message}")
+            elif isinstance(event, Done):
+                done = event
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if launch.conductor is not None:  # the ranks see the epoch end and leave together
+            launch.conductor.close()
+        for status in ranks:
+            try:
+                status.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                break
+    finally:
+        joined.set()
+        timer.cancel()
+        source.close()
+        supervisor.close()
+    decode = done.seconds - done.prompt_seconds
+    report = {
+        "tokens": tokens, "text": "".join(text), "prompt_tokens": done.prompt_tokens,
+        "generation_tps": done.completion_tokens / decode if decode > 0 else 0.0,
+        "prompt_tps": done.prompt_tokens / done.prompt_seconds if done.prompt_seconds else 0.0,
+        "finish_reason": done.finish_reason,
+        "memory_by_rank": [s.memory.model_dump() for s in ranks],
+    }
+    log.info("prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",
+             done.prompt_tokens, report["prompt_tps"], done.completion_tokens,
+             report["generation_tps"])
+    if report_out:
+        Path(report_out).write_text(json.dumps(report))
+    return report

@@ -56,6 +56,17 @@ class GenerateRequest(Frozen):
     logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
 
 
+# ---- every link ------------------------------------------------------------------------
+
+
+class Hello(Frozen):
+    """The first message from the connecting end of a link: which epoch and rank it is."""
+
+    kind: Literal["hello"] = "hello"
+    epoch: int
+    rank: int
+
+
 # ---- request source <-> conductor --------------------------------------------------------
 
 
@@ -101,6 +112,7 @@ class Done(Frozen):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV cache came from the prompt cache
+    prompt_seconds: float = 0.0  # until the first generated token
     seconds: float = 0.0
 
 
@@ -112,7 +124,7 @@ class RequestFailed(Frozen):
     message: str
 
 
-ConductorEvent = Annotated[Delta | Done | RequestFailed, Field(discriminator="kind")]
+ConductorEvent = Annotated[Hello | Delta | Done | RequestFailed, Field(discriminator="kind")]
 
 
 # ---- rank -> supervisor ------------------------------------------------------------------
@@ -127,8 +139,11 @@ class RankMemory(Frozen):
 
 
 class Joining(Frozen):
+    """The first message of a rank to its supervisor."""
+
     kind: Literal["joining"] = "joining"
     epoch: int
+    rank: int
 
 
 class Loading(Frozen):
@@ -170,10 +185,9 @@ class Insert(Frozen):
     """A request joins the batch (every rank inserts it at the same step)."""
 
     kind: Literal["insert"] = "insert"
-    uid: int
+    uid: int  # the batch generator's id: every rank's must agree
     tokens: tuple[int, ...]
     max_tokens: int
-    cached_tokens: int  # how many the conductor's prompt cache covers: every rank must agree
     save_logits: bool = False
 
 
@@ -182,13 +196,6 @@ class Remove(Frozen):
 
     kind: Literal["remove"] = "remove"
     uids: tuple[int, ...]
-
-
-class TrimPromptCache(Frozen):
-    """Keep only this many prompt-cache entries (the conductor evicted by bytes)."""
-
-    kind: Literal["trim_cache"] = "trim_cache"
-    entries: int
 
 
 class Tokens(Frozen):
@@ -201,7 +208,7 @@ class Tokens(Frozen):
     committed: int
 
 
-StageControl = Annotated[Insert | Remove | TrimPromptCache | Tokens,
+StageControl = Annotated[Insert | Remove | Tokens,
                          Field(discriminator="kind")]
 
 
@@ -217,10 +224,13 @@ class HiddenHeader(Frozen):
     cast: str  # MLX dtype to restore (bfloat16 travels as float32)
 
 
+HopMessage = Annotated[Hello | HiddenHeader, Field(discriminator="kind")]
+
 SOURCE_MESSAGES: TypeAdapter[Generate | Cancel] = TypeAdapter(SourceMessage)
-CONDUCTOR_EVENTS: TypeAdapter[Delta | Done | RequestFailed] = TypeAdapter(ConductorEvent)
+CONDUCTOR_EVENTS: TypeAdapter[Hello | Delta | Done | RequestFailed] = TypeAdapter(ConductorEvent)
 RANK_EVENTS: TypeAdapter[Joining | Loading | Ready | Heartbeat | RankFailed] = \
     TypeAdapter(RankEvent)
-STAGE_CONTROL: TypeAdapter[Insert | Remove | TrimPromptCache | Tokens] = \
+STAGE_CONTROL: TypeAdapter[Insert | Remove | Tokens] = \
     TypeAdapter(StageControl)
-HIDDEN_HEADER: TypeAdapter[HiddenHeader] = TypeAdapter(HiddenHeader)
+HOP_MESSAGES: TypeAdapter[Hello | HiddenHeader] = TypeAdapter(HopMessage)
+HELLO: TypeAdapter[Hello] = TypeAdapter(Hello)

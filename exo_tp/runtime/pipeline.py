@@ -1,31 +1,59 @@
-"""Running a pipeline plan: stage servers, and the last stage's view of the whole model.
+"""Pipeline stages as models the batch generator can drive.
 
-The last stage drives generation with mlx-lm's own loop (``generate``). Its model is
-``PipelineTail``: each forward sends the input tokens to stage 0, receives the hidden state from
-the stage before it, and runs its own layers, norm and LM head. The other stages serve those
-frames in order; a new KV cache in the driver resets theirs. Inside every stage, the ranks form
-their own MLX group for tensor parallelism.
+Every stage runs the same generator (see `exo_tp.runtime.batching`), so each forward call of the
+generator happens on every stage in the same order: a stage's model takes the hidden state the
+previous stage's first rank sent for this call (or, on stage 0, embeds the tokens), runs its
+layers and sends the result on to every rank of the next stage. The last stage ends with the norm
+and the LM head and returns the logits the conductor samples from; earlier stages return a
+placeholder of shape (B, L, 1), as their tokens come from the conductor. Inside every stage the
+ranks form their own MLX group for tensor parallelism. One batch is in flight across the stages
+at a time.
+
+Hops are channels (`exo_tp.runtime.channel`): a typed header, then the activation's raw bytes.
+bfloat16 travels as float32 (numpy has no bfloat16; the round trip is exact).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from exo_tp.plan.pipeline import PipelinePlan
-from exo_tp.runtime.hops import Frame, HopIn, HopOut, open_hops
+from exo_tp.runtime.channel import Channel
+from exo_tp.runtime.messages import Hello, HiddenHeader
+
+HopChannel = Channel[Hello | HiddenHeader]
 
 
-class PipelineTail(nn.Module):
-    def __init__(self, model: nn.Module, incoming: HopIn, outgoing: HopOut | None):
+def send_hidden(channel: HopChannel, hidden: mx.array) -> None:
+    cast = str(hidden.dtype).split(".")[-1]
+    data = np.array(hidden.astype(mx.float32) if hidden.dtype == mx.bfloat16 else hidden)
+    channel.send(HiddenHeader(shape=data.shape, dtype=str(data.dtype), cast=cast),
+                 raw=data.tobytes())
+
+
+def recv_hidden(channel: HopChannel) -> mx.array:
+    header = channel.recv()
+    raw = channel.recv_raw() if isinstance(header, HiddenHeader) else None
+    if raw is None or not isinstance(header, HiddenHeader):
+        raise ConnectionError("the previous pipeline stage went away")
+    data = np.frombuffer(raw, dtype=header.dtype).reshape(header.shape)
+    return mx.array(data).astype(getattr(mx, header.cast))
+
+
+class StageModel(nn.Module):
+    """One pipeline stage of a rank: its shard of its layers, fed by the previous stage's hop
+    (``incoming``; None on stage 0) and feeding the next stage's ranks (``outgoing``: only the
+    stage's first rank sends)."""
+
+    def __init__(self, model: nn.Module, incoming: HopChannel | None,
+                 outgoing: list[HopChannel], last: bool):
         super().__init__()
         self.model = model
-        self._incoming, self._outgoing = incoming, outgoing
-        self._cache_id: int | None = None
+        self._incoming, self._outgoing, self._last = incoming, outgoing, last
 
     @property
     def layers(self) -> list[Any]:
@@ -35,57 +63,15 @@ class PipelineTail(nn.Module):
         return make_prompt_cache(self.model)
 
     def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
-        if cache is None or id(cache) != self._cache_id:  # a new request: fresh caches upstream
-            self._cache_id = None if cache is None else id(cache)
-            if self._outgoing is not None:
-                self._outgoing.send(Frame("reset"))
-        mx.eval(inputs)
-        if self._outgoing is not None:  # only the stage's first rank feeds stage 0
-            self._outgoing.send(Frame("tokens", inputs.astype(mx.int32)))
-        frame = self._incoming.recv()
-        if frame is None or frame.array is None:
-            raise RuntimeError("the previous pipeline stage went away")
-        return self.model(inputs, cache=cache, input_embeddings=frame.array)
-
-
-def serve_stage(model: nn.Module, incoming: HopIn, outgoing: HopOut | None,
-                forward_resets: bool) -> None:
-    """A stage before the last: run its layers on every frame until the link closes."""
-    cache: list[Any] | None = None
-    inner = model.model
-    while (frame := incoming.recv()) is not None:
-        if frame.kind == "reset":
-            cache = make_prompt_cache(model)
-            if outgoing is not None and forward_resets:
-                outgoing.send(frame)
-            continue
-        assert frame.array is not None
-        if frame.kind == "tokens":
-            hidden = inner(frame.array, cache)
+        if self._incoming is None:
+            hidden = self.model.model(inputs, cache)
         else:
-            dummy = mx.zeros(frame.array.shape[:2], dtype=mx.int32)
-            hidden = inner(dummy, cache, input_embeddings=frame.array)
+            received = recv_hidden(self._incoming)
+            if self._last:
+                return self.model(inputs, cache=cache, input_embeddings=received)
+            hidden = self.model.model(mx.zeros(inputs.shape, dtype=mx.int32), cache,
+                                      input_embeddings=received)
         mx.eval(hidden)
-        if outgoing is not None:
-            outgoing.send(Frame("hidden", hidden))
-
-
-def stage_driver(model: nn.Module, plan: PipelinePlan, rank: int, hops: Sequence[str],
-                 timeout: float, before_serving: Callable[[], None] = lambda: None,
-                 ) -> nn.Module | None:
-    """What rank ``rank`` generates with: its model alone (one stage), the last stage's
-    ``PipelineTail``, or None for an earlier stage once it has served until the link closed
-    (``before_serving`` runs as it starts serving)."""
-    index, local = plan.locate(rank)
-    stages = plan.stages
-    if len(stages) == 1:
-        return model
-    after = stages[(index + 1) % len(stages)]
-    targets = [hops[r] for r in after.ranks] if local == 0 else []
-    incoming, outgoing = open_hops(hops[rank], targets, True, timeout)
-    assert incoming is not None
-    if index < len(stages) - 1:
-        before_serving()
-        serve_stage(model, incoming, outgoing, forward_resets=index + 1 < len(stages) - 1)
-        return None
-    return PipelineTail(model, incoming, outgoing)
+        for channel in self._outgoing:
+            send_hidden(channel, hidden)
+        return mx.zeros((*inputs.shape, 1), dtype=mx.float32)

@@ -43,3 +43,15 @@ def barrier(group: mx.distributed.Group) -> None:
     mx.synchronize()
     if group.size() > 1:
         mx.eval(mx.distributed.all_sum(mx.ones(1), group=group))
+
+
+def leave(group: mx.distributed.Group) -> None:
+    """A normal end of the group: meet at a barrier, then stop reporting on stderr. The
+    group's ranks exit a few milliseconds apart, and MLX logs each peer that closed its socket
+    first: noise at the end of a finished job, not news."""
+    try:
+        barrier(group)
+    except RuntimeError:  # a peer is already gone: nothing left to wait for
+        return
+    if group.size() > 1:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)

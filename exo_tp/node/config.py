@@ -1,0 +1,34 @@
+"""A node's settings (from `exo-tp run`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exo_tp.node.backend_choice import Requested
+from exo_tp.runtime.job import DType, ServingOptions
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_id: str
+    model: str
+    host: str = "127.0.0.1"
+    api_port: int = 8000
+    control_port: int = 0  # 0: any free port (announced over mDNS)
+    cluster: str = "exo-tp"
+    secret: str = ""
+    weight: float = 0.0  # manual share weight; 0: use the measured profile
+    dtype: DType = "float32"
+    settle: float = 1.5
+    bind: str = ""  # address the HTTP servers listen on (default: ``host``)
+    backend: Requested = "auto"
+    rdma: dict[str, str] = field(default_factory=dict)  # peer node id -> RDMA device
+    backends: tuple[str, ...] = ("ring",)  # backends MLX can start on this node
+    stages: tuple[int, ...] = ()  # leader: force pipeline stages (ranks per stage)
+    serving: ServingOptions = ServingOptions()
+    max_queue: int = 64  # requests waiting beyond the batch before 429s
+    stall_timeout: float = 30.0  # a rank making no progress this long fails its epoch
+
+    @property
+    def listen_host(self) -> str:
+        return self.bind or self.host

@@ -1,0 +1,169 @@
+"""The leader's request source: the epoch's conductor connects here; requests go out as they
+arrive (the conductor batches them, up to ``max_concurrency`` at once) and their events come
+back. Beyond the batch, requests wait here in arrival order; beyond ``max_queue`` waiting they
+get a 429 with Retry-After. A client that goes away cancels its request on every rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from exo_tp.api.errors import ApiError
+from exo_tp.runtime.channel import Channel, Listener
+from exo_tp.runtime.messages import (
+    CONDUCTOR_EVENTS,
+    Cancel,
+    Delta,
+    Done,
+    Generate,
+    GenerateRequest,
+    Hello,
+    RequestFailed,
+)
+
+log = logging.getLogger(__name__)
+
+ConductorChannel = Channel[Hello | Delta | Done | RequestFailed]
+
+
+class Dispatcher:
+    def __init__(self, key: bytes, host: str, max_concurrency: int, max_queue: int):
+        self._key, self._host = key, host
+        self.max_concurrency, self.max_queue = max_concurrency, max_queue
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: Listener[Any] | None = None
+        self.expected_epoch: int | None = None
+        self.conductor: ConductorChannel | None = None  # serving
+        self._arrived: ConductorChannel | None = None  # connected, not yet serving
+        self.conductor_epoch: int | None = None
+        self.unavailable_reason = "the cluster is forming"
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._waiting = 0
+        self._streams: dict[str, asyncio.Queue[Delta | Done | ApiError]] = {}
+        self._ids = itertools.count()
+        self.on_conductor_lost: Callable[[int], None] | None = None  # set by the leader
+
+    async def start(self) -> int:
+        self._loop = asyncio.get_running_loop()
+        self._listener = Listener(f"{self._host}:0", self._key, CONDUCTOR_EVENTS,
+                                  self._on_channel, "requests")
+        return self._listener.port
+
+    def stop(self) -> None:
+        self.detach("the node is stopping")
+        if self._listener is not None:
+            self._listener.close()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    # ---- the conductor's link (its events arrive on a listener thread) ---------------------
+
+    def _on_channel(self, channel: ConductorChannel) -> None:
+        assert self._loop is not None
+        hello = channel.recv()
+        if not isinstance(hello, Hello):
+            channel.close()
+            return
+        self._loop.call_soon_threadsafe(self._offer, channel, hello.epoch)
+        while (event := channel.recv()) is not None:
+            self._loop.call_soon_threadsafe(self._on_event, channel, event)
+        self._loop.call_soon_threadsafe(self._lost, channel, hello.epoch)
+
+    def _offer(self, channel: ConductorChannel, epoch: int) -> None:
+        if epoch != self.expected_epoch:  # the conductor of an epoch this leader is not running
+            channel.close()
+            return
+        if self.conductor is not None:
+            self.conductor.close()
+        if self._arrived is not None:
+            self._arrived.close()
+        self.conductor, self._arrived, self.conductor_epoch = None, channel, epoch
+
+    def attach(self, epoch: int) -> bool:
+        """Serve through the conductor of ``epoch`` once it connected (False: not yet)."""
+        channel = self._arrived
+        if channel is None or self.conductor_epoch != epoch or channel.closed:
+            return False
+        self.conductor, self._arrived = channel, None
+        return True
+
+    def _lost(self, channel: ConductorChannel, epoch: int) -> None:
+        if channel is self.conductor or channel is self._arrived:
+            self.conductor = self._arrived = None
+            if self.on_conductor_lost is not None:
+                self.on_conductor_lost(epoch)
+
+    def _on_event(self, channel: ConductorChannel, event: Delta | Done | RequestFailed | Hello,
+                  ) -> None:
+        if channel is not self.conductor or isinstance(event, Hello):
+            return
+        stream = self._streams.get(event.id)
+        if stream is None:
+            return
+        if isinstance(event, RequestFailed):
+            stream.put_nowait(ApiError(500, f"generation failed: {event.message}",
+                                       kind="server_error", code="generation_failed"))
+        else:
+            stream.put_nowait(event)
+
+    def detach(self, reason: str) -> None:
+        """Stop serving: in-flight and queued requests fail with ``reason``."""
+        if self.conductor is not None:
+            self.conductor.close()
+        self.conductor = None
+        self.unavailable_reason = reason
+        for stream in self._streams.values():
+            stream.put_nowait(ApiError(503, f"generation failed: {reason}",
+                                       kind="server_error", code="cluster_failure"))
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def _unavailable(self) -> ApiError:
+        return ApiError(503, f"cluster not ready: {self.unavailable_reason}",
+                        kind="server_error", code="cluster_not_ready", retry_after=5)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+        """Events of one generation; closing the iterator early cancels it on every rank."""
+        if self.conductor is None:
+            raise self._unavailable()
+        if self._slots.locked() and self._waiting >= self.max_queue:
+            raise ApiError(429, f"the cluster is busy: {self.max_concurrency} requests "
+                                f"running and {self._waiting} waiting; retry later",
+                           kind="server_error", code="queue_full",
+                           retry_after=max(1, self._waiting // self.max_concurrency))
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        request = request.model_copy(update={"id": f"{request.id}-{next(self._ids)}"})
+        stream: asyncio.Queue[Delta | Done | ApiError] = asyncio.Queue()
+        conductor = self.conductor
+        finished = False
+        try:
+            if conductor is None:
+                raise self._unavailable()
+            self._streams[request.id] = stream
+            conductor.send(Generate(request=request))
+            while True:
+                event = await stream.get()
+                if isinstance(event, ApiError):
+                    finished = True
+                    raise event
+                yield event
+                if isinstance(event, Done):
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(request.id, None)
+            if not finished and conductor is not None and conductor is self.conductor:
+                with contextlib.suppress(OSError):
+                    conductor.send(Cancel(id=request.id))
+            self._slots.release()

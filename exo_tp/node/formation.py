@@ -1,0 +1,275 @@
+"""Leadership and cluster formation. Every node runs the same loop; it acts only while it leads
+(the alive member with the smallest id).
+
+Formation:
+1. the eligible membership (alive, not quarantined) has been stable for ``settle`` seconds and
+   every member's last status names this node as leader (so two nodes never assign ranks at
+   once);
+2. plan the model over the members (forced stages, manual weights, or the planner's search over
+   measured profiles, which may leave slow members out);
+3. ask every chosen member for fresh ports, send each its Assignment of a new, higher epoch; each
+   node replaces its worker;
+4. once every worker is ready and the conductor joined the dispatcher, requests flow.
+A member that stops answering, a worker that exits or stalls, the conductor's link dropping, or a
+membership change starts a new epoch; meanwhile requests get a 503. Failing epochs back off
+(1, 2, 4 ... 30 s). A member whose worker froze is left out for a while (quarantine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from exo_tp.errors import PlanError
+from exo_tp.node.announcement import Announcement
+from exo_tp.node.backend_choice import choose_backend
+from exo_tp.node.config import NodeConfig
+from exo_tp.node.control import ControlClient, ControlRefused, EpochState, NodeStatus
+from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.peers import POLL_SECONDS, Peers
+from exo_tp.node.planning import cluster_from_members
+from exo_tp.plan import ModelSpec, plan_tensor_parallel
+from exo_tp.plan.cost import weight_format
+from exo_tp.plan.devices import ProfileSummary
+from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
+from exo_tp.plan.predict import Prediction
+from exo_tp.plan.render import describe
+from exo_tp.plan.render_choice import describe_candidate
+from exo_tp.plan.search import choose_plan
+from exo_tp.runtime.job import Assignment
+
+log = logging.getLogger(__name__)
+
+LOAD_TIMEOUT = 240.0
+QUARANTINE_MIN = 60.0
+
+
+@dataclass
+class Epoch:
+    """The leader's record of the cluster it formed."""
+
+    number: int
+    nodes: tuple[str, ...]  # node id per global rank
+    plan: PipelinePlan
+    members: tuple[str, ...] = ()  # every eligible member it was formed for
+    prediction: Prediction | None = None  # the cost model's, when planned from profiles
+    state: EpochState = "loading"
+    started: float = field(default_factory=time.monotonic)
+    reason: str = ""
+
+
+def node_weights(members: list[Announcement], profiles: dict[str, ProfileSummary | None],
+                 fmt: str) -> list[float]:
+    """Share weight of each member: the manual weights if every member set one; else each
+    member's decode speed (bytes/s) for the model's weight format, from its profile summary
+    (or its announced headline score); a member with neither gets the others' mean speed.
+    ``fmt``: the model's weight format (`exo_tp.plan.cost.weight_format`)."""
+    if all(a.weight > 0 for a in members):
+        return [a.weight for a in members]
+    if any(a.weight > 0 for a in members):
+        log.warning("manual weights ignored: not every node set --weight (%s)",
+                    ", ".join(a.node_id for a in members if a.weight <= 0))
+
+    def speed(a: Announcement) -> float | None:
+        profile = profiles.get(a.node_id)
+        if profile is not None:
+            return profile.decode_speed_for(fmt)
+        return 1.0 / a.decode_seconds_per_byte if a.decode_seconds_per_byte > 0 else None
+
+    speeds = [speed(a) for a in members]
+    known = [x for x in speeds if x is not None]
+    fill = sum(known) / len(known) if known else 1.0
+    return [fill if x is None else x for x in speeds]
+
+
+class Leader:
+    def __init__(self, config: NodeConfig, spec: ModelSpec, peers: Peers,
+                 control: ControlClient, dispatcher: Dispatcher, requests_port: int,
+                 highest_epoch: Callable[[], int]):
+        self.config, self.spec, self.peers = config, spec, peers
+        self._control, self._dispatcher = control, dispatcher
+        self._requests_port = requests_port
+        self._highest_epoch = highest_epoch
+        self.led: Epoch | None = None
+        self._retry_at = 0.0  # no new epoch before this (after failures)
+        self._failures = 0
+        self._quarantine: dict[str, float] = {}  # node id -> until (monotonic)
+        dispatcher.on_conductor_lost = self._conductor_lost
+
+    @property
+    def me(self) -> str:
+        return self.config.node_id
+
+    def leads(self) -> bool:
+        return self.peers.leader_id() == self.me
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            try:
+                await self._lead_once()
+            except (aiohttp.ClientError, TimeoutError, ControlRefused, OSError) as error:
+                log.warning("formation round failed: %s", error)
+                self._fail("formation failed: " + (str(error) or type(error).__name__))
+                await asyncio.sleep(1.0)
+
+    def _eligible(self) -> list[Announcement]:
+        now = time.monotonic()
+        self._quarantine = {n: t for n, t in self._quarantine.items() if t > now}
+        return [m for m in self.peers.alive() if m.node_id not in self._quarantine]
+
+    async def _lead_once(self) -> None:
+        if not self.leads():
+            if self.led is not None:
+                self._dispatcher.detach("leadership moved")
+                self.led = None
+            return
+        members = self._eligible()
+        nodes = tuple(sorted(m.node_id for m in members))
+        led = self.led
+        if led is not None and led.members == nodes and led.state != "failed":
+            self._track(led)
+            return
+        if time.monotonic() - self.peers.changed_at < self.config.settle:
+            return
+        if led is not None and led.members == nodes and time.monotonic() < self._retry_at:
+            return
+        if not members or not self._agreed(members):
+            return
+        await self._form(members)
+
+    def _agreed(self, members: list[Announcement]) -> bool:
+        for member in members:
+            status = self.peers.status(member.node_id, max_age=3 * POLL_SECONDS)
+            if status is None or status.leader != self.me:
+                return False
+        return True
+
+    def _fail(self, reason: str) -> None:
+        led = self.led
+        if led is not None and led.state != "failed":
+            log.warning("epoch %d failed: %s", led.number, reason)
+            led.state, led.reason = "failed", reason
+            # back off 1, 2, 4 ... 30 s so a persistent problem does not spin
+            self._retry_at = time.monotonic() + min(30.0, 2.0 ** self._failures)
+            self._failures += 1
+        self._dispatcher.detach(reason)
+
+    def _conductor_lost(self, epoch: int) -> None:
+        if self.led is not None and self.led.number == epoch:
+            self._fail("the conductor (last stage's first rank) went away")
+
+    def _track(self, led: Epoch) -> None:
+        """Follow an epoch's workers: ready once all are, failed when one exits or stalls."""
+        statuses: dict[str, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
+        for node_id, status in statuses.items():
+            if status is None or status.worker_epoch != led.number:
+                continue
+            if status.worker_stalled is not None:
+                if status.worker_stalled == "frozen":  # re-plan without it for a while
+                    self._quarantine[node_id] = time.monotonic() + max(
+                        QUARANTINE_MIN, 4 * self.config.stall_timeout)
+                self._fail(f"the worker on {node_id} {status.worker_error}")
+                return
+            if status.worker_state == "exited":
+                self._fail(f"the worker on {node_id} stopped: {status.worker_error}")
+                return
+        if led.state != "loading":
+            return
+        ready = all(s is not None and s.worker_epoch == led.number and s.worker_state == "ready"
+                    for s in statuses.values())
+        if ready and self._dispatcher.attach(led.number):
+            led.state, self._failures = "ready", 0
+            log.info("epoch %d ready: %d ranks", led.number, len(led.nodes))
+        elif time.monotonic() - led.started > LOAD_TIMEOUT:
+            self._fail(f"workers not ready after {LOAD_TIMEOUT:.0f}s")
+
+    # ---- planning and forming --------------------------------------------------------------
+
+    def _plan(self, members: list[Announcement], own_profile: ProfileSummary | None,
+              ) -> tuple[PipelinePlan, list[Announcement], Prediction | None]:
+        """The plan for these members, the member holding each global rank, the prediction.
+
+        Forced stages and manual weights plan as told; otherwise, when every member announced
+        its measured scores, the planner chooses (and may leave slow members out).
+        """
+        members = sorted(members, key=lambda a: (a.node_id != self.me, a.node_id))
+        profiles: dict[str, ProfileSummary | None] = {}
+        for a in members:
+            status = self.peers.status(a.node_id)
+            profiles[a.node_id] = own_profile if a.node_id == self.me else (
+                status.profile if status else None)
+        weights = node_weights(members, profiles, weight_format(self.spec))
+        stages = self.config.stages
+        if stages and sum(stages) == len(members):
+            groups, start = [], 0
+            for size in stages:
+                groups.append(weights[start:start + size])
+                start += size
+            return plan_pipeline(self.spec, groups), members, None
+        measured = all(a.weight <= 0 and (profiles[a.node_id] is not None
+                                          or a.decode_seconds_per_byte > 0) for a in members)
+        if measured:  # weights are then decode speeds for the model's weight format
+            choice = choose_plan(self.spec, cluster_from_members(members, weights))
+            names = [m.node_id for m in members]
+            log.info("planner: %s; runner-ups: %s", describe_candidate(choice.best, names),
+                     "; ".join(f"{c.prediction.tokens_per_second:.3g} tok/s "
+                               f"{describe_candidate(c, names)}" for c in choice.alternatives))
+            chosen = [members[d] for d in choice.best.devices]
+            return choice.best.plan, chosen, choice.best.prediction
+        return single_stage(plan_tensor_parallel(self.spec, weights)), members, None
+
+    async def _form(self, eligible: list[Announcement]) -> None:
+        me = self.peers.status(self.me)
+        plan, members, prediction = self._plan(eligible, me.profile if me else None)
+        nodes = tuple(m.node_id for m in members)
+        number = max(self._highest_epoch(), self.led.number if self.led else 0,
+                     max((s.epoch for s in self.peers.statuses.values()), default=0)) + 1
+        previous = self.led
+        self.led = Epoch(number=number, nodes=nodes, plan=plan,
+                         members=tuple(sorted(m.node_id for m in eligible)),
+                         prediction=prediction)
+        self._dispatcher.detach("the cluster is re-planning")
+        self._dispatcher.expected_epoch = number
+        statuses = {n: self.peers.status(n) for n in nodes}
+        try:
+            backend = choose_backend(
+                self.config.backend, nodes,
+                {n: s.backends if s else ("ring",) for n, s in statuses.items()},
+                {n: s.rdma if s else {} for n, s in statuses.items()})
+        except PlanError as error:
+            self._fail(str(error))
+            return
+        log.info("forming epoch %d over %s: %s; %s", number, list(nodes), describe(plan),
+                 backend.reason)
+        ports = await asyncio.gather(*(self._control.ports(m, number) for m in members))
+        ranks = range(len(members))
+        hops = tuple(f"{members[r].host}:{ports[r].hop}" for r in ranks) \
+            if len(plan.stages) > 1 else ()
+        conductor = plan.stages[-1].ranks[0]
+        for rank, member in enumerate(members):
+            assignment = Assignment(
+                epoch=number, model=self.config.model, plan=plan, rank=rank,
+                hostfile=tuple(f"{members[r].host}:{ports[r].ring}" for r in ranks),
+                conductor=f"{members[conductor].host}:{ports[conductor].conductor}",
+                requests_at=f"{self.config.host}:{self._requests_port}", hops=hops,
+                nodes=nodes, dtype=self.config.dtype, backend=backend.backend,
+                ibv_devices=backend.ibv_devices, prediction=prediction,
+                serving=self.config.serving)
+            await self._control.assign(member, assignment, self.me)
+        self.led.started = time.monotonic()
+        if previous is not None:  # members dropped from the cluster let their workers go
+            dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
+            await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
+
+    async def _release(self, peer: Announcement, epoch: int) -> None:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):
+            await self._control.release(peer, epoch)

@@ -1,0 +1,301 @@
+"""One exo-tp node: wires its parts together and shows the public API a view of them.
+
+- `Peers` (discovery, membership, the status poll),
+- the signed control server (`control_app`) peers and the leader call,
+- `NodeWorker` (this node's rank process for the current epoch),
+- `Leader` (formation, while this node leads) and its `Dispatcher` (the request source),
+- the public API (`exo_tp.api`), which sees this class as its `Backend`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from exo_tp import __version__
+from exo_tp.api.errors import ApiError
+from exo_tp.api.routes import build_public_app
+from exo_tp.api.views import plan_view
+from exo_tp.node.announcement import Announcement
+from exo_tp.node.config import NodeConfig
+from exo_tp.node.control import (
+    Accepted,
+    Assign,
+    ControlClient,
+    ControlRefused,
+    NodeStatus,
+    Ports,
+    PortsRequest,
+    Release,
+    Released,
+    control_app,
+)
+from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.formation import Leader
+from exo_tp.node.memory import memory_now
+from exo_tp.node.peers import Peers
+from exo_tp.node.worker import NodeWorker
+from exo_tp.plan import load_spec
+from exo_tp.plan.devices import ProfileSummary
+from exo_tp.runtime.messages import Delta, Done, GenerateRequest
+from exo_tp.runtime.ports import free_ports
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    def __init__(self, config: NodeConfig, model_dir: Path, tokenizer: TokenizerWrapper,
+                 profile: ProfileSummary | None = None):
+        self.config = config
+        self.model_dir = model_dir
+        self.tokenizer = tokenizer
+        self.spec = load_spec(model_dir)
+        self.profile = profile
+        self.started = time.time()
+        self.epoch_seen = 0
+        self.control = ControlClient(config.secret)
+        self.worker = NodeWorker(config.secret, config.stall_timeout)
+        self.dispatcher = Dispatcher(config.secret.encode(), config.listen_host,
+                                     config.serving.max_concurrency, config.max_queue)
+        self.peers: Peers | None = None
+        self.leader: Leader | None = None
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, public_routes: web.RouteTableDef) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
+        control_port = await self._serve(
+            control_app(self.config.secret, self._status, self._ports, self._assign,
+                        self._release), self.config.control_port)
+        requests_port = await self.dispatcher.start()
+        await self._serve(build_public_app(self, public_routes), self.config.api_port,
+                          handler_cancellation=True)
+        me = self._announcement(control_port)
+        self.peers = Peers(me, self.config.secret, self.config.host, self.control,
+                           self.status)
+        await self.peers.start()
+        self.leader = Leader(self.config, self.spec, self.peers, self.control, self.dispatcher,
+                             requests_port, lambda: self.epoch_seen)
+        self._tasks = [asyncio.create_task(self._maintain(), name="maintain"),
+                       asyncio.create_task(self.leader.run_forever(), name="leader")]
+        log.info("node %s up: api %s, control port %d, cluster %r", self.node_id, me.api_url,
+                 control_port, self.config.cluster)
+
+    async def _serve(self, app: web.Application, port: int, **kwargs: Any) -> int:
+        runner = web.AppRunner(app, access_log=None, **kwargs)
+        await runner.setup()
+        await web.TCPSite(runner, self.config.listen_host, port).start()
+        self._runners.append(runner)
+        return runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.worker.close()
+        self.dispatcher.stop()
+        if self.peers is not None:
+            await self.peers.stop()
+        for runner in self._runners:
+            await runner.cleanup()
+        await self.control.close()
+        if self._session is not None:
+            await self._session.close()
+
+    def _announcement(self, control_port: int) -> Announcement:
+        memory = memory_now(None)  # at start; status polls report it live
+        profile = self.profile
+        return Announcement(
+            node_id=self.node_id, version=__version__, cluster=self.config.cluster,
+            host=self.config.host, api_port=self.config.api_port, control_port=control_port,
+            memory_total=memory["total"] or 0, memory_available=memory["available"] or 0,
+            decode_seconds_per_byte=profile.decode_seconds_per_byte if profile else 0.0,
+            prefill_flops=profile.prefill_flops if profile else 0.0,
+            weight=self.config.weight, started=self.started,
+        )
+
+    async def _maintain(self) -> None:
+        """Poll the peers every second; stop a worker whose leader is gone (it would spin in
+        a dead ring)."""
+        assert self.peers is not None
+        while True:
+            await self.peers.poll_once()
+            leader = self.worker.assigned_by
+            if (self.worker.rank is not None and leader != self.node_id
+                    and leader not in self.peers.alive_ids()):
+                log.warning("leader %s is gone; stopping worker of epoch %s", leader,
+                            self.worker.epoch)
+                await self.worker.replace(None)
+            await asyncio.sleep(1.0 if len(self.peers.membership.members) > 1 else 0.5)
+
+    # ---- the control server ---------------------------------------------------------------
+
+    def status(self) -> NodeStatus:
+        leader = self.leader
+        leads = leader is not None and leader.leads() and leader.led is not None
+        worker = self.worker
+        return NodeStatus(
+            node_id=self.node_id, leader=self.leader_id(), epoch=self.epoch_seen,
+            worker_epoch=worker.epoch, worker_state=worker.state, worker_error=worker.error,
+            worker_stalled=worker.stalled, profile=self.profile, weight=self.config.weight,
+            cluster_state=leader.led.state if leads and leader.led else None,
+            cluster_reason=leader.led.reason if leads and leader.led else None,
+            backends=self.config.backends, rdma=self.config.rdma,
+            memory=worker.machine_memory(), rank_memory=worker.rank_memory,
+            links=worker.links)
+
+    async def _status(self) -> NodeStatus:
+        return self.status()
+
+    async def _ports(self, request: PortsRequest) -> Ports:
+        ring, conductor, hop = free_ports(3, host=self.config.host)
+        return Ports(ring=ring, conductor=conductor, hop=hop)
+
+    async def _assign(self, body: Assign) -> Accepted:
+        assignment = body.assignment
+        if self.peers is None or body.leader != self.peers.leader_id():
+            raise ControlRefused(f"{body.leader} is not my leader")
+        if assignment.epoch <= self.epoch_seen and assignment.epoch != 0:
+            raise ControlRefused("stale epoch")
+        self.epoch_seen = max(self.epoch_seen, assignment.epoch)
+        await self.worker.replace(assignment, body.leader)
+        return Accepted(accepted=assignment.epoch)
+
+    async def _release(self, body: Release) -> Released:
+        epoch = self.worker.epoch
+        if epoch is not None and epoch <= body.epoch:
+            await self.worker.replace(None)
+        return Released(released=body.epoch)
+
+    # ---- the public API's view of this node (exo_tp.api.backend.Backend) -----------------
+
+    @property
+    def node_id(self) -> str:
+        return self.config.node_id
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    @property
+    def context_length(self) -> int:
+        return self.spec.context_length
+
+    def leader_id(self) -> str | None:
+        return self.peers.leader_id() if self.peers else None
+
+    def _leads(self) -> bool:
+        return self.leader is not None and self.leader.leads()
+
+    def generation_url(self) -> str | None:
+        if self._leads():
+            return None
+        leader = self.peers.get(self.peers.leader_id()) if self.peers else None
+        if leader is None:
+            raise ApiError(503, "cluster not ready: no leader", kind="server_error",
+                           code="cluster_not_ready")
+        return leader.api_url
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+        return self.dispatcher.generate(request)
+
+    def _leader_status(self) -> NodeStatus | None:
+        return self.peers.status(self.peers.leader_id()) if self.peers else None
+
+    def health(self) -> dict[str, Any]:
+        worker = self.worker
+        stalled = worker.stalled is not None
+        return {"status": "stalled" if stalled else "ok", "node_id": self.node_id,
+                "state": self.serving_state(), "leader": self.leader_id(),
+                "worker": {"epoch": worker.epoch, "state": worker.state,
+                           "stalled": worker.stalled, "error": worker.error}}
+
+    def serving_state(self) -> str:
+        if self._leads():
+            assert self.leader is not None
+            return self.leader.led.state if self.leader.led else "forming"
+        status = self._leader_status()
+        return status.cluster_state if status and status.cluster_state else "unknown"
+
+    def state_reason(self) -> str:
+        if self._leads():
+            assert self.leader is not None
+            return self.leader.led.reason if self.leader.led else "waiting for peers to settle"
+        status = self._leader_status()
+        return status.cluster_reason or "" if status else ""
+
+    async def plan_view(self) -> dict[str, Any]:
+        assignment = self.worker.assignment
+        if assignment is None:
+            # A node the planner left out holds no rank but still shows the cluster's plan.
+            leader = self.peers.get(self.peers.leader_id()) if self.peers else None
+            if leader is not None and not self._leads() and self._session is not None:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with self._session.get(leader.api_url + "/v1/plan") as upstream:
+                        view = await upstream.json()
+                        if view.get("nodes"):
+                            return view
+            return {"epoch": None, "state": self.serving_state(), "plan": None, "nodes": []}
+        return {"epoch": assignment.epoch, "state": self.serving_state(),
+                "model": assignment.model, "nodes": list(assignment.nodes),
+                **plan_view(assignment.plan, assignment.prediction)}
+
+    def cluster_view(self) -> dict[str, Any]:
+        assert self.peers is not None
+        alive = set(self.peers.alive_ids())
+        leader = self.peers.leader_id()
+        nodes = []
+        for node_id, member in sorted(self.peers.membership.members.items()):
+            a = member.announcement
+            status = self.peers.status(node_id)
+            nodes.append({
+                "node_id": node_id, "host": a.host, "api_url": a.api_url,
+                "alive": node_id in alive, "leader": node_id == leader,
+                "weight": a.weight, "memory_total": a.memory_total,
+                "memory_available": a.memory_available,
+                "decode_seconds_per_byte": a.decode_seconds_per_byte,
+                "prefill_flops": a.prefill_flops, "version": a.version,
+                "worker_state": status.worker_state if status else None,
+                "worker_stalled": status.worker_stalled if status else None,
+                "profile": status.profile.model_dump(mode="json")
+                if status and status.profile else {},
+                # live: total/available/used bytes of the machine, worker_rss of its worker
+                "memory": status.memory.model_dump() if status else None,
+            })
+        assignment = self.worker.assignment
+        return {
+            "cluster": self.config.cluster, "node_id": self.node_id, "leader": leader,
+            "epoch": self.epoch_seen, "state": self.serving_state(),
+            "state_reason": self.state_reason(),
+            "backend": assignment.backend if assignment else None, "nodes": nodes,
+            "ranks": list(assignment.nodes) if assignment else [],
+            "links": self._links_view(),
+            "serving": {"max_concurrency": self.config.serving.max_concurrency,
+                        "in_flight": self.dispatcher.in_flight},
+        }
+
+    def _links_view(self) -> list[dict[str, Any]]:
+        """Links measured by the workers of the current epoch (each once)."""
+        assignment = self.worker.assignment
+        if assignment is None or self.peers is None:
+            return []
+        links = {}
+        for node_id in assignment.nodes:
+            status = self.peers.status(node_id)
+            if status is None or status.worker_epoch != assignment.epoch:
+                continue
+            for link in status.links:
+                links[tuple(sorted((link.a, link.b)))] = link.model_dump(mode="json")
+        return [links[k] for k in sorted(links)]

@@ -1,0 +1,272 @@
+"""The conductor: the last stage's first rank. It takes requests from the request source,
+decides every change to the batch (see `exo_tp.runtime.batching`), samples every sequence with
+its own parameters, broadcasts the tokens, and streams each request's text back.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from exo_tp.runtime.batching import DivergedError, LockstepBatch, Response, Word
+from exo_tp.runtime.channel import Channel
+from exo_tp.runtime.messages import (
+    Cancel,
+    Delta,
+    Done,
+    FinishReason,
+    Generate,
+    GenerateRequest,
+    Insert,
+    Remove,
+    RequestFailed,
+    Tokens,
+)
+from exo_tp.runtime.ring import leave
+from exo_tp.runtime.sampling import make_request_processors, make_request_sampler, token_logprob
+from exo_tp.runtime.stop_strings import StopMatcher
+from exo_tp.shard.collectives import broadcast_from_first
+
+log = logging.getLogger(__name__)
+
+
+def _restore_random_state(key: mx.array) -> None:
+    """Make ``key`` MLX's global random key: `mx.random.seed(n)` sets the key (n >> 32,
+    n & 0xffffffff), so every key is some seed."""
+    high, low = key.tolist()
+    mx.random.seed((high << 32) | low)
+
+
+@dataclass
+class _Request:
+    """A request the conductor committed, until it leaves the batch."""
+
+    request: GenerateRequest
+    uid: int
+    sampler: Callable[[mx.array], mx.array]
+    processors: list[Any]
+    detokenizer: Any
+    stops: StopMatcher
+    started: float = field(default_factory=time.perf_counter)
+    key: mx.array | None = None  # its own random stream, when it has a seed
+    first_token: float = 0.0
+    generated: int = 0
+    cached: int = 0
+    finished: bool = False  # done for the client (it may still be in the batch for a step)
+
+    def sample(self, logprobs: mx.array) -> mx.array:
+        if self.key is None:
+            return self.sampler(logprobs)
+        outside = mx.random.state[0]
+        _restore_random_state(self.key)
+        token = self.sampler(logprobs)
+        self.key = mx.random.state[0]
+        _restore_random_state(outside)
+        return token
+
+
+class Conductor:
+    def __init__(self, model: Any, tokenizer: TokenizerWrapper, group: mx.distributed.Group,
+                 source: Channel[Generate | Cancel], followers: list[Channel[Any]],
+                 earlier_stages: list[Channel[Any]], vocab_size: int,
+                 make_batch: Callable[[Callable[[mx.array], tuple[mx.array, Word]]],
+                                      LockstepBatch]):
+        self.tokenizer, self.group, self.vocab_size = tokenizer, group, vocab_size
+        self.source, self.followers, self.earlier = source, followers, earlier_stages
+        self.batch = make_batch(self._sample)
+        self.model = model
+        self._incoming: queue.Queue[Generate | Cancel | None] = queue.Queue()
+        self._committed: list[Insert | Remove] = []
+        self._requests: dict[str, _Request] = {}  # by request id, until done for the client
+        self._by_uid: dict[int, _Request] = {}  # until the uid leaves the batch
+        self._next_uid = 0
+        self._marked: list[int] = []  # uids of the rows of the step being sampled, in order
+
+    # ---- requests in ---------------------------------------------------------------------
+
+    def _read_source(self) -> None:
+        while (message := self.source.recv()) is not None:
+            self._incoming.put(message)
+        self._incoming.put(None)  # the source is gone: this epoch is over
+
+    def _commit(self, change: Insert | Remove) -> None:
+        self._committed.append(change)
+        for follower in self.followers:
+            follower.send(change)
+
+    def _take(self, message: Generate | Cancel | None) -> bool:
+        """Turn a message from the source into committed changes; False once it closed."""
+        if message is None:
+            return False
+        if isinstance(message, Cancel):
+            pending = self._requests.get(message.id)
+            if pending is not None:
+                self._finish(pending, "cancelled")
+                self._commit(Remove(uids=(pending.uid,)))
+            return True
+        request = message.request
+        try:
+            entry = self._admit(request)
+        except ValueError as error:
+            self.source.send(RequestFailed(id=request.id, message=str(error)))
+            return True
+        self._requests[request.id] = self._by_uid[entry.uid] = entry
+        self._commit(Insert(uid=entry.uid, tokens=request.tokens,
+                            max_tokens=request.sampling.max_tokens,
+                            save_logits=request.logits_out is not None))
+        return True
+
+    def _admit(self, request: GenerateRequest) -> _Request:
+        """Everything that could fail for this request alone fails here, before it joins."""
+        if request.id in self._requests:
+            raise ValueError(f"request id {request.id} is already running")
+        if not request.tokens or not all(0 <= t < self.vocab_size for t in request.tokens):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        params = request.sampling
+        if params.top_k > self.vocab_size:
+            raise ValueError(f"top_k must be at most the vocabulary size {self.vocab_size}")
+        if params.logit_bias and not all(0 <= t < self.vocab_size for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {self.vocab_size})")
+        sampler = make_request_sampler(params, self.tokenizer)
+        processors = make_request_processors(params)
+        key = None
+        if params.seed is not None:
+            outside = mx.random.state[0]
+            mx.random.seed(params.seed)
+            key = mx.random.state[0]
+            _restore_random_state(outside)
+        uid, self._next_uid = self._next_uid, self._next_uid + 1
+        return _Request(request, uid, sampler, processors, self.tokenizer.detokenizer,
+                        StopMatcher(request.stop), key=key)
+
+    def _take_pending(self) -> bool:
+        while True:
+            try:
+                message = self._incoming.get_nowait()
+            except queue.Empty:
+                return True
+            if not self._take(message):
+                return False
+
+    # ---- sampling (called by the batch generator) ------------------------------------------
+
+    def _marker(self, entry: _Request) -> Callable[[mx.array, mx.array], mx.array]:
+        """A logits processor for the request's row: mlx-lm calls each row's processors in row
+        order right before it samples, so the markers tell the sampler whose row is whose."""
+
+        def mark(tokens: mx.array, logits: mx.array) -> mx.array:
+            self._marked.append(entry.uid)
+            for processor in entry.processors:
+                logits = processor(tokens, logits)
+            return logits
+
+        return mark
+
+    def _sample(self, logprobs: mx.array) -> tuple[mx.array, Word]:
+        rows, self._marked = self._marked, []
+        if len(rows) != logprobs.shape[0]:
+            raise DivergedError(f"sampling {logprobs.shape[0]} rows, marked {len(rows)}")
+        tokens = mx.concatenate([self._by_uid[uid].sample(logprobs[i:i + 1])
+                                 for i, uid in enumerate(rows)]).astype(mx.float32)
+        if not self._take_pending():
+            self._closing = True
+        word = len(self._committed)
+        agreed = broadcast_from_first(mx.concatenate([tokens, mx.array([float(word)])]),
+                                      self.group)
+        sampled = agreed[:-1].astype(mx.uint32)
+        if self.earlier:  # earlier pipeline stages follow the same tokens
+            message = Tokens(tokens=tuple(sampled.tolist()), committed=word)
+            for channel in self.earlier:
+                channel.send(message)
+        return sampled, word
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    _closing = False
+
+    def serve(self) -> None:
+        threading.Thread(target=self._read_source, name="source", daemon=True).start()
+        batch = self.batch
+        while not self._closing:
+            target = batch.agreed()
+            if batch.idle and len(self._committed) < target:
+                if not self._take(self._incoming.get()) or not self._take_pending():
+                    self._end()
+                    return
+                if len(self._committed) < target:
+                    continue  # nothing to apply (e.g. a cancel of a finished request)
+            while batch.applied < target:
+                self._apply(self._committed[batch.applied])
+            if not batch.idle:
+                for response in batch.step():
+                    self._on_token(response)
+
+    def _end(self) -> None:
+        """The source closed while idle: let the other ranks go, and leave together."""
+        for follower in self.followers:
+            follower.close()
+        leave(self.group)
+
+    def _apply(self, change: Insert | Remove) -> None:
+        if isinstance(change, Remove):
+            self.batch.remove(change)
+            for uid in change.uids:
+                self._by_uid.pop(uid, None)
+            return
+        entry = self._by_uid[change.uid]
+        entry.cached, logits = self.batch.insert(change, [self._marker(entry)])
+        if logits is not None and entry.request.logits_out:
+            np.save(entry.request.logits_out, np.array(logits[0].astype(mx.float32)))
+
+    # ---- events out ------------------------------------------------------------------------
+
+    def _on_token(self, response: Response) -> None:
+        entry = self._by_uid.get(response.uid)
+        if entry is None:
+            return
+        if response.finish_reason is not None:
+            del self._by_uid[response.uid]
+        if entry.finished:
+            return
+        if entry.generated == 0:
+            entry.first_token = time.perf_counter()
+        entry.generated += 1
+        detokenizer = entry.detokenizer
+        if response.finish_reason != "stop":  # the stop token itself is not text
+            detokenizer.add_token(response.token)
+        if response.finish_reason is not None:
+            detokenizer.finalize()
+        text = entry.stops.feed(detokenizer.last_segment)
+        params = entry.request.sampling
+        logprobs = ((token_logprob(response.logprobs, response.token, params.top_logprobs),)
+                    if params.logprobs else ())
+        if response.finish_reason is not None and not entry.stops.stopped:
+            text += entry.stops.flush()
+        self.source.send(Delta(id=entry.request.id, text=text, tokens=(response.token,),
+                               logprobs=logprobs))
+        if entry.stops.stopped:
+            self._finish(entry, "stop")
+            if response.finish_reason is None:  # it leaves the batch a step or two later
+                self._commit(Remove(uids=(entry.uid,)))
+        elif response.finish_reason is not None:
+            self._finish(entry, "stop" if response.finish_reason == "stop" else "length")
+
+    def _finish(self, entry: _Request, reason: FinishReason) -> None:
+        entry.finished = True
+        self._requests.pop(entry.request.id, None)
+        now = time.perf_counter()
+        self.source.send(Done(
+            id=entry.request.id, finish_reason=reason,
+            prompt_tokens=len(entry.request.tokens), completion_tokens=entry.generated,
+            cached_tokens=entry.cached,
+            prompt_seconds=(entry.first_token or now) - entry.started,
+            seconds=now - entry.started))

@@ -1,0 +1,232 @@
+"""The rank program: one rank of an epoch, for `exo-tp launch` and `exo-tp run` alike.
+
+    python -m exo_tp.runtime.rank JOB.json SUPERVISOR_ADDRESS
+    (EXO_TP_LINK_KEY in the environment; in a stage of several ranks MLX_RANK and
+    MLX_HOSTFILE, or the jaccl variables)
+
+It reports to its supervisor (Joining, Loading, Ready, a Heartbeat every second, RankFailed),
+joins its stage's MLX group, loads its shard, opens its pipeline hops and its link to the
+conductor, then serves: the conductor (the last stage's first rank) joins the request source
+and drives continuous batching; every other rank follows it step by step. A rank exits when its
+supervisor closes their link (the node replaced the worker, or the launch is over), or when the
+epoch's links break.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.utils import load_tokenizer
+
+from exo_tp.models.registry import resolve_model
+from exo_tp.plan.cost import kv_bytes_per_token
+from exo_tp.profile.collective_speed import group_links
+from exo_tp.runtime.batching import LockstepBatch, RankSampler
+from exo_tp.runtime.channel import Channel, Listener, accept_count, connect
+from exo_tp.runtime.conductor import Conductor
+from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
+from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
+from exo_tp.runtime.lifecycle import die_with_parent
+from exo_tp.runtime.messages import (
+    HELLO,
+    HOP_MESSAGES,
+    SOURCE_MESSAGES,
+    STAGE_CONTROL,
+    Heartbeat,
+    Hello,
+    Joining,
+    Loading,
+    RankFailed,
+    RankMemory,
+    Ready,
+)
+from exo_tp.runtime.pipeline import HopChannel, StageModel
+from exo_tp.runtime.ring import init_group
+from exo_tp.shard.apply import load_shard
+
+log = logging.getLogger("exo_tp.rank")
+
+PEER_TIMEOUT = 120.0  # for the other ranks of the epoch to come up
+HEARTBEAT_SECONDS = 1.0
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "auto": None}
+FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 4}
+
+
+class Progress:
+    """What the heartbeat reports: read by its thread, written by the serving loop."""
+
+    def __init__(self) -> None:
+        self.batch: LockstepBatch | None = None
+        self.load_peak = 0
+
+    def memory(self) -> RankMemory:
+        return RankMemory(load_peak=self.load_peak, peak=mx.get_peak_memory(),
+                          active=mx.get_active_memory())
+
+    def heartbeat(self) -> Heartbeat:
+        batch = self.batch
+        return Heartbeat(steps=batch.steps if batch else 0, busy=bool(batch and not batch.idle),
+                         memory=self.memory())
+
+
+def _beat(supervisor: Channel[Any], progress: Progress) -> None:
+    while True:
+        time.sleep(HEARTBEAT_SECONDS)
+        try:
+            supervisor.send(progress.heartbeat())
+        except OSError:
+            os._exit(0)
+
+
+def _exit_when_closed(supervisor: Channel[Any]) -> None:
+    """The supervisor never writes: its link closing means stop (it replaced this rank)."""
+    supervisor.recv_raw()
+    os._exit(0)
+
+
+def _bytes_per_token(job: Assignment) -> int:
+    """KV cache bytes per token on the rank holding the most (the prompt cache's measure)."""
+    spec = job.plan.stages[0].tp.spec
+    return max(stage.layers.size * kv_bytes_per_token(spec, shard, FLOAT_BYTES[job.dtype])
+               for stage in job.plan.stages for shard in stage.tp.ranks)
+
+
+def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
+    """This rank's stage model for a pipeline plan (its plain model with one stage)."""
+    plan, rank = job.plan, job.rank
+    index, local = job.stage_index, job.local_rank
+    stages = plan.stages
+    if len(stages) == 1:
+        return model
+    incoming: list[HopChannel] = []
+    arrived = threading.Event()
+    listener = None
+    if index > 0:  # one hop in, from the previous stage's first rank
+        def on_channel(channel: HopChannel) -> None:
+            incoming.append(channel)
+            arrived.set()
+
+        listener = Listener(job.hops[rank], key, HOP_MESSAGES, on_channel, "hop")
+    outgoing = []
+    if index < len(stages) - 1 and local == 0:
+        for target in stages[index + 1].ranks:
+            channel = connect(job.hops[target], key, HOP_MESSAGES, PEER_TIMEOUT)
+            channel.send(Hello(epoch=job.epoch, rank=rank))
+            outgoing.append(channel)
+    if listener is not None:
+        try:
+            if not arrived.wait(PEER_TIMEOUT):
+                raise TimeoutError("the previous pipeline stage never connected")
+        finally:
+            listener.close()
+        hello = incoming[0].recv()
+        if not isinstance(hello, Hello) or hello.epoch != job.epoch:
+            raise ConnectionError(f"unexpected hop peer: {hello}")
+    return StageModel(model, incoming[0] if incoming else None, outgoing,
+                      last=index == len(stages) - 1)
+
+
+def _serve_as_conductor(job: Assignment, key: bytes, model: Any, tokenizer: Any,
+                        group: mx.distributed.Group, progress: Progress,
+                        supervisor: Channel[Any], ready: Ready) -> None:
+    plan = job.plan
+    followers = accept_count(job.conductor, key, HELLO, plan.size - 1, PEER_TIMEOUT,
+                             "conductor")
+    by_rank: dict[int, Channel[Any]] = {}
+    for channel in followers:
+        hello = channel.recv()
+        if hello is None or hello.epoch != job.epoch:
+            raise ConnectionError(f"unexpected peer at the conductor: {hello}")
+        by_rank[hello.rank] = channel
+    last_stage = set(plan.stages[-1].ranks)
+    earlier = [by_rank[r] for r in sorted(by_rank) if r not in last_stage]
+    source = connect(job.requests_at, key, SOURCE_MESSAGES, PEER_TIMEOUT)
+    source.send(Hello(epoch=job.epoch, rank=job.rank))
+
+    def make_batch(sample: RankSampler) -> LockstepBatch:
+        progress.batch = LockstepBatch(model, tokenizer.eos_token_ids, job.serving, sample,
+                                       _bytes_per_token(job))
+        return progress.batch
+
+    conductor = Conductor(model, tokenizer, group, source, list(by_rank.values()), earlier,
+                          plan.stages[0].tp.spec.vocab_size, make_batch)
+    supervisor.send(ready)
+    conductor.serve()
+
+
+def _serve_as_follower(job: Assignment, key: bytes, model: Any, tokenizer: Any,
+                       group: mx.distributed.Group, progress: Progress,
+                       supervisor: Channel[Any], ready: Ready) -> None:
+    channel = connect(job.conductor, key, STAGE_CONTROL, PEER_TIMEOUT)
+    channel.send(Hello(epoch=job.epoch, rank=job.rank))
+    feed = ControlFeed(channel)
+    in_last_stage = job.stage_index == len(job.plan.stages) - 1
+    sample = peer_sampler(group) if in_last_stage else stage_sampler(feed)
+    progress.batch = LockstepBatch(model, tokenizer.eos_token_ids, job.serving, sample,
+                                   _bytes_per_token(job))
+    supervisor.send(ready)
+    follow(progress.batch, feed, group)
+
+
+def run(job: Assignment, key: bytes, supervisor: Channel[Any]) -> None:
+    stage = job.plan.stages[job.stage_index]
+    supervisor.send(Joining(epoch=job.epoch, rank=job.rank))
+    threading.Thread(target=_exit_when_closed, args=(supervisor,), daemon=True).start()
+    group = init_group()  # before loading: a peer that never comes must not cost a load first
+    links = ()
+    if job.measure_links and group.size() > 1:  # every rank of the stage, in step
+        names = [job.nodes[r] if job.nodes else str(r) for r in stage.ranks]
+        links = tuple(group_links(group, names))
+    supervisor.send(Loading(epoch=job.epoch))
+    progress = Progress()
+    model_dir = Path(resolve_model(job.model))
+    started = time.perf_counter()
+    first, last = job.stage_index == 0, job.stage_index == len(job.plan.stages) - 1
+    model = load_shard(model_dir, stage.tp, job.local_rank, group, DTYPES[job.dtype],
+                       stage.layers, first, last)
+    progress.load_peak = mx.get_peak_memory()
+    mine = stage.tp.ranks[job.local_rank]
+    log.info("epoch %d rank %d: stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads "
+             "%d-%d, kv %s, vocab %d-%d, %.0f MB active", job.epoch, job.rank,
+             job.stage_index + 1, len(job.plan.stages), stage.layers.start, stage.layers.stop,
+             time.perf_counter() - started, mine.heads.q_heads.start, mine.heads.q_heads.stop,
+             list(mine.heads.kv_heads), mine.vocab.start, mine.vocab.stop,
+             mx.get_active_memory() / 1e6)
+    driver = _open_hops(job, key, model)
+    tokenizer = load_tokenizer(model_dir)
+    threading.Thread(target=_beat, args=(supervisor, progress), daemon=True).start()
+    ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
+    serve = _serve_as_conductor if job.rank == job.conductor_rank else _serve_as_follower
+    serve(job, key, driver, tokenizer, group, progress, supervisor, ready)
+
+
+def main() -> None:
+    die_with_parent()
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack on stderr
+    job = Assignment.model_validate_json(Path(sys.argv[1]).read_text())
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s rank {job.rank} %(levelname)s %(message)s")
+    key = bytes.fromhex(os.environ.pop(LINK_KEY_ENV, ""))
+    supervisor = connect(sys.argv[2], key, HELLO, timeout=30)
+    try:
+        run(job, key, supervisor)
+    except Exception as error:  # report, then die: a broken ring cannot be reused
+        log.exception("rank failed")
+        try:
+            supervisor.send(RankFailed(message=f"{type(error).__name__}: {error}"))
+        finally:
+            os._exit(1)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Serving many users at once on real clusters: continuous batching on every rank in lockstep,
+the prompt cache, cancellation, load and failures (issue #11).
+
+Every text is compared with single-device mlx-lm generating that prompt alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+from cluster_helpers import LocalCluster, http_json, local_cluster, wait_ready
+from helpers import mlx_lm_reference
+from openai import APIError, OpenAI
+
+MODEL = "smollm2-135m"
+TOKENS = 20
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "Explain in one sentence why the sky is blue, as if I were five years old and curious.",
+    "What is 12 times 12?",
+    "Give me a synonym for happy.",
+    "Describe a cat in exactly one short sentence, mentioning its whiskers, its tail and "
+    "its favourite place to sleep in the afternoon sun.",
+    "Which planet is known as the red planet?",
+]
+
+
+@pytest.fixture(scope="module")
+def references(default_models: dict[str, Path]) -> dict[str, str]:
+    return {p: mlx_lm_reference(default_models[MODEL], p, TOKENS).text for p in PROMPTS}
+
+
+@pytest.fixture(scope="module")
+def tp_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
+    with local_cluster(3, weights=[5, 3, 2], extra=("--max-concurrency", "8")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def hybrid_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
+    with local_cluster(3, weights=[1, 1, 1],
+                       extra=("--stages", "2,1", "--max-concurrency", "8", "--max-queue",
+                              "8")) as running:
+        yield running
+
+
+def client(url: str) -> OpenAI:
+    return OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+
+
+def ask(url: str, prompt: str, stream: bool, max_tokens: int = TOKENS,
+        history: list[dict[str, str]] | None = None) -> tuple[str, dict]:
+    """The answer's text and usage, streamed or not, through the official openai client."""
+    messages = [*(history or []), {"role": "user", "content": prompt}]
+    api = client(url)
+    if not stream:
+        reply = api.chat.completions.create(model=MODEL, messages=messages, temperature=0,
+                                            max_tokens=max_tokens)
+        return reply.choices[0].message.content or "", reply.usage.model_dump()
+    text, usage = "", {}
+    for chunk in api.chat.completions.create(model=MODEL, messages=messages, temperature=0,
+                                             max_tokens=max_tokens, stream=True,
+                                             stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+    return text, usage
+
+
+def concurrent_answers(url: str) -> dict[str, str]:
+    """All prompts at once, each joining 0.4 s after the previous (mid-generation), half of
+    them streamed, sent to different nodes."""
+
+    def one(index: int) -> tuple[str, str]:
+        time.sleep(0.4 * index)
+        return PROMPTS[index], ask(url, PROMPTS[index], stream=index % 2 == 0)[0]
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return dict(pool.map(one, range(len(PROMPTS))))
+
+
+def test_concurrent_requests_on_uneven_tensor_parallel_equal_one_device(
+        tp_cluster: LocalCluster, references: dict[str, str]) -> None:
+    answers = concurrent_answers(tp_cluster.urls[1])  # through a non-leader node too
+    assert answers == references
+
+
+def test_concurrent_requests_on_a_hybrid_pipeline_equal_one_device(
+        hybrid_cluster: LocalCluster, references: dict[str, str]) -> None:
+    answers = concurrent_answers(hybrid_cluster.urls[0])
+    assert answers == references
+
+
+def test_cached_second_turn_equals_the_uncached_answer(
+        tp_cluster: LocalCluster, default_models: dict[str, Path]) -> None:
+    url = tp_cluster.urls[0]
+    system = {"role": "system", "content": "You are a geography teacher. Answer briefly and "
+                                           "precisely, in one sentence."}
+    first, usage = ask(url, PROMPTS[0], stream=False, history=[system])
+    history = [system, {"role": "user", "content": PROMPTS[0]},
+               {"role": "assistant", "content": first}]
+    second, usage = ask(url, "And of Italy?", stream=True, history=history)
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0.6 * usage["prompt_tokens"], usage  # the whole first turn, at least
+    reference = mlx_lm_reference(default_models[MODEL], "", TOKENS, chat_template=True,
+                                 messages=[*history, {"role": "user",
+                                                      "content": "And of Italy?"}])
+    assert second == reference.text
+
+
+def _rank_pids(cluster: LocalCluster) -> dict[int, int]:
+    """Global rank -> pid of every rank process of the cluster."""
+    out = {}
+    for proc in psutil.Process(cluster.proc.pid).children(recursive=True):
+        cmdline = proc.cmdline()
+        if "exo_tp.runtime.rank" in cmdline:
+            job = json.loads(Path(cmdline[cmdline.index("exo_tp.runtime.rank") + 1])
+                             .read_text())
+            out[job["rank"]] = proc.pid
+    return out
+
+
+def test_cancelled_stream_frees_its_slot(hybrid_cluster: LocalCluster) -> None:
+    """Eight long streams fill the batch; cancelling one lets a ninth request in at once,
+    long before the others (or the cancelled one's max_tokens) end."""
+    url = hybrid_cluster.urls[0]
+    long_prompt = "Count from 1 to 500, writing every number as a word, separated by commas."
+    stop = threading.Event()
+    started = threading.Barrier(9)
+
+    def long_stream(cancel_after: int | None) -> int:
+        count = 0
+        stream = client(url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": long_prompt}], temperature=0,
+            max_tokens=1500, stream=True)
+        first = True
+        for _ in stream:
+            if first:
+                first = False
+                started.wait(timeout=300)
+            count += 1
+            if (cancel_after is not None and count >= cancel_after) or stop.is_set():
+                stream.close()  # the client goes away
+                break
+        return count
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(long_stream, 3 if i == 0 else None) for i in range(8)]
+        started.wait(timeout=300)  # all eight are generating
+        futures[0].result(timeout=120)
+        begin = time.monotonic()
+        text, _ = ask(url, PROMPTS[4], stream=False, max_tokens=4)
+        took = time.monotonic() - begin
+        still_running = sum(not f.done() for f in futures[1:])
+        stop.set()
+        for future in futures[1:]:
+            future.result(timeout=300)
+    assert text
+    assert still_running == 7, "the ninth request waited for the other streams to end"
+    assert took < 60, f"the ninth request took {took:.1f}s"
+
+
+def test_load_every_request_completes_or_gets_a_429(hybrid_cluster: LocalCluster) -> None:
+    """64 at once on a cluster batching 8 with 8 waiting: each completes or gets a 429 with
+    Retry-After; none hangs or disappears; the cluster serves normally afterwards."""
+    url = hybrid_cluster.urls[0]
+
+    def one(index: int) -> tuple[int, str]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[index % 8]}],
+                "temperature": 0, "max_tokens": 3}
+        status, reply = http_json(url + "/v1/chat/completions", body, timeout=600)
+        return status, json.dumps(reply)
+
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, range(64)))
+    statuses = [status for status, _ in results]
+    assert set(statuses) <= {200, 429}, results
+    assert statuses.count(200) >= 16  # the batch and the queue
+    assert all("queue_full" in reply for status, reply in results if status == 429)
+    assert ask(url, PROMPTS[0], stream=False, max_tokens=4)[0]
+
+
+def test_killed_worker_fails_every_stream_within_10s_then_the_cluster_serves(
+        tp_cluster: LocalCluster, references: dict[str, str]) -> None:
+    url = tp_cluster.urls[0]
+    errors: list[tuple[float, str]] = []
+    generating = threading.Barrier(9)
+
+    def stream() -> None:
+        try:
+            chunks = client(url).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}],
+                temperature=0, max_tokens=2000, stream=True)
+            first = True
+            for _ in chunks:
+                if first:
+                    first = False
+                    generating.wait(timeout=300)
+        except APIError as error:
+            errors.append((time.monotonic(), str(error)))
+
+    with ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(stream) for _ in range(16)]  # 8 generating, 8 waiting
+        generating.wait(timeout=300)
+        victim = _rank_pids(tp_cluster)[1]
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        for future in futures:
+            future.result(timeout=60)
+    assert len(errors) == 16, errors
+    assert max(at for at, _ in errors) - killed < 10, errors
+    assert all("generation failed" in text or "not ready" in text for _, text in errors), errors
+    wait_ready(tp_cluster.urls, nodes=3)
+    assert ask(url, PROMPTS[0], stream=True)[0] == references[PROMPTS[0]]
