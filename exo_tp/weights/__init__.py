@@ -1,0 +1,1 @@
+"""Weights move between peers (see the README section of that name)."""
