@@ -22,7 +22,7 @@ from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.safetensors_slices import SafetensorsIndex
 from exo_tp.weights.boxes import Boxes, rank_boxes
-from exo_tp.weights.build import build_manifest
+from exo_tp.weights.build import build_manifest, manifest_for
 from exo_tp.weights.manifest import ModelManifest
 
 
@@ -100,10 +100,13 @@ def check_plan(
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "smollm2-135m-q4"])
 def test_smollm2_boxes_are_the_loader_reads(
-    monkeypatch: pytest.MonkeyPatch, default_models: dict[str, Path], model: str
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+    default_models: dict[str, Path],
+    model: str,
 ) -> None:
     folder = default_models[model]
-    manifest = build_manifest(folder)
+    manifest = manifest_for(folder, tmp_path_factory.getbasetemp() / "manifests")
     spec = load_spec(folder)
     check_plan(monkeypatch, folder, manifest, single_stage(plan_tensor_parallel(spec, [5, 3, 2])))
     # two stages: 2 ranks over the first layers, 1 over the rest (tied embedding on both ends)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from arch_configs import tiny_config
 from safetensors import safe_open
+from tiny_models import write_tiny_model
 
 from exo_tp.weights import build
 from exo_tp.weights.build import manifest_for
@@ -61,8 +62,9 @@ def test_block_digests_are_the_digests_of_slices(
 def test_identity_and_cache(
     tmp_path: Path, default_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = tmp_path / "model"
-    shutil.copytree(default_models["smollm2-135m-q4"], folder)
+    folder = write_tiny_model(
+        tmp_path / "model", tiny_config("llama"), default_models["smollm2-135m"]
+    )
     cache = tmp_path / "cache"
     builds = []
     real = build.build_manifest
@@ -72,7 +74,7 @@ def test_identity_and_cache(
     os.utime(folder / "tokenizer.json")  # touched: recomputed, same content, same identity
     assert manifest_for(folder, cache).identity == first.identity and len(builds) == 2
     config = folder / "config.json"
-    config.write_text(config.read_text().replace('"rope_theta": 100000.0', '"rope_theta": 1e5'))
+    config.write_text(config.read_text().replace('"rope_theta": 10000.0', '"rope_theta": 1e4'))
     assert manifest_for(folder, cache).identity != first.identity and len(builds) == 3
     with open(folder / "model.safetensors", "r+b") as f:  # one weight byte changes
         f.seek(first.tensor("model.norm.weight").offset)

@@ -157,5 +157,31 @@ def test_fetch_reports_progress_and_skips_held_pieces(
     assert done == sorted(done) and len(seen) >= 2
     assert seen[-1].done and seen[-1].bytes_done == seen[-1].bytes_total == share
     assert seen[-1].eta_s == 0.0 and max(p.rate_bytes_s for p in seen) > 0
+    assert seen[-1].line().startswith(f"B: {share / 1e6:.1f} / {share / 1e6:.1f} MB (100%)")
     assert server.stats().bytes_by_requester == {"B": share}
     store.require(rank_boxes(manifest, plan, 1))
+
+
+def test_a_store_that_cannot_write_stops_the_fetch_with_a_clear_error(
+    tmp_path: Path, q4: tuple[Path, ModelManifest]
+) -> None:
+    folder, manifest = q4
+    plan = single_stage(plan_tensor_parallel(load_spec(folder), [1, 1]))
+    transfer = plan_transfer(manifest, plan, ["A", "B"], [Holding(node="A", files=True)])
+    server = WeightServer("A", SECRET)
+    server.serve(ServedModel(manifest, folder=folder))
+    store = ShardStore(tmp_path / "store", manifest)
+
+    def full_disk(*args: object) -> list[int]:
+        raise OSError(28, "No space left on device")
+
+    store.write_piece = full_disk  # type: ignore[method-assign]
+
+    async def run() -> None:
+        async with serving(server) as a:
+            with pytest.raises(TransferError, match="No space left"):
+                await asyncio.wait_for(
+                    fetch_transfer(transfer.node("B"), manifest, store, {"A": a}, SECRET), 60
+                )
+
+    asyncio.run(run())

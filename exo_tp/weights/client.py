@@ -52,6 +52,22 @@ class TransferProgress(Frozen):
     failed_sources: tuple[str, ...]
     done: bool
 
+    def line(self) -> str:
+        """One log line: "B: 31.2 / 98.0 MB (32%), 45.1 MB/s, ETA 1.5 s"."""
+        eta = (
+            "done"
+            if self.done
+            else f"ETA {self.eta_s:.1f} s"
+            if self.eta_s is not None
+            else "ETA ?"
+        )
+        share = self.bytes_done / self.bytes_total if self.bytes_total else 1.0
+        failed = f", failed: {', '.join(self.failed_sources)}" if self.failed_sources else ""
+        return (
+            f"{self.node}: {self.bytes_done / 1e6:.1f} / {self.bytes_total / 1e6:.1f} MB "
+            f"({share:.0%}), {self.rate_bytes_s / 1e6:.1f} MB/s, {eta}{failed}"
+        )
+
 
 class FetchReport(Frozen):
     node: str
@@ -160,6 +176,7 @@ class _Fetcher:
         self.failed: list[_Piece] = []
         self.cond = asyncio.Condition()
         self.outstanding = 0
+        self.error: Exception | None = None
         self.total = self.done = self.refetched = self.corrupt = 0
         self.by_source: dict[str, int] = defaultdict(int)
         self.started = time.monotonic()
@@ -204,16 +221,31 @@ class _Fetcher:
         while True:
             async with self.cond:
                 await self.cond.wait_for(
-                    lambda: bool(queue) or self.outstanding == 0 or source.node in self.dead
+                    lambda: (
+                        bool(queue)
+                        or self.outstanding == 0
+                        or source.node in self.dead
+                        or self.error is not None
+                    )
                 )
-                if source.node in self.dead or (not queue and self.outstanding == 0):
+                if (
+                    source.node in self.dead
+                    or self.error is not None
+                    or (not queue and self.outstanding == 0)
+                ):
                     return
                 batch, size = [], 0
                 while queue and (not batch or size + queue[0].nbytes <= self.request_bytes):
                     piece = queue.popleft()
                     batch.append(piece)
                     size += piece.nbytes
-            await self._request(source, batch)
+            try:
+                await self._request(source, batch)
+            except Exception as error:  # the store's disk, or a bug: stop the whole transfer
+                async with self.cond:
+                    self.error = error
+                    self.cond.notify_all()
+                return
 
     async def _request(self, source: Source, batch: list[_Piece]) -> None:
         url = f"{self.peers[source.node]}/read"
@@ -361,8 +393,15 @@ class _Fetcher:
                 self._route(piece)
         while True:
             async with self.cond:
-                await self.cond.wait_for(lambda: self.outstanding == 0)
+                await self.cond.wait_for(lambda: self.outstanding == 0 or self.error is not None)
             tasks = [t for ts in self.workers.values() for t in ts]
+            if self.error is not None:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise TransferError(
+                    f"cannot store {self.transfer.node}'s shard: {self.error}"
+                ) from self.error
             await asyncio.gather(*tasks)
             # Routing during the last gather may have started new workers.
             if all(t.done() for ts in self.workers.values() for t in ts):

@@ -25,6 +25,9 @@ MANIFEST_VERSION = 1
 DIGEST_BYTES = 16  # truncated SHA-256: hardware-accelerated on x86 (SHA-NI) and Apple silicon
 
 # Bytes per element of each safetensors dtype exo-tp can move.
+# A file name inside the model folder: no directories, nothing hidden (stores write these names).
+FILE_NAME = r"^[^/\\.][^/\\]*$"
+
 ITEMSIZE = {
     "F64": 8,
     "F32": 4,
@@ -50,7 +53,7 @@ def digest(data: bytes | memoryview) -> str:
 
 class TensorEntry(Frozen):
     name: str
-    file: str  # file name inside the model folder
+    file: str = Field(pattern=FILE_NAME)  # file name inside the model folder
     offset: int = Field(ge=0)  # absolute byte offset of the data in the file
     dtype: str
     shape: tuple[int, ...]
@@ -107,7 +110,7 @@ class TensorEntry(Frozen):
 
 
 class WeightFile(Frozen):
-    name: str
+    name: str = Field(pattern=FILE_NAME)
     size: int = Field(ge=0)
     # The file's raw JSON header: a shard store writes it back byte for byte, so every tensor
     # keeps its offset and the store's files read like the originals.
@@ -118,7 +121,7 @@ class WeightFile(Frozen):
 class ExtraFile(Frozen):
     """A small file besides the weights (config.json, tokenizer files): moved whole."""
 
-    name: str
+    name: str = Field(pattern=FILE_NAME)
     size: int = Field(ge=0)
     digest: str  # SHA-256 of the whole file
 
