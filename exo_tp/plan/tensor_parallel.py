@@ -53,6 +53,18 @@ def _ffn_unit(spec: ModelSpec) -> int:
     return math.lcm(FLOAT_FFN_ALIGN if spec.quantization is None else 1, spec.input_align)
 
 
+def split_grains(spec: ModelSpec) -> dict[str, int]:
+    """The finest unit of every split dimension over all plans of ``spec``, any rank count:
+    every span a plan gives starts at a multiple of it (query heads, KV heads, rows, tokens)
+    or at the dimension's end.
+
+    Weight manifests cut their digest blocks on these, so any plan's slice is whole blocks.
+    (A GQA-group head unit is a multiple of the single-head one: see _head_unit.)
+    """
+    return {"q_heads": _head_unit(spec, by_group=False), "kv_heads": 1, "vocab": VOCAB_ALIGN,
+            **{kind: _ffn_unit(spec) for kind in spec.ffn_sizes}}
+
+
 def _split(total: int, unit: int, weights: Sequence[float]) -> tuple[Span, ...]:
     counts = largest_remainder(math.ceil(total / unit), weights)
     return contiguous_spans(counts, unit, total)

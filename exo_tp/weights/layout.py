@@ -1,0 +1,153 @@
+"""Where a file tensor sits in an architecture's tensor-parallel table, and how it is cut (pure).
+
+The loader (exo_tp.shard) reads each split weight as ranges along one axis: output rows of a
+column-parallel weight (and of its scales, biases and bias), input columns of a row-parallel
+one (packed quantized columns at c*bits/32, scales and biases at c/group), entries of a stacked
+per-head weight, vocabulary rows of the embedding and LM head. Everything else is read whole.
+This module names that axis for every tensor and the finest points any plan can cut it at, so
+the manifest's digest blocks end exactly where a slice can (exo_tp.plan split_grains).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+from exo_tp.arch import ArchTable, LinearRule
+from exo_tp.arch.table import HEAD_DIMS, is_under
+from exo_tp.plan.spec import ModelSpec
+from exo_tp.plan.tensor_parallel import split_grains
+
+# Parameters of a split module the loader slices (exo_tp.shard.slicing.SLICED_KEYS; that module
+# imports MLX, this one must not).
+SLICED_KEYS = ("weight", "scales", "biases", "bias")
+QUANT_PARTS = ("weight", "scales", "biases")
+# Blocks of a tensor that is only ever moved whole: about this many bytes each, so a corrupt
+# or lost block costs little to fetch again.
+WHOLE_BLOCK_BYTES = 1 << 20
+
+Kind = Literal["rule", "embedding", "lm_head", "norm", "layer", "global"]
+
+
+@dataclass(frozen=True)
+class Place:
+    """A tensor's place in the model: a split rule's parameter, the embedding or LM head, the
+    final norm, another tensor of a layer, or another top-level tensor."""
+
+    kind: Kind
+    layer: int | None = None
+    rule: LinearRule | None = None
+    key: str | None = None  # weight/scales/biases/bias; None: the rule's path is the tensor
+
+
+def _under(name: str, prefix: str) -> str | None:
+    """``name`` relative to ``prefix`` if it lies inside it."""
+    return name[len(prefix) + 1 :] if name.startswith(f"{prefix}.") else None
+
+
+def locate(name: str, table: ArchTable) -> Place:
+    if (rest := _under(name, table.layers)) is not None:
+        index, _, inner = rest.partition(".")
+        if index.isdigit():
+            layer = int(index)
+            for rule in table.linears:
+                if inner == rule.path and rule.style == "stacked":
+                    return Place(kind="rule", layer=layer, rule=rule)
+                key = _under(inner, rule.path)
+                if key in SLICED_KEYS:
+                    return Place(kind="rule", layer=layer, rule=rule, key=key)
+            return Place(kind="layer", layer=layer)
+    for kind, prefix in (("embedding", table.embedding), ("lm_head", table.lm_head)):
+        if _under(name, prefix) in QUANT_PARTS:
+            return Place(kind=kind)  # type: ignore[arg-type]
+    if is_under(name, table.norm):
+        return Place(kind="norm")
+    return Place(kind="global")
+
+
+def per_head(rule: LinearRule, spec: ModelSpec) -> int:
+    """Elements per head along the rule's split axis (exo_tp.plan.slices.RankSelector.rule)."""
+    return 1 if rule.style == "stacked" else spec.head_width(rule.width)
+
+
+def _dim_total(spec: ModelSpec, dim: str, width: int) -> int:
+    if dim == "q_heads":
+        return spec.num_heads * width
+    if dim == "kv_heads":
+        return spec.num_kv_heads * width
+    return spec.ffn_sizes[dim]
+
+
+@dataclass(frozen=True)
+class Split:
+    """How the loader may cut one tensor: along ``axis``; logical index i (row, column or head
+    of the rule's packed dimension) is storage index ``i * ratio`` (bits/32 for packed quantized
+    columns, 1/group for their scales and biases, else 1); ``points`` are the finest logical
+    cut points of any plan."""
+
+    axis: int
+    total: int  # logical length along the axis
+    ratio: Fraction
+    points: tuple[int, ...]
+
+    def storage(self, index: int) -> int:
+        value = index * self.ratio
+        if value.denominator != 1:
+            raise ValueError(f"index {index} is not on a storage boundary (ratio {self.ratio})")
+        return int(value)
+
+
+def _rule_points(rule: LinearRule, spec: ModelSpec) -> tuple[int, tuple[int, ...]]:
+    """(logical length of the packed axis, its finest cut points)."""
+    grains = split_grains(spec)
+    width = per_head(rule, spec)
+    points: set[int] = {0}
+    offset = 0
+    for dim in rule.parts:
+        total = _dim_total(spec, dim, width)
+        grain = grains[dim] * (width if dim in HEAD_DIMS else 1)
+        points.update(offset + k for k in range(0, total, grain))
+        offset += total
+        points.add(offset)
+    return offset, tuple(sorted(points))
+
+
+def split_of(place: Place, shape: tuple[int, ...], spec: ModelSpec) -> Split | None:
+    """The cut of a tensor the loader slices straight from its file, None if read whole."""
+    if place.kind in ("embedding", "lm_head"):
+        if len(shape) < 2 or shape[-2] != spec.vocab_size:
+            return None
+        grain = split_grains(spec)["vocab"]
+        points = (*range(0, spec.vocab_size, grain), spec.vocab_size)
+        return Split(axis=len(shape) - 2, total=spec.vocab_size, ratio=Fraction(1), points=points)
+    if place.kind != "rule" or not shape:
+        return None
+    rule = place.rule
+    assert rule is not None
+    total, points = _rule_points(rule, spec)
+    if rule.style == "stacked":
+        axis = 0
+    elif place.key == "bias":
+        if rule.style == "row":
+            return None  # the full output width: kept whole by one rank
+        axis = len(shape) - 1
+    else:
+        if len(shape) < 2:
+            return None
+        axis = len(shape) - (2 if rule.style == "column" else 1)
+    ratio = Fraction(shape[axis], total)
+    if rule.style != "row" and ratio != 1:
+        return None  # not the layout the table describes: the loader refuses it anyway
+    if any((p * ratio).denominator != 1 for p in points):
+        return None
+    return Split(axis=axis, total=total, ratio=ratio, points=points)
+
+
+def whole_cuts(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """Block cuts along axis 0 of a tensor moved only whole (about WHOLE_BLOCK_BYTES each)."""
+    rows = shape[0] if shape else 1
+    row_bytes = itemsize * (math.prod(shape[1:]) if shape else 1)
+    step = max(1, WHOLE_BLOCK_BYTES // max(1, row_bytes))
+    return (*range(0, rows, step), rows) if rows else (0,)

@@ -1,0 +1,148 @@
+"""The boxes the transfer planner moves are exactly what the loader reads.
+
+``rank_boxes`` (pure, from the manifest) is compared with a real ``load_shard`` run whose reads
+are recorded: every slice read on disk (``SafetensorsIndex.read``, patched here only) and every
+tensor the finished shard holds as mlx-lm loaded it (whole; found by identity with the arrays
+``mx.load`` returned). A parameter of the shard explained by neither fails the test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from arch_configs import tiny_config
+from mlx.utils import tree_flatten
+from tiny_models import write_tiny_model
+
+from exo_tp.plan import load_spec, plan_tensor_parallel
+from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
+from exo_tp.shard.apply import load_shard
+from exo_tp.shard.safetensors_slices import SafetensorsIndex
+from exo_tp.weights.boxes import Boxes, rank_boxes
+from exo_tp.weights.build import build_manifest, manifest_for
+from exo_tp.weights.manifest import ModelManifest
+
+
+def recorded_reads(
+    monkeypatch: pytest.MonkeyPatch,
+    folder: Path,
+    manifest: ModelManifest,
+    plan: PipelinePlan,
+    rank: int,
+) -> Boxes:
+    reads: list[tuple[str, int | None, list[tuple[int, int]]]] = []
+    sliced: set[int] = set()
+    loaded: dict[int, tuple[str, mx.array]] = {}
+    read, load = SafetensorsIndex.read, mx.load
+
+    def recording_read(
+        self: SafetensorsIndex, name: str, axis: int | None = None, ranges: Any = ()
+    ) -> mx.array:
+        reads.append((name, axis, list(ranges)))
+        out = read(self, name, axis, ranges)
+        sliced.add(id(out))
+        return out
+
+    def recording_load(path: str, *args: Any, **kwargs: Any) -> Any:
+        out = load(path, *args, **kwargs)
+        if isinstance(out, dict):
+            loaded.update({id(a): (n, a) for n, a in out.items()})  # keeps them alive
+        return out
+
+    monkeypatch.setattr(SafetensorsIndex, "read", recording_read)
+    monkeypatch.setattr(mx, "load", recording_load)
+    index, local = plan.locate(rank)
+    stage = plan.stages[index]
+    model = load_shard(
+        folder,
+        stage.tp,
+        local,
+        mx.distributed.init(),
+        None,
+        stage.layers,
+        index == 0,
+        index == len(plan.stages) - 1,
+    )
+    monkeypatch.undo()
+
+    pairs = []
+    for name, axis, ranges in reads:
+        entry = manifest.tensor(name)
+        if axis is None:
+            pairs.append((name, [(0, entry.length)]))
+            continue
+        assert axis % len(entry.shape) == entry.axis or not ranges, name
+        pairs.append((name, ranges))
+    for path, array in tree_flatten(model.parameters()):
+        if id(array) in loaded:
+            pairs.append(
+                (loaded[id(array)][0], [(0, manifest.tensor(loaded[id(array)][0]).length)])
+            )
+        else:
+            assert id(array) in sliced, f"{path}: neither read on disk nor loaded whole"
+    return Boxes.of(pairs)
+
+
+def check_plan(
+    monkeypatch: pytest.MonkeyPatch, folder: Path, manifest: ModelManifest, plan: PipelinePlan
+) -> None:
+    for rank in range(plan.size):
+        want = recorded_reads(monkeypatch, folder, manifest, plan, rank)
+        got = rank_boxes(manifest, plan, rank)
+        assert got == want, (
+            f"rank {rank}: planned but not read {got.minus(want).ranges}; "
+            f"read but not planned {want.minus(got).ranges}"
+        )
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "smollm2-135m-q4"])
+def test_smollm2_boxes_are_the_loader_reads(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+    default_models: dict[str, Path],
+    model: str,
+) -> None:
+    folder = default_models[model]
+    manifest = manifest_for(folder, tmp_path_factory.getbasetemp() / "manifests")
+    spec = load_spec(folder)
+    check_plan(monkeypatch, folder, manifest, single_stage(plan_tensor_parallel(spec, [5, 3, 2])))
+    # two stages: 2 ranks over the first layers, 1 over the rest (tied embedding on both ends)
+    check_plan(monkeypatch, folder, manifest, plan_pipeline(spec, [[3, 2], [4]]))
+
+
+# (architecture, quantization): a MoE with shared experts, quantized MoE, packed q|k|v and
+# gate|up, MLA stacks, biased gpt-oss with MX-FP4 experts and sinks, a plan with an empty rank.
+TINY = [
+    ("qwen2_moe", None),
+    ("qwen3_moe", {"group_size": 64, "bits": 4}),
+    ("phi3", None),
+    ("deepseek_v3", {"group_size": 32, "bits": 8}),
+    ("gpt_oss", {"group_size": 32, "bits": 4, "mode": "mxfp4"}),
+    ("llama", {"group_size": 64, "bits": 4}),
+]
+
+
+@pytest.mark.parametrize(("arch", "quantize"), TINY, ids=[a for a, _ in TINY])
+def test_tiny_architectures_boxes_are_the_loader_reads(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    default_models: dict[str, Path],
+    arch: str,
+    quantize: dict[str, Any] | None,
+) -> None:
+    folder = write_tiny_model(
+        tmp_path / arch,
+        tiny_config(arch, quantized=quantize is not None),
+        default_models["smollm2-135m"],
+        quantize=quantize,
+    )
+    manifest = build_manifest(folder)
+    spec = load_spec(folder)
+    check_plan(monkeypatch, folder, manifest, single_stage(plan_tensor_parallel(spec, [5, 3, 2])))
+    # a rank with nothing (stand-ins everywhere, no vocabulary rows)
+    check_plan(monkeypatch, folder, manifest, single_stage(plan_tensor_parallel(spec, [3, 0, 2])))
+    if arch == "llama":
+        check_plan(monkeypatch, folder, manifest, plan_pipeline(spec, [[1, 2], [1]]))
