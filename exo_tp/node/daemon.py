@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from exo_tp import __version__
+from exo_tp.api.access import ApiAccess
 from exo_tp.api.errors import ApiError
 from exo_tp.api.routes import build_public_app
 from exo_tp.api.views import plan_view
@@ -78,6 +79,7 @@ class NodeConfig:
     rdma: dict[str, str] = field(default_factory=dict)  # peer node id -> RDMA device
     backends: tuple[str, ...] = ("ring",)  # backends MLX can start on this node
     stages: tuple[int, ...] = ()  # leader: force pipeline stages (ranks per stage)
+    access: ApiAccess = field(default_factory=ApiAccess)  # public API key and CORS origins
 
 
 @dataclass
@@ -209,7 +211,9 @@ class Node:
             leader = self.leader()
             if leader is not None and not self.is_leader():
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-                    async with self._session.get(leader.api_url + "/v1/plan") as upstream:
+                    async with self._session.get(leader.api_url + "/v1/plan",
+                                                 headers=self.config.access.auth_headers()
+                                                 ) as upstream:
                         view = await upstream.json()
                         if view.get("nodes"):
                             return view
@@ -238,7 +242,8 @@ class Node:
         control.middlewares.append(self._require_signature)
         control_port = await self._serve(control, self.config.control_port)
         self._requests_port = await self._requests.start(self.config.bind or self.config.host)
-        await self._serve(build_public_app(self, public_routes), self.config.api_port,
+        await self._serve(build_public_app(self, public_routes, self.config.access),
+                          self.config.api_port,
                           handler_cancellation=True)
         me = self.announcement(control_port)
         self.membership = Membership(me)
