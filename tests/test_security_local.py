@@ -406,9 +406,19 @@ def test_leader_death_gives_a_proxied_request_a_503(cluster: LocalCluster) -> No
             body.encode(),
         )
 
+    leader = _node(cluster, 0)
+    port = urlparse(cluster.urls[0]).port
     thread = threading.Thread(target=long_request)
     thread.start()
-    time.sleep(4)  # the leader is generating
+    _until(
+        lambda: any(
+            c.laddr.port == port and c.status == "ESTABLISHED"
+            for c in leader.net_connections("tcp")
+        ),
+        30,
+        "the request never reached the leader",
+    )
+    time.sleep(1)
     _kill_leader_node(cluster)
     thread.join(timeout=30)
     assert not thread.is_alive(), "the proxied request hung"

@@ -1,7 +1,7 @@
 """`exo-tp run --local-nodes N`: a whole cluster of N node daemons on this machine.
 
 The launcher supervises its nodes. One that dies after it served is logged and restarted after
-a back-off (1, 2, 4, 8, 16 s; the count starts again once a node has stayed up for a minute),
+a back-off (5, 10, 20, 40, 60 s; the count starts again once a node has stayed up a minute),
 while the others keep serving: their leader re-plans without it, and again when it rejoins.
 After `len(RESTART_DELAYS)` failed restarts in a row the launcher gives that node up; it stops
 when none is left. A node that dies before it ever served (a bad model path, a taken port) is a
@@ -26,7 +26,9 @@ from exo_tp.runtime.ports import port_is_free
 
 log = logging.getLogger(__name__)
 
-RESTART_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0)
+# The first wait outlasts the peers' detection of the death (3 missed 1 s pings) and their
+# settling, so they re-plan without the node before it comes back, not around its restart.
+RESTART_DELAYS = (5.0, 10.0, 20.0, 40.0, 60.0)
 STABLE_SECONDS = 60.0  # up this long: a node's restart count starts again
 POLL_SECONDS = 0.5
 
