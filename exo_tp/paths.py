@@ -1,4 +1,4 @@
-"""Where exo-tp keeps its cache (prepared models, device profiles)."""
+"""Where exo-tp keeps its cache (prepared models, device profiles) and its settings."""
 
 import os
 from pathlib import Path
@@ -9,4 +9,11 @@ def cache_home() -> Path:
     if home := os.environ.get("EXO_TP_HOME"):
         return Path(home)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "exo-tp"
+
+
+def config_home() -> Path:
+    """`$XDG_CONFIG_HOME/exo-tp`, else `~/.config/exo-tp` (settings that are not a cache: the
+    cluster secret)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "exo-tp"

@@ -23,10 +23,12 @@ from exo_tp.runtime.ports import port_is_free
 CLI = [sys.executable, "-m", "exo_tp"]
 
 
-def http_json(url: str, body: Any = None, timeout: float = 5) -> tuple[int, Any]:
+def http_json(url: str, body: Any = None, timeout: float = 5,
+              headers: dict[str, str] | None = None) -> tuple[int, Any]:
     data = None if body is None else (body if isinstance(body, bytes) else
                                       json.dumps(body).encode())
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json",
+                                                              **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -34,14 +36,16 @@ def http_json(url: str, body: Any = None, timeout: float = 5) -> tuple[int, Any]
         return error.code, json.loads(error.read())
 
 
-def wait_ready(urls: list[str], timeout: float = 180, nodes: int | None = None) -> None:
-    """Until every node says the cluster serves (and, if given, spans ``nodes`` ranks)."""
+def wait_ready(urls: list[str], timeout: float = 180, nodes: int | None = None,
+               headers: dict[str, str] | None = None) -> None:
+    """Until every node says the cluster serves (and, if given, spans ``nodes`` ranks).
+    ``headers``: sent with each request (an API key)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
         try:
             states = [http_json(f"{u}/health", timeout=2)[1]["state"] for u in urls]
-            plans = [http_json(f"{u}/v1/plan", timeout=2)[1] for u in urls]
+            plans = [http_json(f"{u}/v1/plan", timeout=2, headers=headers)[1] for u in urls]
             last = (states, [p["nodes"] for p in plans])
             if all(s == "ready" for s in states) and (
                     nodes is None or all(len(p["nodes"]) == nodes for p in plans)):
@@ -68,11 +72,12 @@ class LocalCluster:
 @contextmanager
 def local_cluster(count: int, weights: list[float] | None = None, model: str = "smollm2-135m",
                   extra: tuple[str, ...] = (), ready: bool = True, bench: bool = False,
-                  env: dict[str, str] | None = None,
-                  log: Path | None = None) -> Iterator[LocalCluster]:
+                  env: dict[str, str] | None = None, log: Path | None = None,
+                  headers: dict[str, str] | None = None) -> Iterator[LocalCluster]:
     """``exo-tp run --local-nodes``. Without weights, --profile or ``bench`` the nodes get
     --no-bench: a test spends ~10 s of CPU on a device measurement only if it asks for one.
-    ``env``: variables added to this process's; ``log``: the cluster's stderr goes there."""
+    ``env``: variables added to this process's; ``log``: the cluster's stderr goes there;
+    ``headers``: sent with the readiness checks (an API key)."""
     base = free_port_base(count)
     # A generous stall timeout: a loaded 2-core box can take long over a batched step; the
     # stall tests set their own.
@@ -89,7 +94,7 @@ def local_cluster(count: int, weights: list[float] | None = None, model: str = "
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
         if ready:
-            wait_ready(urls, nodes=count)
+            wait_ready(urls, nodes=count, headers=headers)
         yield LocalCluster(urls, proc)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -107,10 +112,13 @@ class LoopbackNodes:
 
 
 @contextmanager
-def loopback_nodes(node_args: list[list[str]], model: str, logs: Path,
-                   ready: bool = True) -> Iterator[LoopbackNodes]:
+def loopback_nodes(node_args: list[list[str]], model: str, logs: Path, ready: bool = True,
+                   env: dict[str, str] | None = None,
+                   headers: dict[str, str] | None = None) -> Iterator[LoopbackNodes]:
     """One `exo-tp run` per entry of ``node_args`` (its own extra arguments) on 127.0.0.1, in
-    one fresh cluster: node ids n0, n1, ...; each node's stderr in ``logs``/n<i>.log."""
+    one fresh cluster: node ids n0, n1, ...; each node's stderr in ``logs``/n<i>.log. The
+    secret reaches them in $EXO_TP_SECRET; ``env`` adds to (or overrides) their environment;
+    ``headers`` go with the readiness checks (an API key)."""
     count = len(node_args)
     base = free_port_base(count)
     cluster, secret = f"test-{secrets.token_hex(4)}", secrets.token_hex(16)
@@ -120,11 +128,12 @@ def loopback_nodes(node_args: list[list[str]], model: str, logs: Path,
         for i, extra in enumerate(node_args):
             procs.append(subprocess.Popen(
                 [*CLI, "run", "--host", "127.0.0.1", "--api-port", str(base + i), "--node-id",
-                 f"n{i}", "--cluster", cluster, "--secret", secret, "--model", model, *extra],
+                 f"n{i}", "--cluster", cluster, "--model", model, *extra],
                 stdout=subprocess.DEVNULL, stderr=(logs / f"n{i}.log").open("w"),
-                start_new_session=True))
+                start_new_session=True,
+                env={**os.environ, "EXO_TP_SECRET": secret, **(env or {})}))
         if ready:
-            wait_ready(urls, nodes=count)
+            wait_ready(urls, nodes=count, headers=headers)
         yield LoopbackNodes(urls, cluster, secret)
     finally:
         for proc in procs:
@@ -193,11 +202,15 @@ class NamespaceLab:
         self.hosts.append(host)
         return host
 
-    def start_node(self, host: Host, tmp: Path, *args: str) -> None:
+    def start_node(self, host: Host, tmp: Path, *args: str,
+                   env: dict[str, str] | None = None) -> None:
+        """``exo-tp run`` on ``host``; ``env`` adds to its environment (the secret goes there:
+        never on a command line)."""
         host.log = tmp / f"{host.name}.log"
         host.proc = subprocess.Popen(
             ["ip", "netns", "exec", host.name, *CLI, "run", "--host", host.ip, *args],
-            stdout=host.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=host.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **(env or {})})
 
     def stop_node(self, host: Host) -> None:
         if host.proc is not None and host.proc.poll() is None:

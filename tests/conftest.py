@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Nodes the tests start never read or write this user's cluster secret, nor take a secret
+    or API key from the environment the tests were started in."""
+    saved = {k: os.environ.pop(k, None) for k in ("XDG_CONFIG_HOME", "EXO_TP_SECRET",
+                                                   "EXO_TP_API_KEY")}
+    config = tmp_path_factory.mktemp("config")
+    os.environ["XDG_CONFIG_HOME"] = str(config)
+    try:
+        yield config
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

@@ -53,9 +53,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory,
         hosts = [lab.add_host() for _ in range(3)]
         cluster, secret = f"lab-{lab.tag}", secrets.token_hex(16)
         for i, host in enumerate(hosts):
-            lab.start_node(host, tmp, "--cluster", cluster, "--secret", secret,
+            lab.start_node(host, tmp, "--cluster", cluster,
                            "--node-id", f"node-{i}", "--weight", str([5, 3, 2][i]),
-                           "--model", MODEL)
+                           "--model", MODEL, env={"EXO_TP_SECRET": secret})
         wait_ready([h.url for h in hosts], nodes=3)
         yield Lab(lab, hosts, cluster, tmp)
     finally:
@@ -93,8 +93,9 @@ def test_openai_client_matches_single_device(lab: Lab, reference: str) -> None:
 
 def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
     intruder = lab.lab.add_host()
-    lab.lab.start_node(intruder, lab.tmp, "--cluster", lab.cluster, "--secret", "not-the-secret",
-                       "--node-id", "intruder", "--model", MODEL, "--no-bench")
+    lab.lab.start_node(intruder, lab.tmp, "--cluster", lab.cluster,
+                       "--node-id", "intruder", "--model", MODEL, "--no-bench",
+                       env={"EXO_TP_SECRET": secrets.token_hex(16)})  # not the cluster's
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the intruder is up and announcing

@@ -389,8 +389,8 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
 
 
 def test_live_replan_and_lost_node(cluster: LocalCluster, page: Any) -> None:
-    """Runs last. A node hangs mid-answer (SIGSTOP: `--local-nodes` ends the whole cluster when
-    one node exits): the stream's error event shows, the layout redraws for the re-plan over the
+    """Runs last. A node hangs mid-answer (SIGSTOP: `--local-nodes` would restart a node that
+    exits): the stream's error event shows, the layout redraws for the re-plan over the
     two others; then the page's own node hangs: a banner says the page lost it."""
     before = plan_of(cluster.urls[1])
     frozen: list[psutil.Process] = []

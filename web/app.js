@@ -4,6 +4,7 @@ import { getJson } from "./api.js";
 import { Chat } from "./chat.js";
 import { claimColors } from "./colors.js";
 import { h, installTooltip } from "./dom.js";
+import { installKeyDialog } from "./key.js";
 import { normalizePlan, predictedView, renderLayout } from "./layout.js";
 import { renderGraph, renderNodes, topologyNote } from "./topology.js";
 
@@ -96,4 +97,5 @@ async function loop() {
 }
 
 installTooltip($("tooltip"));
+installKeyDialog();
 loop();

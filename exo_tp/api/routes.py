@@ -13,17 +13,19 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
+from exo_tp.api.access import ApiAccess
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError
+from exo_tp.api.guard import install_guard
 from exo_tp.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     validation_error,
 )
+from exo_tp.api.proxy import pass_through
 from exo_tp.runtime.messages import Delta, Done, GenerateRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -55,8 +57,10 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(ApiError(500, "internal server error", kind="server_error"))
 
 
-def build_public_app(backend: Backend, extra_routes: web.RouteTableDef) -> web.Application:
+def build_public_app(backend: Backend, extra_routes: web.RouteTableDef,
+                     access: ApiAccess | None = None) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY, middlewares=[json_errors])
+    install_guard(app, access or ApiAccess())
     app[BACKEND_KEY] = backend
     app.add_routes(ROUTES)
     app.add_routes(extra_routes)
@@ -264,24 +268,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=False)
 
 
-_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
-
-
 async def _pass_to_leader(request: web.Request, upstream_url: str) -> web.StreamResponse:
     body = await _read_json(request)  # malformed bodies are refused here already
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=3)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-            upstream_url + request.path, json=body,
-        ) as upstream:
-            headers = {k: v for k, v in upstream.headers.items()
-                       if k.lower() not in _HOP_HEADERS}
-            response = web.StreamResponse(status=upstream.status, headers=headers)
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-    except (aiohttp.ClientConnectionError, TimeoutError):
-        raise ApiError(503, f"cluster not ready: the leader at {upstream_url} is unreachable",
-                       kind="server_error", code="cluster_not_ready") from None
+    return await pass_through(request, upstream_url + request.path, body)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import secrets
 import signal
 import socket
@@ -18,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exo_tp.addresses import is_loopback
 from exo_tp.cli.args import (
     add_model_arg,
     int_list,
@@ -25,8 +25,15 @@ from exo_tp.cli.args import (
     positive_int,
     weight_list,
 )
+from exo_tp.cli.security_args import (
+    add_security_args,
+    api_access,
+    local_cluster_secret,
+    node_secret,
+)
 
 if TYPE_CHECKING:
+    from exo_tp.api.access import ApiAccess
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.runtime.job import ServingOptions
 
@@ -34,7 +41,9 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="start a node (or a local cluster)", description=__doc__)
+    # allow_abbrev=False: the removed --secret must not silently mean --secret-file
+    p = sub.add_parser("run", help="start a node (or a local cluster)", description=__doc__,
+                       allow_abbrev=False)
     add_model_arg(p)
     p.add_argument("--host", help="address peers reach this node at (default: this machine's "
                                   "first non-loopback IPv4 address)")
@@ -45,8 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="port for cluster control (default: any free port, announced)")
     p.add_argument("--node-id", help="unique node name (default: hostname + random suffix)")
     p.add_argument("--cluster", default="exo-tp", help="only peers with this name are joined")
-    p.add_argument("--secret", default=os.environ.get("EXO_TP_SECRET", ""),
-                   help="cluster secret (or $EXO_TP_SECRET); peers prove it by HMAC")
+    add_security_args(p)
     p.add_argument("--weight", type=non_negative_float, default=0.0,
                    help="this node's share weight, set by hand: nothing is measured (default: "
                         "its measured decode speed)")
@@ -136,7 +144,13 @@ def run(args: argparse.Namespace) -> int:
         raise ExoTpError("--profiles is for --local-nodes; a single node takes --profile")
     if args.local_nodes:
         return _run_local(args)
-    return asyncio.run(_serve(args))
+    host = args.host or default_host()
+    bind = args.bind or ("" if args.host else "0.0.0.0")
+    listen = bind or host
+    # Resolved before anything heavy starts: a node that would run open refuses at once.
+    secret = node_secret(args, network=not (is_loopback(host) and is_loopback(listen)))
+    access = api_access(args, listen)
+    return asyncio.run(_serve(args, host, bind, secret.value, access))
 
 
 def serving_options(args: argparse.Namespace) -> ServingOptions:
@@ -175,7 +189,9 @@ def _path_list(text: str) -> list[Path]:
 
 
 def _run_local(args: argparse.Namespace) -> int:
+    from exo_tp.api.access import API_KEY_ENV, read_api_key
     from exo_tp.errors import ExoTpError
+    from exo_tp.node.cluster_secret import SECRET_ENV
     from exo_tp.node.local_cluster import run_local_cluster
     from exo_tp.plan.devices import read_profile
 
@@ -184,6 +200,12 @@ def _run_local(args: argparse.Namespace) -> int:
         raise ExoTpError("--max-queue must be 0 or more")
     extra = ["--backend", args.backend, *serving_flags(args)] + (
         ["--stages", args.stages] if args.stages else [])
+    if args.allowed_origins is not None:
+        extra += ["--allowed-origins", args.allowed_origins]
+    # Secrets reach the nodes through their environment, never their command lines.
+    env = {SECRET_ENV: local_cluster_secret(args)}
+    if (key := read_api_key(args.api_key, args.api_key_file)) is not None:
+        env[API_KEY_ENV] = key
     if args.profiles:
         if len(args.profiles) != args.local_nodes:
             raise ExoTpError(f"--profiles has {len(args.profiles)} files for "
@@ -191,7 +213,7 @@ def _run_local(args: argparse.Namespace) -> int:
         for path in args.profiles:
             read_profile(path)  # a bad file is one readable error here, not a dead node later
         return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
-                                 args.dtype, extra, profiles=args.profiles)
+                                 args.dtype, env, extra, profiles=args.profiles)
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.
@@ -203,10 +225,11 @@ def _run_local(args: argparse.Namespace) -> int:
         elif not args.weights:
             extra.append("--no-bench")
         return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
-                                 args.dtype, extra)
+                                 args.dtype, env, extra)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
+                 access: ApiAccess) -> int:
     import mlx.core as mx
     from mlx_lm.utils import load_tokenizer
 
@@ -231,9 +254,9 @@ async def _serve(args: argparse.Namespace) -> int:
         rdma[peer] = device
     config = NodeConfig(
         node_id=args.node_id or default_node_id(), model=args.model,
-        host=args.host or default_host(), bind=args.bind or ("" if args.host else "0.0.0.0"),
-        api_port=args.api_port, control_port=args.control_port, cluster=args.cluster,
-        secret=args.secret, weight=args.weight, dtype=args.dtype, backend=args.backend,
+        host=host, bind=bind, api_port=args.api_port, control_port=args.control_port,
+        cluster=args.cluster, secret=secret, access=access, weight=args.weight,
+        dtype=args.dtype, backend=args.backend,
         rdma=rdma, stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
         backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
                        if mx.distributed.is_available(b)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exo_tp.api.access import ApiAccess
 from exo_tp.node.backend_choice import Requested
 from exo_tp.runtime.job import DType, ServingOptions
 
@@ -28,6 +29,7 @@ class NodeConfig:
     serving: ServingOptions = ServingOptions()
     max_queue: int = 64  # requests waiting beyond the batch before 429s
     stall_timeout: float = 30.0  # a rank making no progress this long fails its epoch
+    access: ApiAccess = field(default_factory=ApiAccess)  # public API key and CORS origins
 
     @property
     def listen_host(self) -> str:

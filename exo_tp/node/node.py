@@ -80,8 +80,8 @@ class Node:
             control_app(self.config.secret, self._status, self._ports, self._assign,
                         self._release), self.config.control_port)
         requests_port = await self.dispatcher.start()
-        await self._serve(build_public_app(self, public_routes), self.config.api_port,
-                          handler_cancellation=True)
+        await self._serve(build_public_app(self, public_routes, self.config.access),
+                          self.config.api_port, handler_cancellation=True)
         me = self._announcement(control_port)
         self.peers = Peers(me, self.config.secret, self.config.host, self.control,
                            self.status)
@@ -243,7 +243,9 @@ class Node:
             leader = self.peers.get(self.peers.leader_id()) if self.peers else None
             if leader is not None and not self._leads() and self._session is not None:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-                    async with self._session.get(leader.api_url + "/v1/plan") as upstream:
+                    async with self._session.get(
+                            leader.api_url + "/v1/plan",
+                            headers=self.config.access.auth_headers()) as upstream:
                         view = await upstream.json()
                         if view.get("nodes"):
                             return view

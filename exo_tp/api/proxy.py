@@ -1,0 +1,104 @@
+"""Passing a generation request through to the leader, and its answer back.
+
+Whatever happens to the leader, the client gets a well-formed answer: a 503 JSON error while
+nothing was sent yet; once a stream started, an SSE error event (``data: {"error": ...}``) and a
+clean end of the chunked body, without ``[DONE]``, which OpenAI clients raise as an APIError.
+Only whole SSE events are passed on, so an event cut by the leader's death never reaches the
+client half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from exo_tp.api.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+# The client's credentials and request id go to the leader, which checks them too.
+FORWARDED = ("Authorization", "x-api-key", "x-request-id")
+_HOP_HEADERS = {
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "host",
+    "content-encoding",
+}
+EVENT_END = b"\n\n"
+
+
+def _lost(url: str, when: str) -> ApiError:
+    return ApiError(
+        503,
+        f"the leader at {url} went away {when}; the cluster is re-planning, retry shortly",
+        kind="server_error",
+        code="cluster_not_ready",
+    )
+
+
+def _headers_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    return {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
+
+
+async def pass_through(request: web.Request, url: str, body: Any) -> web.StreamResponse:
+    """POST ``body`` to ``url`` (the leader's same endpoint) and answer with its response."""
+    headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=3)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        try:
+            upstream = await session.post(url, json=body, headers=headers)
+        except (aiohttp.ClientConnectorError, TimeoutError):
+            raise ApiError(
+                503,
+                f"cluster not ready: the leader at {url} is unreachable",
+                kind="server_error",
+                code="cluster_not_ready",
+            ) from None
+        except aiohttp.ClientError:  # connected, then lost before the answer's headers
+            raise _lost(url, "before it answered") from None
+        async with upstream:
+            if upstream.content_type == "text/event-stream":
+                return await _relay_events(request, upstream, url)
+            try:
+                payload = await upstream.read()
+            except (aiohttp.ClientError, TimeoutError):
+                raise _lost(url, "before it answered") from None
+            return web.Response(
+                status=upstream.status, body=payload, headers=_headers_back(upstream)
+            )
+
+
+async def _relay_events(
+    request: web.Request, upstream: aiohttp.ClientResponse, url: str
+) -> web.StreamResponse:
+    response = web.StreamResponse(status=upstream.status, headers=_headers_back(upstream))
+    await response.prepare(request)
+    pending = b""
+    try:
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, TimeoutError):
+                await response.write(
+                    f"data: {json.dumps(_lost(url, 'mid-stream').body())}\n\n".encode()
+                )
+                break
+            if not chunk:  # the leader ended the stream itself
+                if pending:
+                    await response.write(pending)
+                break
+            pending += chunk
+            cut = pending.rfind(EVENT_END) + len(EVENT_END)
+            if cut >= len(EVENT_END):
+                await response.write(pending[:cut])
+                pending = pending[cut:]
+        await response.write_eof()
+    except ConnectionResetError:  # the client left; nothing more to tell it
+        log.debug("client left a proxied stream")
+    return response
