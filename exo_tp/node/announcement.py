@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationError
 
-from exo_tp.node.security import sign, verify
 from exo_tp.plan.spec import Frozen
+from exo_tp.signing import sign, verify
 
 SERVICE_TYPE = "_exo-tp._tcp.local."
 

@@ -18,10 +18,10 @@ from pydantic import BaseModel, ValidationError
 
 from exo_tp.frozen import Frozen
 from exo_tp.node.announcement import Announcement
-from exo_tp.node.security import control_headers, control_request_ok
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.runtime.job import Assignment
 from exo_tp.runtime.messages import RankMemory
+from exo_tp.signing import control_headers, control_request_ok
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from exo_tp.api.errors import ApiError
-from exo_tp.runtime.channel import Channel, Listener
+from exo_tp.channel import Channel, Listener
 from exo_tp.runtime.messages import (
     CONDUCTOR_EVENTS,
     Cancel,

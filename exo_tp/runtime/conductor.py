@@ -17,8 +17,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from exo_tp.channel import Channel
+from exo_tp.ring import leave
 from exo_tp.runtime.batching import DivergedError, LockstepBatch, Response, Word
-from exo_tp.runtime.channel import Channel
 from exo_tp.runtime.messages import (
     Cancel,
     Delta,
@@ -31,7 +32,6 @@ from exo_tp.runtime.messages import (
     RequestFailed,
     Tokens,
 )
-from exo_tp.runtime.ring import leave
 from exo_tp.runtime.sampling import make_request_processors, make_request_sampler, token_logprob
 from exo_tp.runtime.stop_strings import StopMatcher
 from exo_tp.shard.collectives import broadcast_from_first

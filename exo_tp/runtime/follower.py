@@ -7,10 +7,10 @@ from collections import deque
 
 import mlx.core as mx
 
+from exo_tp.channel import Channel
+from exo_tp.ring import leave
 from exo_tp.runtime.batching import DivergedError, LockstepBatch, RankSampler, Word
-from exo_tp.runtime.channel import Channel
 from exo_tp.runtime.messages import Insert, Remove, Tokens
-from exo_tp.runtime.ring import leave
 from exo_tp.shard.collectives import broadcast_from_first, zeros_after
 
 

@@ -19,9 +19,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from exo_tp.channel import Channel, Listener
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.pipeline import PipelinePlan
-from exo_tp.runtime.channel import Channel, Listener
 from exo_tp.runtime.job import Assignment, DType, ServingOptions
 from exo_tp.runtime.messages import (
     CONDUCTOR_EVENTS,

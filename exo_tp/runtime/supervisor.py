@@ -26,7 +26,8 @@ from typing import Literal
 
 import psutil
 
-from exo_tp.runtime.channel import Channel, Listener
+from exo_tp.channel import Channel, Listener
+from exo_tp.ring import jaccl_env, ring_env, write_hostfile
 from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
 from exo_tp.runtime.messages import (
     RANK_EVENTS,
@@ -37,7 +38,6 @@ from exo_tp.runtime.messages import (
     RankMemory,
     Ready,
 )
-from exo_tp.runtime.ring import jaccl_env, ring_env, write_hostfile
 
 log = logging.getLogger(__name__)
 
