@@ -84,16 +84,17 @@ def test_no_secret_or_key_on_any_command_line(cluster: LocalCluster) -> None:
     tree = _tree(cluster)
     nodes = [p for p in tree if "--node-id" in p.cmdline()]
     assert len(nodes) == 2
-    # what the cluster really authenticates with: the secret its workers were given
-    given = {
-        p.environ().get("EXO_TP_SECRET")
+    # what the cluster really authenticates with: the key its ranks' links were given (hex)
+    links = {
+        p.environ().get("EXO_TP_LINK_KEY")
         for p in tree
         if p not in nodes and p.pid != cluster.proc.pid
     }
-    assert given and all(given)
+    assert links and all(links)
+    given = {bytes.fromhex(k).decode() for k in links if k}
     for process in psutil.process_iter(["pid", "cmdline"]):
         line = " ".join(process.info["cmdline"] or [])
-        assert not any(s in line for s in (*given, KEY)), (process.info["pid"], line)
+        assert not any(s in line for s in (*given, *links, KEY)), (process.info["pid"], line)
     assert given == {SECRET}, "the workers do not hold the --secret-file secret"
 
 

@@ -22,6 +22,9 @@ class NodeWorker:
         self._supervisor = Supervisor(secret.encode(), self._from_thread, stall_timeout)
         self.rank: RankStatus | None = None
         self.assigned_by: str | None = None
+        # the last worker's stall, reported until a new worker starts (the leader stops a
+        # frozen worker soon after it is found)
+        self.last_stall: tuple[Stall, str] | None = None
 
     def _from_thread(self, status: RankStatus) -> None:
         if self._loop is not None:
@@ -36,9 +39,12 @@ class NodeWorker:
         self._loop = asyncio.get_running_loop()
         old, self.rank = self.rank, None
         if old is not None:
+            if old.stalled is not None:
+                self.last_stall = (old.stalled, old.error or "stalled")
             await asyncio.to_thread(self._supervisor.stop, old)
         self.assigned_by = leader
         if assignment is not None:
+            self.last_stall = None
             self.rank = self._supervisor.start(assignment)
             log.info("epoch %d: worker started as rank %d of %d", assignment.epoch,
                      assignment.rank, assignment.plan.size)
@@ -63,11 +69,15 @@ class NodeWorker:
 
     @property
     def error(self) -> str | None:
-        return self.rank.error if self.rank else None
+        if self.rank is not None:
+            return self.rank.error
+        return self.last_stall[1] if self.last_stall else None
 
     @property
     def stalled(self) -> Stall | None:
-        return self.rank.stalled if self.rank else None
+        if self.rank is not None:
+            return self.rank.stalled
+        return self.last_stall[0] if self.last_stall else None
 
     @property
     def links(self) -> tuple[LinkProfile, ...]:

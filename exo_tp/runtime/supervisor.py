@@ -184,13 +184,16 @@ class Supervisor:
                     continue
                 if now - status.last_heard > self.stall_timeout:
                     status.stalled = "frozen"
-                elif status.busy and now - status.progressed > self.stall_timeout:
+                elif status.busy and now - status.progressed > 2 * self.stall_timeout:
+                    # later than "frozen": the peers of a frozen rank get stuck waiting on it,
+                    # and the frozen one is the culprit to report
                     status.stalled = "stuck"
                 else:
                     continue
-                status.error = (f"made no progress for {self.stall_timeout:g}s"
-                                + (" (no heartbeat: frozen?)" if status.stalled == "frozen"
-                                   else " (waiting on a peer)"))
+                status.error = (
+                    f"made no progress for {self.stall_timeout:g}s (no heartbeat: frozen?)"
+                    if status.stalled == "frozen" else
+                    f"made no progress for {2 * self.stall_timeout:g}s (waiting on a peer)")
                 self._on_change(status)
 
     def stop(self, status: RankStatus) -> None:

@@ -1,0 +1,117 @@
+"""Faults end cleanly (issue #15 point 4): a frozen rank fails its requests and is planned out;
+a killed node's rank folder does not outlive the next start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+from cluster_helpers import CLI, free_port_base, http_json, local_cluster, wait_ready
+from openai import APIError, OpenAI
+
+MODEL = "smollm2-135m"
+
+
+def _rank_processes(root_pid: int) -> dict[str, psutil.Process]:
+    """Node id -> rank process, for every rank below ``root_pid``."""
+    out = {}
+    for proc in psutil.Process(root_pid).children(recursive=True):
+        cmdline = proc.cmdline()
+        if "exo_tp.runtime.rank" in cmdline:
+            job = json.loads(Path(cmdline[cmdline.index("exo_tp.runtime.rank") + 1])
+                             .read_text())
+            out[job["nodes"][job["rank"]]] = proc
+    return out
+
+
+def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
+        default_models: dict[str, Path]) -> None:
+    with local_cluster(3, weights=[1, 1, 1], extra=("--stall-timeout", "10")) as cluster:
+        leader_url = cluster.urls[0]
+        victim_node = "local-2"
+        frozen = _rank_processes(cluster.proc.pid)[victim_node]
+        errors: list[str] = []
+        streaming = threading.Event()
+
+        def stream() -> None:
+            api = OpenAI(base_url=leader_url + "/v1", api_key="none", max_retries=0)
+            try:
+                for _ in api.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": "Tell a long story."}],
+                        temperature=0, max_tokens=2000, stream=True):
+                    streaming.set()
+            except APIError as error:
+                errors.append(str(error))
+
+        client = threading.Thread(target=stream)
+        client.start()
+        assert streaming.wait(300)
+        frozen.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            health = {}
+            while time.monotonic() - stopped_at < 60:  # the frozen node's /health says so
+                health = http_json(cluster.urls[2] + "/health")[1]
+                if health["status"] == "stalled":
+                    break
+                time.sleep(0.5)
+            assert health["status"] == "stalled", health
+            assert health["worker"]["stalled"] == "frozen"
+            client.join(60)
+            assert not client.is_alive()
+            assert len(errors) == 1 and "no progress" in errors[0], errors
+            wait_ready(cluster.urls[:2], nodes=2, timeout=120)  # re-planned without it
+            plan = http_json(leader_url + "/v1/plan")[1]
+            assert victim_node not in plan["nodes"]
+            reply = OpenAI(base_url=leader_url + "/v1", api_key="none").chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Say hi."}], temperature=0,
+                max_tokens=4)
+            assert reply.choices[0].message.content
+        finally:
+            if frozen.is_running():
+                frozen.send_signal(signal.SIGCONT)
+
+
+def _rank_folders(owner: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"exo-tp-rank-{owner}-*"))
+
+
+def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
+        default_models: dict[str, Path], tmp_path: Path) -> None:
+    port = free_port_base(1)
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [*CLI, "run", "--host", "127.0.0.1", "--api-port", str(port), "--no-bench",
+             "--model", MODEL, "--node-id", "solo", "--cluster", f"solo-{port}"],
+            stdout=subprocess.DEVNULL, stderr=(tmp_path / "node.log").open("a"),
+            start_new_session=True, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
+
+    url = f"http://127.0.0.1:{port}"
+    node = start()
+    try:
+        wait_ready([url], nodes=1)
+        folders = _rank_folders(node.pid)
+        assert folders and all(f.is_dir() for f in folders)
+        os.killpg(node.pid, signal.SIGKILL)  # no clean-up runs
+        node.wait()
+        time.sleep(0.5)
+        assert all(f.is_dir() for f in folders)
+        node = start()
+        wait_ready([url], nodes=1)
+        assert not any(f.exists() for f in folders)
+        mine = _rank_folders(node.pid)
+        assert mine
+        os.killpg(node.pid, signal.SIGTERM)  # a normal stop removes its own
+        node.wait(30)
+        assert not any(f.exists() for f in mine)
+    finally:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)
