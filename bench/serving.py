@@ -83,6 +83,7 @@ CONTENDERS = {
 }
 ALL = ("ceiling", *CONTENDERS, "chat")
 SERVING_FLAGS = ("--max-concurrency", "--prompt-cache-size", "--prompt-cache-bytes")
+GIVE_UP_429 = 300.0  # seconds a client keeps retrying a request refused with 429
 # mlx_lm.server answers requests naming this model with the one given by --model.
 MLX_LM_DEFAULT_MODEL = "default_model"
 
@@ -403,7 +404,9 @@ def exo_tp(
 # ---------------------------------------------------------------------------------- clients
 
 
-def payload(model: str, messages: list[dict[str, str]], max_tokens: int, stream: bool) -> dict:
+def payload(
+    model: str, messages: list[dict[str, str]], max_tokens: int, stream: bool
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -425,7 +428,7 @@ async def stream_chat(
     while True:
         try:
             async with session.post(f"{server.url}/v1/chat/completions", json=body) as response:
-                if response.status == 429:
+                if response.status == 429 and time.perf_counter() - result.sent < GIVE_UP_429:
                     result.rejected += 1
                     await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
                     continue
@@ -440,12 +443,14 @@ async def stream_chat(
 
 
 async def _read_events(content: aiohttp.StreamReader, result: Stream) -> None:
+    done = False
     async for raw in content:
         line = raw.decode(errors="replace").strip()
         if not line.startswith("data:"):
             continue
         data = line[len("data:") :].strip()
         if data == "[DONE]":
+            done = True
             break
         event = json.loads(data)
         if "error" in event:
@@ -461,6 +466,8 @@ async def _read_events(content: aiohttp.StreamReader, result: Stream) -> None:
             result.completion_tokens = usage.get("completion_tokens", 0)
             result.prompt_tokens = usage.get("prompt_tokens")
             result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if not done:
+        result.error = "the stream ended without [DONE]"
     if not result.completion_tokens:  # no usage chunk: count text chunks
         result.completion_tokens = len(result.chunks)
 
@@ -801,6 +808,7 @@ def main() -> None:
     args = parse_args()
     # SIGTERM unwinds like Ctrl-C, so every server is stopped on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
+    load_before = os.getloadavg()[0]
     results = Results(flags=exo_tp_serving_flags())
     with tempfile.TemporaryDirectory(prefix="exo-tp-serving-") as tmp:
         logs = args.logs or Path(tmp)
@@ -810,7 +818,10 @@ def main() -> None:
         except KeyboardInterrupt:
             log("interrupted: every server stopped")
             raise SystemExit(130) from None
-    print(json.dumps(report(args, results)))
+    headline = report(args, results)
+    # Other work on the machine slows every contender: the load shows how much to trust a run.
+    headline["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    print(json.dumps(headline))
 
 
 if __name__ == "__main__":
