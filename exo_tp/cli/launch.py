@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import (
@@ -43,6 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for all ranks to join the ring")
     p.add_argument("--logits-out", help="save the prompt's logits (npy, rank 0) for checking")
     p.add_argument("--report-out", help="save generated token ids and stats (JSON)")
+    p.add_argument("--adapter-path", help="an mlx-lm LoRA adapter folder (e.g. from exo-tp "
+                                          "finetune), applied to every rank's shard")
     p.set_defaults(handler=run)
 
 
@@ -70,9 +73,19 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         logits_out=args.logits_out,
         report_out=args.report_out,
+        adapter_path=_adapter(args.adapter_path),
     )
     launch_local(job, join_timeout=args.join_timeout)
     return 0
+
+
+def _adapter(path: str | None) -> str | None:
+    from exo_tp.shard.adapters import read_adapter
+
+    if path is None:
+        return None
+    read_adapter(Path(path))  # a bad folder is one line here, not an error on every rank
+    return str(Path(path).resolve())
 
 
 def _plan(spec: ModelSpec, weights: list[float], stages: str | None,

@@ -9,6 +9,7 @@ forward pass; the weights get no gradient (they are frozen), the input does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import mlx.core as mx
@@ -16,7 +17,6 @@ import mlx.nn as nn
 
 from exo_tp.finetune.gather import GatherChain, Parts
 from exo_tp.finetune.plan import RowSplit
-from exo_tp.shard.collectives import gather_rows_padded
 
 PARTS = ("weight", "scales", "biases", "bias")
 
@@ -64,21 +64,9 @@ class ShardedBase(nn.Module):
     def shards(self) -> Parts:
         return {name: self[name] for name in PARTS if name in self}
 
-    def gather(
-        self,
-        tie: mx.array,
-        group: mx.distributed.Group,
-        stream: mx.Stream | None,
-        shards: Parts | None = None,
-    ) -> Parts:
-        shards = shards if shards is not None else self.shards()
-        names = list(shards)
-        tied = mx.depends([shards[n] for n in names], [tie])
+    def cut(self) -> tuple[Sequence[int], dict[str, tuple[int, ...]]]:
         layout: Layout = self._layout
-        whole = gather_rows_padded(
-            tied, layout.split.sizes, group, [layout.shapes[n] for n in names], stream
-        )
-        return dict(zip(names, whole, strict=True))
+        return layout.split.sizes, layout.shapes
 
     def _linear(self, x: mx.array, full: Parts) -> mx.array:
         """What mlx-lm's (quantized) linear computes with these weights."""

@@ -39,7 +39,6 @@ from exo_tp.finetune.gather import GatherChain
 from exo_tp.finetune.job import FinetuneJob, RankReport, StepReport, ValReport
 from exo_tp.finetune.model import build_model, lora_parameters
 from exo_tp.plan.shard_plan import Span
-from exo_tp.shard.collectives import gather_rows_padded
 
 log = logging.getLogger("exo_tp.finetune")
 
@@ -69,21 +68,16 @@ def rank_batches(
 
 
 def token_weighted_loss(
-    model: nn.Module,
-    batch: mx.array,
-    lengths: mx.array,
-    *,
-    group: mx.distributed.Group,
-    stream: mx.Stream | None,
+    model: nn.Module, batch: mx.array, lengths: mx.array, *, chain: GatherChain
 ) -> tuple[mx.array, mx.array]:
     mean, tokens = default_loss(model, batch, lengths)
-    n = group.size()
+    n = chain.group.size()
     if not model.training or n == 1:
         return mean, tokens
     local = mx.stop_gradient(tokens.astype(mx.float32)).reshape(1)
-    # On the gathers' stream: every collective of the step stays in one ordered queue.
-    (counts,) = gather_rows_padded([local], [1] * n, group, [(n,)], stream)
-    total = counts.sum()
+    # Through the chain: ordered after the forward's gathers, before the backward's.
+    (counts,) = chain.all_gather([local], [1] * n, [(n,)], tie=local)
+    total = mx.stop_gradient(counts.sum())  # a count: no gradient (and none through the tie)
     return mean * local[0] * (n / total), tokens
 
 
@@ -205,7 +199,7 @@ def run_rank(job: FinetuneJob, rank: int, group: mx.distributed.Group) -> RankRe
             max_seq_length=job.max_seq_length,
             adapter_file=str(adapters / "adapters.safetensors"),
         ),
-        loss=partial(token_weighted_loss, group=group, stream=chain.stream),
+        loss=partial(token_weighted_loss, chain=chain),
         iterate_batches=partial(rank_batches, rows=rows),
         training_callback=callback,
     )

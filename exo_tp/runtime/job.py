@@ -33,6 +33,8 @@ class LaunchJob(Frozen):
     report_out: str | None = None
     # Pipelines: the "ip:port" each global rank's incoming hop listens on.
     hops: tuple[str, ...] = ()
+    # An mlx-lm LoRA adapter folder applied (unfused) to every rank's shard.
+    adapter_path: str | None = None
 
 
 class Assignment(Frozen):

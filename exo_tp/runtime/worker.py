@@ -51,7 +51,8 @@ def run(job: LaunchJob) -> None:
     print(READY, file=sys.stderr, flush=True)
     started = time.perf_counter()
     model = load_shard(Path(job.model_dir), stage.tp, local, group, DTYPES[job.dtype],
-                       stage.layers, first, last)
+                       stage.layers, first, last,
+                       Path(job.adapter_path) if job.adapter_path else None)
     load_peak = mx.get_peak_memory()
     mine = stage.tp.ranks[local]
     log.info("stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads %d-%d, kv %s, ffn %s, "
