@@ -43,18 +43,19 @@ class Case:
     arch: str
     quantized: bool
     weights: tuple[float, ...]
+    prefetch: bool = True
 
     @property
     def id(self) -> str:
-        return (
-            f"{self.arch}-{'q4' if self.quantized else 'float'}-w{'-'.join(map(str, self.weights))}"
-        )
+        kind = "q4" if self.quantized else "float"
+        shares = "-".join(map(str, self.weights))
+        return f"{self.arch}-{kind}-w{shares}" + ("" if self.prefetch else "-no-prefetch")
 
 
 CASES = [
     Case("llama", False, (3, 1)),
     Case("llama", True, (5, 3, 2)),
-    Case("qwen3", False, (1, 2, 1)),
+    Case("qwen3", False, (1, 2, 1), prefetch=False),
     Case("qwen3", True, (1, 3)),
 ]
 
@@ -211,7 +212,14 @@ def trained(
             tokenizer,
             quantize={"bits": 4, "group_size": 64} if case.quantized else None,
         )
-        ours = exo_tp_finetune(model, data, workdir / f"{case.id}-exo", case.weights)
+        ours = exo_tp_finetune(
+            model,
+            data,
+            workdir / f"{case.id}-exo",
+            case.weights,
+            "--prefetch",
+            "on" if case.prefetch else "off",
+        )
         ref = mlx_lm_lora(model, data, workdir / f"{case.id}-ref")
         _trained[case.id] = (model, ours, ref)
     return _trained[case.id]
@@ -273,9 +281,10 @@ def test_adapter_loads_in_mlx_lm_and_exo_tp_launch(
 def test_peak_memory_follows_the_share_of_the_base(
     workdir: Path, default_models: dict[str, Path]
 ) -> None:
-    """A model whose weights dominate (4 wider layers, 48 MB, one short sequence per rank):
-    memory shares 3:1 with equal batch shares. Each rank's measured training peak is below
-    single-device mlx-lm's, and the ranks' peaks differ by what their shards differ."""
+    """A model whose weights dominate (4 wider layers and an untied LM head, 49 MB, one short
+    sequence per rank): memory shares 3:1 with equal batch shares. Each rank's measured
+    training peak is below single-device mlx-lm's, and the ranks' peaks differ by what their
+    shards differ."""
     config = {
         **tiny_config("llama"),
         "hidden_size": 512,
@@ -283,11 +292,21 @@ def test_peak_memory_follows_the_share_of_the_base(
         "num_hidden_layers": 4,
         "num_attention_heads": 8,
         "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
     }
     model = write_tiny_model(workdir / "wide", config, default_models["smollm2-135m"])
     data = write_data(workdir / "wide-data", train=4, valid=0)
     ours = exo_tp_finetune(
-        model, data, workdir / "wide-exo", (1, 1), "--memory-weights", "3,1", iters=2, batch=2
+        model,
+        data,
+        workdir / "wide-exo",
+        (1, 1),
+        "--memory-weights",
+        "3,1",
+        "--prefetch",
+        "on",
+        iters=2,
+        batch=2,
     )
     ref = mlx_lm_lora(model, data, workdir / "wide-ref", iters=2, batch=2)
     assert_adapters_close(
@@ -297,8 +316,10 @@ def test_peak_memory_follows_the_share_of_the_base(
     base = big.base_bytes
     assert big.held_bytes > 0.7 * base and small.held_bytes < 0.3 * base
     assert big.train_peak < ref.peak and small.train_peak < ref.peak
+    # The peaks differ by the shards' difference (half the base here), give or take what the
+    # small rank adds by padding its rows to the big one's for the gathers in flight (~5 MB).
     gap = (big.train_peak - small.train_peak) - (big.held_bytes - small.held_bytes)
-    assert abs(gap) < 0.1 * base, (
+    assert abs(gap) < 0.15 * base, (
         big.train_peak,
         small.train_peak,
         big.held_bytes,

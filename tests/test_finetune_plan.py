@@ -11,7 +11,16 @@ from hypothesis import strategies as st
 from ring_harness import run_on_ranks
 
 from exo_tp.errors import ExoTpError
+from exo_tp.finetune.cost import (
+    Device,
+    Workload,
+    base_bytes,
+    estimate_replicas,
+    estimate_sharded,
+)
 from exo_tp.finetune.plan import batch_rows, plan_finetune, split_rows
+from exo_tp.plan.cost import LinkCost
+from exo_tp.plan.spec import ModelSpec
 
 weights = st.lists(st.floats(min_value=0.05, max_value=10), min_size=1, max_size=8)
 
@@ -108,3 +117,65 @@ if r == 0:
 def test_gather_rows_padded_is_bit_exact_for_mixed_parts(tmp_path: Path, sizes: list[int]) -> None:
     out = run_on_ranks(len(sizes), GATHER_ROWS.format(sizes=sizes), tmp_path)
     assert out == {"exact": True, "alone": True, "caught": True}
+
+
+def _tiny_spec(layers: int = 1) -> ModelSpec:
+    return ModelSpec(
+        model_type="llama",
+        hidden_size=4,
+        num_layers=layers,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=2,
+        ffn_sizes={"ffn": 8},
+        vocab_size=10,
+        tie_word_embeddings=True,
+    )
+
+
+def test_cost_model_by_hand() -> None:
+    """One layer (hidden 4, q 4, kv 2, ffn 8, vocab 10), bf16 weights (8 bytes per row of 4),
+    two ranks of 1000 FLOP/s, one token each, a link of 2 ms and 1000 B/s."""
+    spec, link = _tiny_spec(), LinkCost(latency=0.002, bandwidth=1000, measured=False)
+    devices = [
+        Device(name="a", memory=10**6, flops=1000),
+        Device(name="b", memory=10**6, flops=1000),
+    ]
+    work = Workload(tokens=2, lora_params=0)
+    # forward compute 2*rows*in/1000 per step: embedding lookup 0, q .032, k .016, v .016,
+    # o .032, gate/up/down .064 each, head .08 (sum .368); gathers (L/2 + padded rows*bytes/B):
+    # .041 .017 .009 .009 .017 .033 .033 .033 .041 (sum .233); the backward skips the lookup.
+    serial = estimate_sharded(spec, devices, [1, 1], [1, 1], work, link, prefetch=False)
+    assert serial.step_seconds == pytest.approx(0.368 + 0.233 + (0.368 + 0.192) + 0.002)
+    assert serial.gather_seconds == pytest.approx(0.233 + 0.192)
+    overlapped = estimate_sharded(spec, devices, [1, 1], [1, 1], work, link, prefetch=True)
+    # forward: first gather, then max(step k, gather k+1): .041+.017+.032+.016+.017+.033+
+    # .064*3+.08 = .428; backward from the head down to q: .041 (head's gather) + .08 (head)
+    # + .064*3 (down, up, gate) + .032 (o) + .016 (v) + max(k .016, q's gather .017) + .032
+    assert overlapped.step_seconds == pytest.approx(
+        0.428 + (0.041 + 0.08 + 0.064 * 3 + 0.032 + 0.016 + 0.017 + 0.032) + 0.002
+    )
+    # base 368 bytes (tied head not counted twice); each rank holds half
+    assert base_bytes(spec) == 368
+    assert [r.held_bytes for r in serial.ranks] == [184, 184]
+    # uneven memory shares: 3:1 of every weight's rows
+    uneven = estimate_sharded(spec, devices, [3, 1], [1, 1], work, link, prefetch=True)
+    assert uneven.ranks[0].held_bytes > 2.5 * uneven.ranks[1].held_bytes
+
+
+def test_cost_model_replicas_leave_out_devices_the_model_does_not_fit() -> None:
+    """8 layers: 2384 bytes of weights (embedding 80, 288 per layer), 1152 bytes of
+    activations per token; 4 tokens. A replica needs 2384 + 2 * 1152 on each of two devices,
+    more than the small one's 90% of 3000: mlx-lm runs on the big one alone, exo-tp on both."""
+    spec, link = _tiny_spec(8), LinkCost(latency=0.002, bandwidth=1000, measured=False)
+    big = Device(name="big", memory=10**6, flops=1000)
+    small = Device(name="small", memory=3000, flops=500)
+    work = Workload(tokens=4, lora_params=0)
+    assert base_bytes(spec) == 2384
+    est = estimate_replicas(spec, [big, small], work, link)
+    assert [r.device for r in est.ranks] == ["big"] and "small" in est.note
+    # forward + backward 2 * 2 FLOPs per weight and token, 8 * 144 + 40 (head) weights
+    assert est.step_seconds == pytest.approx(2 * 2 * 4 * (8 * 144 + 40) / 1000)
+    sharded = estimate_sharded(spec, [big, small], [3, 1], [2, 1], work, link, prefetch=True)
+    assert sharded.fits and sharded.ranks[1].held_bytes < base_bytes(spec) / 3
+    assert [r.tokens for r in sharded.ranks] == [3, 1]

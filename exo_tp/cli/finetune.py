@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from exo_tp.cli.args import (
@@ -79,9 +80,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(loads in mlx_lm and in exo-tp launch --adapter-path)",
     )
     p.add_argument(
-        "--no-prefetch",
-        action="store_true",
-        help="gather each layer's weights only when it runs (no overlap)",
+        "--prefetch",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="gather the next layer's weights while this one computes, on a thread of its own "
+        "(auto: on when this machine has two cores per rank; a rank waiting in a collective "
+        "spins its thread, which steals a shared core from compute)",
     )
     p.add_argument(
         "--join-timeout",
@@ -137,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         steps_per_eval=args.steps_per_eval,
         val_batches=args.val_batches,
         save_every=args.save_every,
-        prefetch=not args.no_prefetch,
+        prefetch=_prefetch(args.prefetch, args.ranks),
         report_dir="",
     )
     reports = run_local(job, join_timeout=args.join_timeout)
@@ -149,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
     loss = f"; final train loss {last.train_loss:.3f}" if last else ""
     print(f"adapter saved to {job.adapter_path}{loss}")
     return 0
+
+
+def _prefetch(mode: str, ranks: int) -> bool:
+    if mode == "auto":
+        return (os.cpu_count() or 1) >= 2 * ranks
+    return mode == "on"
 
 
 def _per_rank(values: list[float] | None, ranks: int, flag: str) -> list[float]:

@@ -102,6 +102,8 @@ def gather_rows_padded(
             mine.append(mx.zeros((longest - sum(lengths[rank]),), dtype=mx.uint8))
         packed = mine[0] if len(mine) == 1 else mx.concatenate(mine)
         gathered = mx.distributed.all_gather(packed, group=group, stream=stream)
+        if len(xs) == 1 and len(set(sizes)) == 1:  # one tensor, no padding: already whole
+            return [mx.view(gathered, xs[0].dtype).reshape(tuple(shapes[0]))]
         gathered = gathered.reshape(n, longest)
         whole = []
         for p, (x, shape) in enumerate(zip(xs, shapes, strict=True)):
