@@ -325,3 +325,71 @@ def test_peak_memory_follows_the_share_of_the_base(
         big.held_bytes,
         small.held_bytes,
     )
+
+
+def test_bad_input_is_one_line(
+    workdir: Path, data: Path, default_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Mistakes are one readable line and exit code 1, before or after ranks start."""
+    from exo_tp.plan.devices import DeviceProfile
+
+    model = write_tiny_model(
+        workdir / "refuse-llama", tiny_config("llama"), default_models["smollm2-135m"]
+    )
+    profiles = []
+    for name, memory, flops in (("a", 3_000_000, 2e9), ("b", 1_000_000, 1e9)):
+        profiles.append(tmp_path / f"{name}.json")
+        profiles[-1].write_text(
+            DeviceProfile(
+                chip="x",
+                cores=1,
+                mlx_version="0",
+                mlx_device="cpu",
+                memory_total=memory,
+                memory_available=memory,
+                backends=("ring",),
+                memory_bandwidth=1e9,
+                decode_seconds_per_byte=1e-9,
+                prefill_flops=flops,
+            ).model_dump_json()
+        )
+    common = ["finetune", "--model", str(model), "--iters", "1"]
+    cases = [
+        (["--data", str(tmp_path / "nowhere")], "has no train.jsonl"),
+        (["--data", str(data), "--ranks", "3", "--weights", "1,2"], "2 values for 3 ranks"),
+        (["--data", str(data), "--ranks", "3", "--batch-size", "2"], "smaller than the 3 ranks"),
+        (
+            ["--data", str(data), "--profiles", ",".join(map(str, profiles)), "--weights", "1,1"],
+            "not both",
+        ),
+        (
+            ["--data", str(data), "--ranks", "3", "--profiles", ",".join(map(str, profiles))],
+            "2 files for 3 ranks",
+        ),
+        (["--data", str(data), "--ranks", "2", "--weights", "1,0"], "positive weight"),
+    ]
+    for extra, message in cases:
+        result = run_cli(*common, *extra, check=False)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    # An architecture whose base is not dense linears: the ranks refuse it, one line names it.
+    moe = write_tiny_model(
+        workdir / "refuse-moe", tiny_config("qwen3_moe"), default_models["smollm2-135m"]
+    )
+    result = run_cli(
+        "finetune",
+        "--model",
+        str(moe),
+        "--data",
+        str(data),
+        "--iters",
+        "1",
+        "--num-layers",
+        "-1",
+        "--adapter-path",
+        str(tmp_path / "ad"),
+        check=False,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("exo-tp: error: rank ") and "dense linears" in last, last

@@ -41,6 +41,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="relative memory of each rank when it differs from its speed: its "
         "share of the base weights (default: --weights)",
     )
+    p.add_argument(
+        "--profiles",
+        help="one `exo-tp bench` profile per rank (a.json,b.json,...): a rank's share of the "
+        "base follows its available memory, its share of each batch its prefill FLOP/s "
+        "(instead of --weights / --memory-weights)",
+    )
     p.add_argument("--iters", type=positive_int, default=1000, help="training steps")
     p.add_argument(
         "--batch-size", type=positive_int, default=4, help="sequences per step, over all ranks"
@@ -103,12 +109,17 @@ def run(args: argparse.Namespace) -> int:
     from exo_tp.finetune.plan import plan_finetune
     from exo_tp.models.registry import resolve_model
 
-    speeds = _per_rank(args.weights, args.ranks, "--weights")
-    memory = (
-        _per_rank(args.memory_weights, args.ranks, "--memory-weights")
-        if args.memory_weights
-        else speeds
-    )
+    if args.profiles:
+        if args.weights or args.memory_weights:
+            raise ExoTpError("--profiles sets the shares: give it or --weights, not both")
+        memory, speeds = _from_profiles(args.profiles, args.ranks)
+    else:
+        speeds = _per_rank(args.weights, args.ranks, "--weights")
+        memory = (
+            _per_rank(args.memory_weights, args.ranks, "--memory-weights")
+            if args.memory_weights
+            else speeds
+        )
     if any(w <= 0 for w in (*speeds, *memory)):
         raise ExoTpError(
             "every rank needs a positive weight: a rank with no share of the "
@@ -153,6 +164,17 @@ def run(args: argparse.Namespace) -> int:
     loss = f"; final train loss {last.train_loss:.3f}" if last else ""
     print(f"adapter saved to {job.adapter_path}{loss}")
     return 0
+
+
+def _from_profiles(text: str, ranks: int) -> tuple[list[float], list[float]]:
+    """Memory and speed weights from measured device profiles (one per rank)."""
+    from exo_tp.plan.devices import read_profile
+
+    paths = [Path(part) for part in text.split(",") if part]
+    if len(paths) != ranks:
+        raise ExoTpError(f"--profiles has {len(paths)} files for {ranks} ranks")
+    profiles = [read_profile(path) for path in paths]
+    return ([float(p.memory_available) for p in profiles], [p.prefill_flops for p in profiles])
 
 
 def _prefetch(mode: str, ranks: int) -> bool:
