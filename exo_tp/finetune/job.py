@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from exo_tp.finetune.plan import FinetunePlan
 from exo_tp.frozen import Frozen
@@ -47,8 +47,14 @@ class FinetuneJob(Frozen):
     report_dir: str  # each rank writes rank-<r>.json there
 
 
+# A diverged run reports NaN losses: written as NaN (JSON's null would not read back).
+_LOSSES = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+
 class StepReport(Frozen):
     """One training-loss report of mlx-lm's trainer (every ``steps_per_report`` steps)."""
+
+    model_config = _LOSSES
 
     iteration: int
     train_loss: float
@@ -59,6 +65,8 @@ class StepReport(Frozen):
 
 
 class ValReport(Frozen):
+    model_config = _LOSSES
+
     iteration: int
     val_loss: float
 
