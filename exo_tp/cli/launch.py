@@ -46,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for all ranks to join the ring")
     p.add_argument("--logits-out", help="save the prompt's logits (npy, rank 0) for checking")
     p.add_argument("--report-out", help="save generated token ids and stats (JSON)")
+    p.add_argument("--adapter-path", help="an mlx-lm LoRA adapter folder (e.g. from exo-tp "
+                                          "finetune), applied to every rank's shard")
     p.set_defaults(handler=run)
 
 
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                                 top_p=args.top_p, seed=args.seed),
         logits_out=str(Path(args.logits_out).resolve()) if args.logits_out else None)
     launch_local(str(model_dir), plan, request, args.dtype, args.report_out,
-                 join_timeout=args.join_timeout)
+                 join_timeout=args.join_timeout, adapter_path=adapter_folder(args.adapter_path))
     return 0
 
 
@@ -89,6 +91,16 @@ def encode_prompt(tokenizer: TokenizerWrapper, prompt: str, use_chat_template: b
                                              tokenize=False, add_generation_prompt=True)
         return tokenizer.encode(text, add_special_tokens=False)
     return tokenizer.encode(prompt, add_special_tokens=True)
+
+
+def adapter_folder(path: str | None) -> str | None:
+    """The adapter's folder, checked here: a bad one is one line, not an error on every rank."""
+    from exo_tp.shard.adapters import read_adapter
+
+    if path is None:
+        return None
+    read_adapter(Path(path))
+    return str(Path(path).resolve())
 
 
 def _plan(spec: ModelSpec, weights: list[float], stages: str | None,

@@ -68,6 +68,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="never measure on start: the cached profile if any, else equal shares")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"),
                    default="float32")
+    p.add_argument("--adapter-path",
+                   help="an mlx-lm LoRA adapter folder (e.g. from exo-tp finetune) applied to "
+                        "every rank's shard; the leader's is used, at the same path on every "
+                        "node")
     p.add_argument("--backend", choices=("auto", "ring", "jaccl"), default="auto",
                    help="MLX distributed backend; auto takes jaccl when every pair of nodes "
                         "has an RDMA link, else ring (TCP)")
@@ -200,6 +204,8 @@ def _run_local(args: argparse.Namespace) -> int:
         raise ExoTpError("--max-queue must be 0 or more")
     extra = ["--backend", args.backend, *serving_flags(args)] + (
         ["--stages", args.stages] if args.stages else [])
+    if args.adapter_path:
+        extra += ["--adapter-path", args.adapter_path]
     if args.allowed_origins is not None:
         extra += ["--allowed-origins", args.allowed_origins]
     # Secrets reach the nodes through their environment, never their command lines.
@@ -234,6 +240,7 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
     from mlx_lm.utils import load_tokenizer
 
     from exo_tp.api.web import web_routes
+    from exo_tp.cli.launch import adapter_folder
     from exo_tp.errors import ExoTpError
     from exo_tp.models.registry import resolve_model
     from exo_tp.node.config import NodeConfig
@@ -261,6 +268,7 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
         backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
                        if mx.distributed.is_available(b)),
         serving=serving_options(args), max_queue=args.max_queue,
+        adapter_path=adapter_folder(args.adapter_path),
         stall_timeout=args.stall_timeout,
     )
     node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)),

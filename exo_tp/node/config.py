@@ -29,6 +29,7 @@ class NodeConfig:
     serving: ServingOptions = ServingOptions()
     max_queue: int = 64  # requests waiting beyond the batch before 429s
     stall_timeout: float = 30.0  # a rank making no progress this long fails its epoch
+    adapter_path: str | None = None  # an mlx-lm LoRA adapter applied to every shard
     access: ApiAccess = field(default_factory=ApiAccess)  # public API key and CORS origins
 
     @property

@@ -263,7 +263,7 @@ class Leader:
                 requests_at=f"{self.config.host}:{self._requests_port}", hops=hops,
                 nodes=nodes, dtype=self.config.dtype, backend=backend.backend,
                 ibv_devices=backend.ibv_devices, prediction=prediction,
-                serving=self.config.serving)
+                serving=self.config.serving, adapter_path=self.config.adapter_path)
             await self._control.assign(member, assignment, self.me)
         self.led.started = time.monotonic()
         if previous is not None:  # members dropped from the cluster let their workers go

@@ -46,6 +46,7 @@ class Assignment(Frozen):
     prediction: Prediction | None = None  # the planner's cost model for this plan, if any
     serving: ServingOptions = ServingOptions()
     measure_links: bool = True  # time the stage's collectives once the group formed
+    adapter_path: str | None = None  # an mlx-lm LoRA adapter folder applied to every shard
 
     @property
     def stage_index(self) -> int:

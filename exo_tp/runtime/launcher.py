@@ -41,7 +41,7 @@ ADDRESS = "127.0.0.1"
 
 
 def _jobs(model: str, plan: PipelinePlan, dtype: DType, source_port: int,
-          ) -> list[Assignment]:
+          adapter_path: str | None) -> list[Assignment]:
     hostfile: list[str] = [""] * plan.size
     for stage in plan.stages:  # one ring (and port range) per stage
         for rank, port in zip(stage.ranks, free_ports(stage.size), strict=True):
@@ -52,6 +52,7 @@ def _jobs(model: str, plan: PipelinePlan, dtype: DType, source_port: int,
         conductor=f"{ADDRESS}:{conductor}", requests_at=f"{ADDRESS}:{source_port}",
         hops=tuple(f"{ADDRESS}:{p}" for p in hops), dtype=dtype, measure_links=False,
         serving=ServingOptions(max_concurrency=1, prompt_cache_size=0),
+        adapter_path=adapter_path,
     ) for rank in range(plan.size)]
 
 
@@ -84,14 +85,15 @@ def _failure(status: RankStatus) -> ExoTpError | None:
 
 def launch_local(model: str, plan: PipelinePlan, request: GenerateRequest, dtype: DType,
                  report_out: str | None = None, join_timeout: float = 120.0,
-                 stall_timeout: float = 60.0) -> dict[str, Any]:
+                 stall_timeout: float = 60.0, adapter_path: str | None = None,
+                 ) -> dict[str, Any]:
     """Generate ``request`` on ``plan.size`` local ranks, printing the text to stdout; returns
     the report (also written to ``report_out``). Raises ExoTpError if a rank fails."""
     key = secrets.token_bytes(32)
     launch = _Launch()
     source = Listener(f"{ADDRESS}:0", key, CONDUCTOR_EVENTS, launch.on_conductor, "launch")
     supervisor = Supervisor(key, launch.on_rank, stall_timeout)
-    ranks = [supervisor.start(job) for job in _jobs(model, plan, dtype, source.port)]
+    ranks = [supervisor.start(job) for job in _jobs(model, plan, dtype, source.port, adapter_path)]
     joined = threading.Event()
     timer = threading.Timer(join_timeout, lambda: joined.is_set() or launch.events.put("join"))
     timer.daemon = True

@@ -192,7 +192,8 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any]) -> None:
     started = time.perf_counter()
     first, last = job.stage_index == 0, job.stage_index == len(job.plan.stages) - 1
     model = load_shard(model_dir, stage.tp, job.local_rank, group, DTYPES[job.dtype],
-                       stage.layers, first, last)
+                       stage.layers, first, last,
+                       Path(job.adapter_path) if job.adapter_path else None)
     progress.load_peak = mx.get_peak_memory()
     mine = stage.tp.ranks[job.local_rank]
     log.info("epoch %d rank %d: stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads "

@@ -17,6 +17,7 @@ from mlx_lm.utils import load_model
 from exo_tp.arch import ArchTable, table_for
 from exo_tp.plan import ShardPlan, Span
 from exo_tp.plan.slices import RankSelector
+from exo_tp.shard.adapters import apply_to_block, check_layers, read_adapter
 from exo_tp.shard.blocks import BlockSharder
 from exo_tp.shard.layers import Absent, VocabParallelEmbedding, VocabParallelHead
 from exo_tp.shard.slicing import WeightSlicer
@@ -78,11 +79,13 @@ def _shard_vocab(model: nn.Module, table: ArchTable, slicer: WeightSlicer, plan:
 
 def load_shard(model_dir: Path, plan: ShardPlan, rank: int, group: mx.distributed.Group,
                dtype: mx.Dtype | None = None, layers: Span | None = None,
-               first: bool = True, last: bool = True) -> nn.Module:
+               first: bool = True, last: bool = True,
+               adapter_path: Path | None = None) -> nn.Module:
     """The model with only rank ``rank``'s slices, ready to run inside ``group``.
 
     For a pipeline stage, ``layers`` limits the blocks held; ``first``/``last`` say whether the
-    stage holds the embedding and the final norm + LM head.
+    stage holds the embedding and the final norm + LM head. ``adapter_path``: an mlx-lm LoRA
+    adapter folder, applied unfused to this rank's slices (exo_tp.shard.adapters).
     """
     model_dir = Path(model_dir)
     table = table_for(plan.spec.model_type)
@@ -92,8 +95,13 @@ def load_shard(model_dir: Path, plan: ShardPlan, rank: int, group: mx.distribute
     sharder = BlockSharder(table, slicer, ranks, rank, plan.spec.hidden_size, group)
     layers = layers or Span(start=0, stop=plan.spec.num_layers)
     blocks = get_path(model, table.layers)
+    adapter = read_adapter(adapter_path) if adapter_path else None
+    if adapter:
+        check_layers(adapter, table, len(blocks))
     for i in range(layers.start, layers.stop):
         sharder.shard(blocks[i], f"{table.layers}.{i}")
+        if adapter:
+            apply_to_block(adapter, blocks[i], f"{table.layers}.{i}", table, ranks[rank])
         _finish(blocks[i], dtype)
     _keep_layers(model, table, layers)
     if not last:

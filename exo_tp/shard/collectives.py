@@ -66,3 +66,52 @@ def broadcast_from_first(x: mx.array, group: mx.distributed.Group) -> mx.array:
         return x
     mine = x if group.rank() == 0 else zeros_after(x.shape, x.dtype, x)
     return mx.distributed.all_sum(mine, group=group)
+
+
+def gather_rows_padded(
+    xs: Sequence[mx.array],
+    sizes: Sequence[int],
+    group: mx.distributed.Group,
+    shapes: Sequence[Sequence[int]],
+    stream: mx.Stream | None = None,
+) -> list[mx.array]:
+    """Whole tensors from differently sized dim-0 shards (row runs) on every rank, in rank order.
+
+    ``xs`` are this rank's rows of tensors cut at the same rows (a layer's weight, scales,
+    biases, bias), ``shapes`` their whole planned shapes. They travel as one all-gather: each
+    rank sends its shards' bytes back to back (bit-exact, whatever their dtypes), padded to the
+    longest rank's; each whole tensor is then assembled from every rank's piece, which strips
+    the padding. ``stream`` runs all of it there (a communication stream, to overlap compute).
+    """
+    rank, n = group.rank(), group.size()
+    for x, shape in zip(xs, shapes, strict=True):
+        planned = (sizes[rank], *shape[1:])
+        if shape[0] != sum(sizes) or tuple(x.shape) != planned:
+            raise CollectiveShapeError(
+                f"all_gather rows: shape {tuple(x.shape)} != planned "
+                f"{planned} of {tuple(shape)} cut {tuple(sizes)}"
+            )
+    if n == 1:
+        return list(xs)
+    widths = [math.prod(shape[1:]) * x.dtype.size for x, shape in zip(xs, shapes, strict=True)]
+    lengths = [[size * width for width in widths] for size in sizes]  # bytes per rank per part
+    longest = max(sum(per_rank) for per_rank in lengths)
+    with mx.stream(stream if stream is not None else mx.default_stream(mx.default_device())):
+        mine = [mx.view(x.reshape(x.size), mx.uint8) for x in xs]
+        if sum(lengths[rank]) < longest:
+            mine.append(mx.zeros((longest - sum(lengths[rank]),), dtype=mx.uint8))
+        packed = mine[0] if len(mine) == 1 else mx.concatenate(mine)
+        gathered = mx.distributed.all_gather(packed, group=group, stream=stream)
+        if len(xs) == 1 and len(set(sizes)) == 1:  # one tensor, no padding: already whole
+            return [mx.view(gathered, xs[0].dtype).reshape(tuple(shapes[0]))]
+        gathered = gathered.reshape(n, longest)
+        whole = []
+        for p, (x, shape) in enumerate(zip(xs, shapes, strict=True)):
+            pieces = []
+            for r in range(n):
+                start = sum(lengths[r][:p])
+                if lengths[r][p]:
+                    pieces.append(gathered[r, start : start + lengths[r][p]])
+            joined = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
+            whole.append(mx.view(joined, x.dtype).reshape(tuple(shape)))
+        return whole

@@ -1,0 +1,113 @@
+"""Build one rank's LoRA model: mlx-lm's model and LoRA layers over a row-sharded frozen base.
+
+mlx-lm builds the model lazily and converts its linears to LoRA layers exactly as
+`mlx_lm.lora` does (same seed, same order, so every rank and a single-device run start from the
+same LoRA weights); then every base linear and embedding is replaced by a sharded one holding
+only this rank's rows, read straight from the safetensors files, and evaluated one at a time so
+the rank's peak stays near its share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.tuner.utils import linear_to_lora_layers
+from mlx_lm.utils import load_model
+
+from exo_tp.errors import ExoTpError
+from exo_tp.finetune.gather import GatherChain
+from exo_tp.finetune.job import LoraSettings
+from exo_tp.finetune.plan import FinetunePlan
+from exo_tp.finetune.sharded import (
+    PARTS,
+    Layout,
+    ShardedBase,
+    ShardedEmbedding,
+    ShardedLinear,
+    quantization_of,
+)
+from exo_tp.shard.slicing import WeightSlicer
+from exo_tp.shard.tree import set_path
+
+BASES = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
+EMBEDDINGS = (nn.Embedding, nn.QuantizedEmbedding)
+LORA_PARTS = ("lora_a", "lora_b")
+
+
+@dataclass(frozen=True)
+class Footprint:
+    base_bytes: int  # the whole base as stored
+    held_bytes: int  # what this rank holds of it
+    lora_bytes: int
+
+
+def lora_parameters(lora: LoraSettings) -> dict[str, float]:
+    """`lora_parameters` as mlx-lm's linear_to_lora_layers and adapter_config.json take them."""
+    return {"rank": lora.rank, "dropout": lora.dropout, "scale": lora.scale}
+
+
+def build_model(
+    model_dir: Path,
+    lora: LoraSettings,
+    seed: int,
+    plan: FinetunePlan,
+    rank: int,
+    chain: GatherChain,
+) -> tuple[nn.Module, Footprint]:
+    model, _ = load_model(Path(model_dir), lazy=True)
+    slicer = WeightSlicer(Path(model_dir), model)
+    stored = {id(m): path for path, m in model.named_modules() if isinstance(m, BASES)}
+    base_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    layers = len(model.layers)
+    if lora.num_layers > layers:
+        raise ExoTpError(f"--num-layers {lora.num_layers} is more than the model's {layers} layers")
+    # What mlx_lm.lora's train_model does, in the same order (the seed fixes the LoRA init).
+    mx.random.seed(seed)
+    model.freeze()
+    linear_to_lora_layers(model, lora.num_layers, lora_parameters(lora))
+    for path, module in [(p, m) for p, m in model.named_modules() if isinstance(m, BASES)]:
+        set_path(model, path, _shard(module, stored[id(module)], slicer, plan, rank, chain))
+    _refuse_unsharded(model)
+    mx.eval(model.parameters())
+    held = sum(v.nbytes for p, v in tree_flatten(model.parameters()) if ".lora_" not in p)
+    lora_bytes = sum(v.nbytes for _, v in tree_flatten(model.trainable_parameters()))
+    return model, Footprint(base_bytes=base_bytes, held_bytes=held, lora_bytes=lora_bytes)
+
+
+def _shard(
+    module: nn.Module,
+    stored_name: str,
+    slicer: WeightSlicer,
+    plan: FinetunePlan,
+    rank: int,
+    chain: GatherChain,
+) -> ShardedBase:
+    split = plan.rows(module["weight"].shape[0])
+    span = split.spans[rank]
+    parts = {
+        key: slicer.take(f"{stored_name}.{key}", module[key], 0, [(span.start, span.stop)])
+        for key in PARTS
+        if isinstance(module.get(key), mx.array)
+    }
+    mx.eval(parts)  # one tensor's rows at a time: the peak stays at the share
+    kind = ShardedEmbedding if isinstance(module, EMBEDDINGS) else ShardedLinear
+    shapes = {key: tuple(module[key].shape) for key in parts}
+    return kind(parts, Layout(split, shapes), chain, quantization_of(module))
+
+
+def _refuse_unsharded(model: nn.Module) -> None:
+    """Only small replicated parameters (norms) may stay whole on every rank."""
+    for path, module in model.named_modules():
+        if isinstance(module, ShardedBase):
+            continue
+        for key, value in module.items():
+            if isinstance(value, mx.array) and value.ndim >= 2 and key not in LORA_PARTS:
+                raise ExoTpError(
+                    f"{path}.{key}: exo-tp finetune shards dense linears and "
+                    f"embeddings only; this {tuple(value.shape)} "
+                    f"{type(module).__name__} weight is neither"
+                )
