@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -59,16 +60,26 @@ class Reference:
     margins: list[float]
 
 
+@functools.lru_cache(maxsize=4)
+def _single_device(model_dir: str) -> tuple:
+    """mlx-lm's own model and tokenizer in float32, loaded once per test session."""
+    import mlx.core as mx
+    from mlx_lm import load
+
+    model, tokenizer = load(model_dir)
+    model.set_dtype(mx.float32)
+    return model, tokenizer
+
+
 def mlx_lm_reference(model_dir: Path, prompt: str, max_tokens: int,
                      chat_template: bool = True,
                      messages: list[dict[str, str]] | None = None) -> Reference:
     """What single-device mlx-lm computes (float32), built only from mlx-lm's own API
     (``messages``: a whole conversation instead of one user ``prompt``)."""
     import mlx.core as mx
-    from mlx_lm import load, stream_generate
+    from mlx_lm import stream_generate
 
-    model, tokenizer = load(str(model_dir))
-    model.set_dtype(mx.float32)
+    model, tokenizer = _single_device(str(model_dir))
     if chat_template:
         text = tokenizer.apply_chat_template(
             messages or [{"role": "user", "content": prompt}], tokenize=False,

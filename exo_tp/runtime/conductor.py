@@ -75,7 +75,7 @@ class _Request:
 
 
 class Conductor:
-    def __init__(self, model: Any, tokenizer: TokenizerWrapper, group: mx.distributed.Group,
+    def __init__(self, tokenizer: TokenizerWrapper, group: mx.distributed.Group,
                  source: Channel[Generate | Cancel], followers: list[Channel[Any]],
                  earlier_stages: list[Channel[Any]], vocab_size: int,
                  make_batch: Callable[[Callable[[mx.array], tuple[mx.array, Word]]],
@@ -83,7 +83,7 @@ class Conductor:
         self.tokenizer, self.group, self.vocab_size = tokenizer, group, vocab_size
         self.source, self.followers, self.earlier = source, followers, earlier_stages
         self.batch = make_batch(self._sample)
-        self.model = model
+        self._closing = False  # the source closed in the middle of a step
         self._incoming: queue.Queue[Generate | Cancel | None] = queue.Queue()
         self._committed: list[Insert | Remove] = []
         self._requests: dict[str, _Request] = {}  # by request id, until done for the client
@@ -190,8 +190,6 @@ class Conductor:
         return sampled, word
 
     # ---- the loop --------------------------------------------------------------------------
-
-    _closing = False
 
     def serve(self) -> None:
         threading.Thread(target=self._read_source, name="source", daemon=True).start()

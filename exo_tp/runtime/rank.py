@@ -157,7 +157,7 @@ def _serve_as_conductor(job: Assignment, key: bytes, model: Any, tokenizer: Any,
                                        _bytes_per_token(job))
         return progress.batch
 
-    conductor = Conductor(model, tokenizer, group, source, list(by_rank.values()), earlier,
+    conductor = Conductor(tokenizer, group, source, list(by_rank.values()), earlier,
                           plan.stages[0].tp.spec.vocab_size, make_batch)
     supervisor.send(ready)
     conductor.serve()
