@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import secrets
 import signal
 import time
@@ -208,6 +209,8 @@ def test_one_copy_serves_like_mlx_lm(
         assert_store_is_the_file(cluster.store(i, q4), default_models[Q4], q4, share)
         assert not (cluster.home(i) / "models").exists()  # no model folder, ever
         assert "files" not in cluster.served(i).bytes_by_source
+        log = cluster.hosts[i].log.read_text()  # type: ignore[union-attr]
+        assert re.search(rf"weights: node-{i}: [\d.]+ / [\d.]+ MB \(100%\), [\d.]+ MB/s, done", log)
     assert source.bytes_by_source == {"files": shares[0] + shares[1]}
     # config and tokenizer files, to node-0 and node-1 (from node-2, or node-0's store)
     assert sum(cluster.served(i).file_bytes for i in range(3)) == 2 * extras

@@ -192,7 +192,10 @@ class ClusterModel:
             if not isinstance(m, ModelManifest):
                 log.warning("weights: %s cannot serve %s: %s", n, model.name, m)
         if not good:
-            raise TransferError(f"no member could describe the weights of {model.name}")
+            raise TransferError(
+                f"no member could describe the weights of {model.name}: "
+                + "; ".join(f"{n}: {m}" for n, m in zip(holders, manifests, strict=True))
+            )
         manifest = next((m for n, m in good if n == self.me), good[0][1])
         holdings = [
             Holding(node=n, files=True, extras=True)

@@ -28,7 +28,7 @@ from exo_tp.api.routes import build_public_app
 from exo_tp.api.views import plan_view
 from exo_tp.errors import ExoTpError
 from exo_tp.node.announcement import Announcement
-from exo_tp.node.cluster_model import ClusterModel, weights_url
+from exo_tp.node.cluster_model import ClusterModel, Prepared, weights_url
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import (
     Accepted,
@@ -210,8 +210,11 @@ class Node:
         try:
             folder = await self.weights.receive(body.weights, assignment.epoch,
                                                 self._weight_urls())
-        except ExoTpError as error:  # in the status: the leader fails the epoch, re-plans
-            log.warning("epoch %d: %s", assignment.epoch, error)
+        except Exception as error:  # in the status: the leader fails the epoch, re-plans
+            message = str(error) if isinstance(error, ExoTpError) else \
+                f"{type(error).__name__}: {error}"
+            log.warning("epoch %d: %s", assignment.epoch, message)
+            self.weights.failed(assignment.epoch, body.weights, message)
             return
         await self.worker.replace(assignment.model_copy(update={"model_dir": str(folder)}),
                                   body.leader)
@@ -235,8 +238,8 @@ class Node:
     def node_id(self) -> str:
         return self.config.node_id
 
-    # The model this node serves requests for (as leader): the one it prepared last.
-    def _prepared(self) -> Any:
+    def _prepared(self) -> Prepared:
+        """The model this node serves requests for (as leader): the one it prepared last."""
         current = self.models.current if self.models else None
         if current is None:
             raise ApiError(503, "cluster not ready: no model loaded yet", kind="server_error",

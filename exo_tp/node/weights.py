@@ -4,13 +4,15 @@ routes it serves peers (mounted on its control server), and fetching its shard f
 A folder is known by its key (exo_tp.weights.key, headers only) until a peer needs its bytes:
 then its manifest is computed once (``manifest_for``, cached on disk) and the folder is served.
 Stores live in ``<exo-tp cache>/stores/<identity>`` with the manifest beside them, so a node that
-restarts still offers (and serves) what it received.
+restarts still offers (and serves) what it received. A node locks the stores it uses: a second
+node on the same machine and cache gets its own (``<identity>-<node id>``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import time
@@ -18,6 +20,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlparse
 
 import aiohttp
@@ -47,6 +50,7 @@ from exo_tp.weights.wire import WireError
 log = logging.getLogger(__name__)
 
 STORE_INFO = ".exo-tp-store-info.json"
+STORE_LOCK = ".exo-tp-store.lock"
 RECENT_FETCHES = 4
 LOG_EVERY_S = 2.0
 MANIFEST_WAIT_S = 20.0  # a peer asking for a manifest waits this long, then retries later
@@ -87,6 +91,19 @@ def weight_bytes(folder: Path) -> int:
     return total
 
 
+def claim(root: Path) -> IO[str] | None:
+    """An exclusive lock on a store folder while this process lives (None: another process
+    on this machine uses it)."""
+    root.mkdir(parents=True, exist_ok=True)
+    handle = open(root / STORE_LOCK, "a")  # noqa: SIM115 (held as long as the store)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
 def source_nodes(transfer: NodeTransfer) -> list[str]:
     """The peers a transfer names, the extra files' sources first (they have the manifest)."""
     named: list[Source] = [*transfer.file_sources]
@@ -109,15 +126,23 @@ class NodeWeights:
         self._session: aiohttp.ClientSession | None = None
         self._logged = 0.0
         self._keys: dict[str, str] = {}  # identity of a store's manifest -> its key
+        self._locks: list[IO[str]] = []
         self._open_stores()
 
     def _open_stores(self) -> None:
         for info_path in sorted((cache_home() / "stores").glob(f"*/{STORE_INFO}")):
+            lock = claim(info_path.parent)
+            if lock is None:
+                continue  # another node on this machine uses it
             try:
                 info = StoreInfo.model_validate_json(info_path.read_text())
+                if info.manifest.identity in self.stores:
+                    raise ExoTpError("this node already uses another store of that model")
                 self._serve_store(info.name, ShardStore(info_path.parent, info.manifest))
+                self._locks.append(lock)
             except (OSError, ValueError, ExoTpError) as error:
                 log.warning("not using the shard store %s: %s", info_path.parent, error)
+                lock.close()
 
     def _serve_store(self, name: str, store: ShardStore) -> None:
         self.stores[store.manifest.identity] = (name, store)
@@ -135,6 +160,8 @@ class NodeWeights:
             await self._session.close()
         for _, store in self.stores.values():
             store.close()
+        for lock in self._locks:
+            lock.close()
 
     # ---- what this node has ---------------------------------------------------------------
 
@@ -243,10 +270,16 @@ class NodeWeights:
     async def _store(self, manifest: ModelManifest, name: str) -> ShardStore:
         if manifest.identity in self.stores:
             return self.stores[manifest.identity][1]
-        root = store_root(manifest.identity)
 
         def create() -> ShardStore:
-            root.mkdir(parents=True, exist_ok=True)
+            root = store_root(manifest.identity)
+            lock = claim(root)
+            if lock is None:  # another node on this machine and cache has that one
+                root = root.with_name(f"{root.name}-{self.node_id}")
+                lock = claim(root)
+            if lock is None:
+                raise ExoTpError(f"the shard store {root} is in use by another process")
+            self._locks.append(lock)
             tmp = root / f".{STORE_INFO}.{os.getpid()}.tmp"
             tmp.write_text(StoreInfo(name=name, manifest=manifest).model_dump_json())
             os.replace(tmp, root / STORE_INFO)
@@ -357,6 +390,26 @@ class NodeWeights:
             else "",
         )
         return store.folder
+
+    def failed(self, epoch: int, order: WeightOrder, error: str) -> None:
+        """Record a failure before the fetch started (no manifest, no store): the leader sees
+        it in this node's status and fails the epoch."""
+        if self.fetch is not None and self.fetch.epoch == epoch:
+            if self.fetch.state == "fetching":
+                self.fetch = self.fetch.model_copy(update={"state": "failed", "error": error})
+            return
+        if self.fetch is not None:
+            self.recent.appendleft(self.fetch)
+        self.fetch = FetchSummary(
+            epoch=epoch,
+            key=order.key,
+            name=order.name,
+            state="failed",
+            share_bytes=0,
+            retained_bytes=0,
+            planned_bytes=0,
+            error=error,
+        )
 
     # ---- routes ---------------------------------------------------------------------------
 
