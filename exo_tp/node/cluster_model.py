@@ -28,7 +28,7 @@ from exo_tp.errors import ExoTpError
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.peers import Peers
 from exo_tp.node.weight_messages import ModelOffer, WeightOrder
-from exo_tp.node.weights import NodeWeights, manifest_of
+from exo_tp.node.weights import ManifestPending, NodeWeights, manifest_of
 from exo_tp.plan import ModelSpec, load_spec, plan_tensor_parallel
 from exo_tp.plan.pipeline import PipelinePlan, single_stage
 from exo_tp.weights.client import fetch_holding
@@ -185,6 +185,14 @@ class ClusterModel:
         manifests = await asyncio.gather(
             *(self._manifest_from(n, model.key) for n in holders), return_exceptions=True
         )
+        pending = [
+            n for n, m in zip(holders, manifests, strict=True) if isinstance(m, ManifestPending)
+        ]
+        if pending:  # wait for them (the epoch retries) rather than leave them out as sources
+            raise ManifestPending(
+                f"{', '.join(pending)} still computing the weight manifest of {model.name} "
+                "(once per model folder)"
+            )
         good = [
             (n, m) for n, m in zip(holders, manifests, strict=True) if isinstance(m, ModelManifest)
         ]

@@ -59,6 +59,10 @@ TEST_FAULTS_ENV = "EXO_TP_TEST_FAULTS"
 TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=30)
 
 
+class ManifestPending(TransferError):
+    """The holder is still computing the manifest (the first time for that folder)."""
+
+
 class ManifestOf(Frozen):
     """Body of /weights/manifest-of: the manifest of this node's folder with that key."""
 
@@ -127,6 +131,7 @@ class NodeWeights:
         self._logged = 0.0
         self._keys: dict[str, str] = {}  # identity of a store's manifest -> its key
         self._locks: list[IO[str]] = []
+        self._creating = asyncio.Lock()
         self._open_stores()
 
     def _open_stores(self) -> None:
@@ -268,26 +273,25 @@ class NodeWeights:
         raise TransferError(f"no peer sent the manifest of {identity[:12]}: {failures}")
 
     async def _store(self, manifest: ModelManifest, name: str) -> ShardStore:
-        if manifest.identity in self.stores:
-            return self.stores[manifest.identity][1]
+        async with self._creating:  # one store per model, however many ask at once
+            if manifest.identity not in self.stores:
+                self._serve_store(name, await asyncio.to_thread(self._create, manifest, name))
+        return self.stores[manifest.identity][1]
 
-        def create() -> ShardStore:
-            root = store_root(manifest.identity)
+    def _create(self, manifest: ModelManifest, name: str) -> ShardStore:
+
+        root = store_root(manifest.identity)
+        lock = claim(root)
+        if lock is None:  # another node on this machine and cache has that one
+            root = root.with_name(f"{root.name}-{self.node_id}")
             lock = claim(root)
-            if lock is None:  # another node on this machine and cache has that one
-                root = root.with_name(f"{root.name}-{self.node_id}")
-                lock = claim(root)
-            if lock is None:
-                raise ExoTpError(f"the shard store {root} is in use by another process")
-            self._locks.append(lock)
-            tmp = root / f".{STORE_INFO}.{os.getpid()}.tmp"
-            tmp.write_text(StoreInfo(name=name, manifest=manifest).model_dump_json())
-            os.replace(tmp, root / STORE_INFO)
-            return ShardStore(root, manifest)
-
-        store = await asyncio.to_thread(create)
-        self._serve_store(name, store)
-        return store
+        if lock is None:
+            raise ExoTpError(f"the shard store {root} is in use by another process")
+        self._locks.append(lock)
+        tmp = root / f".{STORE_INFO}.{os.getpid()}.tmp"
+        tmp.write_text(StoreInfo(name=name, manifest=manifest).model_dump_json())
+        os.replace(tmp, root / STORE_INFO)
+        return ShardStore(root, manifest)
 
     async def extras(
         self, manifest: ModelManifest, name: str, sources: Sequence[str], peers: Mapping[str, str]
@@ -432,8 +436,8 @@ class NodeWeights:
             manifest = await asyncio.wait_for(
                 asyncio.shield(self.manifest(ask.key)), MANIFEST_WAIT_S
             )
-        except TimeoutError:
-            return _error(409, f"{self.node_id} is still computing the weight manifest")
+        except TimeoutError:  # 503: ask again later
+            return _error(503, f"{self.node_id} is still computing the weight manifest")
         except ExoTpError as error:
             return _error(409, str(error))
         body = manifest.model_dump_json().encode()
@@ -468,7 +472,8 @@ async def manifest_of(
         if response.status != 200:
             with contextlib.suppress(ValueError):
                 data = WireError.model_validate_json(data).error.encode()
-            raise TransferError(f"{weights_url}: {data[:300].decode(errors='replace')}")
+            error = ManifestPending if response.status == 503 else TransferError
+            raise error(f"{weights_url}: {data[:300].decode(errors='replace')}")
         if not control_request_ok(secret, path, data, dict(response.headers)):
             raise TransferError(f"{weights_url}: the manifest is not signed with the secret")
     manifest = ModelManifest.model_validate_json(data)
