@@ -341,6 +341,14 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     profile = {"chip": "Apple M2 Ultra", "cores": 24, "mlx_version": "0.32.4",
                "mlx_device": "gpu", "memory_total": 192e9, "memory_available": 150e9,
                "decode_seconds_per_byte": 1.25e-12, "prefill_flops": 2e13, "backends": ["ring"]}
+    # which node holds which bytes of the model: "a" fetches its shard, "b" has the files
+    progress = {"bytes_done": 12e9, "bytes_total": 30e9, "rate_bytes_s": 1.5e9, "eta_s": 12.0,
+                "failed_sources": ["c"], "corrupt_pieces": 1}
+    weights = {
+        "a": {"holds": "store", "held_bytes": 12e9, "total_bytes": 140e9,
+              "fetch": {"epoch": 9, "state": "fetching", "share_bytes": 30e9,
+                        "retained_bytes": 0, "planned_bytes": 30e9, "progress": progress}},
+        "b": {"holds": "files", "held_bytes": 140e9, "total_bytes": 140e9, "fetch": None}}
     cluster_view = {
         "cluster": "lab", "node_id": "b", "leader": "a", "epoch": 9, "state": "ready",
         "state_reason": "", "backend": "ring", "ranks": nodes,
@@ -349,7 +357,7 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
                    "memory_available": 0, "decode_seconds_per_byte": 0, "prefill_flops": 0,
                    "version": "0.1.0", "worker_state": "ready", "profile": profile,
                    "memory": {"total": 192e9, "available": 120e9, "used": 72e9,
-                              "worker_rss": 3e9}} for n in nodes],
+                              "worker_rss": 3e9}, "weights": weights.get(n)} for n in nodes],
         "links": [{"a": "a", "b": "b", "up": True, "all_sum_latency": 3e-4,
                    "all_sum_bandwidth": 2.5e9, "send_recv_latency": 1e-4},
                   {"a": 3, "b": 4, "up": False}],
@@ -371,7 +379,9 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
                   e => e.textContent),
                 edges: [...graph.querySelectorAll('.edge')].map(e => e.getAttribute('class')),
                 labels: [...graph.querySelectorAll('.edge-label')].map(e => e.textContent),
-                card: cards.querySelector('[data-node=a]').textContent});
+                card: cards.querySelector('[data-node=a]').textContent,
+                weights: [...cards.querySelectorAll('[data-field=weights]')].map(
+                  e => e.textContent)});
         }).catch((error) => done({error: String(error)}));
     """, response, cluster_view)
     assert "error" not in drawn, drawn
@@ -386,6 +396,8 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
                  "800 GB/s weights", "20.0 TFLOP/s"):
         assert text in drawn["card"], (text, drawn["card"])
     assert "not measured" not in drawn["card"]
+    assert drawn["weights"] == [
+        "fetching 12.0 GB / 30.0 GB · 1.50 GB/s · ETA 12.00 s", "files · all 140 GB"]
 
 
 def test_live_replan_and_lost_node(cluster: LocalCluster, page: Any) -> None:

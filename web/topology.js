@@ -141,6 +141,42 @@ function workerView(node) {
   rss ? h("span", { class: "muted" }, ` · ${bytes(rss)} RSS`) : null);
 }
 
+// What the node holds of the served model: all of it (its files) or the pieces in its shard
+// store, and its fetch while one runs (bytes, rate, ETA) or the last one.
+function weightsView(node) {
+  const w = node.weights;
+  if (!w || !w.holds) return h("span", { class: "muted" }, "none of the served model");
+  const total = w.total_bytes;
+  const fetch = w.fetch;
+  const progress = fetch?.progress;
+  const tip = [
+    w.holds === "files" ? "has the model files: loads its shard from them and serves peers"
+      : "holds pieces of the model in its shard store (received from peers)",
+    fetch ? `epoch ${fetch.epoch}: share ${bytes(fetch.share_bytes)}, ${bytes(fetch.retained_bytes)} ` +
+      `already held, ${bytes(fetch.planned_bytes)} to fetch` : null,
+    progress?.failed_sources?.length ? `failed sources: ${progress.failed_sources.join(", ")}` : null,
+    progress?.corrupt_pieces ? `${progress.corrupt_pieces} corrupt pieces fetched again` : null,
+  ].filter(Boolean).join("\n");
+  let text;
+  if (w.holds === "files") {
+    text = `files · all ${bytes(total)}`;
+  } else if (fetch && fetch.state === "fetching" && progress) {
+    const eta = progress.eta_s === null ? "ETA ?"
+      : `ETA ${progress.eta_s > 0 ? seconds(progress.eta_s) : "0 s"}`;
+    text = `fetching ${bytes(progress.bytes_done)} / ${bytes(progress.bytes_total)} · ` +
+      `${rate(progress.rate_bytes_s)} · ${eta}`;
+  } else {
+    const last = fetch ? ` · ${fetch.state} epoch ${fetch.epoch}` +
+      (progress ? `: ${bytes(progress.bytes_done)} in ${seconds(fetch.seconds)}` : "") : "";
+    text = `store · ${bytes(w.held_bytes)} of ${bytes(total)}${last}`;
+  }
+  const fraction = total > 0 ? Math.min(1, w.held_bytes / total) : 0;
+  return h("div", { class: "memory", "data-tip": tip },
+    h("div", { class: "meter" }, h("div", { class: "meter-fill",
+      style: { width: `${fraction * 100}%`, background: deviceColor(node.node_id) } })),
+    h("span", { dataset: { field: "weights" } }, text));
+}
+
 function chipView(profile) {
   if (!profile.chip) return h("span", { class: "muted" }, "not profiled");
   const extra = [profile.cores ? `${profile.cores} cores` : null,
@@ -188,6 +224,7 @@ function nodeCard(node, cluster, plan) {
     row("chip", chipView(profile)),
     row("memory", memoryView(node)),
     row("worker", workerView(node)),
+    row("weights", weightsView(node)),
     row("decode", scoreView(decode, `${rate(1 / decode)} weights`,
       `decode score: ${decode.toExponential(3)} s per byte of weights read`)),
     row("prefill", scoreView(prefill, flops(prefill), "prefill score: matmul throughput")),

@@ -12,7 +12,7 @@ from exo_tp.runtime.messages import Delta, Done, GenerateRequest
 
 class Backend(Protocol):
     node_id: str
-    model: str  # the model id this cluster serves
+    model: str  # the model id this cluster serves now
     tokenizer: TokenizerWrapper
     context_length: int
     started: float  # unix time the node started
@@ -28,6 +28,13 @@ class Backend(Protocol):
     def generation_url(self) -> str | None:
         """The API of the node that runs generation when it is another node (requests are
         passed through to it); None when this node runs it."""
+
+    def models_view(self) -> list[dict[str, Any]]:
+        """/v1/models' entries: every model some node of the cluster can serve."""
+
+    def require_model(self, name: str) -> None:
+        """Raise `ApiError` unless requests for ``name`` can run now: 404 for a model no node
+        has, 503 with Retry-After while another model is served (the cluster loads it)."""
 
     def cluster_view(self) -> dict[str, Any]: ...
 

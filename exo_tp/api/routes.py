@@ -81,10 +81,7 @@ async def health(request: web.Request) -> web.Response:
 
 @ROUTES.get("/v1/models")
 async def models(request: web.Request) -> web.Response:
-    node = _node(request)
-    return web.json_response({"object": "list", "data": [
-        {"id": node.model, "object": "model", "created": int(node.started),
-         "owned_by": "exo-tp"}]})
+    return web.json_response({"object": "list", "data": _node(request).models_view()})
 
 
 @ROUTES.get("/v1/cluster")
@@ -135,9 +132,7 @@ def _prompt_tokens(node: Backend, request: ChatCompletionRequest | CompletionReq
 
 def _generation(node: Backend, request: ChatCompletionRequest | CompletionRequest,
                 kind: str) -> GenerateRequest:
-    if request.model != node.model:
-        raise ApiError(404, f"The model '{request.model}' does not exist; this cluster serves "
-                            f"'{node.model}'.", param="model", code="model_not_found")
+    node.require_model(request.model)
     tokens = _prompt_tokens(node, request)
     context = node.context_length
     wanted = request.requested_max_tokens()

@@ -3,6 +3,9 @@
 Shares follow each node's measured decode speed: a node uses its cached device profile (`exo-tp
 bench`), or measures a quick one on first start (about 10 s), unless --weight sets its share by
 hand (then nothing is measured) or --profile names a profile file.
+
+One node with `--model` is enough: a node started without it holds no model, and receives its
+shard of the model the cluster serves from its peers.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from exo_tp.addresses import is_loopback
 from exo_tp.cli.args import (
-    add_model_arg,
     int_list,
     non_negative_float,
     positive_int,
@@ -44,7 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     # allow_abbrev=False: the removed --secret must not silently mean --secret-file
     p = sub.add_parser("run", help="start a node (or a local cluster)", description=__doc__,
                        allow_abbrev=False)
-    add_model_arg(p)
+    p.add_argument("--model", action="append", metavar="MODEL",
+                   help="a model folder or name (smollm2-135m, smollm2-135m-q4) this node has; "
+                        "repeat it to offer several (the first is served first; a request "
+                        "naming another loads it). Without it the node holds no model and "
+                        "receives its shard from its peers (with --local-nodes: smollm2-135m)")
     p.add_argument("--host", help="address peers reach this node at (default: this machine's "
                                   "first non-loopback IPv4 address)")
     p.add_argument("--bind", help="address the API listens on (default: all interfaces when "
@@ -188,6 +194,12 @@ def serving_flags(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def local_models(args: argparse.Namespace) -> list[str]:
+    from exo_tp.models.registry import DEFAULT_MODEL
+
+    return args.model or [DEFAULT_MODEL]  # the nodes share this machine's disk
+
+
 def _path_list(text: str) -> list[Path]:
     return [Path(part) for part in text.split(",") if part]
 
@@ -218,8 +230,8 @@ def _run_local(args: argparse.Namespace) -> int:
                              f"{args.local_nodes} local nodes")
         for path in args.profiles:
             read_profile(path)  # a bad file is one readable error here, not a dead node later
-        return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
-                                 args.dtype, env, extra, profiles=args.profiles)
+        return run_local_cluster(args.local_nodes, args.weights, local_models(args),
+                                 args.api_port, args.dtype, env, extra, profiles=args.profiles)
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.
@@ -230,14 +242,13 @@ def _run_local(args: argparse.Namespace) -> int:
             extra += ["--profile", str(path)]
         elif not args.weights:
             extra.append("--no-bench")
-        return run_local_cluster(args.local_nodes, args.weights, args.model, args.api_port,
-                                 args.dtype, env, extra)
+        return run_local_cluster(args.local_nodes, args.weights, local_models(args),
+                                 args.api_port, args.dtype, env, extra)
 
 
 async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
                  access: ApiAccess) -> int:
     import mlx.core as mx
-    from mlx_lm.utils import load_tokenizer
 
     from exo_tp.api.web import web_routes
     from exo_tp.cli.launch import adapter_folder
@@ -245,9 +256,12 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
     from exo_tp.models.registry import resolve_model
     from exo_tp.node.config import NodeConfig
     from exo_tp.node.node import Node
+    from exo_tp.node.weights import NodeWeights
     from exo_tp.profile.system import memory
 
-    model_dir = resolve_model(args.model)
+    folders = [(name, resolve_model(name)) for name in args.model or []]
+    if not folders:
+        log.info("no --model: this node receives its shard of the cluster's model from peers")
     profile = node_profile(args)
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
@@ -260,7 +274,7 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
             raise ExoTpError(f"--rdma {item!r}: expected PEER=DEVICE")
         rdma[peer] = device
     config = NodeConfig(
-        node_id=args.node_id or default_node_id(), model=args.model,
+        node_id=args.node_id or default_node_id(), models=tuple(args.model or ()),
         host=host, bind=bind, api_port=args.api_port, control_port=args.control_port,
         cluster=args.cluster, secret=secret, access=access, weight=args.weight,
         dtype=args.dtype, backend=args.backend,
@@ -271,7 +285,7 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
         adapter_path=adapter_folder(args.adapter_path),
         stall_timeout=args.stall_timeout,
     )
-    node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)),
+    node = Node(config, NodeWeights(config.node_id, secret, folders),
                 profile.summary() if profile else None)
     try:
         try:

@@ -12,7 +12,7 @@ from exo_tp.runtime.job import DType, ServingOptions
 @dataclass(frozen=True)
 class NodeConfig:
     node_id: str
-    model: str
+    models: tuple[str, ...] = ()  # the --model names this node has the files of
     host: str = "127.0.0.1"
     api_port: int = 8000
     control_port: int = 0  # 0: any free port (announced over mDNS)

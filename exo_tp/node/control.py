@@ -2,7 +2,8 @@
 secret (HMAC of time, path and body; the secret itself never travels).
 
 Routes: status (liveness and what a node knows), ports (fresh ports for a new epoch), assign
-(start a worker for an epoch), release (stop the worker of an old epoch).
+(start a worker for an epoch, with the weights it loads), release (stop the worker of an old
+epoch). The weight routes (exo_tp.node.weights) are mounted beside them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from exo_tp.frozen import Frozen
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.runtime.job import Assignment
 from exo_tp.runtime.messages import RankMemory
@@ -26,6 +28,7 @@ from exo_tp.signing import control_headers, control_request_ok
 log = logging.getLogger(__name__)
 
 TIMEOUT = aiohttp.ClientTimeout(total=3)
+MAX_BODY = 64 << 20
 
 WorkerState = Literal["none", "starting", "joining", "loading", "ready", "exited"]
 EpochState = Literal["loading", "ready", "failed"]
@@ -60,6 +63,7 @@ class NodeStatus(Frozen):
     memory: MachineMemory = MachineMemory()
     rank_memory: RankMemory | None = None
     links: tuple[LinkProfile, ...] = ()  # its worker's stage links, timed as the group formed
+    weights: WeightsStatus = WeightsStatus()  # models it offers, its fetch, bytes it served
 
 
 class PortsRequest(Frozen):
@@ -75,6 +79,7 @@ class Ports(Frozen):
 class Assign(Frozen):
     assignment: Assignment
     leader: str
+    weights: WeightOrder | None = None  # None: load assignment.model from this node's files
 
 
 class Accepted(Frozen):
@@ -132,9 +137,11 @@ class ControlClient:
     async def ports(self, peer: Announcement, epoch: int) -> Ports:
         return await self._call(peer, "/control/ports", PortsRequest(epoch=epoch), Ports)
 
-    async def assign(self, peer: Announcement, assignment: Assignment, leader: str) -> Accepted:
+    async def assign(self, peer: Announcement, assignment: Assignment, leader: str,
+                     weights: WeightOrder | None = None) -> Accepted:
         return await self._call(peer, "/control/assign",
-                                Assign(assignment=assignment, leader=leader), Accepted)
+                                Assign(assignment=assignment, leader=leader, weights=weights),
+                                Accepted)
 
     async def release(self, peer: Announcement, epoch: int) -> Released:
         return await self._call(peer, "/control/release", Release(epoch=epoch), Released)
@@ -180,7 +187,8 @@ def control_app(secret: str, status: Callable[[], Awaitable[NodeStatus]],
                                 status=401, content_type="application/json")
         return await handler(request)
 
-    app = web.Application(middlewares=[signed])
+    # Assignments carry a transfer plan, which can pass the default 1 MiB for big models.
+    app = web.Application(middlewares=[signed], client_max_size=MAX_BODY)
     app.add_routes([
         web.get("/control/status", _handler(None, status)),
         web.post("/control/ports", _handler(PortsRequest, ports)),

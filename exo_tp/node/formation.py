@@ -5,14 +5,18 @@ Formation:
 1. the eligible membership (alive, not quarantined) has been stable for ``settle`` seconds and
    every member's last status names this node as leader (so two nodes never assign ranks at
    once);
-2. plan the model over the members (forced stages, manual weights, or the planner's search over
-   measured profiles, which may leave slow members out);
-3. ask every chosen member for fresh ports, send each its Assignment of a new, higher epoch; each
-   node replaces its worker;
-4. once every worker is ready and the conductor joined the dispatcher, requests flow.
+2. choose the model (exo_tp.node.cluster_model: one asked for, the one served, a default) and
+   prepare it here (config and tokenizer, fetched from a holder if this node has no files);
+3. plan the model over the members (forced stages, manual weights, or the planner's search over
+   measured profiles, which may leave slow members out); when some chosen member lacks the
+   files, choose the rank order that moves the fewest bytes and plan who fetches what;
+4. ask every chosen member for fresh ports, send each its Assignment of a new, higher epoch and
+   its weight order; each node fetches its shard if it must, then replaces its worker;
+5. once every worker is ready and the conductor joined the dispatcher, requests flow.
 A member that stops answering, a worker that exits or stalls, the conductor's link dropping, or a
-membership change starts a new epoch; meanwhile requests get a 503. Failing epochs back off
-(1, 2, 4 ... 30 s). A member whose worker froze is left out for a while (quarantine).
+membership change, or a request for another model starts a new epoch; meanwhile requests get a
+503. Failing epochs back off (1, 2, 4 ... 30 s). A member whose worker froze is left out for a
+while (quarantine). The load timeout counts from the last fetch still moving bytes.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from exo_tp.errors import PlanError
+from exo_tp.errors import ExoTpError, PlanError
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.backend_choice import choose_backend
+from exo_tp.node.cluster_model import ClusterModel
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, ControlRefused, EpochState, NodeStatus
 from exo_tp.node.dispatch import Dispatcher
@@ -56,8 +61,9 @@ class Epoch:
 
     number: int
     nodes: tuple[str, ...]  # node id per global rank
-    plan: PipelinePlan
+    plan: PipelinePlan | None  # None until planned
     members: tuple[str, ...] = ()  # every eligible member it was formed for
+    model: str | None = None  # the key of the model it serves
     prediction: Prediction | None = None  # the cost model's, when planned from profiles
     state: EpochState = "loading"
     started: float = field(default_factory=time.monotonic)
@@ -89,10 +95,10 @@ def node_weights(members: list[Announcement], profiles: dict[str, ProfileSummary
 
 
 class Leader:
-    def __init__(self, config: NodeConfig, spec: ModelSpec, peers: Peers,
+    def __init__(self, config: NodeConfig, models: ClusterModel, peers: Peers,
                  control: ControlClient, dispatcher: Dispatcher, requests_port: int,
                  highest_epoch: Callable[[], int]):
-        self.config, self.spec, self.peers = config, spec, peers
+        self.config, self.models, self.peers = config, models, peers
         self._control, self._dispatcher = control, dispatcher
         self._requests_port = requests_port
         self._highest_epoch = highest_epoch
@@ -116,7 +122,8 @@ class Leader:
             await asyncio.sleep(0.2)
             try:
                 await self._lead_once()
-            except (aiohttp.ClientError, TimeoutError, ControlRefused, OSError) as error:
+            except (aiohttp.ClientError, TimeoutError, ControlRefused, OSError,
+                    ExoTpError) as error:
                 log.warning("formation round failed: %s", error)
                 self._fail("formation failed: " + (str(error) or type(error).__name__))
                 await asyncio.sleep(1.0)
@@ -135,16 +142,21 @@ class Leader:
         members = self._eligible()
         nodes = tuple(sorted(m.node_id for m in members))
         led = self.led
-        if led is not None and led.members == nodes and led.state != "failed":
+        model = self.models.target(nodes, led.model if led else None)
+        same = led is not None and led.members == nodes and led.model == model
+        if same and led.state != "failed":
             self._track(led)
             return
         if time.monotonic() - self.peers.changed_at < self.config.settle:
             return
-        if led is not None and led.members == nodes and time.monotonic() < self._retry_at:
+        if same and time.monotonic() < self._retry_at:
             return
         if not members or not self._agreed(members):
             return
-        await self._form(members)
+        if model is None:
+            self._dispatcher.detach("no member has a model: start a node with --model")
+            return
+        await self._form(members, model)
 
     def _agreed(self, members: list[Announcement]) -> bool:
         for member in members:
@@ -168,9 +180,17 @@ class Leader:
             self._fail("the conductor (last stage's first rank) went away")
 
     def _track(self, led: Epoch) -> None:
-        """Follow an epoch's workers: ready once all are, failed when one exits or stalls."""
+        """Follow an epoch's workers: ready once all are, failed when one exits or stalls, or
+        when a node could not fetch its shard."""
         statuses: dict[str, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
         for node_id, status in statuses.items():
+            fetch = status.weights.fetch if status else None
+            if fetch is not None and fetch.epoch == led.number:
+                if fetch.state == "failed":
+                    self._fail(f"{node_id} could not fetch its weights: {fetch.error}")
+                    return
+                if fetch.state == "fetching":  # the load timeout starts once bytes stop moving
+                    led.started = time.monotonic()
             if status is None or status.worker_epoch != led.number:
                 continue
             if status.worker_stalled is not None:
@@ -194,7 +214,8 @@ class Leader:
 
     # ---- planning and forming --------------------------------------------------------------
 
-    def _plan(self, members: list[Announcement], own_profile: ProfileSummary | None,
+    def _plan(self, spec: ModelSpec, members: list[Announcement],
+              own_profile: ProfileSummary | None,
               ) -> tuple[PipelinePlan, list[Announcement], Prediction | None]:
         """The plan for these members, the member holding each global rank, the prediction.
 
@@ -207,38 +228,46 @@ class Leader:
             status = self.peers.status(a.node_id)
             profiles[a.node_id] = own_profile if a.node_id == self.me else (
                 status.profile if status else None)
-        weights = node_weights(members, profiles, weight_format(self.spec))
+        weights = node_weights(members, profiles, weight_format(spec))
         stages = self.config.stages
         if stages and sum(stages) == len(members):
             groups, start = [], 0
             for size in stages:
                 groups.append(weights[start:start + size])
                 start += size
-            return plan_pipeline(self.spec, groups), members, None
+            return plan_pipeline(spec, groups), members, None
         measured = all(a.weight <= 0 and (profiles[a.node_id] is not None
                                           or a.decode_seconds_per_byte > 0) for a in members)
         if measured:  # weights are then decode speeds for the model's weight format
-            choice = choose_plan(self.spec, cluster_from_members(members, weights))
+            choice = choose_plan(spec, cluster_from_members(members, weights))
             names = [m.node_id for m in members]
             log.info("planner: %s; runner-ups: %s", describe_candidate(choice.best, names),
                      "; ".join(f"{c.prediction.tokens_per_second:.3g} tok/s "
                                f"{describe_candidate(c, names)}" for c in choice.alternatives))
             chosen = [members[d] for d in choice.best.devices]
             return choice.best.plan, chosen, choice.best.prediction
-        return single_stage(plan_tensor_parallel(self.spec, weights)), members, None
+        return single_stage(plan_tensor_parallel(spec, weights)), members, None
 
-    async def _form(self, eligible: list[Announcement]) -> None:
-        me = self.peers.status(self.me)
-        plan, members, prediction = self._plan(eligible, me.profile if me else None)
-        nodes = tuple(m.node_id for m in members)
+    async def _form(self, eligible: list[Announcement], key: str) -> None:
         number = max(self._highest_epoch(), self.led.number if self.led else 0,
                      max((s.epoch for s in self.peers.statuses.values()), default=0)) + 1
         previous = self.led
-        self.led = Epoch(number=number, nodes=nodes, plan=plan,
-                         members=tuple(sorted(m.node_id for m in eligible)),
-                         prediction=prediction)
+        eligible_ids = tuple(sorted(m.node_id for m in eligible))
+        self.led = Epoch(number=number, nodes=(), plan=None, members=eligible_ids, model=key)
         self._dispatcher.detach("the cluster is re-planning")
         self._dispatcher.expected_epoch = number
+        try:
+            model = await self.models.prepare(key, eligible_ids)
+            me = self.peers.status(self.me)
+            plan, members, prediction = self._plan(model.spec, eligible,
+                                                   me.profile if me else None)
+            members, plan, weights = await self.models.orders(model, plan, members, eligible)
+        except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
+            self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: "
+                       f"{error}")
+            return
+        nodes = tuple(m.node_id for m in members)
+        self.led.nodes, self.led.plan, self.led.prediction = nodes, plan, prediction
         statuses = {n: self.peers.status(n) for n in nodes}
         try:
             backend = choose_backend(
@@ -257,14 +286,14 @@ class Leader:
         conductor = plan.stages[-1].ranks[0]
         for rank, member in enumerate(members):
             assignment = Assignment(
-                epoch=number, model=self.config.model, plan=plan, rank=rank,
+                epoch=number, model=model.name, plan=plan, rank=rank,
                 hostfile=tuple(f"{members[r].host}:{ports[r].ring}" for r in ranks),
                 conductor=f"{members[conductor].host}:{ports[conductor].conductor}",
                 requests_at=f"{self.config.host}:{self._requests_port}", hops=hops,
                 nodes=nodes, dtype=self.config.dtype, backend=backend.backend,
                 ibv_devices=backend.ibv_devices, prediction=prediction,
                 serving=self.config.serving, adapter_path=self.config.adapter_path)
-            await self._control.assign(member, assignment, self.me)
+            await self._control.assign(member, assignment, self.me, weights[member.node_id])
         self.led.started = time.monotonic()
         if previous is not None:  # members dropped from the cluster let their workers go
             dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]

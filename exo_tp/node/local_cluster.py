@@ -103,7 +103,7 @@ def _watch(node: LocalNode, env: Mapping[str, str], now: float) -> None:
 def run_local_cluster(
     count: int,
     weights: Sequence[float] | None,
-    model: str,
+    models: Sequence[str],
     api_port: int,
     dtype: str,
     env: Mapping[str, str],
@@ -134,8 +134,7 @@ def run_local_cluster(
             f"local-{i}",
             "--cluster",
             cluster,
-            "--model",
-            model,
+            *(arg for model in models for arg in ("--model", model)),
             "--dtype",
             dtype,
             *extra,

@@ -1,9 +1,11 @@
 """One exo-tp node: wires its parts together and shows the public API a view of them.
 
 - `Peers` (discovery, membership, the status poll),
-- the signed control server (`control_app`) peers and the leader call,
+- the signed control server (`control_app`) peers and the leader call, with the weight routes
+  (`NodeWeights`: the model folders it was given, its shard stores, fetching its shard),
 - `NodeWorker` (this node's rank process for the current epoch),
-- `Leader` (formation, while this node leads) and its `Dispatcher` (the request source),
+- `Leader` (formation, while this node leads), its `ClusterModel` (which model, whose weights
+  move where) and its `Dispatcher` (the request source),
 - the public API (`exo_tp.api`), which sees this class as its `Backend`.
 """
 
@@ -14,7 +16,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,7 +26,9 @@ from exo_tp import __version__
 from exo_tp.api.errors import ApiError
 from exo_tp.api.routes import build_public_app
 from exo_tp.api.views import plan_view
+from exo_tp.errors import ExoTpError
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.cluster_model import ClusterModel, Prepared, weights_url
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import (
     Accepted,
@@ -43,22 +46,21 @@ from exo_tp.node.dispatch import Dispatcher
 from exo_tp.node.formation import Leader
 from exo_tp.node.memory import memory_now
 from exo_tp.node.peers import Peers
+from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
-from exo_tp.plan import load_spec
 from exo_tp.plan.devices import ProfileSummary
 from exo_tp.runtime.messages import Delta, Done, GenerateRequest
 from exo_tp.runtime.ports import free_ports
+from exo_tp.weights.server import MOUNT
 
 log = logging.getLogger(__name__)
 
 
 class Node:
-    def __init__(self, config: NodeConfig, model_dir: Path, tokenizer: TokenizerWrapper,
+    def __init__(self, config: NodeConfig, weights: NodeWeights,
                  profile: ProfileSummary | None = None):
         self.config = config
-        self.model_dir = model_dir
-        self.tokenizer = tokenizer
-        self.spec = load_spec(model_dir)
+        self.weights = weights
         self.profile = profile
         self.started = time.time()
         self.epoch_seen = 0
@@ -68,6 +70,9 @@ class Node:
                                      config.serving.max_concurrency, config.max_queue)
         self.peers: Peers | None = None
         self.leader: Leader | None = None
+        self.models: ClusterModel | None = None
+        self._loading: asyncio.Task[None] | None = None  # fetch, then start the worker
+        self._assigned_key: str | None = None  # the model of the latest assignment
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
@@ -76,9 +81,10 @@ class Node:
 
     async def start(self, public_routes: web.RouteTableDef) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
-        control_port = await self._serve(
-            control_app(self.config.secret, self._status, self._ports, self._assign,
-                        self._release), self.config.control_port)
+        control = control_app(self.config.secret, self._status, self._ports, self._assign,
+                              self._release)
+        control.add_subapp(MOUNT, self.weights.app())
+        control_port = await self._serve(control, self.config.control_port)
         requests_port = await self.dispatcher.start()
         await self._serve(build_public_app(self, public_routes, self.config.access),
                           self.config.api_port, handler_cancellation=True)
@@ -86,7 +92,8 @@ class Node:
         self.peers = Peers(me, self.config.secret, self.config.host, self.control,
                            self.status)
         await self.peers.start()
-        self.leader = Leader(self.config, self.spec, self.peers, self.control, self.dispatcher,
+        self.models = ClusterModel(self.node_id, self.weights, self.peers, self.config.secret)
+        self.leader = Leader(self.config, self.models, self.peers, self.control, self.dispatcher,
                              requests_port, lambda: self.epoch_seen)
         self._tasks = [asyncio.create_task(self._maintain(), name="maintain"),
                        asyncio.create_task(self.leader.run_forever(), name="leader")]
@@ -104,7 +111,9 @@ class Node:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_loading()
         await self.worker.close()
+        await self.weights.close()
         self.dispatcher.stop()
         if self.peers is not None:
             await self.peers.stop()
@@ -133,10 +142,12 @@ class Node:
         while True:
             await self.peers.poll_once()
             leader = self.worker.assigned_by
-            if (self.worker.rank is not None and leader != self.node_id
+            loading = self._loading is not None and not self._loading.done()
+            if ((self.worker.rank is not None or loading) and leader != self.node_id
                     and leader not in self.peers.alive_ids()):
                 log.warning("leader %s is gone; stopping worker of epoch %s", leader,
                             self.worker.epoch)
+                await self._stop_loading()
                 await self.worker.replace(None)
             await asyncio.sleep(1.0 if len(self.peers.membership.members) > 1 else 0.5)
 
@@ -154,7 +165,7 @@ class Node:
             cluster_reason=leader.led.reason if leads and leader.led else None,
             backends=self.config.backends, rdma=self.config.rdma,
             memory=worker.machine_memory(), rank_memory=worker.rank_memory,
-            links=worker.links)
+            links=worker.links, weights=self.weights.status())
 
     async def _status(self) -> NodeStatus:
         return self.status()
@@ -170,12 +181,54 @@ class Node:
         if assignment.epoch <= self.epoch_seen and assignment.epoch != 0:
             raise ControlRefused("stale epoch")
         self.epoch_seen = max(self.epoch_seen, assignment.epoch)
-        await self.worker.replace(assignment, body.leader)
+        await self._stop_loading()
+        order = body.weights
+        self._assigned_key = order.key if order else None
+        if order is None:  # every node loads assignment.model from its own files
+            await self.worker.replace(assignment, body.leader)
+        elif not order.needs_fetch:
+            folder = self.weights.folder(order.key)
+            if folder is None:
+                raise ControlRefused(f"{self.node_id} has no files of {order.name}")
+            await self.worker.replace(assignment.model_copy(update={"model_dir": str(folder)}),
+                                      body.leader)
+        else:  # fetch the shard first; the leader follows the fetch in this node's status
+            await self.worker.replace(None)
+            self.worker.assigned_by = body.leader
+            self._loading = asyncio.create_task(self._fetch_then_start(body),
+                                                name=f"weights-{assignment.epoch}")
         return Accepted(accepted=assignment.epoch)
+
+    def _weight_urls(self) -> dict[str, str]:
+        assert self.peers is not None
+        return {m.announcement.node_id: weights_url(m.announcement)
+                for m in self.peers.membership.members.values()}
+
+    async def _fetch_then_start(self, body: Assign) -> None:
+        assert body.weights is not None
+        assignment = body.assignment
+        try:
+            folder = await self.weights.receive(body.weights, assignment.epoch,
+                                                self._weight_urls())
+        except Exception as error:  # in the status: the leader fails the epoch, re-plans
+            message = str(error) if isinstance(error, ExoTpError) else \
+                f"{type(error).__name__}: {error}"
+            log.warning("epoch %d: %s", assignment.epoch, message)
+            self.weights.failed(assignment.epoch, body.weights, message)
+            return
+        await self.worker.replace(assignment.model_copy(update={"model_dir": str(folder)}),
+                                  body.leader)
+
+    async def _stop_loading(self) -> None:
+        task, self._loading = self._loading, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _release(self, body: Release) -> Released:
         epoch = self.worker.epoch
         if epoch is not None and epoch <= body.epoch:
+            await self._stop_loading()
             await self.worker.replace(None)
         return Released(released=body.epoch)
 
@@ -185,13 +238,58 @@ class Node:
     def node_id(self) -> str:
         return self.config.node_id
 
+    def _prepared(self) -> Prepared:
+        """The model this node serves requests for (as leader): the one it prepared last."""
+        current = self.models.current if self.models else None
+        if current is None:
+            raise ApiError(503, "cluster not ready: no model loaded yet", kind="server_error",
+                           code="cluster_not_ready", retry_after=5)
+        return current
+
     @property
     def model(self) -> str:
-        return self.config.model
+        current = self.models.current if self.models else None
+        return current.name if current else ""
+
+    @property
+    def tokenizer(self) -> TokenizerWrapper:
+        return self._prepared().tokenizer
 
     @property
     def context_length(self) -> int:
-        return self.spec.context_length
+        return self._prepared().spec.context_length
+
+    def models_view(self) -> list[dict[str, Any]]:
+        """/v1/models: every model a member has the files of (one at a time is served)."""
+        if self.models is None:
+            return []
+        serving = self._serving_key()
+        return [{"id": name, "object": "model", "created": int(self.started),
+                 "owned_by": "exo-tp", "loaded": key == serving}
+                for name, key in self.models.listing()]
+
+    def _serving_key(self) -> str | None:
+        if self._leads():
+            assert self.leader is not None
+            return self.leader.led.model if self.leader.led else None
+        return self._assigned_key
+
+    def require_model(self, name: str) -> None:
+        """A request for ``name`` (on the leader): 404 if no member has it; 503 while another
+        listed model is served, which makes the leader load this one."""
+        assert self.models is not None
+        key = self.models.key_of(name)
+        if key is None:
+            listed = ", ".join(f"'{n}'" for n, _ in self.models.listing()) or "none yet"
+            raise ApiError(404, f"The model '{name}' does not exist; this cluster serves: "
+                                f"{listed}.", param="model", code="model_not_found")
+        if key != self._serving_key():
+            if self.models.wanted != key:
+                log.info("a request asks for %s: loading it", name)
+            self.models.wanted = key
+            raise ApiError(503, f"loading the model '{name}' (the cluster serves one model at "
+                                f"a time); retry shortly", kind="server_error",
+                           code="model_loading", retry_after=10)
 
     def leader_id(self) -> str | None:
         return self.peers.leader_id() if self.peers else None
@@ -232,7 +330,9 @@ class Node:
     def state_reason(self) -> str:
         if self._leads():
             assert self.leader is not None
-            return self.leader.led.reason if self.leader.led else "waiting for peers to settle"
+            if self.leader.led:
+                return self.leader.led.reason
+            return self.dispatcher.unavailable_reason
         status = self._leader_status()
         return status.cluster_reason or "" if status else ""
 
@@ -258,6 +358,7 @@ class Node:
         assert self.peers is not None
         alive = set(self.peers.alive_ids())
         leader = self.peers.leader_id()
+        serving = self._serving_key()
         nodes = []
         for node_id, member in sorted(self.peers.membership.members.items()):
             a = member.announcement
@@ -275,12 +376,14 @@ class Node:
                 if status and status.profile else {},
                 # live: total/available/used bytes of the machine, worker_rss of its worker
                 "memory": status.memory.model_dump() if status else None,
+                "weights": self._weights_view(status, serving),
             })
         assignment = self.worker.assignment
         return {
             "cluster": self.config.cluster, "node_id": self.node_id, "leader": leader,
             "epoch": self.epoch_seen, "state": self.serving_state(),
             "state_reason": self.state_reason(),
+            "model": self.models.view(serving) if self.models else None,
             "backend": assignment.backend if assignment else None, "nodes": nodes,
             "ranks": list(assignment.nodes) if assignment else [],
             "links": self._links_view(),
@@ -301,3 +404,20 @@ class Node:
             for link in status.links:
                 links[tuple(sorted((link.a, link.b)))] = link.model_dump(mode="json")
         return [links[k] for k in sorted(links)]
+
+    @staticmethod
+    def _weights_view(status: NodeStatus | None, key: str | None) -> dict[str, Any] | None:
+        """What a node holds of the served model and its fetch (the UI's "weights" row), with
+        its whole weights status (offers, recent fetches, bytes its server sent)."""
+        if status is None:
+            return None
+        weights = status.weights
+        offer = next((o for o in weights.offers if o.key == key), None)
+        fetch = weights.fetch if weights.fetch and weights.fetch.key == key else None
+        return {
+            "holds": "files" if offer and offer.files else "store" if offer else None,
+            "held_bytes": offer.held_bytes if offer else 0,
+            "total_bytes": offer.total_bytes if offer else 0,
+            "fetch": fetch.model_dump(mode="json") if fetch else None,
+            "status": weights.model_dump(mode="json"),
+        }

@@ -32,6 +32,8 @@ class Assignment(Frozen):
 
     epoch: int = Field(ge=0)
     model: str  # a prepared model name or a folder present on the rank's machine
+    # The folder to load from when the node chose it (its files, or its shard store).
+    model_dir: str = ""
     plan: PipelinePlan
     rank: int = Field(ge=0)  # global rank
     hostfile: tuple[str, ...]  # "ip:port" each global rank's ring socket listens on

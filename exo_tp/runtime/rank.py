@@ -188,7 +188,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any]) -> None:
         links = tuple(group_links(group, names))
     supervisor.send(Loading(epoch=job.epoch))
     progress = Progress()
-    model_dir = Path(resolve_model(job.model))
+    model_dir = Path(job.model_dir) if job.model_dir else resolve_model(job.model)
     started = time.perf_counter()
     first, last = job.stage_index == 0, job.stage_index == len(job.plan.stages) - 1
     model = load_shard(model_dir, stage.tp, job.local_rank, group, DTYPES[job.dtype],

@@ -20,19 +20,19 @@ With I/O:
 - ``server``: WeightServer, aiohttp routes (manifest, holdings, file, read), signed.
 - ``client``: ``fetch_manifest``, ``fetch_holding``, ``fetch_transfer`` (digest checks,
   refetch, fallback, TransferProgress callback).
+- ``key``: ``folder_key(folder)`` / ``manifest_key(manifest)``, the cheap fingerprint (config
+  and safetensors headers) that names a model on every node.
 
-Wiring into a node:
+In a node (exo_tp.node.weights: its folders, stores, routes and fetches; exo_tp.node.
+cluster_model: the leader's choice of model, holdings, rank order and transfer plan):
 
-1. Every node: ``server = WeightServer(node_id, secret)`` and
-   ``control_app.add_subapp(MOUNT, server.app())``. A node with the model folder:
-   ``server.serve(ServedModel(manifest_for(folder), folder=folder))``.
-2. The leader collects ``Holding``s (``fetch_holding`` or ``ServedModel.holding``), picks
-   ``order, plan = choose_rank_order(manifest, nodes, plan_for, holdings)`` (``plan_for`` maps
-   a node order to the plan with each node's share) and ``plan_transfer(manifest, plan, order,
-   holdings)``; each node's Assignment carries its NodeTransfer and the manifest identity.
-3. A node whose NodeTransfer says ``load_from == "store"``: ``fetch_manifest`` from a peer (once),
-   ``store = ShardStore(store_root(identity), manifest)``, serve it
-   (``ServedModel(manifest, store=store)``), ``await fetch_transfer(...)`` with a progress
-   callback, ``store.require(transfer.share)``, then start the worker with
-   ``model_dir = store.folder`` (``load_shard`` is unchanged).
+1. Every node mounts ``NodeWeights.app()`` (the WeightServer's routes plus ``/manifest-of``) at
+   ``MOUNT`` on its control server and offers its folders and stores in its status, by key.
+2. The leader prepares the model (config and tokenizer, from a holder if it has no files); when
+   some node of the plan lacks the files, every holder computes the manifest once, the leader
+   gathers Holdings (``fetch_holding``), picks ``choose_rank_order`` and ``plan_transfer``, and
+   sends each node its NodeTransfer in a WeightOrder with its assignment.
+3. A node whose NodeTransfer says ``load_from == "store"`` fetches the manifest, opens its
+   ShardStore, serves it, ``fetch_transfer``s its share with progress, ``store.require``s it,
+   and starts its worker with ``model_dir = store.folder`` (``load_shard`` is unchanged).
 """

@@ -47,6 +47,7 @@ class TransferProgress(Frozen):
     bytes_done: int  # verified and written
     bytes_total: int
     bytes_refetched: int  # received but fetched again (corrupt, or cut off)
+    corrupt_pieces: int = 0  # pieces whose digests did not match (each fetched again)
     rate_bytes_s: float  # over the last few seconds
     eta_s: float | None
     failed_sources: tuple[str, ...]
@@ -330,6 +331,7 @@ class _Fetcher:
             bytes_done=self.done,
             bytes_total=self.total,
             bytes_refetched=self.refetched,
+            corrupt_pieces=self.corrupt,
             rate_bytes_s=rate,
             eta_s=left / rate if rate > 0 else (0.0 if not left else None),
             failed_sources=tuple(sorted(self.dead)),
@@ -391,6 +393,17 @@ class _Fetcher:
             self.outstanding = len(pieces)
             for piece in pieces:
                 self._route(piece)
+        try:
+            await self._wait()
+        except asyncio.CancelledError:  # the node moved on (a new epoch): stop every request
+            tasks = [t for ts in self.workers.values() for t in ts]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        self._progress(final=True)
+
+    async def _wait(self) -> None:
         while True:
             async with self.cond:
                 await self.cond.wait_for(lambda: self.outstanding == 0 or self.error is not None)
@@ -406,7 +419,6 @@ class _Fetcher:
             # Routing during the last gather may have started new workers.
             if all(t.done() for ts in self.workers.values() for t in ts):
                 break
-        self._progress(final=True)
 
 
 async def fetch_transfer(

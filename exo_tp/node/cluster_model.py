@@ -1,0 +1,291 @@
+"""Which model the cluster serves, and how its weights reach the nodes of an epoch.
+
+Every node offers the models it has the files of (NodeStatus.weights); any of them can be served
+(the cluster serves one at a time). The leader serves a model asked for by a request, else the
+one it serves now, else its own first ``--model``, else the first ``--model`` of the member with
+the smallest id. To form an epoch it prepares the model (config and tokenizer on this node:
+its files, else a store whose extra files it fetches from a holder), and gives each node a
+WeightOrder: when every node of the plan has the files, only the model's key; otherwise every
+holder computes (once) the manifest, the leader gathers every member's holdings, picks the rank
+order that moves the fewest bytes (single-stage plans; shares follow the nodes) and the
+transfer plan (exo_tp.weights.transfer), and each node gets its part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from exo_tp.errors import ExoTpError
+from exo_tp.node.announcement import Announcement
+from exo_tp.node.peers import Peers
+from exo_tp.node.weight_messages import ModelOffer, WeightOrder
+from exo_tp.node.weights import ManifestPending, NodeWeights, manifest_of
+from exo_tp.plan import ModelSpec, load_spec, plan_tensor_parallel
+from exo_tp.plan.pipeline import PipelinePlan, single_stage
+from exo_tp.weights.client import fetch_holding
+from exo_tp.weights.manifest import ModelManifest
+from exo_tp.weights.server import MOUNT
+from exo_tp.weights.transfer import Holding, TransferError, choose_rank_order, plan_transfer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A model ready to plan and tokenize for on this node."""
+
+    key: str
+    name: str
+    folder: Path  # its config.json and tokenizer files on this node
+    spec: ModelSpec
+    tokenizer: TokenizerWrapper
+
+
+def weights_url(member: Announcement) -> str:
+    return member.control_url + MOUNT
+
+
+def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper]:
+    from mlx_lm.utils import load_tokenizer
+
+    return load_spec(folder), load_tokenizer(folder)
+
+
+class ClusterModel:
+    def __init__(self, me: str, weights: NodeWeights, peers: Peers, secret: str):
+        self.me, self.weights, self.peers, self.secret = me, weights, peers, secret
+        self.wanted: str | None = None  # key a request asked for
+        self.current: Prepared | None = None  # of the latest epoch this node formed
+        self._prepared: dict[str, Prepared] = {}
+
+    # ---- what the cluster can serve ----------------------------------------------------------
+
+    def offers(self) -> dict[str, list[tuple[str, ModelOffer]]]:
+        """key -> (node, offer) for every alive member that has the model's files."""
+        out: dict[str, list[tuple[str, ModelOffer]]] = defaultdict(list)
+        for node_id in self.peers.alive_ids():
+            status = self.peers.status(node_id)
+            for offer in status.weights.offers if status else ():
+                if offer.files:
+                    out[offer.key].append((node_id, offer))
+        return out
+
+    def name_of(self, key: str, offers: dict[str, list[tuple[str, ModelOffer]]]) -> str:
+        """This node's name for the model if it has one, else the smallest node id's."""
+        if self.current is not None and self.current.key == key:
+            return self.current.name
+        holders = sorted(offers.get(key, []), key=lambda h: (h[0] != self.me, h[0]))
+        return holders[0][1].name if holders else key[:12]
+
+    def key_of(self, name: str) -> str | None:
+        """The model any member (or this node's current model) calls ``name``."""
+        if self.current is not None and self.current.name == name:
+            return self.current.key
+        for key, holders in self.offers().items():
+            if any(offer.name == name for _, offer in holders):
+                return key
+        return None
+
+    def listing(self) -> list[tuple[str, str]]:
+        """(name, key) of every model some member can serve, by name."""
+        offers = self.offers()
+        return sorted((self.name_of(key, offers), key) for key in offers)
+
+    def target(self, members: Sequence[str], serving: str | None) -> str | None:
+        """The model to serve with these members."""
+        offers = self.offers()
+        available = {k for k, hs in offers.items() if any(n in members for n, _ in hs)}
+        defaults = []
+        for node_id in sorted(members, key=lambda n: (n != self.me, n)):
+            status = self.peers.status(node_id)
+            if status is not None and status.weights.default is not None:
+                defaults.append(status.weights.default)
+        for key in (self.wanted, serving, *defaults):
+            if key is not None and key in available:
+                return key
+        return min(available) if available else None
+
+    # ---- preparing a model on the leader -----------------------------------------------------
+
+    def _member(self, node_id: str) -> Announcement | None:
+        return self.peers.get(node_id)
+
+    def urls(self) -> dict[str, str]:
+        return {
+            m.announcement.node_id: weights_url(m.announcement)
+            for m in self.peers.membership.members.values()
+        }
+
+    async def _manifest_from(self, node_id: str, key: str) -> ModelManifest:
+        if node_id == self.me:
+            return await self.weights.manifest(key)
+        member = self._member(node_id)
+        if member is None:
+            raise TransferError(f"{node_id} is gone")
+        return await manifest_of(self.weights.session, weights_url(member), self.secret, key)
+
+    async def prepare(self, key: str, members: Sequence[str]) -> Prepared:
+        """Config and tokenizer of the model on this node (fetched from a holder if needed)."""
+        offers = self.offers()
+        name = self.name_of(key, offers)
+        folder = self.weights.local_dir(key)
+        if folder is None:
+            holders = [n for n, _ in sorted(offers.get(key, [])) if n in members]
+            if not holders:
+                raise TransferError(f"no member has the files of {name}")
+            manifest = await self._first_manifest(holders, key)
+            folder = await self.weights.extras(manifest, name, holders, self.urls())
+        prepared = self._prepared.get(key)
+        if prepared is None or prepared.folder != folder:
+            spec, tokenizer = await asyncio.to_thread(_load, folder)
+            prepared = Prepared(key=key, name=name, folder=folder, spec=spec, tokenizer=tokenizer)
+            self._prepared[key] = prepared
+        self.current = prepared
+        return prepared
+
+    async def _first_manifest(self, holders: Sequence[str], key: str) -> ModelManifest:
+        failures = []
+        for node_id in holders:
+            try:
+                return await self._manifest_from(node_id, key)
+            except (aiohttp.ClientError, TimeoutError, ExoTpError, ValueError) as error:
+                failures.append(f"{node_id}: {error}")
+        raise TransferError("no holder sent the manifest: " + "; ".join(failures))
+
+    # ---- the weights of an epoch -------------------------------------------------------------
+
+    async def orders(
+        self,
+        model: Prepared,
+        plan: PipelinePlan,
+        members: Sequence[Announcement],
+        eligible: Sequence[Announcement],
+    ) -> tuple[list[Announcement], PipelinePlan, dict[str, WeightOrder]]:
+        """Each chosen member's WeightOrder, and the members and plan in the rank order that
+        moves the fewest bytes."""
+        offers = self.offers()
+        eligible_ids = {m.node_id for m in eligible}
+        holders = sorted(n for n, _ in offers.get(model.key, []) if n in eligible_ids)
+        chosen = [m.node_id for m in members]
+        if all(n in holders for n in chosen):
+            return (
+                list(members),
+                plan,
+                {n: WeightOrder(key=model.key, name=model.name) for n in chosen},
+            )
+        manifests = await asyncio.gather(
+            *(self._manifest_from(n, model.key) for n in holders), return_exceptions=True
+        )
+        pending = [
+            n for n, m in zip(holders, manifests, strict=True) if isinstance(m, ManifestPending)
+        ]
+        if pending:  # wait for them (the epoch retries) rather than leave them out as sources
+            raise ManifestPending(
+                f"{', '.join(pending)} still computing the weight manifest of {model.name} "
+                "(once per model folder)"
+            )
+        good = [
+            (n, m) for n, m in zip(holders, manifests, strict=True) if isinstance(m, ModelManifest)
+        ]
+        for n, m in zip(holders, manifests, strict=True):
+            if not isinstance(m, ModelManifest):
+                log.warning("weights: %s cannot serve %s: %s", n, model.name, m)
+        if not good:
+            raise TransferError(
+                f"no member could describe the weights of {model.name}: "
+                + "; ".join(f"{n}: {m}" for n, m in zip(holders, manifests, strict=True))
+            )
+        manifest = next((m for n, m in good if n == self.me), good[0][1])
+        holdings = [
+            Holding(node=n, files=True, extras=True)
+            for n, m in good
+            if m.identity == manifest.identity
+        ]
+        others = [m for m in eligible if m.node_id not in {h.node for h in holdings}]
+        holdings += await asyncio.gather(*(self._holding(m, manifest) for m in others))
+        order = tuple(chosen)
+        if len(plan.stages) == 1:
+            weight_of = dict(zip(order, plan.stages[0].tp.weights, strict=True))
+
+            def plan_for(candidate: tuple[str, ...]) -> PipelinePlan:
+                if candidate == order:
+                    return plan
+                return single_stage(
+                    plan_tensor_parallel(plan.spec, [weight_of[n] for n in candidate])
+                )
+
+            order, plan = await asyncio.to_thread(
+                choose_rank_order, manifest, order, plan_for, holdings
+            )
+        transfer = await asyncio.to_thread(plan_transfer, manifest, plan, order, holdings)
+        log.info(
+            "weights of %s: %.1f MB move (%s); %.1f MB of the shares are on their nodes "
+            "already (files or stores); rank order %s",
+            model.name,
+            transfer.moved_bytes / 1e6,
+            ", ".join(
+                f"{n} serves {b / 1e6:.1f} MB" for n, b in sorted(transfer.source_bytes.items())
+            )
+            or "nothing",
+            transfer.retained_bytes / 1e6,
+            list(order),
+        )
+        by_id = {m.node_id: m for m in members}
+        return (
+            [by_id[n] for n in order],
+            plan,
+            {
+                n: WeightOrder(
+                    key=model.key,
+                    name=model.name,
+                    identity=manifest.identity,
+                    transfer=transfer.node(n),
+                )
+                for n in order
+            },
+        )
+
+    async def _holding(self, member: Announcement, manifest: ModelManifest) -> Holding:
+        """What a member without the files holds of the model (its store, asked over HTTP)."""
+        node_id = member.node_id
+        if node_id == self.me:
+            return self.weights.holding(manifest.identity)
+        status = self.peers.status(node_id)
+        held = status is not None and any(
+            o.identity == manifest.identity and o.held_bytes > 0 for o in status.weights.offers
+        )
+        if not held:
+            return Holding(node=node_id)
+        try:
+            holding = await fetch_holding(
+                self.weights.session, weights_url(member), self.secret, manifest.identity
+            )
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            log.warning(
+                "weights: holdings of %s unknown (%s): it counts as holding nothing", node_id, error
+            )
+            return Holding(node=node_id)
+        return holding.model_copy(update={"node": node_id})
+
+    # ---- views -------------------------------------------------------------------------------
+
+    def view(self, key: str | None) -> dict[str, Any] | None:
+        if key is None:
+            return None
+        offers = self.offers()
+        totals = [o.total_bytes for _, o in offers.get(key, []) if o.total_bytes]
+        return {
+            "name": self.name_of(key, offers),
+            "key": key,
+            "total_bytes": max(totals, default=0),
+            "holders": sorted(n for n, _ in offers.get(key, [])),
+        }

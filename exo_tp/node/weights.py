@@ -1,0 +1,482 @@
+"""This node's model weights: the folders it was given (``--model``), its shard stores, the weight
+routes it serves peers (mounted on its control server), and fetching its shard for an epoch.
+
+A folder is known by its key (exo_tp.weights.key, headers only) until a peer needs its bytes:
+then its manifest is computed once (``manifest_for``, cached on disk) and the folder is served.
+Stores live in ``<exo-tp cache>/stores/<identity>`` with the manifest beside them, so a node that
+restarts still offers (and serves) what it received. A node locks the stores it uses: a second
+node on the same machine and cache gets its own (``<identity>-<node id>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlparse
+
+import aiohttp
+from aiohttp import web
+from pydantic import ValidationError
+
+from exo_tp.errors import ExoTpError
+from exo_tp.frozen import Frozen
+from exo_tp.node.weight_messages import (
+    FetchSummary,
+    ModelOffer,
+    WeightOrder,
+    WeightsStatus,
+)
+from exo_tp.paths import cache_home
+from exo_tp.signing import control_headers, control_request_ok
+from exo_tp.weights.boxes import Boxes
+from exo_tp.weights.build import WEIGHT_SUFFIX, manifest_for, read_header
+from exo_tp.weights.client import TransferProgress, fetch_manifest, fetch_transfer
+from exo_tp.weights.key import folder_key, manifest_key
+from exo_tp.weights.manifest import ModelManifest
+from exo_tp.weights.server import ServedModel, ServeOptions, WeightServer
+from exo_tp.weights.store import ShardStore, store_root
+from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
+from exo_tp.weights.wire import WireError
+
+log = logging.getLogger(__name__)
+
+STORE_INFO = ".exo-tp-store-info.json"
+STORE_LOCK = ".exo-tp-store.lock"
+RECENT_FETCHES = 4
+LOG_EVERY_S = 2.0
+MANIFEST_WAIT_S = 20.0  # a peer asking for a manifest waits this long, then retries later
+# Test-only: "1" enables /weights/test-options (flip bytes, slow down what this node serves).
+TEST_FAULTS_ENV = "EXO_TP_TEST_FAULTS"
+TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=30)
+
+
+class ManifestPending(TransferError):
+    """The holder is still computing the manifest (the first time for that folder)."""
+
+
+class ManifestOf(Frozen):
+    """Body of /weights/manifest-of: the manifest of this node's folder with that key."""
+
+    key: str
+
+
+class StoreInfo(Frozen):
+    """Kept beside a store: what it mirrors, to offer and serve it again after a restart."""
+
+    name: str
+    manifest: ModelManifest
+
+
+@dataclass
+class OwnFolder:
+    name: str
+    folder: Path
+    key: str
+    weight_bytes: int
+    manifest: ModelManifest | None = None
+    computing: asyncio.Future[ModelManifest] | None = None
+
+
+def weight_bytes(folder: Path) -> int:
+    """Bytes of tensor data in the folder's safetensors files (headers excluded)."""
+    total = 0
+    for path in folder.glob(f"*{WEIGHT_SUFFIX}"):
+        header, _ = read_header(path)
+        total += path.stat().st_size - 8 - len(header.encode())
+    return total
+
+
+def claim(root: Path) -> IO[str] | None:
+    """An exclusive lock on a store folder while this process lives (None: another process
+    on this machine uses it)."""
+    root.mkdir(parents=True, exist_ok=True)
+    handle = open(root / STORE_LOCK, "a")  # noqa: SIM115 (held as long as the store)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def source_nodes(transfer: NodeTransfer) -> list[str]:
+    """The peers a transfer names, the extra files' sources first (they have the manifest)."""
+    named: list[Source] = [*transfer.file_sources]
+    named += [s for f in transfer.fetches for s in f.sources]
+    return list(dict.fromkeys(s.node for s in named))
+
+
+class NodeWeights:
+    def __init__(self, node_id: str, secret: str, folders: Sequence[tuple[str, Path]] = ()):
+        self.node_id, self.secret = node_id, secret
+        self.server = WeightServer(node_id, secret)
+        self.folders: dict[str, OwnFolder] = {}
+        for name, folder in folders:
+            key = folder_key(folder)
+            self.folders.setdefault(key, OwnFolder(name, Path(folder), key, weight_bytes(folder)))
+        self.default = folder_key(folders[0][1]) if folders else None
+        self.stores: dict[str, tuple[str, ShardStore]] = {}  # identity -> (name, store)
+        self.fetch: FetchSummary | None = None
+        self.recent: deque[FetchSummary] = deque(maxlen=RECENT_FETCHES)
+        self._session: aiohttp.ClientSession | None = None
+        self._logged = 0.0
+        self._keys: dict[str, str] = {}  # identity of a store's manifest -> its key
+        self._locks: list[IO[str]] = []
+        self._creating = asyncio.Lock()
+        self._open_stores()
+
+    def _open_stores(self) -> None:
+        for info_path in sorted((cache_home() / "stores").glob(f"*/{STORE_INFO}")):
+            lock = claim(info_path.parent)
+            if lock is None:
+                continue  # another node on this machine uses it
+            try:
+                info = StoreInfo.model_validate_json(info_path.read_text())
+                if info.manifest.identity in self.stores:
+                    raise ExoTpError("this node already uses another store of that model")
+                self._serve_store(info.name, ShardStore(info_path.parent, info.manifest))
+                self._locks.append(lock)
+            except (OSError, ValueError, ExoTpError) as error:
+                log.warning("not using the shard store %s: %s", info_path.parent, error)
+                lock.close()
+
+    def _serve_store(self, name: str, store: ShardStore) -> None:
+        self.stores[store.manifest.identity] = (name, store)
+        self._keys[store.manifest.identity] = manifest_key(store.manifest)
+        self.server.serve(ServedModel(store.manifest, store=store))
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=TIMEOUT)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        for _, store in self.stores.values():
+            store.close()
+        for lock in self._locks:
+            lock.close()
+
+    # ---- what this node has ---------------------------------------------------------------
+
+    def folder(self, key: str) -> Path | None:
+        own = self.folders.get(key)
+        return own.folder if own else None
+
+    def _store_for_key(self, key: str) -> ShardStore | None:
+        for identity, (_, store) in self.stores.items():
+            if self._keys[identity] == key:
+                return store
+        return None
+
+    def local_dir(self, key: str) -> Path | None:
+        """A folder holding the model's config and tokenizer: its files, else a store."""
+        if (folder := self.folder(key)) is not None:
+            return folder
+        store = self._store_for_key(key)
+        return store.folder if store is not None and store.extra_files_complete else None
+
+    def holding(self, identity: str) -> Holding:
+        if any(o.manifest and o.manifest.identity == identity for o in self.folders.values()):
+            return Holding(node=self.node_id, files=True, extras=True)
+        if identity in self.stores:
+            return self.stores[identity][1].holding(self.node_id)
+        return Holding(node=self.node_id)
+
+    def status(self) -> WeightsStatus:
+        offers = [
+            ModelOffer(
+                name=own.name,
+                key=own.key,
+                files=True,
+                identity=own.manifest.identity if own.manifest else None,
+                held_bytes=own.weight_bytes,
+                total_bytes=own.weight_bytes,
+            )
+            for own in self.folders.values()
+        ]
+        for identity, (name, store) in self.stores.items():
+            manifest = store.manifest
+            key = self._keys[identity]
+            if key not in self.folders:
+                offers.append(
+                    ModelOffer(
+                        name=name,
+                        key=key,
+                        files=False,
+                        identity=manifest.identity,
+                        held_bytes=store.held.nbytes(manifest),
+                        total_bytes=manifest.total_bytes,
+                    )
+                )
+        return WeightsStatus(
+            default=self.default,
+            offers=tuple(offers),
+            fetch=self.fetch,
+            recent=tuple(self.recent),
+            served=self.server.stats(),
+        )
+
+    # ---- manifests ------------------------------------------------------------------------
+
+    async def manifest(self, key: str) -> ModelManifest:
+        """The manifest of this node's folder with ``key``: computed once (cached on disk),
+        then the folder is served to peers."""
+        own = self.folders.get(key)
+        if own is None:
+            raise ExoTpError(f"{self.node_id} has no model folder with key {key[:12]}")
+        if own.manifest is None:
+            if own.computing is None:
+                own.computing = asyncio.ensure_future(asyncio.to_thread(manifest_for, own.folder))
+            try:
+                manifest = await asyncio.shield(own.computing)
+            except Exception:
+                own.computing = None
+                raise
+            own.manifest = manifest
+            self.server.serve(ServedModel(manifest, folder=own.folder))
+        return own.manifest
+
+    def _known_manifest(self, identity: str) -> ModelManifest | None:
+        if identity in self.stores:
+            return self.stores[identity][1].manifest
+        for own in self.folders.values():
+            if own.manifest is not None and own.manifest.identity == identity:
+                return own.manifest
+        return None
+
+    async def manifest_from(
+        self, identity: str, sources: Sequence[str], peers: Mapping[str, str]
+    ) -> ModelManifest:
+        """The manifest of ``identity``: known here, else from the first peer that sends it."""
+        if (known := self._known_manifest(identity)) is not None:
+            return known
+        failures = []
+        for node in sources:
+            if node not in peers:
+                continue
+            try:
+                return await fetch_manifest(self.session, peers[node], self.secret, identity)
+            except (aiohttp.ClientError, TimeoutError, ExoTpError, ValueError) as error:
+                failures.append(f"{node}: {error}")
+        raise TransferError(f"no peer sent the manifest of {identity[:12]}: {failures}")
+
+    async def _store(self, manifest: ModelManifest, name: str) -> ShardStore:
+        async with self._creating:  # one store per model, however many ask at once
+            if manifest.identity not in self.stores:
+                self._serve_store(name, await asyncio.to_thread(self._create, manifest, name))
+        return self.stores[manifest.identity][1]
+
+    def _create(self, manifest: ModelManifest, name: str) -> ShardStore:
+
+        root = store_root(manifest.identity)
+        lock = claim(root)
+        if lock is None:  # another node on this machine and cache has that one
+            root = root.with_name(f"{root.name}-{self.node_id}")
+            lock = claim(root)
+        if lock is None:
+            raise ExoTpError(f"the shard store {root} is in use by another process")
+        self._locks.append(lock)
+        tmp = root / f".{STORE_INFO}.{os.getpid()}.tmp"
+        tmp.write_text(StoreInfo(name=name, manifest=manifest).model_dump_json())
+        os.replace(tmp, root / STORE_INFO)
+        return ShardStore(root, manifest)
+
+    async def extras(
+        self, manifest: ModelManifest, name: str, sources: Sequence[str], peers: Mapping[str, str]
+    ) -> Path:
+        """A store holding the model's config and tokenizer files (the leader tokenizes)."""
+        store = await self._store(manifest, name)
+        if not store.extra_files_complete:
+            files_only = NodeTransfer(
+                node=self.node_id,
+                rank=0,
+                load_from="store",
+                share=Boxes(),
+                retained=Boxes(),
+                fetches=(),
+                file_sources=tuple(Source(node=n, kind="files") for n in sources),
+            )
+            await fetch_transfer(
+                files_only, manifest, store, peers, self.secret, session=self.session
+            )
+        return store.folder
+
+    # ---- an epoch's shard -----------------------------------------------------------------
+
+    async def receive(self, order: WeightOrder, epoch: int, peers: Mapping[str, str]) -> Path:
+        """The folder this node's worker loads from: its own files, or its store once it holds
+        the transfer's share (fetched from peers, progress logged and in the status)."""
+        transfer = order.transfer
+        if transfer is None or transfer.load_from == "files" or order.identity is None:
+            folder = self.folder(order.key)
+            if folder is None:
+                raise ExoTpError(f"{self.node_id} has no files of {order.name}")
+            return folder
+        manifest = await self.manifest_from(order.identity, source_nodes(transfer), peers)
+        store = await self._store(manifest, order.name)
+        summary = FetchSummary(
+            epoch=epoch,
+            key=order.key,
+            name=order.name,
+            state="fetching",
+            share_bytes=transfer.share.nbytes(manifest),
+            retained_bytes=transfer.retained.nbytes(manifest),
+            planned_bytes=transfer.fetch_bytes(manifest),
+        )
+        if self.fetch is not None:
+            self.recent.appendleft(self.fetch)
+        self.fetch = summary
+        log.info(
+            "weights: epoch %d, %s: fetching %.1f MB of my %.1f MB share (%.1f MB in my store)",
+            epoch,
+            order.name,
+            summary.planned_bytes / 1e6,
+            summary.share_bytes / 1e6,
+            summary.retained_bytes / 1e6,
+        )
+        started = time.monotonic()
+
+        def progress(update: TransferProgress) -> None:
+            if self.fetch is not None and self.fetch.epoch == epoch:
+                self.fetch = self.fetch.model_copy(update={"progress": update})
+            now = time.monotonic()
+            if update.done or now - self._logged >= LOG_EVERY_S:
+                self._logged = now
+                log.info("weights: %s", update.line())
+
+        def finish(state: str, error: str | None = None) -> None:
+            if self.fetch is not None and self.fetch.epoch == epoch:
+                self.fetch = self.fetch.model_copy(
+                    update={"state": state, "error": error, "seconds": time.monotonic() - started}
+                )
+
+        try:
+            report = await fetch_transfer(
+                transfer,
+                manifest,
+                store,
+                peers,
+                self.secret,
+                session=self.session,
+                on_progress=progress,
+            )
+            store.require(transfer.share)
+        except asyncio.CancelledError:
+            finish("cancelled")
+            raise
+        except (ExoTpError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            finish("failed", str(error) or type(error).__name__)
+            raise ExoTpError(f"cannot fetch my shard of {order.name}: {error}") from None
+        finish("done")
+        log.info(
+            "weights: epoch %d: %.1f MB received in %.1f s (%s)%s",
+            epoch,
+            report.bytes_fetched / 1e6,
+            report.seconds,
+            ", ".join(f"{n}: {b / 1e6:.1f} MB" for n, b in sorted(report.bytes_by_source.items()))
+            or "nothing to fetch",
+            f"; refetched {report.bytes_refetched / 1e6:.1f} MB "
+            f"({report.corrupt_pieces} corrupt pieces, failed: "
+            f"{', '.join(report.failed_sources) or 'none'})"
+            if report.bytes_refetched
+            else "",
+        )
+        return store.folder
+
+    def failed(self, epoch: int, order: WeightOrder, error: str) -> None:
+        """Record a failure before the fetch started (no manifest, no store): the leader sees
+        it in this node's status and fails the epoch."""
+        if self.fetch is not None and self.fetch.epoch == epoch:
+            if self.fetch.state == "fetching":
+                self.fetch = self.fetch.model_copy(update={"state": "failed", "error": error})
+            return
+        if self.fetch is not None:
+            self.recent.appendleft(self.fetch)
+        self.fetch = FetchSummary(
+            epoch=epoch,
+            key=order.key,
+            name=order.name,
+            state="failed",
+            share_bytes=0,
+            retained_bytes=0,
+            planned_bytes=0,
+            error=error,
+        )
+
+    # ---- routes ---------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        """The weight routes (signed), to mount at exo_tp.weights.server.MOUNT."""
+        app = self.server.app()
+        app.router.add_post("/manifest-of", self._manifest_of)
+        if os.environ.get(TEST_FAULTS_ENV) == "1":
+            app.router.add_post("/test-options", self._test_options)
+        return app
+
+    async def _manifest_of(self, request: web.Request) -> web.StreamResponse:
+        try:
+            ask = ManifestOf.model_validate_json(await request.read())
+        except ValidationError as bad:
+            return _error(400, f"bad request: {bad.errors()[0]['msg']}")
+        if ask.key not in self.folders:
+            return _error(404, f"no model folder with key {ask.key[:12]} here")
+        try:
+            manifest = await asyncio.wait_for(
+                asyncio.shield(self.manifest(ask.key)), MANIFEST_WAIT_S
+            )
+        except TimeoutError:  # 503: ask again later
+            return _error(503, f"{self.node_id} is still computing the weight manifest")
+        except ExoTpError as error:
+            return _error(409, str(error))
+        body = manifest.model_dump_json().encode()
+        return web.Response(
+            body=body,
+            content_type="application/json",
+            headers=control_headers(self.secret, request.path, body),
+        )
+
+    async def _test_options(self, request: web.Request) -> web.StreamResponse:
+        options = ServeOptions.model_validate_json(await request.read())
+        self.server.configure(options)
+        log.warning("weights: test options %s", options.model_dump_json())
+        return web.json_response(options.model_dump())
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response(WireError(error=message).model_dump(), status=status)
+
+
+async def manifest_of(
+    session: aiohttp.ClientSession, weights_url: str, secret: str, key: str
+) -> ModelManifest:
+    """A peer's manifest of its folder with ``key`` (the peer computes it the first time);
+    accepted only if signed with the cluster secret and of that key."""
+    url = f"{weights_url}/manifest-of"
+    body = ManifestOf(key=key).model_dump_json().encode()
+    path = urlparse(url).path
+    headers = {"Content-Type": "application/json", **control_headers(secret, path, body)}
+    async with session.post(url, data=body, headers=headers) as response:
+        data = await response.read()
+        if response.status != 200:
+            with contextlib.suppress(ValueError):
+                data = WireError.model_validate_json(data).error.encode()
+            error = ManifestPending if response.status == 503 else TransferError
+            raise error(f"{weights_url}: {data[:300].decode(errors='replace')}")
+        if not control_request_ok(secret, path, data, dict(response.headers)):
+            raise TransferError(f"{weights_url}: the manifest is not signed with the secret")
+    manifest = ModelManifest.model_validate_json(data)
+    if manifest_key(manifest) != key:
+        raise TransferError(f"{weights_url} sent the manifest of another model")
+    return manifest
