@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -21,12 +22,15 @@ from typing import TYPE_CHECKING
 from exo_tp.cli.args import (
     add_model_arg,
     int_list,
+    json_object,
     non_negative_float,
+    non_negative_int,
     positive_int,
     weight_list,
 )
 
 if TYPE_CHECKING:
+    from exo_tp.api.defaults import GenerationDefaults
     from exo_tp.plan.devices import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -69,7 +73,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-nodes", type=positive_int,
                    help="run a whole cluster of N nodes on this machine")
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
+    add_generation_defaults(p)
     p.set_defaults(handler=run)
+
+
+def add_generation_defaults(p: argparse.ArgumentParser) -> None:
+    """What a request that omits a field gets: mlx_lm.server's flags, names and defaults."""
+    group = p.add_argument_group("generation defaults (for requests that omit the field)")
+    group.add_argument("--temp", type=non_negative_float, default=0.0,
+                       help="sampling temperature (default: 0.0, greedy)")
+    group.add_argument("--top-p", type=non_negative_float, default=1.0,
+                       help="nucleus sampling top-p (default: 1.0, off)")
+    group.add_argument("--top-k", type=non_negative_int, default=0,
+                       help="top-k sampling (default: 0, off)")
+    group.add_argument("--min-p", type=non_negative_float, default=0.0,
+                       help="min-p sampling (default: 0.0, off)")
+    group.add_argument("--max-tokens", type=positive_int, default=512,
+                       help="maximum tokens to generate (default: 512)")
+    group.add_argument("--chat-template-args", type=json_object, default={},
+                       help="JSON object of extra chat template arguments, e.g. "
+                            "'{\"enable_thinking\": false}'")
+
+
+def generation_defaults(args: argparse.Namespace) -> GenerationDefaults:
+    from pydantic import ValidationError
+
+    from exo_tp.api.defaults import GenerationDefaults
+    from exo_tp.errors import ExoTpError
+
+    try:
+        return GenerationDefaults(temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+                                  min_p=args.min_p, max_tokens=args.max_tokens,
+                                  chat_template_args=args.chat_template_args)
+    except ValidationError as error:
+        first = error.errors()[0]
+        flag = {"temperature": "--temp", "top_p": "--top-p",
+                "min_p": "--min-p"}.get(str(first["loc"][0]), str(first["loc"][0]))
+        raise ExoTpError(f"{flag}: {first['msg']}") from None
+
+
+def generation_flags(args: argparse.Namespace) -> list[str]:
+    """The generation defaults as flags again, for the nodes of a local cluster."""
+    return ["--temp", str(args.temp), "--top-p", str(args.top_p), "--top-k", str(args.top_k),
+            "--min-p", str(args.min_p), "--max-tokens", str(args.max_tokens),
+            "--chat-template-args", json.dumps(args.chat_template_args)]
 
 
 def default_host() -> str:
@@ -116,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         from exo_tp.errors import ExoTpError
 
         raise ExoTpError("--profiles is for --local-nodes; a single node takes --profile")
+    generation_defaults(args)  # a bad value is one readable error before anything starts
     if args.local_nodes:
         return _run_local(args)
     return asyncio.run(_serve(args))
@@ -130,7 +178,8 @@ def _run_local(args: argparse.Namespace) -> int:
     from exo_tp.node.local_cluster import run_local_cluster
     from exo_tp.plan.devices import read_profile
 
-    extra = ["--backend", args.backend] + (["--stages", args.stages] if args.stages else [])
+    extra = ["--backend", args.backend, *generation_flags(args)] + (
+        ["--stages", args.stages] if args.stages else [])
     if args.profiles:
         if len(args.profiles) != args.local_nodes:
             raise ExoTpError(f"--profiles has {len(args.profiles)} files for "
@@ -183,6 +232,7 @@ async def _serve(args: argparse.Namespace) -> int:
         rdma=rdma, stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
         backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
                        if mx.distributed.is_available(b)),
+        defaults=generation_defaults(args),
     )
     node = Node(config, Path(model_dir), load_tokenizer(Path(model_dir)),
                 profile.summary() if profile else None)

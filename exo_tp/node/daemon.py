@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from exo_tp import __version__
+from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.errors import ApiError
 from exo_tp.api.routes import build_public_app
 from exo_tp.api.views import plan_view
@@ -78,6 +79,7 @@ class NodeConfig:
     rdma: dict[str, str] = field(default_factory=dict)  # peer node id -> RDMA device
     backends: tuple[str, ...] = ("ring",)  # backends MLX can start on this node
     stages: tuple[int, ...] = ()  # leader: force pipeline stages (ranks per stage)
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # API defaults
 
 
 @dataclass
@@ -186,6 +188,14 @@ class Node:
     @property
     def context_length(self) -> int:
         return self.spec.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    @property
+    def defaults(self) -> GenerationDefaults:
+        return self.config.defaults
 
     def leader_id(self) -> str | None:
         return self.membership.leader_id() if self.membership else None

@@ -56,11 +56,13 @@ class Dispatcher:
     def on_worker_event(self, event: dict[str, Any]) -> None:
         pending = self._pending.get(event.get("id", ""))
         if event["type"] == "delta" and pending:
-            pending.events.put_nowait(Delta(id=event["id"], text=event["text"]))
+            pending.events.put_nowait(Delta.model_validate(
+                {k: v for k, v in event.items() if k != "type"}))
         elif event["type"] == "done" and pending:
             usage = event["usage"]
             pending.events.put_nowait(Done(
                 id=event["id"], finish_reason=event["finish_reason"],
+                stop_string=event.get("stop_string"),
                 prompt_tokens=usage["prompt_tokens"],
                 completion_tokens=usage["completion_tokens"], seconds=event["seconds"]))
         elif event["type"] in ("error", "exited"):

@@ -14,10 +14,10 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationResponse, stream_generate
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.runtime.messages import SamplingParams
+from exo_tp.runtime.sampling import request_processors, request_sampler
 from exo_tp.shard.collectives import broadcast_from_first, zeros_after
 
 
@@ -76,12 +76,8 @@ def generate(model: Any, tokenizer: TokenizerWrapper, prompt_tokens: list[int],
     """Stream responses; every rank must call this with the same arguments."""
     if params.seed is not None:
         mx.random.seed(params.seed)
-    sampler = RankZeroSampler(
-        make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k),
-        group,
-        stop or StopSignal(),
-    )
-    processors = make_logits_processors(repetition_penalty=params.repetition_penalty)
+    sampler = RankZeroSampler(request_sampler(params, tokenizer), group, stop or StopSignal())
+    processors = request_processors(params)
     responses = stream_generate(model, tokenizer, mx.array(prompt_tokens),
                                 max_tokens=params.max_tokens, sampler=sampler,
                                 logits_processors=processors)

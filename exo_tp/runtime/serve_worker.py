@@ -32,9 +32,10 @@ from exo_tp.profile.collective_speed import group_links
 from exo_tp.runtime.generation import StopSignal, generate
 from exo_tp.runtime.job import RANK_ENV, SECRET_ENV, Assignment
 from exo_tp.runtime.lifecycle import die_with_parent
-from exo_tp.runtime.messages import GenerateRequest
+from exo_tp.runtime.messages import Delta, GenerateRequest, TokenLogprob
 from exo_tp.runtime.pipeline import stage_driver
 from exo_tp.runtime.ring import init_group
+from exo_tp.runtime.sampling import token_logprob
 from exo_tp.runtime.stop_strings import StopMatcher
 from exo_tp.runtime.wire import Line, connect, listen
 from exo_tp.runtime.worker import DTYPES
@@ -77,17 +78,24 @@ class Conductor:
                 follower.send(request.model_dump(mode="json"))
             self._run(request)
 
-    def _emit(self, request: GenerateRequest, text: str) -> None:
-        if text:
-            self.leader.send({"type": "delta", "id": request.id, "text": text})
+    def _emit(self, request: GenerateRequest, text: str, tokens: tuple[int, ...] = (),
+              logprobs: tuple[TokenLogprob, ...] = ()) -> None:
+        if text or tokens:
+            delta = Delta(id=request.id, text=text, tokens=tokens, logprobs=logprobs)
+            self.leader.send({"type": "delta", **delta.model_dump(mode="json")})
 
     def _run(self, request: GenerateRequest) -> None:
         matcher = StopMatcher(request.stop)
         finish, produced, started = "length", 0, time.perf_counter()
+        params = request.sampling
         for response in generate(self.model, self.tokenizer, list(request.tokens),
-                                 request.sampling, self.group, self.stop):
+                                 params, self.group, self.stop):
+            if matcher.stopped:
+                continue  # the ranks finish the token or two in flight; none is reported
             produced = response.generation_tokens
-            self._emit(request, matcher.feed(response.text))
+            scored = (token_logprob(response.logprobs, response.token, params.top_logprobs),) \
+                if params.logprobs else ()
+            self._emit(request, matcher.feed(response.text), (response.token,), scored)
             if matcher.stopped and not self.stop.is_set():
                 self.stop.set()  # every rank of the stage ends within a token or two
             if response.finish_reason:
@@ -100,6 +108,7 @@ class Conductor:
             self._emit(request, matcher.flush())
         self.leader.send({
             "type": "done", "id": request.id, "finish_reason": finish,
+            "stop_string": matcher.matched,
             "usage": {"prompt_tokens": len(request.tokens), "completion_tokens": produced},
             "seconds": time.perf_counter() - started,
         })
