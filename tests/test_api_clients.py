@@ -645,17 +645,16 @@ def test_web_chat_shows_tool_calls_and_logprobs(
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     try:
         driver.get(cluster.urls[1] + "/")
+        driver.find_element(By.CSS_SELECTOR, ".chat-tools summary").click()
         for field, value in (
             ("chat-temperature", "0"),
             ("chat-max-tokens", "36"),
             ("chat-tools", json.dumps([WEATHER])),
-            ("chat-input", REPEAT_CALL[0]["content"]),
+            ("chat-input", REPEAT_CALL[0]["content"]),  # typed, its newlines would send it
         ):
-            element = driver.find_element(By.ID, field)
-            if not element.is_displayed():
-                driver.find_element(By.CSS_SELECTOR, ".chat-tools summary").click()
-            element.clear()
-            element.send_keys(value)
+            driver.execute_script(
+                "arguments[0].value = arguments[1]", driver.find_element(By.ID, field), value
+            )
         driver.find_element(By.ID, "chat-logprobs").click()
         driver.find_element(By.ID, "chat-send").click()
         shown = WebDriverWait(driver, 300, poll_frequency=0.2).until(

@@ -148,3 +148,66 @@ def test_token_bytes_spell_the_text(tool_tokenizer) -> None:
     spell = TokenText(tool_tokenizer)
     assert b"".join(spell(t)[1] for t in ids).decode() == text
     assert any("\ufffd" in spell(t)[0] for t in ids)  # half an emoji is not a character
+
+
+HELLO = [{"role": "user", "content": "Hi"}]
+
+
+def _chat_request(body: dict) -> object:
+    from exo_tp.api.http_io import validate
+    from exo_tp.api.openai_schema import (
+        ChatCompletionRequest,
+        refuse_unsupported,
+        without_harmless,
+    )
+
+    refuse_unsupported(body)
+    return validate(ChatCompletionRequest, without_harmless(body))
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"audio": {"voice": "alloy"}}, "audio", "text model"),
+        ({"modalities": ["text", "audio"]}, "modalities", "text"),
+        ({"foo": 1}, "foo", "Unrecognized request argument supplied: foo"),
+        ({"n": 2}, "n", "n=1"),
+        ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs", "not a"),
+        ({"logit_bias": {"²": 1}}, "logit_bias", "token ids"),
+        ({"temperature": "0.5"}, "temperature", "valid number"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is it?"},
+                            {"type": "image_url", "image_url": {"url": "data:,"}},
+                        ],
+                    }
+                ]
+            },
+            "messages[0].content[1].type",
+            "text-only",
+        ),
+    ],
+)
+def test_request_fields_the_cluster_cannot_honour(extra: dict, param: str, words: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        _chat_request({"messages": HELLO, **extra})
+    assert (caught.value.status, caught.value.param) == (400, param)
+    assert words in caught.value.message
+
+
+def test_empty_unsupported_fields_mean_nothing() -> None:
+    parsed = _chat_request(
+        {
+            "messages": HELLO,
+            "modalities": ["text"],
+            "functions": [],
+            "audio": None,
+            "user": "me",
+            "parallel_tool_calls": True,
+        }
+    )
+    assert parsed.messages[0].text() == "Hi"  # type: ignore[attr-defined]

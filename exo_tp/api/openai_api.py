@@ -23,6 +23,7 @@ from exo_tp.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     refuse_unsupported,
+    without_harmless,
 )
 from exo_tp.api.openai_shapes import (
     ChatLogprobs,
@@ -51,6 +52,7 @@ async def _parsed(request: web.Request, schema: type[Any]) -> Any:
     body = await read_body(request)
     if isinstance(body, dict):
         refuse_unsupported(body)
+        body = without_harmless(body)  # e.g. "modalities": ["text"], "functions": []
     return validate(schema, body)
 
 

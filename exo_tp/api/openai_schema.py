@@ -21,6 +21,27 @@ CONTEXT_SIZE_LIMIT = 2**31 - 1  # mlx slices token history with 32-bit indices
 SEED_RANGE = (-(2**63), 2**64)  # int64 like OpenAI, or any uint64 like mx.random.seed
 PENALTY_LIMIT = 100.0  # larger additive penalties only push logits to +-inf (NaN probabilities)
 MIN_REPETITION_PENALTY = 0.01  # smaller divisors overflow float32 logits
+# apply_chat_template's own arguments: a request may set template variables, not these (a
+# client's own "chat_template" would run arbitrary template code on the API's thread)
+RENDER_ARGUMENTS = frozenset(
+    {
+        "chat_template",
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "return_tensors",
+        "return_assistant_tokens_mask",
+        "padding",
+        "truncation",
+        "max_length",
+        "tokenizer_kwargs",
+    }
+)
 
 
 class _Strict(BaseModel):
@@ -245,6 +266,16 @@ class ChatCompletionRequest(_Generation):
     role_mapping: dict[str, str] | None = None  # mlx_lm.server: for models without a template
     prediction: dict[str, Any] | None = None  # a latency hint; the answer is the same
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in kwargs or {}:
+            if key in RENDER_ARGUMENTS:
+                raise ValueError(
+                    f"{key!r} is an argument of the template renderer, not a template variable"
+                )
+        return kwargs
+
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
@@ -364,7 +395,8 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def without_harmless(body: dict[str, Any]) -> dict[str, Any]:
-    """The body without the unsupported fields that were sent empty (they mean nothing)."""
+    """The body without the unsupported fields (after `refuse_unsupported`: those sent empty,
+    which mean nothing)."""
     return {k: v for k, v in body.items() if k not in _CANNOT}
 
 
