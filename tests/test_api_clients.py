@@ -80,7 +80,7 @@ def _ids(logprobs: Any) -> list[int]:
 
 # ---- sampling --------------------------------------------------------------------------------
 
-TOKENS = 6  # generated per sampling request
+TOKENS = 8  # generated per sampling request (the penalties first change token 7)
 GREEDY_FIRST = 504  # "The": the greedy first token of the story (checked in the test)
 SAMPLING_CASES = {
     # name: (request fields, the same in mlx_lm.server's terms)
