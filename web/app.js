@@ -14,6 +14,7 @@ const $ = (id) => document.getElementById(id);
 const chat = new Chat({
   form: $("chat-form"), input: $("chat-input"), model: $("chat-model"),
   maxTokens: $("chat-max-tokens"), temperature: $("chat-temperature"), send: $("chat-send"),
+  logprobs: $("chat-logprobs"), tools: $("chat-tools"),
   clear: $("chat-clear"), messages: $("messages"), stats: $("chat-stats"), error: $("chat-error"),
 });
 

@@ -1,8 +1,9 @@
-// The chat panel: streams an answer token by token and shows the generation speed live.
+// The chat panel: streams an answer token by token and shows the generation speed live; shows
+// the tool calls an answer makes and, when asked, each token's log-probability on hover.
 
 import { ApiError, streamChat } from "./api.js";
 import { h } from "./dom.js";
-import { count, seconds } from "./format.js";
+import { count, percent, seconds } from "./format.js";
 
 // Decode speed: tokens after the first over the time since the first (prefill excluded).
 function decodeRate(tokens, firstAt, now) {
@@ -64,15 +65,28 @@ export class Chat {
     const temperature = number(this.el.temperature);
     if (maxTokens !== null) body.max_tokens = maxTokens;
     if (temperature !== null) body.temperature = temperature;
+    if (this.el.logprobs.checked) {
+      body.logprobs = true;
+      body.top_logprobs = TOP_LOGPROBS;
+    }
+    const tools = this.el.tools.value.trim();
+    if (tools) {
+      try {
+        body.tools = JSON.parse(tools);
+      } catch (error) {
+        throw new ApiError(`the tools are not valid JSON: ${error.message}`);
+      }
+    }
     return body;
   }
 
   bubble(role, text) {
     this.el.messages.querySelector(".empty")?.remove();
     const content = h("div", { class: "content" }, text);
-    const element = h("div", { class: `message ${role}`, dataset: { role } }, content);
+    const calls = h("div", { class: "tool-calls" });
+    const element = h("div", { class: `message ${role}`, dataset: { role } }, content, calls);
     this.el.messages.append(element);
-    return { element, content };
+    return { element, content, calls };
   }
 
   stats(parts, tps) {
@@ -85,8 +99,15 @@ export class Chat {
     const text = this.el.input.value.trim();
     if (!text) return;
     this.showError(null);
-    this.el.input.value = "";
     const messages = [...this.history, { role: "user", content: text }];
+    let body;
+    try {
+      body = this.body(messages);
+    } catch (error) {
+      this.showError(error);
+      return;
+    }
+    this.el.input.value = "";
     this.bubble("user", text);
     const answer = this.bubble("assistant", "");
     answer.element.dataset.state = "waiting";
@@ -99,19 +120,26 @@ export class Chat {
     let usage = null;
     let finish = null;
     let reply = "";
+    const calls = new ToolCalls(answer.calls);
+    const scores = new TokenScores(answer.content);
     this.stats(["waiting for the first token…"]);
     try {
-      for await (const chunk of streamChat(this.body(messages), this.controller.signal)) {
+      for await (const chunk of streamChat(body, this.controller.signal)) {
         if (chunk.usage) usage = chunk.usage;
         for (const choice of chunk.choices || []) {
           if (choice.finish_reason) finish = choice.finish_reason;
+          scores.add(choice.logprobs?.content);
+          const called = calls.add(choice.delta?.tool_calls);
+          if (called) scores.drop(); // those tokens spelled the tool call
           const delta = choice.delta?.content;
-          if (!delta) continue;
+          if (!delta && !called) continue;
           const now = performance.now();
           firstAt ??= now;
           tokens += 1;
-          reply += delta;
-          answer.content.textContent = reply;
+          if (delta) {
+            reply += delta;
+            scores.text(delta);
+          }
           answer.element.dataset.state = "streaming";
           const tps = decodeRate(tokens, firstAt, now);
           this.stats([`${count(tokens)} tokens`, tps ? `${tps.toFixed(1)} tok/s` : "… tok/s",
@@ -127,11 +155,11 @@ export class Chat {
         usage ? `prompt ${count(usage.prompt_tokens)}` : null, finish ? `finish: ${finish}` : null],
       tps);
       answer.element.dataset.state = "done";
-      this.history = [...messages, { role: "assistant", content: reply }];
+      this.history = [...messages, calls.message(reply)];
     } catch (error) {
       if (error.name === "AbortError") {
         answer.element.dataset.state = "stopped";
-        this.history = [...messages, { role: "assistant", content: reply }];
+        this.history = [...messages, calls.message(reply)];
         this.stats([`stopped after ${count(tokens)} tokens`]);
       } else {
         answer.element.dataset.state = "error";
@@ -147,5 +175,84 @@ export class Chat {
       this.el.send.textContent = "Send";
       this.el.send.classList.remove("stop");
     }
+  }
+}
+
+const TOP_LOGPROBS = 5;
+
+// One span per streamed piece of text; with log-probabilities, its tokens' scores and the
+// likeliest alternatives show on hover (the page's shared tooltip reads data-tip).
+class TokenScores {
+  constructor(content) {
+    this.content = content;
+    this.pending = [];
+  }
+
+  add(entries) {
+    if (entries) this.pending.push(...entries);
+  }
+
+  drop() {
+    this.pending = [];
+  }
+
+  text(piece) {
+    const scored = this.pending;
+    this.pending = [];
+    if (scored.length === 0) {
+      this.content.append(piece);
+      return;
+    }
+    const tip = scored.map((entry) => {
+      const alternatives = (entry.top_logprobs || []).map((alt) =>
+        `  ${JSON.stringify(alt.token)}  ${alt.logprob.toFixed(3)}`);
+      return [`${JSON.stringify(entry.token)}  logprob ${entry.logprob.toFixed(3)} ` +
+        `(p ${percent(Math.exp(entry.logprob))})`, ...alternatives].join("\n");
+    }).join("\n\n");
+    this.content.append(h("span", { class: "token", tabindex: 0, "data-tip": tip,
+      dataset: { logprob: scored[0].logprob.toFixed(4) } }, piece));
+  }
+}
+
+// Tool calls as they stream in (by index: name and id first, arguments in pieces), each shown
+// as a call card; the assistant turn keeps them for the next request.
+class ToolCalls {
+  constructor(element) {
+    this.element = element;
+    this.calls = [];
+  }
+
+  add(deltas) {
+    if (!deltas || deltas.length === 0) return false;
+    for (const delta of deltas) {
+      const index = delta.index ?? this.calls.length;
+      const call = this.calls[index] ??= { id: "", type: "function",
+        function: { name: "", arguments: "" } };
+      if (delta.id) call.id = delta.id;
+      if (delta.function?.name) call.function.name += delta.function.name;
+      if (delta.function?.arguments) call.function.arguments += delta.function.arguments;
+    }
+    this.render();
+    return true;
+  }
+
+  render() {
+    this.element.replaceChildren(...this.calls.map((call) => {
+      let args = call.function.arguments;
+      try {
+        args = JSON.stringify(JSON.parse(args), null, 2);
+      } catch {
+        // still streaming (or not JSON): show it as it came
+      }
+      return h("div", { class: "tool-call", dataset: { name: call.function.name, id: call.id } },
+        h("div", { class: "tool-name" }, "tool call ", h("b", {}, call.function.name)),
+        h("pre", { class: "tool-args" }, args));
+    }));
+  }
+
+  message(content) {
+    const message = { role: "assistant", content };
+    if (this.calls.length) message.tool_calls = this.calls;
+    return message;
   }
 }

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.runtime.messages import Delta, Done, GenerateRequest
 
 
@@ -15,6 +16,8 @@ class Backend(Protocol):
     model: str  # the model id this cluster serves now
     tokenizer: TokenizerWrapper
     context_length: int
+    vocab_size: int  # the model's logits width: valid token ids are below it
+    defaults: GenerationDefaults  # what a request that omits a field gets
     started: float  # unix time the node started
 
     def health(self) -> dict[str, Any]:

@@ -46,9 +46,12 @@ def _headers_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
 
 
-async def pass_through(request: web.Request, url: str, body: Any) -> web.StreamResponse:
+async def pass_through(
+    request: web.Request, url: str, body: Any, extra_headers: dict[str, str] | None = None
+) -> web.StreamResponse:
     """POST ``body`` to ``url`` (the leader's same endpoint) and answer with its response."""
     headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
+    headers.update(extra_headers or {})
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=3)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:

@@ -18,9 +18,13 @@ import exo_tp
 from exo_tp.api.errors import ApiError
 
 # Explicit types: ES modules must be served as JavaScript whatever the system's mimetypes say.
-CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
-                 ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml",
-                 ".png": "image/png"}
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
 # Revalidate every time (ETag, 304) so a node that was upgraded never serves a stale mix.
 NO_CACHE = {"Cache-Control": "no-cache"}
 
@@ -41,8 +45,12 @@ def ui_files(directory: Path) -> dict[str, Path]:
     files = {}
     for entry in sorted(root.iterdir()):
         real = entry.resolve()
-        if (entry.suffix in CONTENT_TYPES and not entry.name.startswith(".")
-                and real.parent == root and real.is_file()):
+        if (
+            entry.suffix in CONTENT_TYPES
+            and not entry.name.startswith(".")
+            and real.parent == root
+            and real.is_file()
+        ):
             files[entry.name] = real
     return files
 
@@ -54,13 +62,15 @@ def web_routes(directory: Path | None = None) -> web.RouteTableDef:
 
     def serve(name: str) -> web.FileResponse:
         if directory is None:
-            raise ApiError(404, "the web UI files are missing from this installation",
-                           code="not_found")
+            raise ApiError(
+                404, "the web UI files are missing from this installation", code="not_found"
+            )
         path = files.get(name)
         if path is None:
             raise ApiError(404, f"no such UI file: {name[:100]}", code="not_found")
-        return web.FileResponse(path, headers={
-            **NO_CACHE, "Content-Type": CONTENT_TYPES[path.suffix]})
+        return web.FileResponse(
+            path, headers={**NO_CACHE, "Content-Type": CONTENT_TYPES[path.suffix]}
+        )
 
     @routes.get("/")
     async def index(request: web.Request) -> web.FileResponse:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from typing import Any
 
 
 def _int_at_least(text: str, least: int) -> int:
@@ -88,3 +90,15 @@ def int_list(text: str, what: str) -> list[int]:
     if any(v < 1 for v in values):
         raise ExoTpError(f"{what} {text!r} must all be at least 1")
     return values
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """``'{"enable_thinking": false}'`` -> a dict."""
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a JSON object like "
+                                         '\'{"enable_thinking": false}\'')
+    return value

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import secrets
 import signal
@@ -23,7 +24,9 @@ from typing import TYPE_CHECKING
 from exo_tp.addresses import is_loopback
 from exo_tp.cli.args import (
     int_list,
+    json_object,
     non_negative_float,
+    non_negative_int,
     positive_int,
     weight_list,
 )
@@ -36,6 +39,7 @@ from exo_tp.cli.security_args import (
 
 if TYPE_CHECKING:
     from exo_tp.api.access import ApiAccess
+    from exo_tp.api.defaults import GenerationDefaults
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.runtime.job import ServingOptions
 
@@ -105,7 +109,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-nodes", type=positive_int,
                    help="run a whole cluster of N nodes on this machine")
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
+    add_generation_defaults(p)
     p.set_defaults(handler=run)
+
+
+def add_generation_defaults(p: argparse.ArgumentParser) -> None:
+    """What a request that omits a field gets: mlx_lm.server's flags, names and defaults."""
+    group = p.add_argument_group("generation defaults (for requests that omit the field)")
+    group.add_argument("--temp", type=non_negative_float, default=0.0,
+                       help="sampling temperature (default: 0.0, greedy)")
+    group.add_argument("--top-p", type=non_negative_float, default=1.0,
+                       help="nucleus sampling top-p (default: 1.0, off)")
+    group.add_argument("--top-k", type=non_negative_int, default=0,
+                       help="top-k sampling (default: 0, off)")
+    group.add_argument("--min-p", type=non_negative_float, default=0.0,
+                       help="min-p sampling (default: 0.0, off)")
+    group.add_argument("--max-tokens", type=positive_int, default=512,
+                       help="maximum tokens to generate (default: 512)")
+    group.add_argument("--chat-template-args", type=json_object, default={},
+                       help="JSON object of extra chat template arguments, e.g. "
+                            "'{\"enable_thinking\": false}'")
+
+
+def generation_defaults(args: argparse.Namespace) -> GenerationDefaults:
+    from pydantic import ValidationError
+
+    from exo_tp.api.defaults import GenerationDefaults
+    from exo_tp.errors import ExoTpError
+
+    try:
+        return GenerationDefaults(temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+                                  min_p=args.min_p, max_tokens=args.max_tokens,
+                                  chat_template_args=args.chat_template_args)
+    except ValidationError as error:
+        first = error.errors()[0]
+        flag = {"temperature": "--temp", "top_p": "--top-p",
+                "min_p": "--min-p"}.get(str(first["loc"][0]), str(first["loc"][0]))
+        raise ExoTpError(f"{flag}: {first['msg']}") from None
+
+
+def generation_flags(args: argparse.Namespace) -> list[str]:
+    """The generation defaults as flags again, for the nodes of a local cluster."""
+    return ["--temp", str(args.temp), "--top-p", str(args.top_p), "--top-k", str(args.top_k),
+            "--min-p", str(args.min_p), "--max-tokens", str(args.max_tokens),
+            "--chat-template-args", json.dumps(args.chat_template_args)]
 
 
 def default_host() -> str:
@@ -152,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         from exo_tp.errors import ExoTpError
 
         raise ExoTpError("--profiles is for --local-nodes; a single node takes --profile")
+    generation_defaults(args)  # a bad value is one readable error before anything starts
     if args.local_nodes:
         return _run_local(args)
     host = args.host or default_host()
@@ -214,7 +262,7 @@ def _run_local(args: argparse.Namespace) -> int:
     serving_options(args)  # a bad value is one readable error here, not N dead nodes
     if args.max_queue < 0:
         raise ExoTpError("--max-queue must be 0 or more")
-    extra = ["--backend", args.backend, *serving_flags(args)] + (
+    extra = ["--backend", args.backend, *serving_flags(args), *generation_flags(args)] + (
         ["--stages", args.stages] if args.stages else [])
     if args.adapter_path:
         extra += ["--adapter-path", args.adapter_path]
@@ -284,6 +332,7 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
         serving=serving_options(args), max_queue=args.max_queue,
         adapter_path=adapter_folder(args.adapter_path),
         stall_timeout=args.stall_timeout,
+        defaults=generation_defaults(args),
     )
     node = Node(config, NodeWeights(config.node_id, secret, folders),
                 profile.summary() if profile else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exo_tp.api.access import ApiAccess
+from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.node.backend_choice import Requested
 from exo_tp.runtime.job import DType, ServingOptions
 
@@ -30,6 +31,7 @@ class NodeConfig:
     max_queue: int = 64  # requests waiting beyond the batch before 429s
     stall_timeout: float = 30.0  # a rank making no progress this long fails its epoch
     adapter_path: str | None = None  # an mlx-lm LoRA adapter applied to every shard
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # API defaults
     access: ApiAccess = field(default_factory=ApiAccess)  # public API key and CORS origins
 
     @property

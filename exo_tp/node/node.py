@@ -23,6 +23,7 @@ from aiohttp import web
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp import __version__
+from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.errors import ApiError
 from exo_tp.api.routes import build_public_app
 from exo_tp.api.views import plan_view
@@ -258,6 +259,14 @@ class Node:
     @property
     def context_length(self) -> int:
         return self._prepared().spec.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self._prepared().spec.vocab_size
+
+    @property
+    def defaults(self) -> GenerationDefaults:
+        return self.config.defaults
 
     def models_view(self) -> list[dict[str, Any]]:
         """/v1/models: every model a member has the files of (one at a time is served)."""

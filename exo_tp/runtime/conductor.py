@@ -32,7 +32,7 @@ from exo_tp.runtime.messages import (
     RequestFailed,
     Tokens,
 )
-from exo_tp.runtime.sampling import make_request_processors, make_request_sampler, token_logprob
+from exo_tp.runtime.sampling import request_processors, request_sampler, token_logprob
 from exo_tp.runtime.stop_strings import StopMatcher
 from exo_tp.shard.collectives import broadcast_from_first
 
@@ -132,12 +132,12 @@ class Conductor:
         if not request.tokens or not all(0 <= t < self.vocab_size for t in request.tokens):
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         params = request.sampling
-        if params.top_k > self.vocab_size:
-            raise ValueError(f"top_k must be at most the vocabulary size {self.vocab_size}")
+        if params.top_k >= self.vocab_size:
+            raise ValueError(f"top_k must be below the vocabulary size {self.vocab_size}")
         if params.logit_bias and not all(0 <= t < self.vocab_size for t in params.logit_bias):
             raise ValueError(f"logit_bias token ids must be in [0, {self.vocab_size})")
-        sampler = make_request_sampler(params, self.tokenizer)
-        processors = make_request_processors(params)
+        sampler = request_sampler(params, self.tokenizer)
+        processors = request_processors(params)
         key = None
         if params.seed is not None:
             outside = mx.random.state[0]
@@ -265,6 +265,6 @@ class Conductor:
         self.source.send(Done(
             id=entry.request.id, finish_reason=reason,
             prompt_tokens=len(entry.request.tokens), completion_tokens=entry.generated,
-            cached_tokens=entry.cached,
+            cached_tokens=entry.cached, stop_string=entry.stops.matched,
             prompt_seconds=(entry.first_token or now) - entry.started,
             seconds=now - entry.started))

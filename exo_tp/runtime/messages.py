@@ -109,6 +109,7 @@ class Done(Frozen):
     kind: Literal["done"] = "done"
     id: str
     finish_reason: FinishReason
+    stop_string: str | None = None  # the request's stop string that ended it, if one did
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV cache came from the prompt cache

@@ -1,38 +1,58 @@
-"""A request's sampler, logits processors and reported log-probabilities, built with mlx-lm's
-own functions exactly as mlx_lm.server builds them."""
+"""A request's sampling as mlx-lm does it: its sampler, its logits processors, and the
+log-probabilities it reports (the same calls and arguments as mlx_lm.server)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
-from mlx_lm.sample_utils import LogitsProcessor, Sampler, make_logits_processors, make_sampler
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.runtime.messages import SamplingParams, TokenLogprob
 
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
-def make_request_sampler(params: SamplingParams, tokenizer: TokenizerWrapper) -> Sampler:
+
+def request_sampler(params: SamplingParams, tokenizer: TokenizerWrapper) -> Sampler:
+    """mlx-lm's sampler for these parameters (XTC spares newline and end tokens, as in
+    mlx_lm.server)."""
     return make_sampler(
-        params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
-        xtc_probability=params.xtc_probability, xtc_threshold=params.xtc_threshold,
+        params.temperature,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        top_k=params.top_k,
+        xtc_probability=params.xtc_probability,
+        xtc_threshold=params.xtc_threshold,
         xtc_special_tokens=tokenizer.encode("\n") + list(tokenizer.eos_token_ids),
     )
 
 
-def make_request_processors(params: SamplingParams) -> list[LogitsProcessor]:
+def request_processors(params: SamplingParams) -> list[LogitsProcessor]:
+    """mlx-lm's logits processors: logit bias, then repetition, presence and frequency
+    penalties over their own context sizes."""
     return make_logits_processors(
-        params.logit_bias, params.repetition_penalty, params.repetition_context_size,
-        params.presence_penalty, params.presence_context_size, params.frequency_penalty,
+        params.logit_bias,
+        params.repetition_penalty,
+        params.repetition_context_size,
+        params.presence_penalty,
+        params.presence_context_size,
+        params.frequency_penalty,
         params.frequency_context_size,
     )
 
 
 def token_logprob(logprobs: mx.array, token: int, top: int) -> TokenLogprob:
-    """``token``'s log-probability in ``logprobs`` (one step, the whole vocabulary) and the
-    ``top`` most likely tokens, most likely first."""
-    best: tuple[tuple[int, float], ...] = ()
-    if top > 0:
-        ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
-        values = logprobs[ids]
-        order = mx.argsort(-values)
-        best = tuple(zip(ids[order].tolist(), values[order].tolist(), strict=True))
-    return TokenLogprob(token=token, logprob=logprobs[token].item(), top=best)
+    """The chosen token's log-probability and the ``top`` most likely tokens with theirs,
+    most likely first, from one step's log-probabilities over the full vocabulary (what
+    mlx-lm's generation loop returns: after the logits processors)."""
+    row = logprobs.reshape(-1).astype(mx.float32)
+    chosen = row[token].item()
+    if top <= 0:
+        return TokenLogprob(token=token, logprob=chosen)
+    best = mx.argpartition(-row, kth=top - 1)[:top]
+    values = row[best]
+    order = mx.argsort(-values)
+    ids, scores = best[order].tolist(), values[order].tolist()
+    return TokenLogprob(token=token, logprob=chosen, top=tuple(zip(ids, scores, strict=True)))

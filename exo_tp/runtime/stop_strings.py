@@ -10,17 +10,19 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found (the earliest one)
 
     def feed(self, text: str) -> str:
         """Text that can be emitted now; sets ``stopped`` once a stop sequence appeared."""
         if self.stopped:
             return ""
         buffer = self._pending + text
-        hits = [buffer.find(s) for s in self.stops if s in buffer]
+        hits = [(buffer.find(s), s) for s in self.stops if s in buffer]
         if hits:
+            at, self.matched = min(hits)
             self.stopped = True
             self._pending = ""
-            return buffer[: min(hits)]
+            return buffer[:at]
         hold = max((self._overlap(buffer, s) for s in self.stops), default=0)
         self._pending = buffer[len(buffer) - hold:] if hold else ""
         return buffer[: len(buffer) - hold]

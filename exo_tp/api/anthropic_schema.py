@@ -1,0 +1,231 @@
+"""Anthropic Messages API request bodies, and their translation into the chat messages and tools
+(OpenAI's shape) that chat templates take."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from exo_tp.api.openai_schema import MAX_STOP_CHARS
+
+MAX_STOP_SEQUENCES = 16
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class _Block(BaseModel):
+    # blocks may carry hints such as cache_control or citations: they change no answer here
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str
+    name: str = Field(min_length=1)
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(block.text for block in self.content)
+
+
+class ThinkingBlock(_Block):
+    """Reasoning of an earlier turn: not shown to the model again (as Anthropic does)."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+_BLOCKS: dict[str, type[BaseModel]] = {
+    "text": TextBlock,
+    "tool_use": ToolUseBlock,
+    "tool_result": ToolResultBlock,
+    "thinking": ThinkingBlock,
+    "redacted_thinking": ThinkingBlock,
+}
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _blocks(cls, content: Any) -> Any:
+        """Each block by its ``type``, with a clear error for kinds this cluster lacks."""
+        if not isinstance(content, list):
+            return content
+        blocks = []
+        for i, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            model = _BLOCKS.get(kind) if isinstance(kind, str) else None
+            if model is None:
+                raise ValueError(
+                    f"content block {i} of type {kind!r} is not supported: this "
+                    "cluster serves a text-only model (text, tool_use and "
+                    "tool_result blocks)"
+                )
+            try:
+                blocks.append(model.model_validate(block))
+            except ValidationError as error:
+                first = error.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"content block {i}: {where}: {first['msg']}") from None
+        return blocks
+
+
+class CustomTool(_Block):
+    type: Literal["custom"] | None = None
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> ToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError("a tool_choice of type 'tool' needs a 'name'")
+        return self
+
+
+class Thinking(_Strict):
+    type: Literal["disabled"]  # extended thinking budgets are not supported
+
+
+class Metadata(_Strict):
+    user_id: str | None = None
+
+
+class OutputConfig(_Strict):
+    effort: str | None = None  # a hint for thinking models; this cluster's answer is the same
+    format: None = None  # structured (JSON schema) output needs constrained decoding: not here
+
+
+class _Conversation(_Strict):
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[CustomTool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The conversation as chat-template messages: tool results become ``tool``
+        messages, tool uses the assistant's ``tool_calls``."""
+        out: list[dict[str, Any]] = []
+        if self.system:
+            system = (
+                self.system
+                if isinstance(self.system, str)
+                else "\n".join(b.text for b in self.system)
+            )
+            out.append({"role": "system", "content": system})
+        for message in self.messages:
+            if isinstance(message.content, str):
+                out.append({"role": message.role, "content": message.content})
+                continue
+            text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+            if message.role == "user":
+                out += [
+                    {"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
+                    for b in message.content
+                    if isinstance(b, ToolResultBlock)
+                ]
+                if text or not any(isinstance(b, ToolResultBlock) for b in message.content):
+                    out.append({"role": "user", "content": text})
+                continue
+            calls = [
+                {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
+                for b in message.content
+                if isinstance(b, ToolUseBlock)
+            ]
+            reply: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                reply["tool_calls"] = calls
+            out.append(reply)
+        return out
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        if not self.tools:
+            return None
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    **({"description": t.description} if t.description else {}),
+                    "parameters": t.input_schema,
+                },
+            }
+            for t in self.tools
+        ]
+
+    def chat_tool_choice(self) -> str | dict[str, Any] | None:
+        choice = self.tool_choice
+        if choice is None:
+            return None
+        if choice.type == "tool":
+            return {"type": "function", "function": {"name": choice.name}}
+        return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+class CountTokensRequest(_Conversation):
+    pass
+
+
+class MessagesRequest(_Conversation):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    stream: bool = False
+    output_config: OutputConfig | None = None
+    # bookkeeping and hints that change nothing in the answer
+    metadata: Metadata | None = None
+    service_tier: str | None = None
+    cache_control: dict[str, Any] | None = None
+    speed: str | None = None
+    inference_geo: str | None = None
+    diagnostics: dict[str, Any] | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stops(cls, stops: list[str] | None) -> list[str] | None:
+        if stops and len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if stops and any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences are at most {MAX_STOP_CHARS} characters")
+        return stops

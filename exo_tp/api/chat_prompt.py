@@ -1,0 +1,125 @@
+"""Prompts as mlx_lm.server builds them: a conversation (with its tools) through the model's chat
+template, or a plain completion prompt, into token ids; plus where the answer starts (normal
+text, reasoning, or inside a forced tool call)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.server import convert_chat, process_message_content
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from exo_tp.api.errors import ApiError
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """What a request says about tools: the definitions rendered into the prompt (OpenAI
+    shape), and whether a tool call must come first (``tool_choice`` "required" or named)."""
+
+    tools: list[dict[str, Any]] | None = None
+    forced: bool = False
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    initial_state: str = "normal"  # the answer's first state: normal, reasoning or tool
+    tools: list[dict[str, Any]] | None = None  # tool calls in the answer are parsed for these
+
+
+def choose_tools(
+    tools: list[dict[str, Any]] | None,
+    choice: str | dict[str, Any] | None,
+    tokenizer: TokenizerWrapper,
+) -> ToolUse:
+    """OpenAI's ``tool_choice`` over the request's tools: "none" renders none; "required"
+    makes the answer start with a tool call; a named function also offers only that one."""
+    if choice == "none" or not tools:
+        if isinstance(choice, dict) or choice == "required":
+            raise ApiError(
+                400, "Invalid value for 'tool_choice': it requires 'tools'.", param="tool_choice"
+            )
+        return ToolUse()
+    if not tokenizer.has_tool_calling:
+        raise ApiError(
+            400,
+            "This model does not support tools: its chat template has no tool "
+            "calling format that mlx-lm knows.",
+            param="tools",
+            code="tools_not_supported",
+        )
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        named = [t for t in tools if t["function"]["name"] == name]
+        if not named:
+            raise ApiError(
+                400,
+                f"Invalid value for 'tool_choice': no tool named {name!r} in 'tools'.",
+                param="tool_choice",
+            )
+        return ToolUse(named, forced=True)
+    return ToolUse(tools, forced=choice == "required")
+
+
+def render_chat(
+    tokenizer: TokenizerWrapper,
+    messages: list[dict[str, Any]],
+    use: ToolUse,
+    template_args: dict[str, Any],
+    role_mapping: dict[str, str] | None = None,
+) -> Prompt:
+    """Token ids of the conversation, rendered exactly as mlx_lm.server renders it."""
+    messages = copy.deepcopy(messages)
+    process_message_content(messages)  # text parts joined, tool-call arguments as objects
+    if not tokenizer.has_chat_template:
+        tokens = tokenizer.encode(convert_chat(messages, role_mapping))
+        return Prompt(tokens=_token_list(tokens))
+    try:
+        tokens = tokenizer.apply_chat_template(
+            messages, tools=use.tools, tokenize=True, add_generation_prompt=True, **template_args
+        )
+    except Exception as error:  # the template may refuse a conversation's shape or arguments
+        message = str(error).strip() or type(error).__name__
+        raise ApiError(
+            400,
+            f"The model's chat template rejected the request: {message[:500]}",
+            param="messages",
+        ) from None
+    tokens = _token_list(tokens)
+    state = _initial_state(tokenizer, tokens)
+    if use.forced:  # the answer starts inside a tool call
+        tokens += list(tokenizer.tool_call_start_tokens)
+        state = "tool"
+    return Prompt(tokens=tokens, initial_state=state, tools=use.tools)
+
+
+def _initial_state(tokenizer: TokenizerWrapper, tokens: list[int]) -> str:
+    """mlx_lm.server's choice: reasoning when the prompt leaves a thinking block open."""
+    state = "normal"
+    if tokenizer.has_thinking and tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(
+        tokens
+    ):
+        state = "reasoning"
+    return tokenizer.response_initial_state or state
+
+
+def _token_list(tokens: Any) -> list[int]:
+    if isinstance(tokens, dict):  # chat_template_kwargs asked for a dict
+        tokens = tokens.get("input_ids")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise ApiError(
+            400,
+            "The model's chat template did not give token ids; check chat_template_kwargs.",
+            param="chat_template_kwargs",
+        )
+    return list(tokens)
+
+
+def completion_prompt(tokenizer: TokenizerWrapper, prompt: str | list[int]) -> list[int]:
+    """A plain completion's token ids: its text encoded as mlx_lm.server does, or the ids."""
+    if isinstance(prompt, list):
+        return list(prompt)
+    return list(tokenizer.encode(prompt))

@@ -1,0 +1,99 @@
+"""A validated API request as the runtime's `GenerateRequest`: server defaults for what the
+client left out, and every value checked against this model (vocabulary, context) so that
+nothing a worker could choke on ever leaves the API."""
+
+from __future__ import annotations
+
+import uuid
+
+from exo_tp.api.backend import Backend
+from exo_tp.api.errors import ApiError
+from exo_tp.api.openai_schema import SamplingFields
+from exo_tp.runtime.messages import GenerateRequest, SamplingParams
+
+# Below this a temperature divides logits into infinities; its limit is greedy decoding.
+MIN_TEMPERATURE = 1e-6
+
+
+def check_token_ids(tokens: list[int], vocab_size: int, param: str) -> None:
+    for i, token in enumerate(tokens):
+        if not 0 <= token < vocab_size:
+            raise ApiError(
+                400,
+                f"Invalid value for '{param}': token id {token} at position {i} "
+                f"is outside this model's vocabulary (0 to {vocab_size - 1}).",
+                param=param,
+            )
+
+
+def sampling_params(
+    node: Backend, fields: SamplingFields, max_tokens: int, logprobs: bool, top_logprobs: int
+) -> SamplingParams:
+    """mlx_lm.server's reading of the fields (None takes the server's default)."""
+    defaults = node.defaults
+    temperature = defaults.temperature if fields.temperature is None else fields.temperature
+    top_p = defaults.top_p if fields.top_p is None else fields.top_p
+    top_k = defaults.top_k if fields.top_k is None else fields.top_k
+    min_p = defaults.min_p if fields.min_p is None else fields.min_p
+    bias = None
+    if fields.logit_bias:
+        bias = {int(key): value for key, value in fields.logit_bias.items()}
+        check_token_ids(sorted(bias), node.vocab_size, "logit_bias")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
+        top_p=top_p or 1.0,  # mlx-lm: 0 means off, like 1
+        top_k=0 if top_k >= node.vocab_size else top_k,  # keeping every token is no filter
+        min_p=min_p,
+        xtc_probability=fields.xtc_probability,
+        xtc_threshold=fields.xtc_threshold,
+        repetition_penalty=fields.repetition_penalty or None,
+        repetition_context_size=fields.repetition_context_size,
+        presence_penalty=fields.presence_penalty or None,
+        presence_context_size=fields.presence_context_size,
+        frequency_penalty=fields.frequency_penalty or None,
+        frequency_context_size=fields.frequency_context_size,
+        logit_bias=bias,
+        seed=None if fields.seed is None else fields.seed % 2**64,  # int64 -> mx's uint64
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def token_budget(
+    node: Backend, prompt_tokens: int, wanted: int | None, prompt_param: str, max_param: str
+) -> int:
+    """How many tokens to generate: the request's number (which must fit the context with
+    the prompt), else the server default cut to what the context leaves."""
+    context = node.context_length
+    if prompt_tokens >= context:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {context} tokens; the "
+            f"prompt has {prompt_tokens}.",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    if wanted is not None and prompt_tokens + wanted > context:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {context} tokens; you "
+            f"requested {prompt_tokens + wanted} ({prompt_tokens} in the prompt, "
+            f"{wanted} to generate).",
+            param=max_param,
+            code="context_length_exceeded",
+        )
+    return wanted or min(node.defaults.max_tokens, context - prompt_tokens)
+
+
+def generate_request(
+    prefix: str, tokens: list[int], sampling: SamplingParams, stops: list[str]
+) -> GenerateRequest:
+    if not tokens:
+        raise ApiError(400, "The prompt is empty: it encodes to no tokens.", param="prompt")
+    return GenerateRequest(
+        id=f"{prefix}-{uuid.uuid4().hex[:24]}",
+        tokens=tuple(tokens),
+        sampling=sampling,
+        stop=tuple(stops),
+    )

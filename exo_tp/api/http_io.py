@@ -1,0 +1,73 @@
+"""Reading request bodies and writing server-sent events, shared by the OpenAI and Anthropic
+endpoints; tokenizer work off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from exo_tp.api.errors import ApiError
+from exo_tp.api.json_body import parse_json
+from exo_tp.api.openai_schema import validation_error
+
+MAX_BODY = 4 * 1024 * 1024
+T = TypeVar("T")
+Model = TypeVar("Model", bound=BaseModel)
+
+# One thread: chat templates and tokenizing a 4 MB prompt must not stall the event loop, and
+# Hugging Face tokenizers are not safe to use from several threads at once.
+_TOKENIZER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+
+
+async def off_loop(work: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, work, *args)
+
+
+async def read_body(request: web.Request) -> Any:
+    """The request's JSON (checked by `parse_json`); 413 past the size limit."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(
+            413, f"request body larger than {MAX_BODY} bytes", code="request_too_large"
+        ) from None
+    return parse_json(raw)
+
+
+def validate(model: type[Model], body: Any) -> Model:
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise validation_error(error) from None
+    except RecursionError:  # unreachable after parse_json's depth limit; kept as a backstop
+        raise ApiError(400, "request body is nested too deeply") from None
+
+
+class EventStream:
+    """A text/event-stream response: ``data:`` lines, optionally with ``event:`` names."""
+
+    def __init__(self, request: web.Request):
+        self._request = request
+        self.response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+
+    async def open(self) -> None:
+        await self.response.prepare(self._request)
+
+    async def send(self, payload: dict[str, Any] | str, event: str | None = None) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        head = f"event: {event}\n" if event else ""
+        await self.response.write(f"{head}data: {data}\n\n".encode())
+
+    async def close(self) -> web.StreamResponse:
+        await self.response.write_eof()
+        return self.response

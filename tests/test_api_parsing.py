@@ -1,0 +1,213 @@
+"""The API's pure parts, each against an independent reference: request bodies (malformed JSON
+a worker could choke on), the answer stream split into content and tool calls (against the
+tool calls written into the text), per-token log-probabilities (against mlx_lm.server's
+formatter) and token bytes (against the text they spell)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.server import _format_top_logprobs
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from tool_model import write_tool_model
+
+from exo_tp.api.answer_stream import AnswerStream
+from exo_tp.api.chat_prompt import Prompt
+from exo_tp.api.errors import ApiError
+from exo_tp.api.json_body import MAX_DEPTH, parse_json
+from exo_tp.api.token_text import TokenText
+from exo_tp.runtime.sampling import token_logprob
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested"),
+        (json.dumps({"a": [[[[[[[[[[[[[[1]]]]]]]]]]]]]] * 5}).encode(), None),
+        (b'{"temperature": NaN}', "NaN"),
+        (b'{"temperature": -Infinity}', "Infinity"),
+        (b'{"temperature": 1e999}', "too large"),
+        (b'{"seed": ' + b"9" * 5000 + b"}", "not valid JSON"),
+        (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
+        (b'{"stop": ["ok", "a\\udfffb"]}', "surrogate"),
+        (b'{"\\ud800": 1}', "surrogate"),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
+def test_bodies_a_worker_could_choke_on_are_400(raw: bytes, words: str | None) -> None:
+    if words is None:  # nesting well within the limit is fine
+        assert parse_json(raw)
+        return
+    with pytest.raises(ApiError) as caught:
+        parse_json(raw)
+    assert caught.value.status == 400 and words in caught.value.message
+
+
+def test_depth_limit_names_where() -> None:
+    deep: object = "x"
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(ApiError) as caught:
+        parse_json(json.dumps({"tools": deep}).encode())
+    assert caught.value.param == "tools[0][0]"
+    with pytest.raises(ApiError) as caught:
+        parse_json(b'{"messages": [{"role": "user", "content": "\\ud800"}]}')
+    assert caught.value.param == "messages[0].content"
+
+
+@pytest.fixture(scope="module")
+def tool_tokenizer(default_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    folder = write_tool_model(tmp_path_factory.mktemp("tool-model"), default_models["smollm2-135m"])
+    return load_tokenizer(folder)
+
+
+CALLS = [
+    {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}},
+    {"name": "get_time", "arguments": {"zone": "Europe/Paris"}},
+]
+TEXT = (
+    "Let me check. <tool_call>\n" + json.dumps(CALLS[0]) + "\n</tool_call>"
+    "<tool_call>\n" + json.dumps(CALLS[1]) + "\n</tool_call>"
+)
+
+
+def _token_stream(tokenizer, text: str) -> list[str]:
+    """The text as a worker streams it: token by token through mlx-lm's detokenizer."""
+    detokenizer = tokenizer.detokenizer
+    pieces = []
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        detokenizer.add_token(token)
+        pieces.append(detokenizer.last_segment)
+    detokenizer.finalize()
+    pieces.append(detokenizer.last_segment)
+    return pieces
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_tool_calls_come_out_of_the_token_stream(tool_tokenizer, streaming: bool) -> None:
+    assert tool_tokenizer.has_tool_calling
+    prompt = Prompt(
+        tokens=[1], tools=[{"type": "function", "function": {"name": c["name"]}} for c in CALLS]
+    )
+    answer = AnswerStream(tool_tokenizer, prompt, streaming=streaming)
+    content, calls = "", []
+    for piece in [answer.feed(text) for text in _token_stream(tool_tokenizer, TEXT)] + [
+        answer.finish("stop")
+    ]:
+        content += piece.content
+        calls += piece.tool_calls
+    assert content == "Let me check. "
+    assert [
+        {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+        for c in calls
+    ] == CALLS
+    assert all(c["type"] == "function" and c["id"] for c in calls)
+    assert [c.get("index") for c in calls] == ([0, 1] if streaming else [None, None])
+    assert answer.finish_reason("stop") == "tool_calls"
+
+
+def test_without_tools_the_call_stays_text(tool_tokenizer) -> None:
+    answer = AnswerStream(tool_tokenizer, Prompt(tokens=[1]), streaming=True)
+    pieces = [answer.feed(t) for t in _token_stream(tool_tokenizer, TEXT)]
+    pieces.append(answer.finish("stop"))
+    assert "".join(p.content for p in pieces) == TEXT
+    assert not any(p.tool_calls for p in pieces)
+    assert answer.finish_reason("stop") == "stop"
+
+
+def test_one_call_when_parallel_calls_are_off(tool_tokenizer) -> None:
+    prompt = Prompt(tokens=[1], tools=[])
+    answer = AnswerStream(tool_tokenizer, prompt, streaming=False, max_calls=1)
+    calls = [c for t in _token_stream(tool_tokenizer, TEXT) for c in answer.feed(t).tool_calls]
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+
+
+def test_token_logprob_matches_mlx_lm_server() -> None:
+    mx.random.seed(3)
+    logprobs = mx.log(mx.softmax(mx.random.normal((1, 1000)) * 3, axis=-1))
+    ours = token_logprob(logprobs, 17, 5)
+
+    class Ids:  # mlx_lm.server's formatter also names each token; any names do here
+        @staticmethod
+        def convert_ids_to_tokens(ids: list[int]) -> list[str]:
+            return [str(i) for i in ids]
+
+    reference = _format_top_logprobs(logprobs[0], 5, Ids())
+    assert ours.logprob == pytest.approx(logprobs[0, 17].item())
+    assert {t for t, _ in ours.top} == {r["id"] for r in reference}
+    assert dict(ours.top) == pytest.approx({r["id"]: r["logprob"] for r in reference})
+    assert [lp for _, lp in ours.top] == sorted((lp for _, lp in ours.top), reverse=True)
+
+
+def test_token_bytes_spell_the_text(tool_tokenizer) -> None:
+    text = "héllo 😀 <|im_end|>"
+    ids = tool_tokenizer.encode(text, add_special_tokens=False)
+    spell = TokenText(tool_tokenizer)
+    assert b"".join(spell(t)[1] for t in ids).decode() == text
+    assert any("\ufffd" in spell(t)[0] for t in ids)  # half an emoji is not a character
+
+
+HELLO = [{"role": "user", "content": "Hi"}]
+
+
+def _chat_request(body: dict) -> object:
+    from exo_tp.api.http_io import validate
+    from exo_tp.api.openai_schema import (
+        ChatCompletionRequest,
+        refuse_unsupported,
+        without_harmless,
+    )
+
+    refuse_unsupported(body)
+    return validate(ChatCompletionRequest, without_harmless(body))
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"audio": {"voice": "alloy"}}, "audio", "text model"),
+        ({"modalities": ["text", "audio"]}, "modalities", "text"),
+        ({"foo": 1}, "foo", "Unrecognized request argument supplied: foo"),
+        ({"n": 2}, "n", "n=1"),
+        ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs", "not a"),
+        ({"logit_bias": {"²": 1}}, "logit_bias", "token ids"),
+        ({"temperature": "0.5"}, "temperature", "valid number"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is it?"},
+                            {"type": "image_url", "image_url": {"url": "data:,"}},
+                        ],
+                    }
+                ]
+            },
+            "messages[0].content[1].type",
+            "text-only",
+        ),
+    ],
+)
+def test_request_fields_the_cluster_cannot_honour(extra: dict, param: str, words: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        _chat_request({"messages": HELLO, **extra})
+    assert (caught.value.status, caught.value.param) == (400, param)
+    assert words in caught.value.message
+
+
+def test_empty_unsupported_fields_mean_nothing() -> None:
+    parsed = _chat_request(
+        {
+            "messages": HELLO,
+            "modalities": ["text"],
+            "functions": [],
+            "audio": None,
+            "user": "me",
+            "parallel_tool_calls": True,
+        }
+    )
+    assert parsed.messages[0].text() == "Hi"  # type: ignore[attr-defined]
