@@ -129,6 +129,13 @@ class Channel(Generic[M]):
             return True  # a read would now return None at once
 
     def close(self) -> None:
+        """Close the link; the peer sees it at once, even while a thread here is blocked
+        reading it (closing the descriptor alone would wait for that read to return)."""
+        with contextlib.suppress(OSError):
+            if not self._conn.closed:
+                with socket.fromfd(self._conn.fileno(), socket.AF_INET,
+                                   socket.SOCK_STREAM) as view:
+                    view.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._conn.close()
 

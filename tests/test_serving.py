@@ -22,7 +22,7 @@ from helpers import mlx_lm_reference
 from openai import APIError, OpenAI
 
 MODEL = "smollm2-135m"
-TOKENS = 20
+TOKENS = 12
 PROMPTS = [
     "What is the capital of France?",
     "Name three primary colors.",
