@@ -79,11 +79,23 @@ def _single_device(model_dir: str) -> tuple:
     return model, tokenizer
 
 
+_references: dict[str, Reference] = {}
+
+
 def mlx_lm_reference(model_dir: Path, prompt: str, max_tokens: int,
                      chat_template: bool = True,
                      messages: list[dict[str, str]] | None = None) -> Reference:
     """What single-device mlx-lm computes (float32), built only from mlx-lm's own API
-    (``messages``: a whole conversation instead of one user ``prompt``)."""
+    (``messages``: a whole conversation instead of one user ``prompt``); each once per test
+    session (several modules ask the same question)."""
+    key = json.dumps([str(model_dir), prompt, max_tokens, chat_template, messages])
+    if key not in _references:
+        _references[key] = _reference(model_dir, prompt, max_tokens, chat_template, messages)
+    return _references[key]
+
+
+def _reference(model_dir: Path, prompt: str, max_tokens: int, chat_template: bool,
+               messages: list[dict[str, str]] | None) -> Reference:
     import mlx.core as mx
     from mlx_lm import stream_generate
 

@@ -25,7 +25,7 @@ from helpers import Reference, assert_logits_close, launch, mlx_lm_reference
 from tiny_models import write_tiny_model
 
 PROMPT = "Write a short poem about the sea."
-TOKENS = 10
+TOKENS = 5
 # Greedy steps of the references are decided by at least this much (see Reference.margins).
 MIN_MARGIN = 1e-3
 
