@@ -113,8 +113,9 @@ class Channel(Generic[M]):
         try:
             return self._incoming.validate_json(data)
         except ValidationError as error:
-            raise ChannelError(f"unexpected message from {self.peer or 'peer'}: "
-                               f"{error.errors()[0]['msg']}") from None
+            raise ChannelError(
+                f"unexpected message from {self.peer or 'peer'}: {error.errors()[0]['msg']}"
+            ) from None
 
     def recv_raw(self) -> bytes | None:
         try:
@@ -133,8 +134,7 @@ class Channel(Generic[M]):
         reading it (closing the descriptor alone would wait for that read to return)."""
         with contextlib.suppress(OSError):
             if not self._conn.closed:
-                with socket.fromfd(self._conn.fileno(), socket.AF_INET,
-                                   socket.SOCK_STREAM) as view:
+                with socket.fromfd(self._conn.fileno(), socket.AF_INET, socket.SOCK_STREAM) as view:
                     view.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._conn.close()
@@ -144,8 +144,7 @@ class Channel(Generic[M]):
         return self._conn.closed
 
 
-def connect(address: str, authkey: bytes, incoming: TypeAdapter[M],
-            timeout: float) -> Channel[M]:
+def connect(address: str, authkey: bytes, incoming: TypeAdapter[M], timeout: float) -> Channel[M]:
     """Connect to ``address`` ("host:port"), retrying until ``timeout`` while nobody listens."""
     deadline = time.monotonic() + timeout
     while True:
@@ -155,8 +154,9 @@ def connect(address: str, authkey: bytes, incoming: TypeAdapter[M],
             sock.settimeout(None)
             return Channel(_authenticated(sock, authkey, server=False), incoming, address)
         except AuthenticationError:
-            raise ConnectionRefusedError(f"{address} refused our key (another cluster secret?)")\
-                from None
+            raise ConnectionRefusedError(
+                f"{address} refused our key (another cluster secret?)"
+            ) from None
         except OSError:
             if time.monotonic() > deadline:
                 raise
@@ -167,8 +167,14 @@ class Listener(Generic[M]):
     """Accepts authenticated channels on ``address`` ("host:port"; port 0: any) and hands each
     to ``on_channel`` from its own thread; strangers are dropped and logged."""
 
-    def __init__(self, address: str, authkey: bytes, incoming: TypeAdapter[M],
-                 on_channel: Callable[[Channel[M]], None], name: str = "listener"):
+    def __init__(
+        self,
+        address: str,
+        authkey: bytes,
+        incoming: TypeAdapter[M],
+        on_channel: Callable[[Channel[M]], None],
+        name: str = "listener",
+    ):
         self._authkey, self._incoming, self._on_channel = authkey, incoming, on_channel
         self._name = name
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -190,15 +196,20 @@ class Listener(Generic[M]):
             if not self._pending.acquire(blocking=False):
                 sock.close()  # too many half-open connections: drop, the real ones retry
                 continue
-            threading.Thread(target=self._handshake, args=(sock, f"{peer[0]}:{peer[1]}"),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._handshake, args=(sock, f"{peer[0]}:{peer[1]}"), daemon=True
+            ).start()
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
         try:
             conn = _authenticated(sock, self._authkey, server=True)
         except (AuthenticationError, OSError, EOFError) as error:
-            log.warning("%s: refused a connection from %s: %s", self._name, peer,
-                        error or type(error).__name__)
+            log.warning(
+                "%s: refused a connection from %s: %s",
+                self._name,
+                peer,
+                error or type(error).__name__,
+            )
             with contextlib.suppress(OSError):
                 sock.close()
             return
@@ -214,8 +225,9 @@ class Listener(Generic[M]):
             self._sock.close()
 
 
-def accept_count(address: str, authkey: bytes, incoming: TypeAdapter[M], count: int,
-                 timeout: float, name: str) -> list[Channel[M]]:
+def accept_count(
+    address: str, authkey: bytes, incoming: TypeAdapter[M], count: int, timeout: float, name: str
+) -> list[Channel[M]]:
     """Listen on ``address`` until ``count`` peers connected (or fail after ``timeout``)."""
     arrived: list[Channel[M]] = []
     done = threading.Condition()
@@ -229,8 +241,9 @@ def accept_count(address: str, authkey: bytes, incoming: TypeAdapter[M], count: 
     try:
         with done:
             if not done.wait_for(lambda: len(arrived) >= count, timeout):
-                raise TimeoutError(f"{name}: only {len(arrived)} of {count} peers connected "
-                                   f"within {timeout:.0f}s")
+                raise TimeoutError(
+                    f"{name}: only {len(arrived)} of {count} peers connected within {timeout:.0f}s"
+                )
         return arrived[:count]
     finally:
         listener.close()

@@ -20,11 +20,17 @@ import numpy as np
 CLI = [sys.executable, "-m", "exo_tp"]
 
 
-def run_cli(*args: str, timeout: float = 600, check: bool = True,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, timeout: float = 600, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run `exo-tp` (``env``: variables added to this process's environment)."""
-    result = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, **env} if env else None)
+    result = subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env} if env else None,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"exo-tp {' '.join(args)} failed:\n{result.stderr[-3000:]}")
     return result
@@ -38,17 +44,41 @@ class LaunchResult:
     logits: np.ndarray | None
 
 
-def launch(tmp: Path, model: str | Path, weights: list[float], prompt: str, max_tokens: int,
-           *extra: str, logits: bool = True) -> LaunchResult:
+def launch(
+    tmp: Path,
+    model: str | Path,
+    weights: list[float],
+    prompt: str,
+    max_tokens: int,
+    *extra: str,
+    logits: bool = True,
+) -> LaunchResult:
     report, logits_file = tmp / "report.json", tmp / "logits.npy"
-    args = ["launch", "--ranks", str(len(weights)), "--weights", ",".join(map(str, weights)),
-            "--model", str(model), "--prompt", prompt, "--max-tokens", str(max_tokens),
-            "--report-out", str(report), *extra]
+    args = [
+        "launch",
+        "--ranks",
+        str(len(weights)),
+        "--weights",
+        ",".join(map(str, weights)),
+        "--model",
+        str(model),
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        str(max_tokens),
+        "--report-out",
+        str(report),
+        *extra,
+    ]
     if logits:
         args += ["--logits-out", str(logits_file)]
     result = run_cli(*args)
-    return LaunchResult(result.stdout, result.stderr, json.loads(report.read_text()),
-                        np.load(logits_file) if logits else None)
+    return LaunchResult(
+        result.stdout,
+        result.stderr,
+        json.loads(report.read_text()),
+        np.load(logits_file) if logits else None,
+    )
 
 
 @dataclass
@@ -82,9 +112,13 @@ def _single_device(model_dir: str) -> tuple:
 _references: dict[str, Reference] = {}
 
 
-def mlx_lm_reference(model_dir: Path, prompt: str, max_tokens: int,
-                     chat_template: bool = True,
-                     messages: list[dict[str, str]] | None = None) -> Reference:
+def mlx_lm_reference(
+    model_dir: Path,
+    prompt: str,
+    max_tokens: int,
+    chat_template: bool = True,
+    messages: list[dict[str, str]] | None = None,
+) -> Reference:
     """What single-device mlx-lm computes (float32), built only from mlx-lm's own API
     (``messages``: a whole conversation instead of one user ``prompt``); each once per test
     session (several modules ask the same question)."""
@@ -94,16 +128,23 @@ def mlx_lm_reference(model_dir: Path, prompt: str, max_tokens: int,
     return _references[key]
 
 
-def _reference(model_dir: Path, prompt: str, max_tokens: int, chat_template: bool,
-               messages: list[dict[str, str]] | None) -> Reference:
+def _reference(
+    model_dir: Path,
+    prompt: str,
+    max_tokens: int,
+    chat_template: bool,
+    messages: list[dict[str, str]] | None,
+) -> Reference:
     import mlx.core as mx
     from mlx_lm import stream_generate
 
     model, tokenizer = _single_device(str(model_dir))
     if chat_template:
         text = tokenizer.apply_chat_template(
-            messages or [{"role": "user", "content": prompt}], tokenize=False,
-            add_generation_prompt=True)
+            messages or [{"role": "user", "content": prompt}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:
         ids = tokenizer.encode(prompt)
@@ -113,8 +154,9 @@ def _reference(model_dir: Path, prompt: str, max_tokens: int, chat_template: boo
         out += response.text
         top2 = np.partition(np.array(response.logprobs.astype(mx.float32)), -2)[-2:]
         margins.append(float(top2[1] - top2[0]))
-    return Reference(tokens, out, margins,
-                     lambda: np.array(model(mx.array(ids)[None]).astype(mx.float32)[0]))
+    return Reference(
+        tokens, out, margins, lambda: np.array(model(mx.array(ids)[None]).astype(mx.float32)[0])
+    )
 
 
 def assert_logits_close(ours: np.ndarray, ref: np.ndarray, atol: float | None = None) -> None:

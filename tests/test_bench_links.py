@@ -24,18 +24,41 @@ from exo_tp.runtime.ports import free_ports
 def _seed_cache(home: Path) -> None:
     """A cached profile for this device, so the bench only measures links (fast)."""
     info = system_info()
-    save(DeviceProfile(**info.model_dump(), memory_bandwidth=1e9, decode_seconds_per_byte=1e-9,
-                       prefill_flops=1e9, quick=True), home / "profile.json")
+    save(
+        DeviceProfile(
+            **info.model_dump(),
+            memory_bandwidth=1e9,
+            decode_seconds_per_byte=1e-9,
+            prefill_flops=1e9,
+            quick=True,
+        ),
+        home / "profile.json",
+    )
 
 
-def _start_bench(home: Path, peers: str, rank: int, port_base: int,
-                 *extra: str) -> subprocess.Popen[str]:
+def _start_bench(
+    home: Path, peers: str, rank: int, port_base: int, *extra: str
+) -> subprocess.Popen[str]:
     _seed_cache(home)
     return subprocess.Popen(
-        [*CLI, "bench", "--quick", "--json", "--peers", peers, "--rank", str(rank),
-         "--port-base", str(port_base), *extra],
-        env={**os.environ, "EXO_TP_HOME": str(home)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [
+            *CLI,
+            "bench",
+            "--quick",
+            "--json",
+            "--peers",
+            peers,
+            "--rank",
+            str(rank),
+            "--port-base",
+            str(port_base),
+            *extra,
+        ],
+        env={**os.environ, "EXO_TP_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _links(proc: subprocess.Popen[str], timeout: float = 60) -> list[LinkProfile]:
@@ -85,8 +108,12 @@ def test_absent_peer_is_down_within_the_timeout_and_others_still_measure(tmp_pat
     """Three nodes, rank 2 never starts: 0-1 is measured, links to 2 are down after ~6 s."""
     base = _port_base(9)
     start = time.monotonic()
-    procs = [_start_bench(tmp_path / f"n{r}", "127.0.0.1,127.0.0.1,127.0.0.1", r, base,
-                          "--link-timeout", "6") for r in (0, 1)]
+    procs = [
+        _start_bench(
+            tmp_path / f"n{r}", "127.0.0.1,127.0.0.1,127.0.0.1", r, base, "--link-timeout", "6"
+        )
+        for r in (0, 1)
+    ]
     seen = [_links(p) for p in procs]
     elapsed = time.monotonic() - start
     for rank, links in enumerate(seen):
@@ -109,8 +136,9 @@ def test_peer_that_never_measures_is_down_at_the_deadline(tmp_path: Path) -> Non
                 channel.send(BenchHello(rank=1, fingerprint=peers.fingerprint()))
 
     # The real rendezvous protocol, answered by a peer that then never measures.
-    server = Listener(f"127.0.0.1:{peers.hello_port(1)}", BENCH_KEY, HELLO, answer_once,
-                      "silent peer")
+    server = Listener(
+        f"127.0.0.1:{peers.hello_port(1)}", BENCH_KEY, HELLO, answer_once, "silent peer"
+    )
     start = time.monotonic()
     proc = _start_bench(tmp_path, "127.0.0.1,127.0.0.1", 0, base, "--link-timeout", "3")
     links = _links(proc)
@@ -130,8 +158,7 @@ def test_peer_options_are_checked() -> None:
         (["--peers", "a,b,c", "--rank", "0", "--port-base", "65530"], "exceed 65535"),
         (["--peers", "a,b", "--rank", "0", "--link-timeout", "0"], "more than 0"),
     ]:
-        result = subprocess.run([*CLI, "bench", *args], capture_output=True, text=True,
-                                timeout=60)
+        result = subprocess.run([*CLI, "bench", *args], capture_output=True, text=True, timeout=60)
         assert result.returncode != 0
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, result.stderr)

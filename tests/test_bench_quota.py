@@ -41,8 +41,10 @@ def _skip_reason() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.root, pytest.mark.skipif(_skip_reason() is not None,
-                                                   reason=_skip_reason() or "")]
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),
+]
 
 
 def _mounted_cpu_controller() -> Path | None:
@@ -64,11 +66,16 @@ def cpu_controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield mounted
         return
     where = tmp_path_factory.mktemp("cgroup-cpu")
-    result = subprocess.run(["mount", "-t", "cgroup", "-o", "cpu", "exo-tp-test", str(where)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "cgroup", "-o", "cpu", "exo-tp-test", str(where)],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
-        pytest.skip("cannot mount the cgroup v1 cpu controller: "
-                    f"{result.stderr.strip() or result.returncode}")
+        pytest.skip(
+            "cannot mount the cgroup v1 cpu controller: "
+            f"{result.stderr.strip() or result.returncode}"
+        )
     try:
         yield where
     finally:
@@ -79,11 +86,27 @@ def _bench(home: Path, core: int, cgroup: Path, quota_us: int) -> dict:
     (cgroup / "cpu.cfs_quota_us").write_text(str(quota_us))
     # The shell moves itself into the cgroup, then becomes the bench (same pid).
     enter = f'echo $$ > "{cgroup / "cgroup.procs"}" && exec "$@"'
-    command = ["sh", "-c", enter, "sh",
-               sys.executable, "-m", "exo_tp", "bench", "--quick", "--refresh", "--json"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "EXO_TP_HOME": str(home)},
-                            preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    command = [
+        "sh",
+        "-c",
+        enter,
+        "sh",
+        sys.executable,
+        "-m",
+        "exo_tp",
+        "bench",
+        "--quick",
+        "--refresh",
+        "--json",
+    ]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "EXO_TP_HOME": str(home)},
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -42,8 +42,9 @@ def q4_reference(default_models: dict[str, Path]) -> Reference:
 
 
 @pytest.mark.parametrize("weights", FLOAT_CASES, ids=lambda w: "w" + "-".join(map(str, w)))
-def test_smollm2_float_matches_single_device(tmp_path: Path, float_reference: Reference,
-                                             weights: list[float]) -> None:
+def test_smollm2_float_matches_single_device(
+    tmp_path: Path, float_reference: Reference, weights: list[float]
+) -> None:
     tokens = TOKENS if len(weights) <= 3 else SHORT
     ours = launch(tmp_path, "smollm2-135m", weights, PROMPT, tokens)
     assert_logits_close(ours.logits, float_reference.logits)
@@ -55,30 +56,51 @@ def test_smollm2_float_matches_single_device(tmp_path: Path, float_reference: Re
 
 # 3 uneven ranks; 2 ranks of 4-bit run in tests/test_pipeline.py's TP stage.
 @pytest.mark.parametrize("weights", [[5, 3, 2]], ids=["w5-3-2"])
-def test_smollm2_q4_greedy_identical(tmp_path: Path, q4_reference: Reference,
-                                     weights: list[float]) -> None:
+def test_smollm2_q4_greedy_identical(
+    tmp_path: Path, q4_reference: Reference, weights: list[float]
+) -> None:
     ours = launch(tmp_path, "smollm2-135m-q4", weights, PROMPT, TOKENS // 2)
-    assert ours.report["tokens"] == q4_reference.tokens[:TOKENS // 2]
+    assert ours.report["tokens"] == q4_reference.tokens[: TOKENS // 2]
     assert_logits_close(ours.logits, q4_reference.logits)
 
 
 def test_capital_of_france_on_three_uneven_ranks(tmp_path: Path) -> None:
-    ours = launch(tmp_path, "smollm2-135m", [5, 3, 2], "What is the capital of France?", 8,
-                  logits=False)
+    ours = launch(
+        tmp_path, "smollm2-135m", [5, 3, 2], "What is the capital of France?", 8, logits=False
+    )
     assert "Paris" in ours.text
 
 
 TINY = {
     # 10 heads / 5 KV heads (GQA 2), untied LM head, FFN 200 (not a multiple of 32), fp32.
-    "qwen2": dict(model_type="qwen2", hidden_size=80, num_hidden_layers=3,
-                  intermediate_size=200, num_attention_heads=10, num_key_value_heads=5,
-                  rms_norm_eps=1e-6, vocab_size=49152, rope_theta=10000.0,
-                  tie_word_embeddings=False, max_position_embeddings=512),
+    "qwen2": dict(
+        model_type="qwen2",
+        hidden_size=80,
+        num_hidden_layers=3,
+        intermediate_size=200,
+        num_attention_heads=10,
+        num_key_value_heads=5,
+        rms_norm_eps=1e-6,
+        vocab_size=49152,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        max_position_embeddings=512,
+    ),
     # 12 heads / 2 KV heads (GQA 6), per-head q/k norms, tied embeddings, stored as bf16.
-    "qwen3": dict(model_type="qwen3", hidden_size=96, num_hidden_layers=2,
-                  intermediate_size=328, num_attention_heads=12, num_key_value_heads=2,
-                  head_dim=32, rms_norm_eps=1e-6, vocab_size=49152, rope_theta=10000.0,
-                  tie_word_embeddings=True, max_position_embeddings=512),
+    "qwen3": dict(
+        model_type="qwen3",
+        hidden_size=96,
+        num_hidden_layers=2,
+        intermediate_size=328,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        vocab_size=49152,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+    ),
 }
 # Awkward head counts on 1..6 ranks of every architecture run in tests/test_arch_matrix.py;
 # here the qwen configs of the core issue keep the zero-weight cases.
@@ -92,8 +114,9 @@ TINY_CASES = [
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory,
-                default_models: dict[str, Path]) -> dict[str, Path]:
+def tiny_models(
+    tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Path]
+) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     tokenizer = default_models["smollm2-135m"]
     return {
@@ -102,10 +125,12 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory,
     }
 
 
-@pytest.mark.parametrize(("arch", "weights"), TINY_CASES,
-                         ids=[f"{a}-w{'-'.join(map(str, w))}" for a, w in TINY_CASES])
-def test_tiny_random_models_with_awkward_heads(tmp_path: Path, tiny_models: dict[str, Path],
-                                               arch: str, weights: list[float]) -> None:
+@pytest.mark.parametrize(
+    ("arch", "weights"), TINY_CASES, ids=[f"{a}-w{'-'.join(map(str, w))}" for a, w in TINY_CASES]
+)
+def test_tiny_random_models_with_awkward_heads(
+    tmp_path: Path, tiny_models: dict[str, Path], arch: str, weights: list[float]
+) -> None:
     reference = mlx_lm_reference(tiny_models[arch], PROMPT, 16)
     ours = launch(tmp_path, tiny_models[arch], weights, PROMPT, 16)
     assert_logits_close(ours.logits, reference.logits)
