@@ -82,7 +82,8 @@ def case(arch: str, variant: str, n: int, zero_rank: int | None = None) -> Case:
 # Each architecture twice with different rank counts: float with more ranks than KV heads
 # (query-head units, KV heads replicated; deepseek_v3 instead has a zero-weight rank), and one
 # quantized variant (all six bit/group combinations appear) with a zero-weight rank in most;
-# N from 1 to 6.
+# N from 1 to 6. deepseek_v3 runs float only here, to keep CI short (its quantized variants
+# run with `--full-matrix`).
 SAMPLE = [
     case("llama", "float", 4), case("llama", "q4g128", 5, zero_rank=2),
     case("mistral", "float", 3), case("mistral", "q8g32", 4, zero_rank=0),
@@ -95,7 +96,7 @@ SAMPLE = [
     case("qwen3_moe", "float", 3), case("qwen3_moe", "q4g32", 4, zero_rank=0),
     case("qwen2_moe", "float", 4), case("qwen2_moe", "q4g64", 2),
     case("deepseek_v2", "float", 6), case("deepseek_v2", "q8g32", 3, zero_rank=1),
-    case("deepseek_v3", "float", 4, zero_rank=2), case("deepseek_v3", "q4g64", 1),
+    case("deepseek_v3", "float", 4, zero_rank=2),
     case("gpt_oss", "float", 3), case("gpt_oss", "q8g64", 5, zero_rank=4),
     # MX-FP4 embeddings look up bfloat16: the rank without vocab rows must send bfloat16 zeros
     case("gpt_oss", "mxfp4", 3, zero_rank=1),

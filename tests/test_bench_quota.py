@@ -41,7 +41,9 @@ def _skip_reason() -> str | None:
     return None
 
 
+# Slow (~30 s of three benches); bench/hetero_lab.py profiles a device under a CPU quota too.
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.root,
     pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),
 ]
