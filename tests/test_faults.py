@@ -33,7 +33,7 @@ def _rank_processes(root_pid: int) -> dict[str, psutil.Process]:
 
 def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
         default_models: dict[str, Path]) -> None:
-    with local_cluster(3, weights=[1, 1, 1], extra=("--stall-timeout", "10")) as cluster:
+    with local_cluster(3, weights=[1, 1, 1], extra=("--stall-timeout", "6")) as cluster:
         leader_url = cluster.urls[0]
         victim_node = "local-2"
         frozen = _rank_processes(cluster.proc.pid)[victim_node]
