@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +146,7 @@ def story(ref: SingleDevice) -> tuple[list[int], list[int]]:
 def test_sampling_parameter_matches_mlx_lm(
     cluster: LocalCluster, ref: SingleDevice, story: tuple[list[int], list[int]], case: str
 ) -> None:
-    fields, sampling = SAMPLING_CASES[case]
-    fields = {"top_k": 0, **fields}  # the cluster's default top_k is 5, mlx_lm.server's 0
+    sampling = SAMPLING_CASES[case][1]
     prompt, greedy = story
     expected = ref.generate(prompt, TOKENS, sampling).tokens
     if case.startswith("top_k=1"):
@@ -158,6 +158,14 @@ def test_sampling_parameter_matches_mlx_lm(
             prompt, TOKENS, Sampling(temperature=sampling.temperature, seed=sampling.seed)
         ).tokens
         assert case == "seed" or expected != plain
+    tokens, text = _sampled(cluster, case)
+    assert tokens == expected
+    assert text == ref.tokenizer.decode(expected)
+
+
+def _sampled(cluster: LocalCluster, case: str) -> tuple[list[int], str]:
+    """The story's answer from the cluster with a sampling case's fields (tokens, text)."""
+    fields = {"top_k": 0, **SAMPLING_CASES[case][0]}  # the cluster's default top_k is 5
     reply = _openai(cluster).chat.completions.create(
         model="default_model",
         messages=STORY,
@@ -166,8 +174,25 @@ def test_sampling_parameter_matches_mlx_lm(
         **{k: v for k, v in fields.items() if k in OPENAI_FIELDS},
         extra_body={k: v for k, v in fields.items() if k not in OPENAI_FIELDS},
     )
-    assert _ids(reply.choices[0].logprobs) == expected
-    assert reply.choices[0].message.content == ref.tokenizer.decode(expected)
+    return _ids(reply.choices[0].logprobs), reply.choices[0].message.content or ""
+
+
+def test_sampling_parameters_apply_per_sequence_in_one_batch(
+    cluster: LocalCluster, ref: SingleDevice, story: tuple[list[int], list[int]]
+) -> None:
+    """Requests with different parameters sent at once decode in one batch; each gets what
+    single-device mlx-lm gives it alone (rank 0 samples every row with its own sampler,
+    processors and seeded random stream)."""
+    prompt, _ = story
+    cases = ["seed", "top_k", "min_p", "repetition_penalty", "logit_bias"]
+    expected = {
+        case: ref.generate(prompt, TOKENS, SAMPLING_CASES[case][1]).tokens for case in cases
+    }
+    with ThreadPoolExecutor(len(cases)) as pool:
+        got = dict(
+            zip(cases, pool.map(lambda case: _sampled(cluster, case)[0], cases), strict=True)
+        )
+    assert got == expected
 
 
 @pytest.mark.parametrize("endpoint", ["chat-stream", "completions", "completions-stream"])
@@ -242,14 +267,15 @@ def test_logprobs_equal_single_device(
     prompt, _ = story
     expected = ref.generate(prompt, TOKENS, top_logprobs=5)
     client = _openai(cluster)
-    reply = client.chat.completions.create(
-        model="default_model",
-        messages=STORY,
-        max_tokens=TOKENS,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=5,
-    )
+    request: dict[str, Any] = {
+        "model": "default_model",
+        "messages": STORY,
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
+    reply = client.chat.completions.create(**request)
     content = reply.choices[0].logprobs.content
     assert [e.id for e in content] == expected.tokens
     for entry, logprob, top in zip(content, expected.logprobs, expected.top, strict=True):
@@ -259,17 +285,7 @@ def test_logprobs_equal_single_device(
             [lp for _, lp in top], abs=LOGPROB_ATOL
         )
         assert bytes(entry.bytes).decode() == entry.token == ref.tokenizer.decode([entry.id])
-    chunks = list(
-        client.chat.completions.create(
-            model="default_model",
-            messages=STORY,
-            max_tokens=TOKENS,
-            temperature=0,
-            logprobs=True,
-            top_logprobs=5,
-            stream=True,
-        )
-    )
+    chunks = list(client.chat.completions.create(**request, stream=True))
     streamed = [
         e
         for c in chunks

@@ -28,6 +28,12 @@ class AnswerPiece:
     def __bool__(self) -> bool:
         return bool(self.content or self.reasoning or self.tool_calls)
 
+    def add(self, piece: AnswerPiece) -> None:
+        """Append a later piece of the same answer."""
+        self.content += piece.content
+        self.reasoning += piece.reasoning
+        self.tool_calls.extend(piece.tool_calls)
+
 
 def _well_formed(call: Any) -> bool:
     """A call both APIs can return: a named function whose arguments are a JSON object."""

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from exo_tp.api.answer_stream import AnswerPiece, AnswerStream
 from exo_tp.api.anthropic_schema import CountTokensRequest, MessagesRequest
-from exo_tp.api.backend import Backend
+from exo_tp.api.backend import Backend, collect, first_event
 from exo_tp.api.chat_prompt import Prompt, choose_tools, render_chat
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import generate_request, sampling_params, token_budget
@@ -89,17 +89,11 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
     events = node.generate(generation)
     if parsed.stream:
         return await _stream(request, events, head, answer, len(prompt.tokens))
-    whole, done = AnswerPiece(), None
-    try:
-        async for event in events:
-            if isinstance(event, Delta):
-                _merge(whole, answer.feed(event.text))
-            else:
-                done = event
-    finally:
-        await events.aclose()
-    assert done is not None
-    _merge(whole, answer.finish(_finish(done)))
+    deltas, done = await collect(events)
+    whole = AnswerPiece()
+    for delta in deltas:
+        whole.add(answer.feed(delta.text))
+    whole.add(answer.finish(_finish(done)))
     content: list[dict[str, Any]] = []
     if whole.reasoning:
         content.append({"type": "thinking", "thinking": whole.reasoning, "signature": ""})
@@ -120,12 +114,6 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
 
 def _finish(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
-
-
-def _merge(into: AnswerPiece, piece: AnswerPiece) -> None:
-    into.content += piece.content
-    into.reasoning += piece.reasoning
-    into.tool_calls.extend(piece.tool_calls)
 
 
 class _Blocks:
@@ -179,7 +167,7 @@ async def _stream(
     answer: AnswerStream,
     prompt_tokens: int,
 ) -> web.StreamResponse:
-    event = await anext(events)  # a failure before this is still a plain JSON error
+    event = await first_event(events)
     stream = EventStream(request)
     await stream.open()
     blocks = _Blocks(stream)

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from exo_tp.api.answer_stream import AnswerPiece, AnswerStream
-from exo_tp.api.backend import Backend
+from exo_tp.api.backend import Backend, collect, first_event
 from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, render_chat
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import (
@@ -33,7 +33,7 @@ from exo_tp.api.openai_shapes import (
     finish_reason,
 )
 from exo_tp.api.token_text import TokenText
-from exo_tp.runtime.messages import Delta, Done
+from exo_tp.runtime.messages import Delta, Done, TokenLogprob
 
 DEFAULT_MODEL_ALIAS = "default_model"  # mlx_lm.server's name for the model it serves
 
@@ -50,12 +50,6 @@ async def _parsed(request: web.Request, schema: type[Any]) -> Any:
         refuse_unsupported(body)
         body = without_harmless(body)  # e.g. "modalities": ["text"], "functions": []
     return validate(schema, body)
-
-
-async def _first(events: AsyncIterator[Delta | Done]) -> Delta | Done:
-    """The first event: before it, a failure (queue full, cluster not ready) is still a
-    plain JSON error rather than a broken stream."""
-    return await anext(events)
 
 
 # ---- chat ---------------------------------------------------------------------------------
@@ -98,27 +92,18 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
     events = node.generate(generation)
     if parsed.stream:
         return await _stream_chat(request, events, shape, answer, scores, parsed.include_usage())
-    whole, scored, done = AnswerPiece(), [], None
-    try:
-        async for event in events:
-            if isinstance(event, Delta):
-                _merge(whole, answer.feed(event.text))
-                scored.extend(event.logprobs)
-            else:
-                done = event
-    finally:
-        await events.aclose()
-    assert done is not None
+    deltas, done = await collect(events)
+    whole = AnswerPiece()
+    for delta in deltas:
+        whole.add(answer.feed(delta.text))
     reason = finish_reason(done)
-    _merge(whole, answer.finish(reason))
-    logprobs = scores.block(tuple(scored)) if scores else None
+    whole.add(answer.finish(reason))
+    logprobs = scores.block(_logprobs(deltas)) if scores else None
     return web.json_response(shape.whole(whole, answer.finish_reason(reason), done, logprobs))
 
 
-def _merge(into: AnswerPiece, piece: AnswerPiece) -> None:
-    into.content += piece.content
-    into.reasoning += piece.reasoning
-    into.tool_calls.extend(piece.tool_calls)
+def _logprobs(deltas: list[Delta]) -> tuple[TokenLogprob, ...]:
+    return tuple(scored for delta in deltas for scored in delta.logprobs)
 
 
 async def _stream_chat(
@@ -129,7 +114,7 @@ async def _stream_chat(
     scores: ChatLogprobs | None,
     include_usage: bool,
 ) -> web.StreamResponse:
-    event = await _first(events)
+    event = await first_event(events)
     stream = EventStream(request)
     await stream.open()
     try:
@@ -196,19 +181,10 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
         return await _stream_completion(
             request, events, shape, echo, scores, parsed.include_usage()
         )
-    text, scored, done = [echo], [], None
-    try:
-        async for event in events:
-            if isinstance(event, Delta):
-                text.append(event.text)
-                scored.extend(event.logprobs)
-            else:
-                done = event
-    finally:
-        await events.aclose()
-    assert done is not None
-    logprobs = scores.block(tuple(scored)) if scores else None
-    return web.json_response(shape.whole("".join(text), finish_reason(done), done, logprobs))
+    deltas, done = await collect(events)
+    text = echo + "".join(delta.text for delta in deltas)
+    logprobs = scores.block(_logprobs(deltas)) if scores else None
+    return web.json_response(shape.whole(text, finish_reason(done), done, logprobs))
 
 
 async def _stream_completion(
@@ -219,7 +195,7 @@ async def _stream_completion(
     scores: CompletionLogprobs | None,
     include_usage: bool,
 ) -> web.StreamResponse:
-    event = await _first(events)
+    event = await first_event(events)
     stream = EventStream(request)
     await stream.open()
     try:

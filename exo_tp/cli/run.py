@@ -113,22 +113,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+# GenerationDefaults' fields and the `exo-tp run` flags that set them (mlx_lm.server's names)
+_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
+          "max_tokens": "--max-tokens", "chat_template_args": "--chat-template-args"}
+
+
 def add_generation_defaults(p: argparse.ArgumentParser) -> None:
     """What a request that omits a field gets: mlx_lm.server's flags, names and defaults."""
+    from exo_tp.api.defaults import GenerationDefaults
+
+    default = GenerationDefaults()
     group = p.add_argument_group("generation defaults (for requests that omit the field)")
-    group.add_argument("--temp", type=non_negative_float, default=0.0,
-                       help="sampling temperature (default: 0.0, greedy)")
-    group.add_argument("--top-p", type=non_negative_float, default=1.0,
-                       help="nucleus sampling top-p (default: 1.0, off)")
-    group.add_argument("--top-k", type=non_negative_int, default=0,
-                       help="top-k sampling (default: 0, off)")
-    group.add_argument("--min-p", type=non_negative_float, default=0.0,
-                       help="min-p sampling (default: 0.0, off)")
-    group.add_argument("--max-tokens", type=positive_int, default=512,
-                       help="maximum tokens to generate (default: 512)")
-    group.add_argument("--chat-template-args", type=json_object, default={},
+    group.add_argument(_FLAGS["temperature"], type=non_negative_float,
+                       default=default.temperature,
+                       help=f"sampling temperature (default: {default.temperature}, greedy)")
+    group.add_argument(_FLAGS["top_p"], type=non_negative_float, default=default.top_p,
+                       help=f"nucleus sampling top-p (default: {default.top_p}, off)")
+    group.add_argument(_FLAGS["top_k"], type=non_negative_int, default=default.top_k,
+                       help=f"top-k sampling (default: {default.top_k}, off)")
+    group.add_argument(_FLAGS["min_p"], type=non_negative_float, default=default.min_p,
+                       help=f"min-p sampling (default: {default.min_p}, off)")
+    group.add_argument(_FLAGS["max_tokens"], type=positive_int, default=default.max_tokens,
+                       help=f"maximum tokens to generate (default: {default.max_tokens})")
+    group.add_argument(_FLAGS["chat_template_args"], type=json_object,
+                       default=default.chat_template_args,
                        help="JSON object of extra chat template arguments, e.g. "
                             "'{\"enable_thinking\": false}'")
+
+
+def _flag_values(args: argparse.Namespace) -> dict[str, object]:
+    """Each GenerationDefaults field's value from its flag."""
+    return {field: getattr(args, flag.removeprefix("--").replace("-", "_"))
+            for field, flag in _FLAGS.items()}
 
 
 def generation_defaults(args: argparse.Namespace) -> GenerationDefaults:
@@ -138,21 +154,19 @@ def generation_defaults(args: argparse.Namespace) -> GenerationDefaults:
     from exo_tp.errors import ExoTpError
 
     try:
-        return GenerationDefaults(temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
-                                  min_p=args.min_p, max_tokens=args.max_tokens,
-                                  chat_template_args=args.chat_template_args)
+        return GenerationDefaults.model_validate(_flag_values(args))
     except ValidationError as error:
         first = error.errors()[0]
-        flag = {"temperature": "--temp", "top_p": "--top-p",
-                "min_p": "--min-p"}.get(str(first["loc"][0]), str(first["loc"][0]))
-        raise ExoTpError(f"{flag}: {first['msg']}") from None
+        field = str(first["loc"][0])
+        raise ExoTpError(f"{_FLAGS.get(field, field)}: {first['msg']}") from None
 
 
 def generation_flags(args: argparse.Namespace) -> list[str]:
     """The generation defaults as flags again, for the nodes of a local cluster."""
-    return ["--temp", str(args.temp), "--top-p", str(args.top_p), "--top-k", str(args.top_k),
-            "--min-p", str(args.min_p), "--max-tokens", str(args.max_tokens),
-            "--chat-template-args", json.dumps(args.chat_template_args)]
+    out: list[str] = []
+    for field, value in _flag_values(args).items():
+        out += [_FLAGS[field], json.dumps(value) if isinstance(value, dict) else str(value)]
+    return out
 
 
 def default_host() -> str:

@@ -8,7 +8,6 @@ each rank writes its report (a RankReport) as JSON, read back here.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from exo_tp.errors import ExoTpError
 from exo_tp.finetune.job import RANK_ENV, READY, FinetuneJob, RankReport
 from exo_tp.ring import ring_env, write_hostfile
 from exo_tp.runtime.ports import free_ports
+from exo_tp.runtime.supervisor import clean_environment
 
 POLL_SECONDS = 0.05
 
@@ -54,7 +54,7 @@ def _forward(rank: _Rank, stream: IO[bytes], keep: bool) -> None:
 
 
 def _env(rank: int, size: int, hostfile: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
+    env = clean_environment()
     env[RANK_ENV] = str(rank)
     return {**env, **ring_env(rank, hostfile)} if size > 1 else env
 

@@ -2,18 +2,18 @@
 
 The parent (`exo_tp.profile.links`) kills this process at its deadline: a ring connect retries
 for ~31 s and accept() has no timeout, so an absent peer must never be waited on in-process.
-Prints one JSON object on stdout: all_sum latency (4 KB), all_sum bandwidth (8 MB payload
-bytes/s), one-way send/recv latency (half a ping-pong round trip) and what an all_sum adds to a
-decode step inside a compute graph (`exo_tp.profile.in_graph`), medians.
+Prints one `LinkMeasurement` (JSON) on stdout: all_sum latency (4 KB), all_sum bandwidth (8 MB
+payload bytes/s), one-way send/recv latency (half a ping-pong round trip) and what an all_sum
+adds to a decode step inside a compute graph (`exo_tp.profile.in_graph`), medians.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import mlx.core as mx
 
+from exo_tp.frozen import Frozen
 from exo_tp.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import all_sum_speed, neighbour_latencies
 from exo_tp.profile.in_graph import all_sum_in_graph
@@ -22,12 +22,22 @@ from exo_tp.ring import barrier, init_ring
 REPEATS = {True: (20, 3), False: (100, 8)}  # (small-message repeats, 8 MB repeats)
 
 
-def measure(group: mx.distributed.Group, quick: bool) -> dict[str, float]:
+class LinkMeasurement(Frozen):
+    """What the probe reports to its parent (seconds, bytes/s)."""
+
+    all_sum_latency: float
+    all_sum_bandwidth: float
+    send_recv_latency: float
+    all_sum_in_graph: float
+
+
+def measure(group: mx.distributed.Group, quick: bool) -> LinkMeasurement:
     small_n, large_n = REPEATS[quick]
     latency, bandwidth = all_sum_speed(group, small_n, large_n)
     one_way = neighbour_latencies(group, small_n)[(0, 1)]
-    return {"all_sum_latency": latency, "all_sum_bandwidth": bandwidth,
-            "send_recv_latency": one_way, "all_sum_in_graph": all_sum_in_graph(group, quick)}
+    return LinkMeasurement(all_sum_latency=latency, all_sum_bandwidth=bandwidth,
+                           send_recv_latency=one_way,
+                           all_sum_in_graph=all_sum_in_graph(group, quick))
 
 
 def main() -> None:
@@ -38,7 +48,7 @@ def main() -> None:
     group = init_ring()
     result = measure(group, args.quick)
     barrier(group)
-    print(json.dumps(result), flush=True)
+    print(result.model_dump_json(), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ each by a 2-rank ring child process (`link_probe`) on the pair's private ports, 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.profile.link_probe import LinkMeasurement
 from exo_tp.profile.peers import Peers
 from exo_tp.profile.progress import Progress
 from exo_tp.profile.rendezvous import meet_peers
@@ -45,7 +45,8 @@ def _probe(peers: Peers, partner: int, timeout: float, quick: bool, tmp: Path) -
     if proc.returncode != 0 or not out.strip():
         last = (err.strip().splitlines() or ["no output"])[-1]
         return LinkProfile(**link, up=False, error=f"probe exited {proc.returncode}: {last}")
-    return LinkProfile(**link, up=True, **json.loads(out.strip().splitlines()[-1]))
+    measured = LinkMeasurement.model_validate_json(out.strip().splitlines()[-1])
+    return LinkProfile(**link, up=True, **measured.model_dump())
 
 
 def measure_links(peers: Peers, timeout: float, quick: bool,

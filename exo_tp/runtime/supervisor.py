@@ -60,11 +60,17 @@ def remove_orphaned_folders() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def clean_environment() -> dict[str, str]:
+    """This process's environment without any MLX group or secret of ours: what a child rank
+    (served or fine-tuning) starts from."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(GROUP_ENV_PREFIXES) and k not in SECRET_ENV_NAMES}
+
+
 def rank_environment(job: Assignment, folder: Path, key: bytes) -> dict[str, str]:
-    """The rank's environment: this one without any MLX group or secret of ours, plus its
-    link key and its stage's group (none for a stage of one rank)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(GROUP_ENV_PREFIXES) and k not in SECRET_ENV_NAMES}
+    """The rank's environment: `clean_environment` plus its link key and its stage's group
+    (none for a stage of one rank)."""
+    env = clean_environment()
     env[LINK_KEY_ENV] = key.hex()
     stage = job.plan.stages[job.stage_index]
     if stage.size > 1 and job.backend == "jaccl":
