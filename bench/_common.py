@@ -24,24 +24,48 @@ print(json.dumps({"tps": r.generation_tps, "tokens": r.generation_tokens}))
 
 def env() -> dict[str, str]:
     """The environment with this checkout first on PYTHONPATH (workers import exo_tp)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
 
 
 def single_process_tps(model: Path, tokens: int) -> float:
     """Decode tokens/s of plain mlx-lm in one process (float32, greedy)."""
-    out = subprocess.run([sys.executable, "-c", _SINGLE, str(model), PROMPT, str(tokens)],
-                         capture_output=True, text=True, check=True, env=env())
+    out = subprocess.run(
+        [sys.executable, "-c", _SINGLE, str(model), PROMPT, str(tokens)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env(),
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["tps"]
 
 
-def launch_command(model: Path, weights: list[float], tokens: int, report: Path,
-                   *extra: str) -> list[str]:
+def launch_command(
+    model: Path, weights: list[float], tokens: int, report: Path, *extra: str
+) -> list[str]:
     """`exo-tp launch` of the bench prompt on len(weights) local ranks, stats to ``report``."""
-    return [sys.executable, "-m", "exo_tp", "launch", "--ranks", str(len(weights)),
-            "--weights", ",".join(map(str, weights)), "--model", str(model),
-            "--prompt", PROMPT, "--ignore-chat-template", "--max-tokens", str(tokens),
-            "--report-out", str(report), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "exo_tp",
+        "launch",
+        "--ranks",
+        str(len(weights)),
+        "--weights",
+        ",".join(map(str, weights)),
+        "--model",
+        str(model),
+        "--prompt",
+        PROMPT,
+        "--ignore-chat-template",
+        "--max-tokens",
+        str(tokens),
+        "--report-out",
+        str(report),
+        *extra,
+    ]
 
 
 def generation_tps(report: Path) -> float:
@@ -52,8 +76,13 @@ def exo_tp_tps(model: Path, weights: list[float], tokens: int, *extra: str) -> f
     """Decode tokens/s of `exo-tp launch` on len(weights) local ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        subprocess.run(launch_command(model, weights, tokens, report, *extra),
-                       capture_output=True, text=True, check=True, env=env())
+        subprocess.run(
+            launch_command(model, weights, tokens, report, *extra),
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env(),
+        )
         return generation_tps(report)
 
 

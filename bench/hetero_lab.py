@@ -60,8 +60,9 @@ class Device:
 
     def __init__(self, name: str, core: int, quota: float | None, competitors: int = 0):
         self.name, self.core, self.quota, self.competitors = name, core, quota, competitors
-        self.dirs = [CGROUPS / kind / f"exo-tp-lab-{os.getpid()}-{name}"
-                     for kind in ("cpu", "cpuset")]
+        self.dirs = [
+            CGROUPS / kind / f"exo-tp-lab-{os.getpid()}-{name}" for kind in ("cpu", "cpuset")
+        ]
         self._busy: list[subprocess.Popen[bytes]] = []
 
     def create(self) -> None:
@@ -75,8 +76,9 @@ class Device:
         (cpuset / "cpuset.cpus").write_text(str(self.core))
         (cpuset / "cpuset.mems").write_text((CGROUPS / "cpuset" / "cpuset.mems").read_text())
         for _ in range(self.competitors):  # busy loops sharing the core fairly with the rank
-            self._busy.append(subprocess.Popen([*self.prefix(), sys.executable, "-c",
-                                                "while True: pass"]))
+            self._busy.append(
+                subprocess.Popen([*self.prefix(), sys.executable, "-c", "while True: pass"])
+            )
 
     def enter(self, pid: int) -> None:
         for d in self.dirs:
@@ -110,8 +112,11 @@ def devices(slow_by: str, quota: float) -> Iterator[list[Device]]:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("the lab needs two cores")
-    slow = (Device("slow", cores[1], quota) if slow_by == "quota"
-            else Device("slow", cores[1], None, competitors=1))
+    slow = (
+        Device("slow", cores[1], quota)
+        if slow_by == "quota"
+        else Device("slow", cores[1], None, competitors=1)
+    )
     made = [Device("fast", cores[0], None), slow]
     try:
         for d in made:
@@ -123,10 +128,23 @@ def devices(slow_by: str, quota: float) -> Iterator[list[Device]]:
 
 
 def profile(device: Device, home: Path, full: bool) -> DeviceProfile:
-    command = [*device.prefix(), sys.executable, "-m", "exo_tp", "bench", "--refresh", "--json",
-               *([] if full else ["--quick"])]
-    out = subprocess.run(command, capture_output=True, text=True, check=True,
-                         env={**env(), "EXO_TP_HOME": str(home / device.name)})
+    command = [
+        *device.prefix(),
+        sys.executable,
+        "-m",
+        "exo_tp",
+        "bench",
+        "--refresh",
+        "--json",
+        *([] if full else ["--quick"]),
+    ]
+    out = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**env(), "EXO_TP_HOME": str(home / device.name)},
+    )
     return DeviceProfile.model_validate_json(out.stdout.strip().splitlines()[-1])
 
 
@@ -137,19 +155,28 @@ def measure_link(pair: Sequence[Device]) -> LinkCost:
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = Path(tmp) / "hosts.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(2)])
-        procs = [subprocess.Popen([*d.prefix(), sys.executable, "-m",
-                                   "exo_tp.profile.link_probe"], stdout=subprocess.PIPE,
-                                  text=True, env={**env(), **ring_env(rank, hostfile)})
-                 for rank, d in enumerate(pair)]
+        procs = [
+            subprocess.Popen(
+                [*d.prefix(), sys.executable, "-m", "exo_tp.profile.link_probe"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**env(), **ring_env(rank, hostfile)},
+            )
+            for rank, d in enumerate(pair)
+        ]
         outs = [p.communicate(timeout=120)[0] for p in procs]
     result = json.loads(outs[0].strip().splitlines()[-1])
     # As `cluster_from_profiles` prices a measured link: what an all_sum costs in a forward pass.
-    return LinkCost(latency=max(result["all_sum_latency"], result["all_sum_in_graph"]),
-                    bandwidth=result["all_sum_bandwidth"], measured=True)
+    return LinkCost(
+        latency=max(result["all_sum_latency"], result["all_sum_in_graph"]),
+        bandwidth=result["all_sum_bandwidth"],
+        measured=True,
+    )
 
 
-def _place(launcher: subprocess.Popen[str], placement: Sequence[Device],
-           stop: threading.Event) -> None:
+def _place(
+    launcher: subprocess.Popen[str], placement: Sequence[Device], stop: threading.Event
+) -> None:
     """Move every rank of ``launcher`` into its device as soon as it appears."""
     import psutil
 
@@ -177,18 +204,22 @@ def stage_args(plan: PipelinePlan) -> list[str]:
     """`exo-tp launch` options that lay out ``plan``'s stages (none for plain TP)."""
     if len(plan.stages) == 1:
         return []
-    return ["--stages", ",".join(str(s.size) for s in plan.stages),
-            "--stage-layers", ",".join(str(s.layers.size) for s in plan.stages)]
+    return [
+        "--stages",
+        ",".join(str(s.size) for s in plan.stages),
+        "--stage-layers",
+        ",".join(str(s.layers.size) for s in plan.stages),
+    ]
 
 
-def decode_tps(model: Path, plan: PipelinePlan, placement: Sequence[Device],
-               tokens: int) -> float:
+def decode_tps(model: Path, plan: PipelinePlan, placement: Sequence[Device], tokens: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         weights = [round(w, 6) for s in plan.stages for w in s.tp.weights]
         command = launch_command(model, weights, tokens, report, *stage_args(plan))
-        launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    text=True, env=env())
+        launcher = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env()
+        )
         stop = threading.Event()
         placer = threading.Thread(target=_place, args=(launcher, placement, stop), daemon=True)
         placer.start()
@@ -209,54 +240,78 @@ def run_lab(args: argparse.Namespace) -> dict[str, object]:
             profiles = list(pool.map(lambda d: profile(d, Path(home), args.full_bench), pair))
         link = measure_link(pair)
         base = cluster_from_profiles(spec, profiles)
-        cluster = Cluster(devices=base.devices, links=(Link(a=0, b=1, cost=link),),
-                          default_link=link)
+        cluster = Cluster(
+            devices=base.devices, links=(Link(a=0, b=1, cost=link),), default_link=link
+        )
         speeds = [d.speed for d in cluster.devices]
         choice = choose_plan(spec, cluster, context_tokens=args.tokens + 64, prompt_tokens=16)
         plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]] = {
             "fast_alone": (single_stage(plan_tensor_parallel(spec, [1])), (0,)),
             "even_tp": (single_stage(plan_tensor_parallel(spec, [1, 1])), (0, 1)),
             "uneven_tp": (single_stage(plan_tensor_parallel(spec, speeds)), (0, 1)),
-            "pipeline": (plan_pipeline(spec, [[1], [1]], split_layers(spec.num_layers, speeds)),
-                         (0, 1)),
+            "pipeline": (
+                plan_pipeline(spec, [[1], [1]], split_layers(spec.num_layers, speeds)),
+                (0, 1),
+            ),
             "planner": (choice.best.plan, choice.best.devices),
         }
         results: dict[str, dict[str, float]] = {}
         for name, (plan, on) in plans.items():
             predicted = predict(plan, on, cluster, args.tokens + 64, 16).tokens_per_second
             measured = decode_tps(model, plan, [pair[d] for d in on], args.tokens)
-            results[name] = {"measured": round(measured, 3), "predicted": round(predicted, 3),
-                             "measured_over_predicted": round(measured / predicted, 3)}
-            print(f"{name:>10}: measured {measured:6.2f} tok/s, predicted {predicted:6.2f} "
-                  f"tok/s ({measured / predicted:.2f}x)", file=sys.stderr, flush=True)
+            results[name] = {
+                "measured": round(measured, 3),
+                "predicted": round(predicted, 3),
+                "measured_over_predicted": round(measured / predicted, 3),
+            }
+            print(
+                f"{name:>10}: measured {measured:6.2f} tok/s, predicted {predicted:6.2f} "
+                f"tok/s ({measured / predicted:.2f}x)",
+                file=sys.stderr,
+                flush=True,
+            )
     names = [d.name for d in pair]
-    slowed = (f"at {args.quota:.0%} quota" if args.slow_by == "quota"
-              else "shared with a busy process")
-    print(f"devices: {names[0]} = core {pair[0].core}, {names[1]} = core {pair[1].core} "
-          f"{slowed}; decode speeds {speeds[0] / 1e9:.2f} / "
-          f"{speeds[1] / 1e9:.2f} GB/s; link: all_sum in a forward pass "
-          f"{link.latency * 1e6:.0f} µs, "
-          f"{link.bandwidth / 1e9:.2f} GB/s"
-          + (f"; netem delay {args.delay_ms} ms" if args.delay_ms else ""))
-    print(f"planner's choice: {choice.best.kind} on devices "
-          f"{[[names[d] for d in g] for g in choice.best.groups]}")
+    slowed = (
+        f"at {args.quota:.0%} quota" if args.slow_by == "quota" else "shared with a busy process"
+    )
+    print(
+        f"devices: {names[0]} = core {pair[0].core}, {names[1]} = core {pair[1].core} "
+        f"{slowed}; decode speeds {speeds[0] / 1e9:.2f} / "
+        f"{speeds[1] / 1e9:.2f} GB/s; link: all_sum in a forward pass "
+        f"{link.latency * 1e6:.0f} µs, "
+        f"{link.bandwidth / 1e9:.2f} GB/s"
+        + (f"; netem delay {args.delay_ms} ms" if args.delay_ms else "")
+    )
+    print(
+        f"planner's choice: {choice.best.kind} on devices "
+        f"{[[names[d] for d in g] for g in choice.best.groups]}"
+    )
     print(f"{'plan':>10} {'measured':>9} {'predicted':>9} {'ratio':>6}")
     for name, r in results.items():
-        print(f"{name:>10} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
-              f"{r['measured_over_predicted']:>6.2f}")
+        print(
+            f"{name:>10} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
+            f"{r['measured_over_predicted']:>6.2f}"
+        )
     best = max(results, key=lambda n: results[n]["measured"])
     return {
-        "plans": results, "planner_choice": choice.best.kind,
-        "planner_over_even_measured": round(results["planner"]["measured"]
-                                            / results["even_tp"]["measured"], 3),
-        "planner_over_best_measured": round(results["planner"]["measured"]
-                                            / results[best]["measured"], 3),
-        "uneven_over_even_measured": round(results["uneven_tp"]["measured"]
-                                           / results["even_tp"]["measured"], 3),
-        "uneven_over_even_predicted": round(results["uneven_tp"]["predicted"]
-                                            / results["even_tp"]["predicted"], 3),
-        "fastest_measured": best, "slow_by": args.slow_by,
-        "quota": args.quota if args.slow_by == "quota" else None, "delay_ms": args.delay_ms,
+        "plans": results,
+        "planner_choice": choice.best.kind,
+        "planner_over_even_measured": round(
+            results["planner"]["measured"] / results["even_tp"]["measured"], 3
+        ),
+        "planner_over_best_measured": round(
+            results["planner"]["measured"] / results[best]["measured"], 3
+        ),
+        "uneven_over_even_measured": round(
+            results["uneven_tp"]["measured"] / results["even_tp"]["measured"], 3
+        ),
+        "uneven_over_even_predicted": round(
+            results["uneven_tp"]["predicted"] / results["even_tp"]["predicted"], 3
+        ),
+        "fastest_measured": best,
+        "slow_by": args.slow_by,
+        "quota": args.quota if args.slow_by == "quota" else None,
+        "delay_ms": args.delay_ms,
     }
 
 
@@ -265,17 +320,19 @@ def netem_namespace(delay_ms: float, rate_mbit: float | None) -> Iterator[str]:
     name = f"exotp-lab-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
+
         def inside(*command: str) -> None:
-            subprocess.run(["ip", "netns", "exec", name, *command], check=True,
-                           capture_output=True)
+            subprocess.run(["ip", "netns", "exec", name, *command], check=True, capture_output=True)
 
         inside("ip", "link", "set", "lo", "up")
         netem = ["delay", f"{delay_ms}ms"] + (["rate", f"{rate_mbit}mbit"] if rate_mbit else [])
         try:
             inside("tc", "qdisc", "add", "dev", "lo", "root", "netem", *netem)
         except subprocess.CalledProcessError:
-            raise SystemExit("tc netem is not available (this kernel lacks sch_netem): run the "
-                             "lab without --delay-ms") from None
+            raise SystemExit(
+                "tc netem is not available (this kernel lacks sch_netem): run the "
+                "lab without --delay-ms"
+            ) from None
         yield name
     finally:
         subprocess.run(["ip", "netns", "delete", name], check=False)
@@ -284,13 +341,21 @@ def netem_namespace(delay_ms: float, rate_mbit: float | None) -> Iterator[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--slow-by", choices=("quota", "busy"), default="quota",
-                        help="slow device 1 by a CFS quota, or by a busy process on its core")
+    parser.add_argument(
+        "--slow-by",
+        choices=("quota", "busy"),
+        default="quota",
+        help="slow device 1 by a CFS quota, or by a busy process on its core",
+    )
     parser.add_argument("--quota", type=float, default=0.4, help="CPU quota of device 1")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--full-bench", action="store_true", help="full (not --quick) profiles")
-    parser.add_argument("--delay-ms", type=float, default=0.0,
-                        help="run in a network namespace whose loopback delays every packet")
+    parser.add_argument(
+        "--delay-ms",
+        type=float,
+        default=0.0,
+        help="run in a network namespace whose loopback delays every packet",
+    )
     parser.add_argument("--rate-mbit", type=float, help="and limits its rate")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -298,8 +363,10 @@ def main() -> None:
         raise SystemExit("the lab needs root (cgroups, network namespaces)")
     if args.delay_ms and not args.inside:
         with netem_namespace(args.delay_ms, args.rate_mbit) as name:
-            result = subprocess.run(["ip", "netns", "exec", name, sys.executable, __file__,
-                                     *sys.argv[1:], "--inside"], check=False)
+            result = subprocess.run(
+                ["ip", "netns", "exec", name, sys.executable, __file__, *sys.argv[1:], "--inside"],
+                check=False,
+            )
         raise SystemExit(result.returncode)
     print(json.dumps(run_lab(args)))
 

@@ -55,8 +55,13 @@ print(json.dumps(result))
 
 
 def raw_hop_seconds(hidden: int, iters: int) -> float:
-    out = subprocess.run([sys.executable, "-c", PING, str(hidden), str(iters)],
-                         capture_output=True, text=True, check=True, env=env())
+    out = subprocess.run(
+        [sys.executable, "-c", PING, str(hidden), str(iters)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env(),
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["one_way"]
 
 
@@ -77,22 +82,30 @@ def main() -> None:
     for round_ in range(args.rounds):
         runs["single"].append(single_process_tps(model, args.tokens))
         runs["pipeline_1_1"].append(exo_tp_tps(model, [1, 1], args.tokens, "--stages", "1,1"))
-        print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} tok/s"
-                                                  for k, v in runs.items()), file=sys.stderr)
+        print(
+            f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} tok/s" for k, v in runs.items()),
+            file=sys.stderr,
+        )
     tps = {k: statistics.median(v) for k, v in runs.items()}
     added = 1 / tps["pipeline_1_1"] - 1 / tps["single"]
     hop = raw_hop_seconds(hidden, 200)
     print(f"model {args.model}, {args.tokens} tokens, fp32, median of {args.rounds} rounds")
     print(f"raw hop (1x1x{hidden} float32, one way): {hop * 1e3:.3f} ms")
-    print(f"mlx-lm one process: {tps['single']:.2f} tok/s; 2-stage pipeline (1+1): "
-          f"{tps['pipeline_1_1']:.2f} tok/s; added per token: {added * 1e3:.2f} ms")
-    print(json.dumps({
-        "hop_one_way_ms": round(hop * 1e3, 4),
-        "single_tps": round(tps["single"], 3),
-        "pipeline_1_1_tps": round(tps["pipeline_1_1"], 3),
-        "pipeline_over_single": round(tps["pipeline_1_1"] / tps["single"], 3),
-        "pipeline_added_ms_per_token": round(added * 1e3, 3),
-    }))
+    print(
+        f"mlx-lm one process: {tps['single']:.2f} tok/s; 2-stage pipeline (1+1): "
+        f"{tps['pipeline_1_1']:.2f} tok/s; added per token: {added * 1e3:.2f} ms"
+    )
+    print(
+        json.dumps(
+            {
+                "hop_one_way_ms": round(hop * 1e3, 4),
+                "single_tps": round(tps["single"], 3),
+                "pipeline_1_1_tps": round(tps["pipeline_1_1"], 3),
+                "pipeline_over_single": round(tps["pipeline_1_1"] / tps["single"], 3),
+                "pipeline_added_ms_per_token": round(added * 1e3, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

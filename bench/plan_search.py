@@ -27,11 +27,21 @@ from exo_tp.plan.cost import LinkCost  # noqa: E402
 from exo_tp.plan.search import choose_plan  # noqa: E402
 
 SPEC = ModelSpec(
-    model_type="deepseek_v3", hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128,
-    head_dim=192, ffn_sizes={"ffn": 18432, "expert_ffn": 2048, "shared_expert_ffn": 2048},
-    vocab_size=129280, tie_word_embeddings=False,
-    quantization=Quantization(group_size=64, bits=4), num_experts=256, experts_per_token=8,
-    dense_layers=3, context_length=4096)
+    model_type="deepseek_v3",
+    hidden_size=7168,
+    num_layers=61,
+    num_heads=128,
+    num_kv_heads=128,
+    head_dim=192,
+    ffn_sizes={"ffn": 18432, "expert_ffn": 2048, "shared_expert_ffn": 2048},
+    vocab_size=129280,
+    tie_word_embeddings=False,
+    quantization=Quantization(group_size=64, bits=4),
+    num_experts=256,
+    experts_per_token=8,
+    dense_layers=3,
+    context_length=4096,
+)
 KINDS = [(800, 192), (400, 64), (200, 32), (100, 16)]  # GB/s, GB
 THUNDERBOLT = LinkCost(latency=30e-6, bandwidth=8e9, measured=True)
 ETHERNET = LinkCost(latency=300e-6, bandwidth=1.1e9, measured=True)
@@ -39,11 +49,20 @@ ETHERNET = LinkCost(latency=300e-6, bandwidth=1.1e9, measured=True)
 
 def cluster(count: int) -> Cluster:
     devices = tuple(
-        DeviceCost(name=f"d{i}", seconds_per_byte=1 / (KINDS[i % 4][0] * 1e9),
-                   prefill_flops=20e12, memory=int(KINDS[i % 4][1] * 1e9 * 0.9))
-        for i in range(count))
-    links = tuple(Link(a=a, b=b, cost=THUNDERBOLT) for a in range(count)
-                  for b in range(a + 1, count) if a // 8 == b // 8)
+        DeviceCost(
+            name=f"d{i}",
+            seconds_per_byte=1 / (KINDS[i % 4][0] * 1e9),
+            prefill_flops=20e12,
+            memory=int(KINDS[i % 4][1] * 1e9 * 0.9),
+        )
+        for i in range(count)
+    )
+    links = tuple(
+        Link(a=a, b=b, cost=THUNDERBOLT)
+        for a in range(count)
+        for b in range(a + 1, count)
+        if a // 8 == b // 8
+    )
     return Cluster(devices=devices, links=links, default_link=ETHERNET)
 
 
@@ -59,17 +78,31 @@ def main() -> None:
         choice = choose_plan(SPEC, devices)
         times.append(time.perf_counter() - start)
     best = choice.best
-    print(f"{args.devices} devices, {SPEC.model_type}-shaped spec: {choice.considered} plans "
-          f"considered, {len(choice.rejected)} do not fit")
-    print(f"chosen: {best.kind}, {len(best.groups)} stages over {len(best.devices)} devices, "
-          f"predicted {best.prediction.tokens_per_second:.3g} tokens/s")
-    print(f"search time: min {min(times):.3f} s, median {statistics.median(times):.3f} s, "
-          f"max {max(times):.3f} s over {args.rounds} rounds")
-    print(json.dumps({"devices": args.devices, "seconds": round(statistics.median(times), 4),
-                      "max_seconds": round(max(times), 4), "considered": choice.considered,
-                      "under_one_second": max(times) < 1.0,
-                      "chosen": best.kind, "chosen_tokens_per_second":
-                      round(best.prediction.tokens_per_second, 3)}))
+    print(
+        f"{args.devices} devices, {SPEC.model_type}-shaped spec: {choice.considered} plans "
+        f"considered, {len(choice.rejected)} do not fit"
+    )
+    print(
+        f"chosen: {best.kind}, {len(best.groups)} stages over {len(best.devices)} devices, "
+        f"predicted {best.prediction.tokens_per_second:.3g} tokens/s"
+    )
+    print(
+        f"search time: min {min(times):.3f} s, median {statistics.median(times):.3f} s, "
+        f"max {max(times):.3f} s over {args.rounds} rounds"
+    )
+    print(
+        json.dumps(
+            {
+                "devices": args.devices,
+                "seconds": round(statistics.median(times), 4),
+                "max_seconds": round(max(times), 4),
+                "considered": choice.considered,
+                "under_one_second": max(times) < 1.0,
+                "chosen": best.kind,
+                "chosen_tokens_per_second": round(best.prediction.tokens_per_second, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -61,11 +61,19 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def bench_once(quick: bool, home: Path) -> tuple[DeviceProfile, float]:
-    command = [sys.executable, "-m", "exo_tp", "bench", "--refresh", "--json",
-               *(["--quick"] if quick else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "exo_tp",
+        "bench",
+        "--refresh",
+        "--json",
+        *(["--quick"] if quick else []),
+    ]
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=_env(home), cwd=ROOT,
-                            check=True)
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=_env(home), cwd=ROOT, check=True
+    )
     wall = time.perf_counter() - start
     return DeviceProfile.model_validate_json(result.stdout.strip().splitlines()[-1]), wall
 
@@ -75,22 +83,34 @@ def summary(profiles: list[DeviceProfile], walls: list[float]) -> dict[str, dict
     for name, (field, _, _) in METRICS.items():
         values = [getattr(p, field) for p in profiles]
         median = statistics.median(values)
-        out[name] = {"min": min(values), "median": median, "max": max(values),
-                     "spread": (max(values) - min(values)) / median}
-    out["wall"] = {"min": min(walls), "median": statistics.median(walls), "max": max(walls),
-                   "spread": (max(walls) - min(walls)) / statistics.median(walls)}
+        out[name] = {
+            "min": min(values),
+            "median": median,
+            "max": max(values),
+            "spread": (max(values) - min(values)) / median,
+        }
+    out["wall"] = {
+        "min": min(walls),
+        "median": statistics.median(walls),
+        "max": max(walls),
+        "spread": (max(walls) - min(walls)) / statistics.median(walls),
+    }
     return out
 
 
 def print_table(title: str, stats: dict[str, dict[str, float]]) -> None:
     print(f"\n{title}")
     print(f"{'metric':<9} {'min':>9} {'median':>9} {'max':>9} {'spread':>8}  unit")
-    units = {**{k: (scale, unit) for k, (_, scale, unit) in METRICS.items()},
-             "wall": (1, "s (process)")}
+    units = {
+        **{k: (scale, unit) for k, (_, scale, unit) in METRICS.items()},
+        "wall": (1, "s (process)"),
+    }
     for name, s in stats.items():
         scale, unit = units[name]
-        print(f"{name:<9} {s['min'] / scale:>9.3f} {s['median'] / scale:>9.3f} "
-              f"{s['max'] / scale:>9.3f} {s['spread']:>7.1%}  {unit}")
+        print(
+            f"{name:<9} {s['min'] / scale:>9.3f} {s['median'] / scale:>9.3f} "
+            f"{s['max'] / scale:>9.3f} {s['spread']:>7.1%}  {unit}"
+        )
 
 
 def decode_check(profile: DeviceProfile, tokens: int) -> dict[str, dict[str, float]]:
@@ -101,24 +121,43 @@ def decode_check(profile: DeviceProfile, tokens: int) -> dict[str, dict[str, flo
     for name in DEFAULT_MODELS:
         folder = resolve_model(name)
         spec = load_spec(folder)
-        predicted = predict(single_stage(plan_tensor_parallel(spec, [1.0])), [0],
-                            cluster_from_profiles(spec, [profile]), context_tokens=tokens
-                            ).decode_seconds
-        runs = [json.loads(subprocess.run(
-            [sys.executable, "-c", DECODE, str(folder), str(tokens)], capture_output=True,
-            text=True, check=True).stdout.strip().splitlines()[-1])["tps"] for _ in range(2)]
+        predicted = predict(
+            single_stage(plan_tensor_parallel(spec, [1.0])),
+            [0],
+            cluster_from_profiles(spec, [profile]),
+            context_tokens=tokens,
+        ).decode_seconds
+        runs = [
+            json.loads(
+                subprocess.run(
+                    [sys.executable, "-c", DECODE, str(folder), str(tokens)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )["tps"]
+            for _ in range(2)
+        ]
         measured = 1 / max(runs)
-        out[name] = {"predicted_s": predicted, "measured_s": measured,
-                     "predicted_over_measured": predicted / measured}
-        print(f"{name:<16} predicted {predicted * 1e3:7.1f} ms/token, mlx-lm measured "
-              f"{measured * 1e3:7.1f} ms/token ({weight_format(spec)}): "
-              f"ratio {predicted / measured:.2f}")
+        out[name] = {
+            "predicted_s": predicted,
+            "measured_s": measured,
+            "predicted_over_measured": predicted / measured,
+        }
+        print(
+            f"{name:<16} predicted {predicted * 1e3:7.1f} ms/token, mlx-lm measured "
+            f"{measured * 1e3:7.1f} ms/token ({weight_format(spec)}): "
+            f"ratio {predicted / measured:.2f}"
+        )
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=5, help="quick runs (default 5)")
     parser.add_argument("--full-runs", type=int, default=1, help="default-mode runs (default 1)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens for the decode check")
@@ -131,24 +170,34 @@ def main() -> None:
         full = [bench_once(False, Path(tmp)) for _ in range(args.full_runs)]
     q = summary([p for p, _ in quick], [w for _, w in quick])
     print_table(f"--quick, {args.runs} runs", q)
-    headline.update({
-        "decode_s_per_byte_median": q["decode"]["median"], "decode_spread": q["decode"]["spread"],
-        "prefill_flops_median": q["prefill"]["median"], "prefill_spread": q["prefill"]["spread"],
-        "memory_bandwidth_median": q["memory"]["median"], "memory_spread": q["memory"]["spread"],
-        "quick_seconds_max": q["duration"]["max"], "quick_wall_max": q["wall"]["max"],
-    })
+    headline.update(
+        {
+            "decode_s_per_byte_median": q["decode"]["median"],
+            "decode_spread": q["decode"]["spread"],
+            "prefill_flops_median": q["prefill"]["median"],
+            "prefill_spread": q["prefill"]["spread"],
+            "memory_bandwidth_median": q["memory"]["median"],
+            "memory_spread": q["memory"]["spread"],
+            "quick_seconds_max": q["duration"]["max"],
+            "quick_wall_max": q["wall"]["max"],
+        }
+    )
     if full:
         f = summary([p for p, _ in full], [w for _, w in full])
         print_table(f"default mode, {args.full_runs} runs", f)
-        headline.update({
-            "full_decode_spread": f["decode"]["spread"], "full_prefill_spread":
-            f["prefill"]["spread"], "full_seconds_max": f["duration"]["max"],
-            "full_wall_max": f["wall"]["max"],
-            "full_over_quick_decode": f["decode"]["median"] / q["decode"]["median"],
-        })
+        headline.update(
+            {
+                "full_decode_spread": f["decode"]["spread"],
+                "full_prefill_spread": f["prefill"]["spread"],
+                "full_seconds_max": f["duration"]["max"],
+                "full_wall_max": f["wall"]["max"],
+                "full_over_quick_decode": f["decode"]["median"] / q["decode"]["median"],
+            }
+        )
     if not args.no_decode_check:
-        median_profile = sorted((p for p, _ in quick),
-                                key=lambda p: p.decode_seconds_per_byte)[len(quick) // 2]
+        median_profile = sorted((p for p, _ in quick), key=lambda p: p.decode_seconds_per_byte)[
+            len(quick) // 2
+        ]
         print("\ndecode check (1 process, float32 activations)")
         headline["decode_check"] = decode_check(median_profile, args.tokens)
     print(json.dumps(headline))

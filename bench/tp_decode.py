@@ -53,10 +53,15 @@ def gather_times(sizes: list[int], iters: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = Path(tmp) / "hosts.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(len(sizes))])
-        procs = [subprocess.Popen([sys.executable, "-c", GATHER, json.dumps(sizes), str(iters)],
-                                  env={**env(), **ring_env(r, hostfile)},
-                                  stdout=subprocess.PIPE, text=True)
-                 for r in range(len(sizes))]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", GATHER, json.dumps(sizes), str(iters)],
+                env={**env(), **ring_env(r, hostfile)},
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for r in range(len(sizes))
+        ]
         outs = [p.communicate(timeout=300)[0] for p in procs]
     return json.loads(outs[0].strip().splitlines()[-1])
 
@@ -80,8 +85,10 @@ def main() -> None:
         runs["single"].append(single_process_tps(model, args.tokens))
         runs["tp2_even"].append(exo_tp_tps(model, [1, 1], args.tokens))
         runs["tp2_uneven"].append(exo_tp_tps(model, uneven, args.tokens))
-        print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} tok/s"
-                                                  for k, v in runs.items()), file=sys.stderr)
+        print(
+            f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} tok/s" for k, v in runs.items()),
+            file=sys.stderr,
+        )
     tps = {k: statistics.median(v) for k, v in runs.items()}
 
     plan = plan_tensor_parallel(load_spec(model), uneven)
@@ -90,21 +97,30 @@ def main() -> None:
 
     print(f"model {args.model}, {args.tokens} tokens, fp32, median of {args.rounds} rounds")
     print(f"{'contender':<28}{'tok/s':>8}{'vs single':>11}")
-    for name, label in (("single", "mlx-lm, 1 process"), ("tp2_even", "exo-tp 2 ranks 1:1"),
-                        ("tp2_uneven", f"exo-tp 2 ranks {args.uneven}")):
+    for name, label in (
+        ("single", "mlx-lm, 1 process"),
+        ("tp2_even", "exo-tp 2 ranks 1:1"),
+        ("tp2_uneven", f"exo-tp 2 ranks {args.uneven}"),
+    ):
         print(f"{label:<28}{tps[name]:>8.2f}{tps[name] / tps['single']:>10.2f}x")
-    print(f"logits all-gather {vocab_sizes} padded to {max(vocab_sizes)}: "
-          f"{gather['padded'] * 1e3:.3f} ms vs equal shapes {gather['equal'] * 1e3:.3f} ms")
-    print(json.dumps({
-        "single_tps": round(tps["single"], 3),
-        "tp2_even_tps": round(tps["tp2_even"], 3),
-        "tp2_uneven_tps": round(tps["tp2_uneven"], 3),
-        "tp2_even_over_single": round(tps["tp2_even"] / tps["single"], 3),
-        "tp2_uneven_over_single": round(tps["tp2_uneven"] / tps["single"], 3),
-        "gather_padded_ms": round(gather["padded"] * 1e3, 4),
-        "gather_equal_ms": round(gather["equal"] * 1e3, 4),
-        "gather_padded_over_equal": round(gather["padded"] / gather["equal"], 3),
-    }))
+    print(
+        f"logits all-gather {vocab_sizes} padded to {max(vocab_sizes)}: "
+        f"{gather['padded'] * 1e3:.3f} ms vs equal shapes {gather['equal'] * 1e3:.3f} ms"
+    )
+    print(
+        json.dumps(
+            {
+                "single_tps": round(tps["single"], 3),
+                "tp2_even_tps": round(tps["tp2_even"], 3),
+                "tp2_uneven_tps": round(tps["tp2_uneven"], 3),
+                "tp2_even_over_single": round(tps["tp2_even"] / tps["single"], 3),
+                "tp2_uneven_over_single": round(tps["tp2_uneven"] / tps["single"], 3),
+                "gather_padded_ms": round(gather["padded"] * 1e3, 4),
+                "gather_equal_ms": round(gather["equal"] * 1e3, 4),
+                "gather_padded_over_equal": round(gather["padded"] / gather["equal"], 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

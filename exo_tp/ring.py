@@ -20,8 +20,11 @@ def ring_env(rank: int, hostfile: Path) -> dict[str, str]:
 
 
 def jaccl_env(rank: int, coordinator: str, devices_file: Path) -> dict[str, str]:
-    return {"MLX_RANK": str(rank), "MLX_JACCL_COORDINATOR": coordinator,
-            "MLX_IBV_DEVICES": str(devices_file)}
+    return {
+        "MLX_RANK": str(rank),
+        "MLX_JACCL_COORDINATOR": coordinator,
+        "MLX_IBV_DEVICES": str(devices_file),
+    }
 
 
 def init_group() -> mx.distributed.Group:

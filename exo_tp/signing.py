@@ -24,8 +24,10 @@ def control_message(timestamp: str, path: str, body: bytes) -> bytes:
 def control_headers(secret: str, path: str, body: bytes) -> dict[str, str]:
     """Headers authenticating a control request (replays older than a minute are refused)."""
     timestamp = f"{time.time():.3f}"
-    return {"X-Exo-Tp-Time": timestamp,
-            "X-Exo-Tp-Signature": sign(secret, control_message(timestamp, path, body))}
+    return {
+        "X-Exo-Tp-Time": timestamp,
+        "X-Exo-Tp-Signature": sign(secret, control_message(timestamp, path, body)),
+    }
 
 
 def control_request_ok(secret: str, path: str, body: bytes, headers: dict[str, str]) -> bool:

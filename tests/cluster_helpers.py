@@ -23,12 +23,15 @@ from exo_tp.runtime.ports import port_is_free
 CLI = [sys.executable, "-m", "exo_tp"]
 
 
-def http_json(url: str, body: Any = None, timeout: float = 5,
-              headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    data = None if body is None else (body if isinstance(body, bytes) else
-                                      json.dumps(body).encode())
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json",
-                                                              **(headers or {})})
+def http_json(
+    url: str, body: Any = None, timeout: float = 5, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    data = (
+        None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    )
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -36,8 +39,12 @@ def http_json(url: str, body: Any = None, timeout: float = 5,
         return error.code, json.loads(error.read())
 
 
-def wait_ready(urls: list[str], timeout: float = 180, nodes: int | None = None,
-               headers: dict[str, str] | None = None) -> None:
+def wait_ready(
+    urls: list[str],
+    timeout: float = 180,
+    nodes: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Until every node says the cluster serves (and, if given, spans ``nodes`` ranks).
     ``headers``: sent with each request (an API key)."""
     deadline = time.monotonic() + timeout
@@ -48,7 +55,8 @@ def wait_ready(urls: list[str], timeout: float = 180, nodes: int | None = None,
             plans = [http_json(f"{u}/v1/plan", timeout=2, headers=headers)[1] for u in urls]
             last = (states, [p["nodes"] for p in plans])
             if all(s == "ready" for s in states) and (
-                    nodes is None or all(len(p["nodes"]) == nodes for p in plans)):
+                nodes is None or all(len(p["nodes"]) == nodes for p in plans)
+            ):
                 return
         except (OSError, KeyError, json.JSONDecodeError) as error:
             last = error
@@ -70,10 +78,17 @@ class LocalCluster:
 
 
 @contextmanager
-def local_cluster(count: int, weights: list[float] | None = None, model: str = "smollm2-135m",
-                  extra: tuple[str, ...] = (), ready: bool = True, bench: bool = False,
-                  env: dict[str, str] | None = None, log: Path | None = None,
-                  headers: dict[str, str] | None = None) -> Iterator[LocalCluster]:
+def local_cluster(
+    count: int,
+    weights: list[float] | None = None,
+    model: str = "smollm2-135m",
+    extra: tuple[str, ...] = (),
+    ready: bool = True,
+    bench: bool = False,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    headers: dict[str, str] | None = None,
+) -> Iterator[LocalCluster]:
     """``exo-tp run --local-nodes``. Without weights, --profile or ``bench`` the nodes get
     --no-bench: a test spends ~10 s of CPU on a device measurement only if it asks for one.
     ``env``: variables added to this process's; ``log``: the cluster's stderr goes there;
@@ -82,15 +97,30 @@ def local_cluster(count: int, weights: list[float] | None = None, model: str = "
     # A generous stall timeout: a loaded 2-core box can take long over a batched step; the
     # stall tests set their own.
     stall = () if "--stall-timeout" in extra else ("--stall-timeout", "300")
-    args = [*CLI, "run", "--local-nodes", str(count), "--api-port", str(base), "--model", model,
-            *stall, *extra]
+    args = [
+        *CLI,
+        "run",
+        "--local-nodes",
+        str(count),
+        "--api-port",
+        str(base),
+        "--model",
+        model,
+        *stall,
+        *extra,
+    ]
     if weights:
         args += ["--weights", ",".join(map(str, weights))]
     elif "--profile" not in extra and not bench:
         args.append("--no-bench")
     stderr = log.open("w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr,
-                            start_new_session=True, env={**os.environ, **env} if env else None)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
+        env={**os.environ, **env} if env else None,
+    )
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
         if ready:
@@ -112,9 +142,14 @@ class LoopbackNodes:
 
 
 @contextmanager
-def loopback_nodes(node_args: list[list[str]], model: str, logs: Path, ready: bool = True,
-                   env: dict[str, str] | None = None,
-                   headers: dict[str, str] | None = None) -> Iterator[LoopbackNodes]:
+def loopback_nodes(
+    node_args: list[list[str]],
+    model: str,
+    logs: Path,
+    ready: bool = True,
+    env: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Iterator[LoopbackNodes]:
     """One `exo-tp run` per entry of ``node_args`` (its own extra arguments) on 127.0.0.1, in
     one fresh cluster: node ids n0, n1, ...; each node's stderr in ``logs``/n<i>.log. The
     secret reaches them in $EXO_TP_SECRET; ``env`` adds to (or overrides) their environment;
@@ -126,12 +161,29 @@ def loopback_nodes(node_args: list[list[str]], model: str, logs: Path, ready: bo
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
         for i, extra in enumerate(node_args):
-            procs.append(subprocess.Popen(
-                [*CLI, "run", "--host", "127.0.0.1", "--api-port", str(base + i), "--node-id",
-                 f"n{i}", "--cluster", cluster, "--model", model, *extra],
-                stdout=subprocess.DEVNULL, stderr=(logs / f"n{i}.log").open("w"),
-                start_new_session=True,
-                env={**os.environ, "EXO_TP_SECRET": secret, **(env or {})}))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *CLI,
+                        "run",
+                        "--host",
+                        "127.0.0.1",
+                        "--api-port",
+                        str(base + i),
+                        "--node-id",
+                        f"n{i}",
+                        "--cluster",
+                        cluster,
+                        "--model",
+                        model,
+                        *extra,
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=(logs / f"n{i}.log").open("w"),
+                    start_new_session=True,
+                    env={**os.environ, "EXO_TP_SECRET": secret, **(env or {})},
+                )
+            )
         if ready:
             wait_ready(urls, nodes=count, headers=headers)
         yield LoopbackNodes(urls, cluster, secret)
@@ -175,8 +227,9 @@ class NamespaceLab:
     """A bridge on this machine and hosts in their own network namespaces behind it."""
 
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
-    subnet: str = field(default_factory=lambda: f"10.{100 + secrets.randbelow(100)}."
-                                                f"{secrets.randbelow(250)}")
+    subnet: str = field(
+        default_factory=lambda: f"10.{100 + secrets.randbelow(100)}.{secrets.randbelow(250)}"
+    )
     hosts: list[Host] = field(default_factory=list)
 
     @property
@@ -202,15 +255,19 @@ class NamespaceLab:
         self.hosts.append(host)
         return host
 
-    def start_node(self, host: Host, tmp: Path, *args: str,
-                   env: dict[str, str] | None = None) -> None:
+    def start_node(
+        self, host: Host, tmp: Path, *args: str, env: dict[str, str] | None = None
+    ) -> None:
         """``exo-tp run`` on ``host``; ``env`` adds to its environment (the secret goes there:
         never on a command line)."""
         host.log = tmp / f"{host.name}.log"
         host.proc = subprocess.Popen(
             ["ip", "netns", "exec", host.name, *CLI, "run", "--host", host.ip, *args],
-            stdout=host.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **(env or {})})
+            stdout=host.log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
 
     def stop_node(self, host: Host) -> None:
         if host.proc is not None and host.proc.poll() is None:
@@ -225,8 +282,9 @@ class NamespaceLab:
         for host in self.hosts:
             self.stop_node(host)
             # anything still running inside the namespace (a worker) goes too
-            pids = subprocess.run(["ip", "netns", "pids", host.name], capture_output=True,
-                                  text=True).stdout.split()
+            pids = subprocess.run(
+                ["ip", "netns", "pids", host.name], capture_output=True, text=True
+            ).stdout.split()
             for pid in pids:
                 with suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
@@ -235,7 +293,9 @@ class NamespaceLab:
 
 
 def worker_pids(namespace: str) -> list[int]:
-    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
-                          text=True).stdout.split()
-    return [int(p) for p in pids
-            if b"exo_tp.runtime.rank" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    pids = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True
+    ).stdout.split()
+    return [
+        int(p) for p in pids if b"exo_tp.runtime.rank" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]

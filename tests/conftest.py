@@ -19,9 +19,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
-    parser.addoption("--full-matrix", action="store_true",
-                     help="run the whole architecture x ranks x quantization matrix "
-                          "(tests/test_arch_matrix.py), not only its default sample")
+    parser.addoption(
+        "--full-matrix",
+        action="store_true",
+        help="run the whole architecture x ranks x quantization matrix "
+        "(tests/test_arch_matrix.py), not only its default sample",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,8 +40,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def private_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Nodes the tests start never read or write this user's cluster secret, nor take a secret
     or API key from the environment the tests were started in."""
-    saved = {k: os.environ.pop(k, None) for k in ("XDG_CONFIG_HOME", "EXO_TP_SECRET",
-                                                   "EXO_TP_API_KEY")}
+    saved = {
+        k: os.environ.pop(k, None) for k in ("XDG_CONFIG_HOME", "EXO_TP_SECRET", "EXO_TP_API_KEY")
+    }
     config = tmp_path_factory.mktemp("config")
     os.environ["XDG_CONFIG_HOME"] = str(config)
     try:

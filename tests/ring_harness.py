@@ -25,8 +25,13 @@ def run_on_ranks(n: int, script: str, tmp: Path, timeout: float = 120) -> dict:
         "group = init_ring()\n" + script + "\nbarrier(group)\n"
     )
     procs = [
-        subprocess.Popen([sys.executable, str(code)], env={**os.environ, **ring_env(r, hostfile)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(code)],
+            env={**os.environ, **ring_env(r, hostfile)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for r in range(n)
     ]
     deadline = time.monotonic() + timeout

@@ -32,12 +32,16 @@ MIN_MARGIN = 1e-3
 # name -> quantization (as quantize_model takes it); None is float
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "float": None,
-    **{f"q{bits}g{group}": {"bits": bits, "group_size": group}
-       for bits in (4, 8) for group in (32, 64, 128)},
+    **{
+        f"q{bits}g{group}": {"bits": bits, "group_size": group}
+        for bits in (4, 8)
+        for group in (32, 64, 128)
+    },
 }
 # gpt-oss ships MX-FP4 experts (scales per 32, no biases): one more variant for it.
 ARCH_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
-    "gpt_oss": {"mxfp4": {"bits": 4, "group_size": 32, "mode": "mxfp4"}}}
+    "gpt_oss": {"mxfp4": {"bits": 4, "group_size": 32, "mode": "mxfp4"}}
+}
 
 
 def variants(arch: str) -> dict[str, dict[str, Any] | None]:
@@ -85,27 +89,43 @@ def case(arch: str, variant: str, n: int, zero_rank: int | None = None) -> Case:
 # N from 1 to 6. deepseek_v3 runs float only here, to keep CI short (its quantized variants
 # run with `--full-matrix`).
 SAMPLE = [
-    case("llama", "float", 4), case("llama", "q4g128", 5, zero_rank=2),
-    case("mistral", "float", 3), case("mistral", "q8g32", 4, zero_rank=0),
-    case("qwen2", "float", 6), case("qwen2", "q4g32", 1),
-    case("qwen3", "float", 3, zero_rank=1), case("qwen3", "q8g64", 2),
-    case("gemma2", "float", 4), case("gemma2", "q4g64", 3, zero_rank=0),
-    case("gemma3_text", "float", 2), case("gemma3_text", "q4g32", 3, zero_rank=2),
-    case("phi3", "float", 4, zero_rank=3), case("phi3", "q8g64", 2),
-    case("mixtral", "float", 4), case("mixtral", "q8g128", 5, zero_rank=1),
-    case("qwen3_moe", "float", 3), case("qwen3_moe", "q4g32", 4, zero_rank=0),
-    case("qwen2_moe", "float", 4), case("qwen2_moe", "q4g64", 2),
-    case("deepseek_v2", "float", 6), case("deepseek_v2", "q8g32", 3, zero_rank=1),
+    case("llama", "float", 4),
+    case("llama", "q4g128", 5, zero_rank=2),
+    case("mistral", "float", 3),
+    case("mistral", "q8g32", 4, zero_rank=0),
+    case("qwen2", "float", 6),
+    case("qwen2", "q4g32", 1),
+    case("qwen3", "float", 3, zero_rank=1),
+    case("qwen3", "q8g64", 2),
+    case("gemma2", "float", 4),
+    case("gemma2", "q4g64", 3, zero_rank=0),
+    case("gemma3_text", "float", 2),
+    case("gemma3_text", "q4g32", 3, zero_rank=2),
+    case("phi3", "float", 4, zero_rank=3),
+    case("phi3", "q8g64", 2),
+    case("mixtral", "float", 4),
+    case("mixtral", "q8g128", 5, zero_rank=1),
+    case("qwen3_moe", "float", 3),
+    case("qwen3_moe", "q4g32", 4, zero_rank=0),
+    case("qwen2_moe", "float", 4),
+    case("qwen2_moe", "q4g64", 2),
+    case("deepseek_v2", "float", 6),
+    case("deepseek_v2", "q8g32", 3, zero_rank=1),
     case("deepseek_v3", "float", 4, zero_rank=2),
-    case("gpt_oss", "float", 3), case("gpt_oss", "q8g64", 5, zero_rank=4),
+    case("gpt_oss", "float", 3),
+    case("gpt_oss", "q8g64", 5, zero_rank=4),
     # MX-FP4 embeddings look up bfloat16: the rank without vocab rows must send bfloat16 zeros
     case("gpt_oss", "mxfp4", 3, zero_rank=1),
 ]
 
 
 def full_matrix() -> list[Case]:
-    return [case(arch, variant, n, zero_rank=(n - 2) if n >= 3 and n % 2 else None)
-            for arch in ARCHS for variant in variants(arch) for n in range(1, 7)]
+    return [
+        case(arch, variant, n, zero_rank=(n - 2) if n >= 3 and n % 2 else None)
+        for arch in ARCHS
+        for variant in variants(arch)
+        for n in range(1, 7)
+    ]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -129,9 +149,13 @@ class TinyModels:
             quant = variants(arch)[variant]
             dtype = mx.bfloat16 if arch in BF16_ARCHS and quant is None else mx.float32
             self.models[key] = write_tiny_model(
-                self.root / f"{arch}-{variant}", tiny_config(arch, quantized=quant is not None),
-                self.tokenizer, dtype, seed=SEEDS.get(arch, 0),
-                quantize=quant)
+                self.root / f"{arch}-{variant}",
+                tiny_config(arch, quantized=quant is not None),
+                self.tokenizer,
+                dtype,
+                seed=SEEDS.get(arch, 0),
+                quantize=quant,
+            )
         return self.models[key]
 
     def reference(self, arch: str, variant: str) -> Reference:
@@ -146,13 +170,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Pat
     return TinyModels(tmp_path_factory.mktemp("arch"), default_models["smollm2-135m"])
 
 
-def test_equals_single_device_mlx_lm(tmp_path: Path, tiny: TinyModels,
-                                     matrix_case: Case) -> None:
+def test_equals_single_device_mlx_lm(tmp_path: Path, tiny: TinyModels, matrix_case: Case) -> None:
     c = matrix_case
     reference = tiny.reference(c.arch, c.variant)
     assert min(reference.margins) >= MIN_MARGIN and len(reference.tokens) == TOKENS, (
         f"the reference stops early or its greedy choice is a near-tie "
-        f"({min(reference.margins):.2g}): change the tiny model's seed")
+        f"({min(reference.margins):.2g}): change the tiny model's seed"
+    )
     ours = launch(tmp_path, tiny.model(c.arch, c.variant), list(c.weights), PROMPT, TOKENS)
     assert_logits_close(ours.logits, reference.logits, atol=1e-4)
     assert ours.report["tokens"] == reference.tokens

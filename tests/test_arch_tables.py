@@ -26,25 +26,48 @@ def test_every_supported_type_is_an_mlx_lm_model_with_a_tiny_test_config() -> No
 
 def test_a_split_outside_every_reducing_branch_is_refused() -> None:
     with pytest.raises(ValidationError, match="inside no reducing branch"):
-        ArchTable(model_types=("x",), linears=(
-            LinearRule(path="mlp.down_proj", style="row", parts=("ffn",)),),
-            branches=(BranchRule(path="self_attn", kind="attention"),), counts=())
+        ArchTable(
+            model_types=("x",),
+            linears=(LinearRule(path="mlp.down_proj", style="row", parts=("ffn",)),),
+            branches=(BranchRule(path="self_attn", kind="attention"),),
+            counts=(),
+        )
     with pytest.raises(ValidationError, match="reduce twice"):
-        ArchTable(model_types=("x",), linears=(), counts=(), branches=(
-            BranchRule(path="mlp", kind="mlp"), BranchRule(path="mlp.experts", kind="experts")))
+        ArchTable(
+            model_types=("x",),
+            linears=(),
+            counts=(),
+            branches=(
+                BranchRule(path="mlp", kind="mlp"),
+                BranchRule(path="mlp.experts", kind="experts"),
+            ),
+        )
 
 
-@pytest.mark.parametrize(("table", "missing"), [
-    # the router left out of the table: it would be taken for an unsplit weight
-    (QWEN3_MOE.model_copy(update={"replicated": ("self_attn.q_norm", "self_attn.k_norm")}),
-     "mlp.gate"),
-    # the experts' down projection left out: its partial sums would be wrong
-    (QWEN3_MOE.model_copy(update={"linears": tuple(
-        r for r in QWEN3_MOE.linears if r.path != "mlp.switch_mlp.down_proj")}),
-     "mlp.switch_mlp.down_proj"),
-])
+@pytest.mark.parametrize(
+    ("table", "missing"),
+    [
+        # the router left out of the table: it would be taken for an unsplit weight
+        (
+            QWEN3_MOE.model_copy(update={"replicated": ("self_attn.q_norm", "self_attn.k_norm")}),
+            "mlp.gate",
+        ),
+        # the experts' down projection left out: its partial sums would be wrong
+        (
+            QWEN3_MOE.model_copy(
+                update={
+                    "linears": tuple(
+                        r for r in QWEN3_MOE.linears if r.path != "mlp.switch_mlp.down_proj"
+                    )
+                }
+            ),
+            "mlp.switch_mlp.down_proj",
+        ),
+    ],
+)
 def test_a_module_the_table_misses_is_an_error_not_a_wrong_split(
-        tmp_path: Path, default_models: dict[str, Path], table: ArchTable, missing: str) -> None:
+    tmp_path: Path, default_models: dict[str, Path], table: ArchTable, missing: str
+) -> None:
     from mlx_lm.utils import load_model
 
     from exo_tp.plan import load_spec, plan_tensor_parallel
@@ -52,12 +75,19 @@ def test_a_module_the_table_misses_is_an_error_not_a_wrong_split(
     from exo_tp.shard.blocks import BlockSharder
     from exo_tp.shard.slicing import WeightSlicer
 
-    folder = write_tiny_model(tmp_path / "m", tiny_config("qwen3_moe"),
-                              default_models["smollm2-135m"])
+    folder = write_tiny_model(
+        tmp_path / "m", tiny_config("qwen3_moe"), default_models["smollm2-135m"]
+    )
     plan = plan_tensor_parallel(load_spec(folder), [1])
     model, _ = load_model(folder, lazy=True)
-    sharder = BlockSharder(table, WeightSlicer(folder, model), [RankSelector(plan, 0)], 0,
-                           plan.spec.hidden_size, mx.distributed.init())
+    sharder = BlockSharder(
+        table,
+        WeightSlicer(folder, model),
+        [RankSelector(plan, 0)],
+        0,
+        plan.spec.hidden_size,
+        mx.distributed.init(),
+    )
     with pytest.raises(ExoTpError, match=missing.replace(".", r"\.")) as info:
         sharder.shard(model.model.layers[1], "model.layers.1")  # the MoE layer
     assert "table" in str(info.value)

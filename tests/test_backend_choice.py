@@ -8,17 +8,22 @@ from exo_tp.errors import PlanError
 from exo_tp.node.backend_choice import choose_backend
 
 NODES = ["a", "b", "c"]
-MESH = {"a": {"b": "rdma_en2", "c": "rdma_en3"}, "b": {"a": "rdma_en2", "c": "rdma_en4"},
-        "c": {"a": "rdma_en3", "b": "rdma_en4"}}
+MESH = {
+    "a": {"b": "rdma_en2", "c": "rdma_en3"},
+    "b": {"a": "rdma_en2", "c": "rdma_en4"},
+    "c": {"a": "rdma_en3", "b": "rdma_en4"},
+}
 JACCL = {n: ["ring", "jaccl"] for n in NODES}
 
 
 def test_full_rdma_mesh_uses_jaccl_with_rank_ordered_devices() -> None:
     choice = choose_backend("auto", ["c", "a", "b"], JACCL, MESH)
     assert choice.backend == "jaccl"
-    assert choice.ibv_devices == ((None, "rdma_en3", "rdma_en4"),
-                                  ("rdma_en3", None, "rdma_en2"),
-                                  ("rdma_en4", "rdma_en2", None))
+    assert choice.ibv_devices == (
+        (None, "rdma_en3", "rdma_en4"),
+        ("rdma_en3", None, "rdma_en2"),
+        ("rdma_en4", "rdma_en2", None),
+    )
 
 
 def test_missing_link_falls_back_to_ring_and_says_why() -> None:
@@ -57,7 +62,8 @@ def test_unmet_jaccl_request_fails_the_cluster_with_a_reason(default_models: dic
             time.sleep(0.5)
         assert view.get("state") == "failed", view
         assert "jaccl" in view["state_reason"]
-        code, reply = http_json(f"{cluster.urls[0]}/v1/chat/completions",
-                                {"model": "smollm2-135m",
-                                 "messages": [{"role": "user", "content": "hi"}]})
+        code, reply = http_json(
+            f"{cluster.urls[0]}/v1/chat/completions",
+            {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert code == 503 and "jaccl" in reply["error"]["message"]

@@ -62,14 +62,18 @@ def test_quick_bench_reports_every_kernel_and_the_system(quick: tuple) -> None:
     assert p.memory_total == _meminfo_total()
     assert p.cores == len(os.sched_getaffinity(0))
     expected = {("matvec", d, 1, k, n) for d in DTYPES for k, n in DECODE_SHAPES} | {
-        ("matmul", d, PREFILL_TOKENS, k, n) for d in DTYPES for k, n in PREFILL_SHAPES}
+        ("matmul", d, PREFILL_TOKENS, k, n) for d in DTYPES for k, n in PREFILL_SHAPES
+    }
     assert {(k.kind, k.dtype, k.m, k.k, k.n) for k in p.kernels} == expected
     for k in p.kernels:
         assert k.flops == pytest.approx(2 * k.m * k.k * k.n / k.seconds)
         assert k.weight_bytes_per_second == pytest.approx(k.weight_bytes / k.seconds)
         per_weight = {"float32": 4, "bfloat16": 2, "float16": 2}.get(k.dtype)
-        expected_bytes = k.k * k.n * per_weight if per_weight else (
-            k.k * k.n // 2 + 2 * 4 * k.k * k.n // int(k.dtype[3:]))
+        expected_bytes = (
+            k.k * k.n * per_weight
+            if per_weight
+            else (k.k * k.n // 2 + 2 * 4 * k.k * k.n // int(k.dtype[3:]))
+        )
         assert k.weight_bytes == expected_bytes
         if k.kind == "matvec":  # streamed from memory, not from the 4 MB L2
             assert k.working_set_bytes >= 64 * 2**20
@@ -77,15 +81,18 @@ def test_quick_bench_reports_every_kernel_and_the_system(quick: tuple) -> None:
     vec = [k for k in p.kernels if k.kind == "matvec" and k.dtype == "float32"]
     mat = [k for k in p.kernels if k.kind == "matmul" and k.dtype == "float32"]
     assert p.decode_seconds_per_byte == pytest.approx(
-        sum(k.seconds / k.weight_bytes for k in vec) / len(vec))
+        sum(k.seconds / k.weight_bytes for k in vec) / len(vec)
+    )
     assert p.prefill_flops == pytest.approx(
-        sum(2 * k.m * k.k * k.n for k in mat) / sum(k.seconds for k in mat))
+        sum(2 * k.m * k.k * k.n for k in mat) / sum(k.seconds for k in mat)
+    )
     # Physical plausibility against numpy streaming memory (catches unit mistakes).
     reference = _numpy_read_bandwidth()
     assert reference / 4 < p.memory_bandwidth < reference * 4, (p.memory_bandwidth, reference)
     assert p.decode_speed < reference * 2  # a matvec cannot read weights much faster than that
     assert json.loads((home / "profile.json").read_text())["decode_seconds_per_byte"] == (
-        p.decode_seconds_per_byte)
+        p.decode_seconds_per_byte
+    )
 
 
 def test_cached_profile_is_reused_until_refresh(quick: tuple) -> None:
@@ -104,21 +111,52 @@ def test_corrupt_cached_profile_is_measured_again(tmp_path: Path) -> None:
     assert "Traceback" not in err
     assert "measured in" in out
     assert read_profile(tmp_path / "profile.json").decode_seconds_per_byte == (
-        profile.decode_seconds_per_byte)
+        profile.decode_seconds_per_byte
+    )
 
 
 def _profile(**changes: object) -> DeviceProfile:
     fields = dict(
-        chip="Apple M2", cores=8, mlx_version="0.32.4", mlx_device="gpu", memory_total=16e9,
-        memory_available=12e9, backends=("ring", "jaccl"), memory_bandwidth=1e11,
-        decode_seconds_per_byte=1e-11, prefill_flops=1e12, node_id="0@10.0.0.1",
-        kernels=(MatmulScore(kind="matvec", dtype="float32", m=1, k=576, n=1536, seconds=1e-5,
-                             flops=1.7e11, weight_bytes_per_second=3.5e11,
-                             weight_bytes=3538944, working_set_bytes=70778880),),
-        links=(LinkProfile(a="0@10.0.0.1", b="1@10.0.0.2", up=True, all_sum_latency=8e-5,
-                           all_sum_bandwidth=9e8, send_recv_latency=3e-5),
-               LinkProfile(a="0@10.0.0.1", b="2@10.0.0.3", up=False, error="unreachable")),
-        quick=True, measured_at="2026-01-01T00:00:00+00:00", duration_seconds=9.5)
+        chip="Apple M2",
+        cores=8,
+        mlx_version="0.32.4",
+        mlx_device="gpu",
+        memory_total=16e9,
+        memory_available=12e9,
+        backends=("ring", "jaccl"),
+        memory_bandwidth=1e11,
+        decode_seconds_per_byte=1e-11,
+        prefill_flops=1e12,
+        node_id="0@10.0.0.1",
+        kernels=(
+            MatmulScore(
+                kind="matvec",
+                dtype="float32",
+                m=1,
+                k=576,
+                n=1536,
+                seconds=1e-5,
+                flops=1.7e11,
+                weight_bytes_per_second=3.5e11,
+                weight_bytes=3538944,
+                working_set_bytes=70778880,
+            ),
+        ),
+        links=(
+            LinkProfile(
+                a="0@10.0.0.1",
+                b="1@10.0.0.2",
+                up=True,
+                all_sum_latency=8e-5,
+                all_sum_bandwidth=9e8,
+                send_recv_latency=3e-5,
+            ),
+            LinkProfile(a="0@10.0.0.1", b="2@10.0.0.3", up=False, error="unreachable"),
+        ),
+        quick=True,
+        measured_at="2026-01-01T00:00:00+00:00",
+        duration_seconds=9.5,
+    )
     return DeviceProfile(**{**fields, **changes})
 
 
@@ -130,11 +168,20 @@ def test_profile_round_trips_through_json(tmp_path: Path) -> None:
     assert json.loads(profile.model_dump_json())["links"][1]["up"] is False
 
 
-@pytest.mark.parametrize("text", ["", "not json", "[]", '{"chip": "x"}',
-                                  _profile().model_dump_json().replace('"cores":8', '"cores":0'),
-                                  _profile().model_dump_json()[:-1] + ', "extra": 1}'])
-def test_invalid_profiles_are_one_readable_error(tmp_path: Path, text: str,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "not json",
+        "[]",
+        '{"chip": "x"}',
+        _profile().model_dump_json().replace('"cores":8', '"cores":0'),
+        _profile().model_dump_json()[:-1] + ', "extra": 1}',
+    ],
+)
+def test_invalid_profiles_are_one_readable_error(
+    tmp_path: Path, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "profile.json"
     path.write_text(text)
     with pytest.raises(ExoTpError, match="not a valid exo-tp profile") as error:
@@ -147,12 +194,14 @@ def test_invalid_profiles_are_one_readable_error(tmp_path: Path, text: str,
 
 def test_cached_profile_of_another_setup_is_not_reused() -> None:
     now = system_info()
-    same = _profile(chip=now.chip, cores=now.cores, mlx_version=now.mlx_version,
-                    mlx_device=now.mlx_device)
+    same = _profile(
+        chip=now.chip, cores=now.cores, mlx_version=now.mlx_version, mlx_device=now.mlx_device
+    )
     assert _stale(same, now, quick=True) is None
     assert "quick" in (_stale(same, now, quick=False) or "")
-    assert "mlx_version" in (_stale(same.model_copy(update={"mlx_version": "0.1"}), now,
-                                    quick=True) or "")
+    assert "mlx_version" in (
+        _stale(same.model_copy(update={"mlx_version": "0.1"}), now, quick=True) or ""
+    )
 
 
 def test_plan_from_profiles(tmp_path: Path, quick: tuple) -> None:
@@ -160,14 +209,19 @@ def test_plan_from_profiles(tmp_path: Path, quick: tuple) -> None:
     measured.write_text(quick[1].model_dump_json())
     slower = tmp_path / "b.json"
     # A device 3x slower at decode (no kernels: its headline score stands for every format).
-    slower.write_text(quick[1].model_copy(update={
-        "decode_seconds_per_byte": 3 * quick[1].decode_seconds_per_byte,
-        "kernels": ()}).model_dump_json())
+    slower.write_text(
+        quick[1]
+        .model_copy(
+            update={"decode_seconds_per_byte": 3 * quick[1].decode_seconds_per_byte, "kernels": ()}
+        )
+        .model_dump_json()
+    )
     out = run_cli("plan", "--profile", str(measured), "--profile", str(slower)).stdout
     for part in ("predicted decode", "KV cache", "vocab rows", "compared", "a.json", "b.json"):
         assert part in out, out
-    choice = json.loads(run_cli("plan", "--profile", str(measured), "--profile", str(slower),
-                                "--json").stdout)
+    choice = json.loads(
+        run_cli("plan", "--profile", str(measured), "--profile", str(slower), "--json").stdout
+    )
     best = choice["best"]
     assert best["groups"] == [[0, 1]]  # uneven TP over both
     assert best["plan"]["stages"][0]["tp"]["weights"] == pytest.approx([0.75, 0.25])

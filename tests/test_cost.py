@@ -26,8 +26,17 @@ EVERY = Span(start=0, stop=2)
 
 def tiny(**changes: object) -> ModelSpec:
     # 2 layers, hidden 8, 4 heads / 2 KV heads of width 2, FFN 64, vocab 128, tied.
-    fields = dict(model_type="llama", hidden_size=8, num_layers=2, num_heads=4, num_kv_heads=2,
-                  head_dim=2, ffn_sizes={"ffn": 64}, vocab_size=128, tie_word_embeddings=True)
+    fields = dict(
+        model_type="llama",
+        hidden_size=8,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=2,
+        ffn_sizes={"ffn": 64},
+        vocab_size=128,
+        tie_word_embeddings=True,
+    )
     return ModelSpec(**{**fields, **changes})
 
 
@@ -64,8 +73,9 @@ def test_quantized_bytes_by_hand() -> None:
 
 def test_moe_holds_every_expert_and_reads_the_active_ones() -> None:
     # Layer 0 dense (FFN 64), layer 1 MoE: 4 experts of 32 rows, 2 per token, router 8x4.
-    spec = tiny(ffn_sizes={"ffn": 64, "expert_ffn": 32}, num_experts=4, experts_per_token=2,
-                dense_layers=1)
+    spec = tiny(
+        ffn_sizes={"ffn": 64, "expert_ffn": 32}, num_experts=4, experts_per_token=2, dense_layers=1
+    )
     shard = plan_tensor_parallel(spec, [1]).ranks[0]
     attention = 8 * (2 * 8 + 2 * 4)
     dense = attention + 3 * 8 * 64
@@ -93,12 +103,14 @@ def test_collectives_by_stage_position() -> None:
     assert collective_seconds(plan, 1, False, False, LINK) == pytest.approx(2 * one_sum)
     # A 10-token prompt: all_sums carry 10 rows; logits only for the last position.
     assert collective_seconds(plan, 2, True, True, LINK, tokens=10) == pytest.approx(
-        5 * (1e-4 + 320 / 1e9) + gather)
+        5 * (1e-4 + 320 / 1e9) + gather
+    )
 
 
 def _device(name: str, seconds_per_byte: float, memory: int = 10**9) -> DeviceCost:
-    return DeviceCost(name=name, seconds_per_byte=seconds_per_byte, prefill_flops=1e9,
-                      memory=memory)
+    return DeviceCost(
+        name=name, seconds_per_byte=seconds_per_byte, prefill_flops=1e9, memory=memory
+    )
 
 
 def test_tensor_parallel_prediction_by_hand() -> None:
@@ -119,9 +131,11 @@ def test_tensor_parallel_prediction_by_hand() -> None:
 
 def test_pipeline_prediction_by_hand() -> None:
     plan = plan_pipeline(tiny(), [[1], [1]], [1, 1])
-    cluster = Cluster(devices=(_device("a", 1e-9), _device("b", 2e-9)),
-                      links=(Link(a=0, b=1, cost=LINK),),
-                      default_link=LinkCost(latency=1, bandwidth=1, measured=False))
+    cluster = Cluster(
+        devices=(_device("a", 1e-9), _device("b", 2e-9)),
+        links=(Link(a=0, b=1, cost=LINK),),
+        default_link=LinkCost(latency=1, bandwidth=1, measured=False),
+    )
     p = predict(plan, [0, 1], cluster, context_tokens=10, prompt_tokens=4)
     layer = 8 * (2 * 8 + 2 * 4) + 3 * 8 * 64  # one rank: all heads, all FFN rows
     stage0 = (layer * 4 + 2 * 8 * 4) * 1e-9  # its layer and 2 norms (embedding lookup free)
@@ -132,26 +146,42 @@ def test_pipeline_prediction_by_hand() -> None:
     assert p.hop_seconds == pytest.approx(hops)
     assert p.decode_seconds == pytest.approx(stage0 + stage1 + hops)
     assert [m.kv_cache for m in p.memory] == [320, 320]  # 1 layer x 10 tokens x K,V x 2 x 2
-    assert p.prefill_hop_seconds == pytest.approx(2 * HOP_OVERHEAD + (1e-4 + 16 / 1e9)
-                                                  + (1e-4 + 128 / 1e9))
-    tight = cluster.model_copy(update={"devices": (_device("a", 1e-9, memory=5000),
-                                                   _device("b", 2e-9))})
+    assert p.prefill_hop_seconds == pytest.approx(
+        2 * HOP_OVERHEAD + (1e-4 + 16 / 1e9) + (1e-4 + 128 / 1e9)
+    )
+    tight = cluster.model_copy(
+        update={"devices": (_device("a", 1e-9, memory=5000), _device("b", 2e-9))}
+    )
     over = predict(plan, [0, 1], tight, context_tokens=10).overflow()
     assert over is not None and over.device == 0 and over.total == layer * 4 + 4096 + 64 + 320
 
 
 def _kernel(kind: str, dtype: str, rate: float) -> MatmulScore:
-    return MatmulScore(kind=kind, dtype=dtype, m=1, k=8, n=8, seconds=0.01, flops=1e9,
-                       weight_bytes_per_second=rate)
+    return MatmulScore(
+        kind=kind, dtype=dtype, m=1, k=8, n=8, seconds=0.01, flops=1e9, weight_bytes_per_second=rate
+    )
 
 
 def _profile(node_id: str, links: tuple[LinkProfile, ...] = ()) -> DeviceProfile:
     return DeviceProfile(
-        node_id=node_id, chip="x", cores=1, mlx_version="0", mlx_device="cpu",
-        memory_total=2000, memory_available=1000, backends=(), memory_bandwidth=1.0,
-        decode_seconds_per_byte=5e-10, prefill_flops=3.0, links=links,
-        kernels=(_kernel("matvec", "q4g32", 1e9), _kernel("matvec", "q4g32", 4e9),
-                 _kernel("matmul", "q4g32", 1.0)))
+        node_id=node_id,
+        chip="x",
+        cores=1,
+        mlx_version="0",
+        mlx_device="cpu",
+        memory_total=2000,
+        memory_available=1000,
+        backends=(),
+        memory_bandwidth=1.0,
+        decode_seconds_per_byte=5e-10,
+        prefill_flops=3.0,
+        links=links,
+        kernels=(
+            _kernel("matvec", "q4g32", 1e9),
+            _kernel("matvec", "q4g32", 4e9),
+            _kernel("matmul", "q4g32", 1.0),
+        ),
+    )
 
 
 def test_scores_per_weight_format() -> None:
@@ -162,11 +192,15 @@ def test_scores_per_weight_format() -> None:
 
 
 def test_cluster_from_profiles_uses_measured_links_and_headroom() -> None:
-    links = (LinkProfile(a="0@x", b="1@y", up=True, all_sum_latency=3e-4, all_sum_bandwidth=2e9),
-             LinkProfile(a="1@y", b="2@z", up=False, error="unreachable"),
-             LinkProfile(a="0@x", b="9@gone", up=True, all_sum_latency=1, all_sum_bandwidth=1))
-    cluster = cluster_from_profiles(tiny(quantization=Quantization(group_size=32, bits=4)),
-                                    [_profile("0@x", links), _profile("1@y"), _profile("2@z")])
+    links = (
+        LinkProfile(a="0@x", b="1@y", up=True, all_sum_latency=3e-4, all_sum_bandwidth=2e9),
+        LinkProfile(a="1@y", b="2@z", up=False, error="unreachable"),
+        LinkProfile(a="0@x", b="9@gone", up=True, all_sum_latency=1, all_sum_bandwidth=1),
+    )
+    cluster = cluster_from_profiles(
+        tiny(quantization=Quantization(group_size=32, bits=4)),
+        [_profile("0@x", links), _profile("1@y"), _profile("2@z")],
+    )
     assert cluster.devices[0].seconds_per_byte == pytest.approx(0.625e-9)  # q4g32 score
     assert cluster.devices[0].memory == 900  # 90% of what is available
     assert cluster.link(1, 0) == LinkCost(latency=3e-4, bandwidth=2e9, measured=True)

@@ -25,14 +25,14 @@ def _rank_processes(root_pid: int) -> dict[str, psutil.Process]:
     for proc in psutil.Process(root_pid).children(recursive=True):
         cmdline = proc.cmdline()
         if "exo_tp.runtime.rank" in cmdline:
-            job = json.loads(Path(cmdline[cmdline.index("exo_tp.runtime.rank") + 1])
-                             .read_text())
+            job = json.loads(Path(cmdline[cmdline.index("exo_tp.runtime.rank") + 1]).read_text())
             out[job["nodes"][job["rank"]]] = proc
     return out
 
 
 def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
-        default_models: dict[str, Path]) -> None:
+    default_models: dict[str, Path],
+) -> None:
     with local_cluster(3, weights=[1, 1, 1], extra=("--stall-timeout", "6")) as cluster:
         leader_url = cluster.urls[0]
         victim_node = "local-2"
@@ -44,8 +44,12 @@ def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
             api = OpenAI(base_url=leader_url + "/v1", api_key="none", max_retries=0)
             try:
                 for _ in api.chat.completions.create(
-                        model=MODEL, messages=[{"role": "user", "content": "Tell a long story."}],
-                        temperature=0, max_tokens=2000, stream=True):
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "Tell a long story."}],
+                    temperature=0,
+                    max_tokens=2000,
+                    stream=True,
+                ):
                     streaming.set()
             except APIError as error:
                 errors.append(str(error))
@@ -71,8 +75,11 @@ def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
             plan = http_json(leader_url + "/v1/plan")[1]
             assert victim_node not in plan["nodes"]
             reply = OpenAI(base_url=leader_url + "/v1", api_key="none").chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "Say hi."}], temperature=0,
-                max_tokens=4)
+                model=MODEL,
+                messages=[{"role": "user", "content": "Say hi."}],
+                temperature=0,
+                max_tokens=4,
+            )
             assert reply.choices[0].message.content
         finally:
             if frozen.is_running():
@@ -84,15 +91,32 @@ def _rank_folders(owner: int) -> list[Path]:
 
 
 def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
-        default_models: dict[str, Path], tmp_path: Path) -> None:
+    default_models: dict[str, Path], tmp_path: Path
+) -> None:
     port = free_port_base(1)
 
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [*CLI, "run", "--host", "127.0.0.1", "--api-port", str(port), "--no-bench",
-             "--model", MODEL, "--node-id", "solo", "--cluster", f"solo-{port}"],
-            stdout=subprocess.DEVNULL, stderr=(tmp_path / "node.log").open("a"),
-            start_new_session=True, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)})
+            [
+                *CLI,
+                "run",
+                "--host",
+                "127.0.0.1",
+                "--api-port",
+                str(port),
+                "--no-bench",
+                "--model",
+                MODEL,
+                "--node-id",
+                "solo",
+                "--cluster",
+                f"solo-{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "node.log").open("a"),
+            start_new_session=True,
+            env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
+        )
 
     url = f"http://127.0.0.1:{port}"
     node = start()

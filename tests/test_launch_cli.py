@@ -53,12 +53,19 @@ def test_model_folder_without_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", [["plan"], ["launch", "--ranks", "2", "--prompt", "x"]])
 def test_unsupported_architecture_is_named_with_the_supported_ones(
-        tmp_path: Path, command: list[str]) -> None:
+    tmp_path: Path, command: list[str]
+) -> None:
     from exo_tp.arch import supported_model_types
 
     # A real mlx-lm architecture (a state-space model: nothing to split by heads).
-    config = {"model_type": "mamba", "hidden_size": 64, "intermediate_size": 128,
-              "state_size": 16, "num_hidden_layers": 2, "vocab_size": 100}
+    config = {
+        "model_type": "mamba",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "state_size": 16,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     line = _one_line_error(run_cli(*command, "--model", str(tmp_path), check=False))
     assert "'mamba'" in line
@@ -89,9 +96,21 @@ def _rank_of(pid: int) -> int | None:
 def test_dead_rank_stops_the_job_with_a_clear_error(default_models: dict[str, Path]) -> None:
     """Kill one rank mid-generation: the launcher reports it within 10 s and leaves no ranks."""
     launcher = subprocess.Popen(
-        [*CLI, "launch", "--ranks", "3", "--weights", "5,3,2", "--prompt",
-         "Write a very long story about a lighthouse keeper.", "--max-tokens", "2000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *CLI,
+            "launch",
+            "--ranks",
+            "3",
+            "--weights",
+            "5,3,2",
+            "--prompt",
+            "Write a very long story about a lighthouse keeper.",
+            "--max-tokens",
+            "2000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert launcher.stdout is not None
@@ -111,5 +130,8 @@ def test_dead_rank_stops_the_job_with_a_clear_error(default_models: dict[str, Pa
     assert "Traceback" not in stderr.splitlines()[-1]
     assert "exo-tp: error: rank 1 exited" in stderr
     time.sleep(0.5)
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
-                and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+    assert not [
+        pid
+        for pid in workers
+        if Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    ]

@@ -31,8 +31,13 @@ def reference(default_models: dict[str, Path]) -> str:
 
 
 def _chat(**overrides: object) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}],
-            "temperature": 0, "max_tokens": 8, **overrides}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "temperature": 0,
+        "max_tokens": 8,
+        **overrides,
+    }
 
 
 BAD_CHAT = [
@@ -52,16 +57,22 @@ BAD_CHAT = [
     ("stream as string", _chat(stream="yes"), 400, "stream"),
     ("too many stops", _chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ("n > 1", _chat(n=3), 400, "n"),
-    ("prompt longer than context",
-     _chat(messages=[{"role": "user", "content": "hello " * 9000}]), 400, "messages"),
+    (
+        "prompt longer than context",
+        _chat(messages=[{"role": "user", "content": "hello " * 9000}]),
+        400,
+        "messages",
+    ),
 ]
 
 
 @pytest.mark.parametrize("node", [0, 1], ids=["leader", "other-node"])
-@pytest.mark.parametrize(("case", "body", "status", "param"), BAD_CHAT,
-                         ids=[c[0] for c in BAD_CHAT])
-def test_bad_chat_input_gets_openai_error(cluster: LocalCluster, node: int, case: str,
-                                          body: object, status: int, param: str | None) -> None:
+@pytest.mark.parametrize(
+    ("case", "body", "status", "param"), BAD_CHAT, ids=[c[0] for c in BAD_CHAT]
+)
+def test_bad_chat_input_gets_openai_error(
+    cluster: LocalCluster, node: int, case: str, body: object, status: int, param: str | None
+) -> None:
     code, reply = http_json(f"{cluster.urls[node]}/v1/chat/completions", body, timeout=60)
     assert code == status, (case, reply)
     assert set(reply) == {"error"} and reply["error"]["message"]
@@ -76,10 +87,13 @@ def test_oversized_body_is_413(cluster: LocalCluster) -> None:
     assert code == 413 and "error" in reply
 
 
-@pytest.mark.parametrize(("method", "path", "status"), [
-    ("GET", "/v1/nothing-here", 404), ("GET", "/v1/chat/completions", 405)])
-def test_unknown_routes_answer_json(cluster: LocalCluster, method: str, path: str,
-                                    status: int) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("GET", "/v1/nothing-here", 404), ("GET", "/v1/chat/completions", 405)],
+)
+def test_unknown_routes_answer_json(
+    cluster: LocalCluster, method: str, path: str, status: int
+) -> None:
     parsed = urlparse(cluster.urls[1])
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
     conn.request(method, path)
@@ -91,27 +105,34 @@ def test_unknown_routes_answer_json(cluster: LocalCluster, method: str, path: st
 def test_bad_completions_input(cluster: LocalCluster) -> None:
     code, reply = http_json(f"{cluster.urls[1]}/v1/completions", {"model": MODEL}, timeout=30)
     assert code == 400 and reply["error"]["param"] == "prompt"
-    code, reply = http_json(f"{cluster.urls[1]}/v1/completions",
-                            {"model": MODEL, "prompt": ["a", "b"]}, timeout=30)
+    code, reply = http_json(
+        f"{cluster.urls[1]}/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, timeout=30
+    )
     assert code == 400
 
 
 def test_node_keeps_serving_after_bad_input(cluster: LocalCluster, reference: str) -> None:
     client = OpenAI(base_url=f"{cluster.urls[1]}/v1", api_key="unused", max_retries=0)
-    reply = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=24,
-                                           messages=[{"role": "user", "content": QUESTION}])
+    reply = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=24, messages=[{"role": "user", "content": QUESTION}]
+    )
     assert reply.choices[0].message.content == reference
     assert "Paris" in reference
 
 
 @pytest.mark.parametrize("node", [0, 1], ids=["leader", "other-node"])
-def test_openai_client_stream_equals_single_device(cluster: LocalCluster, reference: str,
-                                                   node: int) -> None:
+def test_openai_client_stream_equals_single_device(
+    cluster: LocalCluster, reference: str, node: int
+) -> None:
     client = OpenAI(base_url=f"{cluster.urls[node]}/v1", api_key="unused", max_retries=0)
     stream = client.chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=24, stream=True,
+        model=MODEL,
+        temperature=0,
+        max_tokens=24,
+        stream=True,
         stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": QUESTION}])
+        messages=[{"role": "user", "content": QUESTION}],
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == reference
@@ -121,13 +142,19 @@ def test_openai_client_stream_equals_single_device(cluster: LocalCluster, refere
 
 def test_completions_stop_and_length(cluster: LocalCluster) -> None:
     client = OpenAI(base_url=f"{cluster.urls[0]}/v1", api_key="unused", max_retries=0)
-    full = client.completions.create(model=MODEL, prompt="The capital of France is",
-                                     temperature=0, max_tokens=12)
+    full = client.completions.create(
+        model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=12
+    )
     assert full.choices[0].finish_reason == "length"
     assert full.usage.completion_tokens == 12
     words = full.choices[0].text.split()
-    cut = client.completions.create(model=MODEL, prompt="The capital of France is",
-                                    temperature=0, max_tokens=12, stop=[words[1]])
+    cut = client.completions.create(
+        model=MODEL,
+        prompt="The capital of France is",
+        temperature=0,
+        max_tokens=12,
+        stop=[words[1]],
+    )
     assert cut.choices[0].finish_reason == "stop"
     assert full.choices[0].text.startswith(cut.choices[0].text)
     assert words[1] not in cut.choices[0].text
@@ -138,8 +165,12 @@ def test_seed_makes_sampling_repeatable(cluster: LocalCluster) -> None:
 
     def sample(seed: int) -> str:
         reply = client.chat.completions.create(
-            model=MODEL, temperature=1.0, seed=seed, max_tokens=16,
-            messages=[{"role": "user", "content": "Tell me a story."}])
+            model=MODEL,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=16,
+            messages=[{"role": "user", "content": "Tell me a story."}],
+        )
         return reply.choices[0].message.content or ""
 
     first, again, other = sample(1), sample(1), sample(2)
@@ -151,9 +182,18 @@ def test_disconnect_frees_the_slot(cluster: LocalCluster) -> None:
     """A client that leaves mid-stream stops generation on every rank; the next one runs."""
     parsed = urlparse(cluster.urls[0])
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
-    conn.request("POST", "/v1/chat/completions", json.dumps(_chat(
-        max_tokens=4000, stream=True, messages=[{"role": "user", "content": "Write a novel."}])),
-        {"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(
+            _chat(
+                max_tokens=4000,
+                stream=True,
+                messages=[{"role": "user", "content": "Write a novel."}],
+            )
+        ),
+        {"Content-Type": "application/json"},
+    )
     response = conn.getresponse()
     assert response.status == 200
     for _ in range(4):  # a few tokens arrive, then the client goes away
@@ -170,8 +210,7 @@ def test_concurrent_requests_queue_and_all_finish(cluster: LocalCluster) -> None
     results: list[tuple[int, dict]] = []
 
     def ask(node: int) -> None:
-        results.append(http_json(f"{cluster.urls[node]}/v1/chat/completions", _chat(),
-                                 timeout=120))
+        results.append(http_json(f"{cluster.urls[node]}/v1/chat/completions", _chat(), timeout=120))
 
     threads = [threading.Thread(target=ask, args=(i % 2,)) for i in range(4)]
     for t in threads:

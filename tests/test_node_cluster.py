@@ -23,8 +23,9 @@ from cluster_helpers import (
 from helpers import mlx_lm_reference
 from openai import APIError, OpenAI
 
-pytestmark = pytest.mark.skipif(can_make_namespaces() is not None,
-                                reason=str(can_make_namespaces()))
+pytestmark = pytest.mark.skipif(
+    can_make_namespaces() is not None, reason=str(can_make_namespaces())
+)
 
 MODEL = "smollm2-135m"
 QUESTION = "What is the capital of France?"
@@ -39,13 +40,13 @@ class Lab:
         return [h.url for h in self.hosts]
 
     def client(self, index: int) -> OpenAI:
-        return OpenAI(base_url=f"{self.hosts[index].url}/v1", api_key="unused", max_retries=0,
-                      timeout=120)
+        return OpenAI(
+            base_url=f"{self.hosts[index].url}/v1", api_key="unused", max_retries=0, timeout=120
+        )
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory,
-        default_models: dict[str, Path]) -> Iterator[Lab]:
+def lab(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Path]) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("netns")
     lab = NamespaceLab()
     lab.up()
@@ -53,9 +54,19 @@ def lab(tmp_path_factory: pytest.TempPathFactory,
         hosts = [lab.add_host() for _ in range(3)]
         cluster, secret = f"lab-{lab.tag}", secrets.token_hex(16)
         for i, host in enumerate(hosts):
-            lab.start_node(host, tmp, "--cluster", cluster,
-                           "--node-id", f"node-{i}", "--weight", str([5, 3, 2][i]),
-                           "--model", MODEL, env={"EXO_TP_SECRET": secret})
+            lab.start_node(
+                host,
+                tmp,
+                "--cluster",
+                cluster,
+                "--node-id",
+                f"node-{i}",
+                "--weight",
+                str([5, 3, 2][i]),
+                "--model",
+                MODEL,
+                env={"EXO_TP_SECRET": secret},
+            )
         wait_ready([h.url for h in hosts], nodes=3)
         yield Lab(lab, hosts, cluster, tmp)
     finally:
@@ -71,7 +82,10 @@ def test_nodes_discover_each_other_and_agree_on_a_leader(lab: Lab) -> None:
     views = [http_json(f"{url}/v1/cluster")[1] for url in lab.urls]
     for view in views:
         assert sorted(n["node_id"] for n in view["nodes"] if n["alive"]) == [
-            "node-0", "node-1", "node-2"]
+            "node-0",
+            "node-1",
+            "node-2",
+        ]
         assert view["leader"] == "node-0"
     hosts = {n["node_id"]: n["host"] for n in views[2]["nodes"]}
     assert hosts == {f"node-{i}": h.ip for i, h in enumerate(lab.hosts)}
@@ -82,20 +96,31 @@ def test_nodes_discover_each_other_and_agree_on_a_leader(lab: Lab) -> None:
 
 def test_openai_client_matches_single_device(lab: Lab, reference: str) -> None:
     messages = [{"role": "user", "content": QUESTION}]
-    whole = lab.client(0).chat.completions.create(model=MODEL, messages=messages,
-                                                   temperature=0, max_tokens=24)
+    whole = lab.client(0).chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=24
+    )
     assert whole.choices[0].message.content == reference
-    stream = lab.client(2).chat.completions.create(model=MODEL, messages=messages,
-                                                    temperature=0, max_tokens=24, stream=True)
+    stream = lab.client(2).chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=24, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == reference
     assert "Paris" in reference
 
 
 def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
     intruder = lab.lab.add_host()
-    lab.lab.start_node(intruder, lab.tmp, "--cluster", lab.cluster,
-                       "--node-id", "intruder", "--model", MODEL, "--no-bench",
-                       env={"EXO_TP_SECRET": secrets.token_hex(16)})  # not the cluster's
+    lab.lab.start_node(
+        intruder,
+        lab.tmp,
+        "--cluster",
+        lab.cluster,
+        "--node-id",
+        "intruder",
+        "--model",
+        MODEL,
+        "--no-bench",
+        env={"EXO_TP_SECRET": secrets.token_hex(16)},
+    )  # not the cluster's
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the intruder is up and announcing
@@ -116,8 +141,9 @@ def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
         lab.lab.stop_node(intruder)
 
 
-def test_killed_worker_fails_the_request_fast_then_cluster_recovers(lab: Lab,
-                                                                    reference: str) -> None:
+def test_killed_worker_fails_the_request_fast_then_cluster_recovers(
+    lab: Lab, reference: str
+) -> None:
     epoch = http_json(f"{lab.urls[0]}/v1/plan")[1]["epoch"]
     outcome: dict[str, object] = {}
     first_token = threading.Event()
@@ -125,8 +151,12 @@ def test_killed_worker_fails_the_request_fast_then_cluster_recovers(lab: Lab,
     def long_request() -> None:
         try:
             stream = lab.client(1).chat.completions.create(
-                model=MODEL, temperature=0, max_tokens=2000, stream=True,
-                messages=[{"role": "user", "content": "Write a very long story."}])
+                model=MODEL,
+                temperature=0,
+                max_tokens=2000,
+                stream=True,
+                messages=[{"role": "user", "content": "Write a very long story."}],
+            )
             for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     first_token.set()
@@ -150,6 +180,6 @@ def test_killed_worker_fails_the_request_fast_then_cluster_recovers(lab: Lab,
     wait_ready(lab.urls, nodes=3, timeout=180)
     assert http_json(f"{lab.urls[0]}/v1/plan")[1]["epoch"] > epoch
     again = lab.client(2).chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=24,
-        messages=[{"role": "user", "content": QUESTION}])
+        model=MODEL, temperature=0, max_tokens=24, messages=[{"role": "user", "content": QUESTION}]
+    )
     assert again.choices[0].message.content == reference

@@ -17,17 +17,26 @@ PROMPT = "What is the capital of France?"
 
 def _profile(path: Path, gb_per_s: float) -> Path:
     profile = DeviceProfile(
-        chip="lab cpu", cores=1, mlx_version="0", mlx_device="cpu", memory_total=16 * 10**9,
-        memory_available=8 * 10**9, backends=("ring",), memory_bandwidth=gb_per_s * 1e9,
-        decode_seconds_per_byte=1 / (gb_per_s * 1e9), prefill_flops=2e10)
+        chip="lab cpu",
+        cores=1,
+        mlx_version="0",
+        mlx_device="cpu",
+        memory_total=16 * 10**9,
+        memory_available=8 * 10**9,
+        backends=("ring",),
+        memory_bandwidth=gb_per_s * 1e9,
+        decode_seconds_per_byte=1 / (gb_per_s * 1e9),
+        prefill_flops=2e10,
+    )
     path.write_text(profile.model_dump_json())
     return path
 
 
-def test_planner_leaves_a_slow_node_out(tmp_path: Path,
-                                        default_models: dict[str, Path]) -> None:
-    profiles = [_profile(tmp_path / f"{name}.json", speed)
-                for name, speed in (("fast-a", 3.0), ("fast-b", 3.0), ("slow", 0.15))]
+def test_planner_leaves_a_slow_node_out(tmp_path: Path, default_models: dict[str, Path]) -> None:
+    profiles = [
+        _profile(tmp_path / f"{name}.json", speed)
+        for name, speed in (("fast-a", 3.0), ("fast-b", 3.0), ("slow", 0.15))
+    ]
     extra = ("--profiles", ",".join(map(str, profiles)))
     with local_cluster(3, ready=False, extra=extra) as cluster:
         wait_ready(cluster.urls, nodes=2)  # every node, the left-out one too, shows 2 ranks
@@ -38,9 +47,16 @@ def test_planner_leaves_a_slow_node_out(tmp_path: Path,
         code, view = http_json(f"{cluster.urls[0]}/v1/cluster")
         assert sorted(n["node_id"] for n in view["nodes"]) == ["local-0", "local-1", "local-2"]
         # The left-out node still answers, through the leader.
-        code, answer = http_json(f"{cluster.urls[2]}/v1/chat/completions", {
-            "model": "smollm2-135m", "max_tokens": 12, "temperature": 0,
-            "messages": [{"role": "user", "content": PROMPT}]}, timeout=120)
+        code, answer = http_json(
+            f"{cluster.urls[2]}/v1/chat/completions",
+            {
+                "model": "smollm2-135m",
+                "max_tokens": 12,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": PROMPT}],
+            },
+            timeout=120,
+        )
         assert code == 200, json.dumps(answer)
     reference = mlx_lm_reference(default_models["smollm2-135m"], PROMPT, 12)
     assert answer["choices"][0]["message"]["content"] == reference.text

@@ -16,8 +16,17 @@ from exo_tp.plan.devices import DeviceProfile, MatmulScore, ProfileSummary, read
 from exo_tp.profile.system import system_info
 
 Q4_MODEL = "smollm2-135m-q4"  # weights in format q4g32
-SUMMARY_FIELDS = ("chip", "cores", "mlx_version", "mlx_device", "memory_total",
-                  "memory_available", "backends", "decode_seconds_per_byte", "prefill_flops")
+SUMMARY_FIELDS = (
+    "chip",
+    "cores",
+    "mlx_version",
+    "mlx_device",
+    "memory_total",
+    "memory_available",
+    "backends",
+    "decode_seconds_per_byte",
+    "prefill_flops",
+)
 
 
 def _meminfo_total() -> int:
@@ -32,18 +41,40 @@ def _profile(q4_bytes_per_second: float, headline: float = 3e-10) -> DeviceProfi
     matvec reading ``q4_bytes_per_second``."""
     nbytes = 576 * 1536 // 2 + 2 * 4 * 576 * 1536 // 32
     seconds = nbytes / q4_bytes_per_second
-    q4 = MatmulScore(kind="matvec", dtype="q4g32", m=1, k=576, n=1536, seconds=seconds,
-                     flops=2 * 576 * 1536 / seconds, weight_bytes_per_second=q4_bytes_per_second,
-                     weight_bytes=nbytes, working_set_bytes=nbytes * 100)
-    return DeviceProfile(**system_info().model_dump(), memory_bandwidth=1e10,
-                         decode_seconds_per_byte=headline, prefill_flops=4e9, kernels=(q4,),
-                         quick=True, measured_at="2026-01-01T00:00:00+00:00")
+    q4 = MatmulScore(
+        kind="matvec",
+        dtype="q4g32",
+        m=1,
+        k=576,
+        n=1536,
+        seconds=seconds,
+        flops=2 * 576 * 1536 / seconds,
+        weight_bytes_per_second=q4_bytes_per_second,
+        weight_bytes=nbytes,
+        working_set_bytes=nbytes * 100,
+    )
+    return DeviceProfile(
+        **system_info().model_dump(),
+        memory_bandwidth=1e10,
+        decode_seconds_per_byte=headline,
+        prefill_flops=4e9,
+        kernels=(q4,),
+        quick=True,
+        measured_at="2026-01-01T00:00:00+00:00",
+    )
 
 
 def _member(node_id: str, weight: float = 0.0, score: float = 0.0) -> Announcement:
-    return Announcement(node_id=node_id, version="0", cluster="c", host="127.0.0.1",
-                        api_port=8000, control_port=8001, decode_seconds_per_byte=score,
-                        weight=weight)
+    return Announcement(
+        node_id=node_id,
+        version="0",
+        cluster="c",
+        host="127.0.0.1",
+        api_port=8000,
+        control_port=8001,
+        decode_seconds_per_byte=score,
+        weight=weight,
+    )
 
 
 def test_node_weights() -> None:
@@ -71,8 +102,9 @@ def test_profile_summary_keeps_the_scores() -> None:
         assert getattr(summary, field) == getattr(profile, field)
 
 
-def _announcements(cluster: str, secret: str, count: int,
-                   timeout: float = 30) -> dict[str, dict[bytes, bytes | None]]:
+def _announcements(
+    cluster: str, secret: str, count: int, timeout: float = 30
+) -> dict[str, dict[bytes, bytes | None]]:
     """The TXT records of ``cluster``'s nodes as any mDNS client on this machine reads them
     (python-zeroconf's own browser, not exo-tp's discovery), by node id."""
     from zeroconf import DNSQuestionType, IPVersion, ServiceBrowser, ServiceInfo, Zeroconf
@@ -119,7 +151,8 @@ def _wait_links(url: str, count: int, timeout: float = 10) -> dict:
 
 
 def test_nodes_announce_their_scores_plan_with_them_and_show_measured_links(
-        tmp_path: Path, default_models: dict[str, Path]) -> None:
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
     """Two nodes on loopback with given profiles: equal float32 headline scores, but node n0
     reads 4-bit weights 3x faster. The TXT carries the scores; the leader plans the 4-bit model
     by the 4-bit scores (0.75 / 0.25, where the headline would give 0.5 / 0.5); /v1/cluster
@@ -157,7 +190,8 @@ def test_nodes_announce_their_scores_plan_with_them_and_show_measured_links(
         assert summary["backends"] == list(profile.backends)
         assert summary["memory_total"] == _meminfo_total()  # read when the node started
         assert summary["seconds_per_byte"]["q4g32"] == pytest.approx(
-            profile.seconds_per_byte("q4g32"))
+            profile.seconds_per_byte("q4g32")
+        )
 
     (link,) = view["links"]
     assert {link["a"], link["b"]} == {"n0", "n1"}
@@ -169,12 +203,18 @@ def test_nodes_announce_their_scores_plan_with_them_and_show_measured_links(
 
 
 def test_first_start_measures_one_quick_profile_for_a_local_cluster(
-        tmp_path: Path, default_models: dict[str, Path]) -> None:
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
     """No cached profile and no weights: `run --local-nodes 2` measures once (not once per
     node), caches it, and both nodes plan with it (equal devices: equal shares)."""
     home, log = tmp_path / "home", tmp_path / "cluster.log"
-    with local_cluster(2, model=str(default_models["smollm2-135m"]), bench=True,
-                       env={"EXO_TP_HOME": str(home)}, log=log) as cluster:
+    with local_cluster(
+        2,
+        model=str(default_models["smollm2-135m"]),
+        bench=True,
+        env={"EXO_TP_HOME": str(home)},
+        log=log,
+    ) as cluster:
         view = http_json(cluster.urls[1] + "/v1/cluster")[1]
         plan = http_json(cluster.urls[1] + "/v1/plan")[1]
     cached = read_profile(home / "profile.json")
@@ -186,8 +226,7 @@ def test_first_start_measures_one_quick_profile_for_a_local_cluster(
     assert plan["plan"]["weights"] == pytest.approx([0.5, 0.5])
 
 
-def test_manual_weight_measures_nothing(tmp_path: Path,
-                                        default_models: dict[str, Path]) -> None:
+def test_manual_weight_measures_nothing(tmp_path: Path, default_models: dict[str, Path]) -> None:
     home = tmp_path / "home"
     home.mkdir()
     model = str(default_models["smollm2-135m"])

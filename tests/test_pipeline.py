@@ -21,37 +21,56 @@ def float_reference(default_models: dict[str, Path]) -> Reference:
     return mlx_lm_reference(default_models["smollm2-135m"], PROMPT, TOKENS)
 
 
-def test_two_uneven_tp_stages_equal_single_device(tmp_path: Path,
-                                                  float_reference: Reference) -> None:
+def test_two_uneven_tp_stages_equal_single_device(
+    tmp_path: Path, float_reference: Reference
+) -> None:
     """2 stages x uneven TP: ranks 0,1 (0.7/0.3) hold the first layers, ranks 2,3 (0.4/0.6)
     the rest with the norm and the (tied) LM head."""
-    ours = launch(tmp_path, "smollm2-135m", [0.7, 0.3, 0.4, 0.6], PROMPT, TOKENS,
-                  "--stages", "2,2", "--stage-layers", "17,13")
+    ours = launch(
+        tmp_path,
+        "smollm2-135m",
+        [0.7, 0.3, 0.4, 0.6],
+        PROMPT,
+        TOKENS,
+        "--stages",
+        "2,2",
+        "--stage-layers",
+        "17,13",
+    )
     assert_logits_close(ours.logits, float_reference.logits)
     assert ours.report["tokens"] == float_reference.tokens
 
 
-def test_tp_stage_then_single_rank_stage_q4(tmp_path: Path,
-                                            default_models: dict[str, Path]) -> None:
+def test_tp_stage_then_single_rank_stage_q4(
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
     reference = mlx_lm_reference(default_models["smollm2-135m-q4"], PROMPT, TOKENS)
-    ours = launch(tmp_path, "smollm2-135m-q4", [0.6, 0.4, 1.0], PROMPT, TOKENS,
-                  "--stages", "2,1")
+    ours = launch(tmp_path, "smollm2-135m-q4", [0.6, 0.4, 1.0], PROMPT, TOKENS, "--stages", "2,1")
     assert ours.report["tokens"] == reference.tokens
 
 
 def test_pure_pipeline_with_untied_head(tmp_path: Path, default_models: dict[str, Path]) -> None:
     """Three single-rank stages; the untied LM head lives only on the last one."""
-    folder = write_tiny_model(tmp_path / "qwen2", TINY["qwen2"],
-                              default_models["smollm2-135m"], mx.float32, seed=1)
+    folder = write_tiny_model(
+        tmp_path / "qwen2", TINY["qwen2"], default_models["smollm2-135m"], mx.float32, seed=1
+    )
     reference = mlx_lm_reference(folder, PROMPT, 16)
     ours = launch(tmp_path, folder, [1, 1, 1], PROMPT, 16, "--stages", "1,1,1")
     assert_logits_close(ours.logits, reference.logits)
     assert ours.report["tokens"] == reference.tokens
 
 
-SPEC = ModelSpec(model_type="llama", hidden_size=576, num_layers=30, num_heads=9,
-                 num_kv_heads=3, head_dim=64, ffn_sizes={"ffn": 1536}, vocab_size=49152,
-                 tie_word_embeddings=True)
+SPEC = ModelSpec(
+    model_type="llama",
+    hidden_size=576,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    ffn_sizes={"ffn": 1536},
+    vocab_size=49152,
+    tie_word_embeddings=True,
+)
 
 
 def test_layers_follow_stage_speed() -> None:
@@ -64,8 +83,10 @@ def test_layers_follow_stage_speed() -> None:
     assert plan.locate(2) == (1, 0) and plan.locate(1) == (0, 1)
 
 
-@pytest.mark.parametrize(("weights", "layers"), [
-    ([[1], [1]], [31, 0]), ([[1], [1]], [10, 10]), ([[1], []], None), ([[1]] * 31, None)])
+@pytest.mark.parametrize(
+    ("weights", "layers"),
+    [([[1], [1]], [31, 0]), ([[1], [1]], [10, 10]), ([[1], []], None), ([[1]] * 31, None)],
+)
 def test_impossible_pipelines_say_why(weights: list[list[float]], layers: list[int] | None) -> None:
     with pytest.raises(PlanError):
         plan_pipeline(SPEC, weights, layers)
@@ -96,6 +117,9 @@ def test_cluster_serves_a_hybrid_plan(default_models: dict[str, Path]) -> None:
         for url in (cluster.urls[0], cluster.urls[2]):
             client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
             reply = client.chat.completions.create(
-                model="smollm2-135m", temperature=0, max_tokens=24,
-                messages=[{"role": "user", "content": question}])
+                model="smollm2-135m",
+                temperature=0,
+                max_tokens=24,
+                messages=[{"role": "user", "content": question}],
+            )
             assert reply.choices[0].message.content == reference

@@ -32,8 +32,14 @@ def specs(draw: st.DrawFn) -> ModelSpec:
     quant = draw(st.sampled_from([None, *((g, b) for g in (32, 64, 128) for b in (4, 8))]))
     step = quant[0] if quant else 8
     # MLA: the attention output (o_proj's input) per head is v_head_dim wide.
-    head_widths = ({"v_head_dim": draw(st.sampled_from([16, 32, 48, 64, 128])),
-                    "kv_b_head_dim": draw(st.sampled_from([48, 96, 256]))} if mla else {})
+    head_widths = (
+        {
+            "v_head_dim": draw(st.sampled_from([16, 32, 48, 64, 128])),
+            "kv_b_head_dim": draw(st.sampled_from([48, 96, 256])),
+        }
+        if mla
+        else {}
+    )
     ffn_sizes = {"ffn": draw(st.integers(1, 200)) * step}
     for kind in ("expert_ffn", "shared_expert_ffn"):
         if draw(st.booleans()):
@@ -138,8 +144,10 @@ def test_shares_track_weights_within_one_unit(spec: ModelSpec, weights: list[flo
     total = sum(weights)
     units = {
         "heads": (plan.head_unit, spec.num_heads, [r.heads.q_heads.size for r in plan.ranks]),
-        **{kind: (plan.ffn_unit, size, [r.ffn[kind].size for r in plan.ranks])
-           for kind, size in spec.ffn_sizes.items()},
+        **{
+            kind: (plan.ffn_unit, size, [r.ffn[kind].size for r in plan.ranks])
+            for kind, size in spec.ffn_sizes.items()
+        },
         "vocab": (plan.vocab_unit, spec.vocab_size, [r.vocab.size for r in plan.ranks]),
     }
     for name, (unit, size, got) in units.items():
@@ -172,10 +180,18 @@ def test_plan_round_trips_through_json(spec: ModelSpec, weights: list[float]) ->
 
 
 def test_smollm2_cases_others_refuse() -> None:
-    spec = ModelSpec(model_type="llama", hidden_size=576, num_layers=30, num_heads=9,
-                     num_kv_heads=3, head_dim=64, ffn_sizes={"ffn": 1536}, vocab_size=49152,
-                     tie_word_embeddings=True,
-                     quantization=Quantization(group_size=32, bits=4))
+    spec = ModelSpec(
+        model_type="llama",
+        hidden_size=576,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        ffn_sizes={"ffn": 1536},
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        quantization=Quantization(group_size=32, bits=4),
+    )
     two = plan_tensor_parallel(spec, [1, 1])
     assert [r.heads.q_heads.size for r in two.ranks] == [6, 3]
     four = plan_tensor_parallel(spec, [1, 1, 1, 1])
@@ -186,9 +202,18 @@ def test_smollm2_cases_others_refuse() -> None:
 
 
 def test_group_128_with_head_dim_64_takes_two_head_units() -> None:
-    spec = ModelSpec(model_type="llama", hidden_size=384, num_layers=2, num_heads=6,
-                     num_kv_heads=3, head_dim=64, ffn_sizes={"ffn": 384}, vocab_size=49152,
-                     tie_word_embeddings=True, quantization=Quantization(group_size=128, bits=4))
+    spec = ModelSpec(
+        model_type="llama",
+        hidden_size=384,
+        num_layers=2,
+        num_heads=6,
+        num_kv_heads=3,
+        head_dim=64,
+        ffn_sizes={"ffn": 384},
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        quantization=Quantization(group_size=128, bits=4),
+    )
     assert plan_tensor_parallel(spec, [1, 1, 1]).head_unit == 2  # one GQA group: 128 columns
     five = plan_tensor_parallel(spec, [1] * 5)  # more ranks than KV heads: q-head units
     assert five.attention_unit == "q_head" and five.head_unit == 2
@@ -196,13 +221,29 @@ def test_group_128_with_head_dim_64_takes_two_head_units() -> None:
 
 
 def test_mla_config_reads_per_head_widths() -> None:
-    spec = spec_from_config(dict(
-        model_type="deepseek_v3", hidden_size=128, num_hidden_layers=2, intermediate_size=200,
-        num_attention_heads=6, num_key_value_heads=2, q_lora_rank=48, kv_lora_rank=64,
-        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=24, n_shared_experts=2,
-        moe_intermediate_size=104, vocab_size=1000,
-        quantization={"group_size": 32, "bits": 4, "model.layers.1.mlp.gate": {
-            "group_size": 64, "bits": 8}}))
+    spec = spec_from_config(
+        dict(
+            model_type="deepseek_v3",
+            hidden_size=128,
+            num_hidden_layers=2,
+            intermediate_size=200,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            q_lora_rank=48,
+            kv_lora_rank=64,
+            qk_nope_head_dim=32,
+            qk_rope_head_dim=16,
+            v_head_dim=24,
+            n_shared_experts=2,
+            moe_intermediate_size=104,
+            vocab_size=1000,
+            quantization={
+                "group_size": 32,
+                "bits": 4,
+                "model.layers.1.mlp.gate": {"group_size": 64, "bits": 8},
+            },
+        )
+    )
     assert spec.num_kv_heads == 6  # MLA: no GQA, whatever num_key_value_heads says
     assert spec.head_dim == 48
     assert spec.head_widths == {"kv_b_head_dim": 56, "v_head_dim": 24}
@@ -212,10 +253,19 @@ def test_mla_config_reads_per_head_widths() -> None:
 
 
 def test_legacy_mxfp4_checkpoints_split_on_groups_of_32() -> None:
-    spec = spec_from_config(dict(
-        model_type="gpt_oss", hidden_size=2880, num_hidden_layers=2, intermediate_size=2880,
-        num_attention_heads=64, num_key_value_heads=8, head_dim=64, vocab_size=1000,
-        quantization_config={"quant_method": "mxfp4"}))
+    spec = spec_from_config(
+        dict(
+            model_type="gpt_oss",
+            hidden_size=2880,
+            num_hidden_layers=2,
+            intermediate_size=2880,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=64,
+            vocab_size=1000,
+            quantization_config={"quant_method": "mxfp4"},
+        )
+    )
     assert spec.input_align == 32
     plan = plan_tensor_parallel(spec, [3, 2, 2])
     assert all(r.ffn["ffn"].start % 32 == 0 for r in plan.ranks)
@@ -238,16 +288,26 @@ def test_largest_remainder_is_exact_for_integral_quotas() -> None:
 
 @pytest.mark.parametrize("weights", [[], [0, 0], [1, -1], [1, float("nan")]])
 def test_bad_weights_say_why(weights: list[float]) -> None:
-    spec = ModelSpec(model_type="llama", hidden_size=64, num_layers=1, num_heads=4,
-                     num_kv_heads=2, head_dim=16, ffn_sizes={"ffn": 64}, vocab_size=100,
-                     tie_word_embeddings=True)
+    spec = ModelSpec(
+        model_type="llama",
+        hidden_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        ffn_sizes={"ffn": 64},
+        vocab_size=100,
+        tie_word_embeddings=True,
+    )
     with pytest.raises(PlanError) as info:
         plan_tensor_parallel(spec, weights)
     assert "\n" not in str(info.value)
 
 
 def test_planner_imports_no_mlx() -> None:
-    code = ("import sys, exo_tp.plan, exo_tp.arch, exo_tp.plan.render; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, exo_tp.plan, exo_tp.arch, exo_tp.plan.render; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

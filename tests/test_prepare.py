@@ -67,6 +67,11 @@ def test_quantized_weights_are_the_ggufs_own(default_models: dict[str, Path]) ->
     fp = mx.load(str(default_models["smollm2-135m"] / "model.safetensors"))
     for name, bits in (("model.layers.7.self_attn.k_proj", 4), ("model.embed_tokens", 8)):
         assert q4[f"{name}.weight"].dtype == mx.uint32
-        dense = mx.dequantize(q4[f"{name}.weight"], q4[f"{name}.scales"].astype(mx.float32),
-                              q4[f"{name}.biases"].astype(mx.float32), group_size=32, bits=bits)
+        dense = mx.dequantize(
+            q4[f"{name}.weight"],
+            q4[f"{name}.scales"].astype(mx.float32),
+            q4[f"{name}.biases"].astype(mx.float32),
+            group_size=32,
+            bits=bits,
+        )
         assert mx.array_equal(dense, fp[f"{name}.weight"]).item()

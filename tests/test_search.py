@@ -15,10 +15,19 @@ from exo_tp.plan.predict import predict
 from exo_tp.plan.search import choose_plan
 
 # An 8B-class llama in 4-bit group 64: ~4.5 GB of weights.
-SPEC = ModelSpec(model_type="llama", hidden_size=4096, num_layers=32, num_heads=32,
-                 num_kv_heads=8, head_dim=128, ffn_sizes={"ffn": 14336}, vocab_size=128256,
-                 tie_word_embeddings=False, quantization=Quantization(group_size=64, bits=4),
-                 context_length=8192)
+SPEC = ModelSpec(
+    model_type="llama",
+    hidden_size=4096,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    ffn_sizes={"ffn": 14336},
+    vocab_size=128256,
+    tie_word_embeddings=False,
+    quantization=Quantization(group_size=64, bits=4),
+    context_length=8192,
+)
 GB = 10**9
 THUNDERBOLT = LinkCost(latency=30e-6, bandwidth=8e9, measured=True)
 LAN = LinkCost(latency=300e-6, bandwidth=1e9, measured=True)
@@ -26,13 +35,19 @@ SLOW = LinkCost(latency=5e-3, bandwidth=50e6, measured=True)
 
 
 def device(name: str, gb_per_s: float, memory_gb: float) -> DeviceCost:
-    return DeviceCost(name=name, seconds_per_byte=1 / (gb_per_s * GB), prefill_flops=1e12,
-                      memory=int(memory_gb * GB))
+    return DeviceCost(
+        name=name,
+        seconds_per_byte=1 / (gb_per_s * GB),
+        prefill_flops=1e12,
+        memory=int(memory_gb * GB),
+    )
 
 
 def test_uneven_tensor_parallel_when_links_are_fast() -> None:
-    cluster = Cluster(devices=(device("a", 100, 64), device("b", 60, 64), device("c", 30, 64)),
-                      default_link=THUNDERBOLT)
+    cluster = Cluster(
+        devices=(device("a", 100, 64), device("b", 60, 64), device("c", 30, 64)),
+        default_link=THUNDERBOLT,
+    )
     choice = choose_plan(SPEC, cluster, context_tokens=4096)
     assert choice.best.kind == "tensor parallel" and choice.best.groups == ((0, 1, 2),)
     assert choice.best.plan.stages[0].tp.weights == pytest.approx((100 / 190, 60 / 190, 30 / 190))
@@ -43,8 +58,9 @@ def test_uneven_tensor_parallel_when_links_are_fast() -> None:
 def test_hybrid_when_one_link_is_slow() -> None:
     # Two pairs joined by Thunderbolt, the pairs by a slow link; no pair holds the model alone.
     links = (Link(a=0, b=1, cost=THUNDERBOLT), Link(a=2, b=3, cost=THUNDERBOLT))
-    cluster = Cluster(devices=tuple(device(n, 100, 2.2) for n in "abcd"), links=links,
-                      default_link=SLOW)
+    cluster = Cluster(
+        devices=tuple(device(n, 100, 2.2) for n in "abcd"), links=links, default_link=SLOW
+    )
     choice = choose_plan(SPEC, cluster, context_tokens=4096)
     assert choice.best.kind == "hybrid"
     assert sorted(map(sorted, choice.best.groups)) == [[0, 1], [2, 3]]
@@ -58,8 +74,9 @@ def test_no_stages_for_an_architecture_without_stage_support() -> None:
     """The slow-link cluster of the hybrid test, with a gemma3 model (whose sliding layers are
     picked by their index in the model a stage runs): only one-stage plans are considered."""
     links = (Link(a=0, b=1, cost=THUNDERBOLT), Link(a=2, b=3, cost=THUNDERBOLT))
-    cluster = Cluster(devices=tuple(device(n, 100, 2.2) for n in "abcd"), links=links,
-                      default_link=SLOW)
+    cluster = Cluster(
+        devices=tuple(device(n, 100, 2.2) for n in "abcd"), links=links, default_link=SLOW
+    )
     gemma = SPEC.model_copy(update={"model_type": "gemma3_text"})
     choice = choose_plan(gemma, cluster, context_tokens=4096)
     assert {len(c.groups) for c in (choice.best, *choice.alternatives)} == {1}
@@ -67,8 +84,9 @@ def test_no_stages_for_an_architecture_without_stage_support() -> None:
 
 
 def test_drops_a_device_twenty_times_slower() -> None:
-    cluster = Cluster(devices=(device("a", 100, 64), device("b", 100, 64), device("c", 5, 64)),
-                      default_link=LAN)
+    cluster = Cluster(
+        devices=(device("a", 100, 64), device("b", 100, 64), device("c", 5, 64)), default_link=LAN
+    )
     choice = choose_plan(SPEC, cluster, context_tokens=4096)
     assert choice.best.dropped == (2,) and choice.best.groups == ((0, 1),)
     everyone = next(c for c in choice.alternatives if c.groups == ((0, 1, 2),))
@@ -100,12 +118,16 @@ def test_no_plan_fits_is_one_readable_error() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(1, 200), st.floats(0.5, 12)), min_size=1, max_size=6),
-       st.sampled_from([THUNDERBOLT, LAN, SLOW]))
-def test_the_choice_fits_and_is_the_fastest_found(devices: list[tuple[float, float]],
-                                                  link: LinkCost) -> None:
-    cluster = Cluster(devices=tuple(device(f"d{i}", s, m) for i, (s, m) in enumerate(devices)),
-                      default_link=link)
+@given(
+    st.lists(st.tuples(st.floats(1, 200), st.floats(0.5, 12)), min_size=1, max_size=6),
+    st.sampled_from([THUNDERBOLT, LAN, SLOW]),
+)
+def test_the_choice_fits_and_is_the_fastest_found(
+    devices: list[tuple[float, float]], link: LinkCost
+) -> None:
+    cluster = Cluster(
+        devices=tuple(device(f"d{i}", s, m) for i, (s, m) in enumerate(devices)), default_link=link
+    )
     try:
         choice = choose_plan(SPEC, cluster, context_tokens=2048)
     except PlanError:

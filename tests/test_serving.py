@@ -49,9 +49,11 @@ def tp_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def hybrid_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
-    with local_cluster(3, weights=[1, 1, 1],
-                       extra=("--stages", "2,1", "--max-concurrency", "8", "--max-queue",
-                              "8")) as running:
+    with local_cluster(
+        3,
+        weights=[1, 1, 1],
+        extra=("--stages", "2,1", "--max-concurrency", "8", "--max-queue", "8"),
+    ) as running:
         yield running
 
 
@@ -59,19 +61,30 @@ def client(url: str) -> OpenAI:
     return OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
 
 
-def ask(url: str, prompt: str, stream: bool, max_tokens: int = TOKENS,
-        history: list[dict[str, str]] | None = None) -> tuple[str, dict]:
+def ask(
+    url: str,
+    prompt: str,
+    stream: bool,
+    max_tokens: int = TOKENS,
+    history: list[dict[str, str]] | None = None,
+) -> tuple[str, dict]:
     """The answer's text and usage, streamed or not, through the official openai client."""
     messages = [*(history or []), {"role": "user", "content": prompt}]
     api = client(url)
     if not stream:
-        reply = api.chat.completions.create(model=MODEL, messages=messages, temperature=0,
-                                            max_tokens=max_tokens)
+        reply = api.chat.completions.create(
+            model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens
+        )
         return reply.choices[0].message.content or "", reply.usage.model_dump()
     text, usage = "", {}
-    for chunk in api.chat.completions.create(model=MODEL, messages=messages, temperature=0,
-                                             max_tokens=max_tokens, stream=True,
-                                             stream_options={"include_usage": True}):
+    for chunk in api.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         if chunk.choices and chunk.choices[0].delta.content:
             text += chunk.choices[0].delta.content
         if chunk.usage is not None:
@@ -92,31 +105,43 @@ def concurrent_answers(url: str) -> dict[str, str]:
 
 
 def test_concurrent_requests_on_uneven_tensor_parallel_equal_one_device(
-        tp_cluster: LocalCluster, references: dict[str, str]) -> None:
+    tp_cluster: LocalCluster, references: dict[str, str]
+) -> None:
     answers = concurrent_answers(tp_cluster.urls[1])  # through a non-leader node too
     assert answers == references
 
 
 def test_concurrent_requests_on_a_hybrid_pipeline_equal_one_device(
-        hybrid_cluster: LocalCluster, references: dict[str, str]) -> None:
+    hybrid_cluster: LocalCluster, references: dict[str, str]
+) -> None:
     answers = concurrent_answers(hybrid_cluster.urls[0])
     assert answers == references
 
 
 def test_cached_second_turn_equals_the_uncached_answer(
-        tp_cluster: LocalCluster, default_models: dict[str, Path]) -> None:
+    tp_cluster: LocalCluster, default_models: dict[str, Path]
+) -> None:
     url = tp_cluster.urls[0]
-    system = {"role": "system", "content": "You are a geography teacher. Answer briefly and "
-                                           "precisely, in one sentence."}
+    system = {
+        "role": "system",
+        "content": "You are a geography teacher. Answer briefly and precisely, in one sentence.",
+    }
     first, usage = ask(url, PROMPTS[0], stream=False, history=[system])
-    history = [system, {"role": "user", "content": PROMPTS[0]},
-               {"role": "assistant", "content": first}]
+    history = [
+        system,
+        {"role": "user", "content": PROMPTS[0]},
+        {"role": "assistant", "content": first},
+    ]
     second, usage = ask(url, "And of Italy?", stream=True, history=history)
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0.6 * usage["prompt_tokens"], usage  # the whole first turn, at least
-    reference = mlx_lm_reference(default_models[MODEL], "", TOKENS, chat_template=True,
-                                 messages=[*history, {"role": "user",
-                                                      "content": "And of Italy?"}])
+    reference = mlx_lm_reference(
+        default_models[MODEL],
+        "",
+        TOKENS,
+        chat_template=True,
+        messages=[*history, {"role": "user", "content": "And of Italy?"}],
+    )
     assert second == reference.text
 
 
@@ -126,8 +151,7 @@ def _rank_pids(cluster: LocalCluster) -> dict[int, int]:
     for proc in psutil.Process(cluster.proc.pid).children(recursive=True):
         cmdline = proc.cmdline()
         if "exo_tp.runtime.rank" in cmdline:
-            job = json.loads(Path(cmdline[cmdline.index("exo_tp.runtime.rank") + 1])
-                             .read_text())
+            job = json.loads(Path(cmdline[cmdline.index("exo_tp.runtime.rank") + 1]).read_text())
             out[job["rank"]] = proc.pid
     return out
 
@@ -143,8 +167,12 @@ def test_cancelled_stream_frees_its_slot(hybrid_cluster: LocalCluster) -> None:
     def long_stream(cancel_after: int | None) -> int:
         count = 0
         stream = client(url).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": long_prompt}], temperature=0,
-            max_tokens=1500, stream=True)
+            model=MODEL,
+            messages=[{"role": "user", "content": long_prompt}],
+            temperature=0,
+            max_tokens=1500,
+            stream=True,
+        )
         first = True
         for _ in stream:
             if first:
@@ -178,8 +206,12 @@ def test_load_every_request_completes_or_gets_a_429(hybrid_cluster: LocalCluster
     url = hybrid_cluster.urls[0]
 
     def one(index: int) -> tuple[int, str]:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[index % 8]}],
-                "temperature": 0, "max_tokens": 3}
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": PROMPTS[index % 8]}],
+            "temperature": 0,
+            "max_tokens": 3,
+        }
         status, reply = http_json(url + "/v1/chat/completions", body, timeout=600)
         return status, json.dumps(reply)
 
@@ -193,7 +225,8 @@ def test_load_every_request_completes_or_gets_a_429(hybrid_cluster: LocalCluster
 
 
 def test_killed_worker_fails_every_stream_within_10s_then_the_cluster_serves(
-        tp_cluster: LocalCluster, references: dict[str, str]) -> None:
+    tp_cluster: LocalCluster, references: dict[str, str]
+) -> None:
     url = tp_cluster.urls[0]
     errors: list[tuple[float, str]] = []
     generating = threading.Barrier(9)
@@ -201,8 +234,12 @@ def test_killed_worker_fails_every_stream_within_10s_then_the_cluster_serves(
     def stream() -> None:
         try:
             chunks = client(url).chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}],
-                temperature=0, max_tokens=2000, stream=True)
+                model=MODEL,
+                messages=[{"role": "user", "content": "Tell me a long story."}],
+                temperature=0,
+                max_tokens=2000,
+                stream=True,
+            )
             first = True
             for _ in chunks:
                 if first:

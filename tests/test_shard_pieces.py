@@ -28,18 +28,20 @@ def test_slice_reads_equal_in_memory_slices(tmp_path: Path, dtype: mx.Dtype, axi
 
 
 @pytest.mark.parametrize(("group_size", "bits"), [(32, 4), (64, 4), (64, 8), (128, 4), (32, 3)])
-def test_quantized_input_split_at_group_boundaries_is_bit_exact(group_size: int,
-                                                                bits: int) -> None:
+def test_quantized_input_split_at_group_boundaries_is_bit_exact(group_size: int, bits: int) -> None:
     """Cutting packed weights at c*bits/32 and scales at c/g gives exactly the dense slice."""
     w = mx.random.normal((48, 8 * group_size))
     q, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
     dense = mx.dequantize(q, scales, biases, group_size=group_size, bits=bits)
     cuts = [0, 3 * group_size, 4 * group_size, 8 * group_size]
     for a, b in itertools.pairwise(cuts):
-        part = mx.dequantize(q[:, a * bits // 32: b * bits // 32],
-                             scales[:, a // group_size: b // group_size],
-                             biases[:, a // group_size: b // group_size],
-                             group_size=group_size, bits=bits)
+        part = mx.dequantize(
+            q[:, a * bits // 32 : b * bits // 32],
+            scales[:, a // group_size : b // group_size],
+            biases[:, a // group_size : b // group_size],
+            group_size=group_size,
+            bits=bits,
+        )
         assert mx.array_equal(part, dense[:, a:b]).item()
 
 
@@ -52,7 +54,8 @@ def test_single_rank_shard_is_the_whole_model(default_models: dict[str, Path]) -
     folder = default_models["smollm2-135m-q4"]
     reference, tokenizer = load(str(folder))
     reference.set_dtype(mx.float32)
-    ours = load_shard(folder, plan_tensor_parallel(load_spec(folder), [1]), 0,
-                      mx.distributed.init(), mx.float32)
+    ours = load_shard(
+        folder, plan_tensor_parallel(load_spec(folder), [1]), 0, mx.distributed.init(), mx.float32
+    )
     ids = mx.array(tokenizer.encode("The capital of France is"))[None]
     assert np.array_equal(np.array(ours(ids)), np.array(reference(ids)))

@@ -83,8 +83,13 @@ def test_escapes_from_a_ui_folder_get_404(tmp_path: Path) -> None:
         assert raw_get(port, "/ui/app.js") == (200, b"export const ui = 1;")
         assert raw_get(port, "/ui/missing.js")[0] == 404
         assert raw_get(port, "/ui/inside.js") == (200, b"export const ui = 1;")
-        for target in [*escapes(outside, ui), "/ui/linked.html", "/ui/.hidden.js",
-                       "/ui/secret.html", "/ui/web%2fapp.js"]:
+        for target in [
+            *escapes(outside, ui),
+            "/ui/linked.html",
+            "/ui/.hidden.js",
+            "/ui/secret.html",
+            "/ui/web%2fapp.js",
+        ]:
             status, body = raw_get(port, target)
             assert status == 404, (target, status, body[:200])
             assert SECRET.encode() not in body, target

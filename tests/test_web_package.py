@@ -41,19 +41,51 @@ asyncio.run(main())
 
 
 def test_wheel_ships_and_serves_the_ui(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q",
-                    "-w", str(tmp_path / "wheels")], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "-q",
+            "-w",
+            str(tmp_path / "wheels"),
+        ],
+        check=True,
+        timeout=300,
+    )
     wheel = next((tmp_path / "wheels").glob("exo_tp-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"exo_tp/web/{name}" for name in UI_FILES} <= names
     assert "exo_tp/api/web.py" in names
 
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(site), str(wheel)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+    )
     env = {**os.environ, "PYTHONPATH": str(site)}  # the installed copy, not this checkout
-    result = subprocess.run([sys.executable, "-c", SERVE, json.dumps(UI_FILES)], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", SERVE, json.dumps(UI_FILES)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert Path(report["package"]).is_relative_to(site)

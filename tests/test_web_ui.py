@@ -39,7 +39,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
-    reason="needs Debian's chromium and chromium-driver (.ci/install installs them)")
+    reason="needs Debian's chromium and chromium-driver (.ci/install installs them)",
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("EXO_TP_ARTIFACTS", ROOT / "artifacts"))
@@ -48,9 +49,17 @@ QUESTION = "What is the capital of France?"
 MAX_TOKENS = 24
 # Offline: no component updates, no sync, no first-run network; explicit binaries so selenium
 # never tries to download a driver.
-CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1500,1000")
+CHROME_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1500,1000",
+)
 
 # Everything the layout draws, read in one go (the page redraws while polling).
 READ_LAYOUT = """
@@ -98,7 +107,8 @@ def page(cluster: LocalCluster, browser: Any) -> Any:
 def wait(driver: Any, condition: Any, timeout: float, message: str) -> Any:
     try:
         return WebDriverWait(driver, timeout, poll_frequency=0.1).until(
-            lambda d: condition(d) or None)
+            lambda d: condition(d) or None
+        )
     except TimeoutException:
         raise AssertionError(f"{message} (after {timeout}s)") from None
 
@@ -136,22 +146,30 @@ def assert_layout_matches(driver: Any, response: dict[str, Any]) -> None:
         heads = one("q_heads", rank)
         size = q["stop"] - q["start"]
         assert (int(heads["start"]), int(heads["stop"]), int(heads["count"])) == (
-            q["start"], q["stop"], size)
+            q["start"],
+            q["stop"],
+            size,
+        )
         assert heads["text"] == f"{size} head{'s' if size != 1 else ''}"
         assert heads["fraction"] == pytest.approx(size / plan["spec"]["num_heads"], abs=0.01)
         assert heads["kv"] == ",".join(map(str, shard["heads"]["kv_heads"]))
-        kv_lanes = {int(e["kv"]) for e in shown if e["kind"] == "kv_heads"
-                    and e["rank"] == str(rank)}
+        kv_lanes = {
+            int(e["kv"]) for e in shown if e["kind"] == "kv_heads" and e["rank"] == str(rank)
+        }
         assert kv_lanes == set(shard["heads"]["kv_heads"])
 
         for kind, rows in shard["ffn"].items():
             ffn = one(f"ffn:{kind}", rank)
             size = rows["stop"] - rows["start"]
             assert (int(ffn["start"]), int(ffn["stop"]), int(ffn["count"])) == (
-                rows["start"], rows["stop"], size)
+                rows["start"],
+                rows["stop"],
+                size,
+            )
             assert ffn["text"] == f"{size:,} rows"
             assert ffn["fraction"] == pytest.approx(
-                size / plan["spec"]["ffn_sizes"][kind], abs=0.01)
+                size / plan["spec"]["ffn_sizes"][kind], abs=0.01
+            )
 
         vocab = one("vocab", rank)
         size = shard["vocab"]["stop"] - shard["vocab"]["start"]
@@ -163,7 +181,8 @@ def assert_layout_matches(driver: Any, response: dict[str, Any]) -> None:
         if padded:
             assert padded[0]["text"] == f"+{gather['padded'] - size:,} pad"
             assert padded[0]["fraction"] == pytest.approx(
-                (gather["padded"] - size) / (gather["padded"] * len(nodes)), abs=0.01)
+                (gather["padded"] - size) / (gather["padded"] * len(nodes)), abs=0.01
+            )
 
 
 def test_every_node_serves_the_page(cluster: LocalCluster) -> None:
@@ -184,14 +203,24 @@ def http_get(url: str) -> bytes:
 def test_page_shows_three_devices_and_the_plan(cluster: LocalCluster, page: Any) -> None:
     response = plan_of(cluster.urls[1])
     assert len(response["nodes"]) == 3
-    wait(page, lambda d: shown_plan_epoch(d) == str(response["epoch"]), 20,
-         "the page never drew the plan")
-    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#nodes [data-node]")) == 3, 10,
-         "the page never showed three devices")
+    wait(
+        page,
+        lambda d: shown_plan_epoch(d) == str(response["epoch"]),
+        20,
+        "the page never drew the plan",
+    )
+    wait(
+        page,
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "#nodes [data-node]")) == 3,
+        10,
+        "the page never showed three devices",
+    )
     assert_layout_matches(page, response)
 
-    cards = {e.get_attribute("data-node"): e
-             for e in page.find_elements(By.CSS_SELECTOR, "#nodes [data-node]")}
+    cards = {
+        e.get_attribute("data-node"): e
+        for e in page.find_elements(By.CSS_SELECTOR, "#nodes [data-node]")
+    }
     assert set(cards) == set(response["nodes"])
     status, view = http_json(cluster.urls[1] + "/v1/cluster")
     for rank, node in enumerate(response["nodes"]):
@@ -205,12 +234,17 @@ def test_page_shows_three_devices_and_the_plan(cluster: LocalCluster, page: Any)
         assert "not profiled" in cards[node].text and "not measured" in cards[node].text
     # links: timed by the workers as their ring formed, one per pair of ring neighbours
     assert {frozenset((x["a"], x["b"])) for x in view["links"]} == {
-        frozenset(pair) for pair in itertools.combinations(response["nodes"], 2)}
+        frozenset(pair) for pair in itertools.combinations(response["nodes"], 2)
+    }
     for link in view["links"]:
         assert link["up"] and link["group_size"] == 3, link
         assert link["all_sum_latency"] > 0 and link["all_sum_bandwidth"] > 0, link
-    wait(page, lambda d: "3 links measured" in d.find_element(By.ID, "topology-note").text, 10,
-         "the page never said the links were measured")
+    wait(
+        page,
+        lambda d: "3 links measured" in d.find_element(By.ID, "topology-note").text,
+        10,
+        "the page never said the links were measured",
+    )
     edges = page.find_elements(By.CSS_SELECTOR, "#topology-graph .edge.measured")
     assert len(edges) == 3
     assert all("ring of 3 ranks" in (e.get_attribute("data-tip") or "") for e in edges)
@@ -243,8 +277,9 @@ def send(driver: Any, text: str) -> None:
     driver.find_element(By.ID, "chat-send").click()
 
 
-def test_chat_streams_an_answer_with_speed(cluster: LocalCluster, page: Any,
-                                           tmp_path: Path) -> None:
+def test_chat_streams_an_answer_with_speed(
+    cluster: LocalCluster, page: Any, tmp_path: Path
+) -> None:
     set_field(page, "chat-temperature", "0")
     set_field(page, "chat-max-tokens", str(MAX_TOKENS))
     send(page, QUESTION)
@@ -258,17 +293,27 @@ def test_chat_streams_an_answer_with_speed(cluster: LocalCluster, page: Any,
         time.sleep(0.05)
     final = seen[-1]
     assert final and final["state"] == "done", final
-    partial = [s for s in seen if s and s["state"] == "streaming"
-               and 0 < len(s["text"]) < len(final["text"])]
+    partial = [
+        s
+        for s in seen
+        if s and s["state"] == "streaming" and 0 < len(s["text"]) < len(final["text"])
+    ]
     assert partial, "never saw a partial answer while streaming"
     assert any("tok/s" in s["stats"] for s in partial), "no live tokens/s while streaming"
     assert float(final["tps"]) > 0 and "tok/s" in final["stats"]
 
     # the streamed text, assembled by the page, is the API's own greedy answer, and the token
     # count shown at the end is its usage
-    status, reference = http_json(cluster.urls[0] + "/v1/chat/completions", {
-        "model": MODEL, "messages": [{"role": "user", "content": QUESTION}],
-        "max_tokens": MAX_TOKENS, "temperature": 0}, timeout=120)
+    status, reference = http_json(
+        cluster.urls[0] + "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": QUESTION}],
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+        },
+        timeout=120,
+    )
     assert status == 200
     assert final["text"] == reference["choices"][0]["message"]["content"]
     assert final["stats"].startswith(f"{reference['usage']['completion_tokens']} tokens")
@@ -280,7 +325,8 @@ def save_screenshot(driver: Any, paths: list[Path]) -> None:
     """The whole page: the window grows to the document's height first."""
     size = driver.get_window_size()
     inner, needed = driver.execute_script(
-        "return [window.innerHeight, document.documentElement.scrollHeight]")
+        "return [window.innerHeight, document.documentElement.scrollHeight]"
+    )
     if needed > inner:
         driver.set_window_size(size["width"], size["height"] + needed - inner)
     try:
@@ -330,39 +376,106 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     pipeline = plan_pipeline(spec, [[4, 3, 2], [2, 1]], [18, 12])
     nodes = ["a", "b", "c", "d", "e"]
     # exactly what /v1/plan sends for this plan, with the cost model's prediction
-    devices = Cluster(devices=tuple(
-        DeviceCost(name=n, seconds_per_byte=1 / (speed * 1e9), prefill_flops=1e12, memory=10**10)
-        for n, speed in zip(nodes, [400, 300, 200, 200, 100], strict=True)))
+    devices = Cluster(
+        devices=tuple(
+            DeviceCost(
+                name=n, seconds_per_byte=1 / (speed * 1e9), prefill_flops=1e12, memory=10**10
+            )
+            for n, speed in zip(nodes, [400, 300, 200, 200, 100], strict=True)
+        )
+    )
     prediction = predict(pipeline, range(5), devices)
-    response = {"epoch": 9, "state": "ready", "model": MODEL, "nodes": nodes,
-                **plan_view(pipeline, prediction)}
-    local = [(stage.ranks[i], shard) for stage in pipeline.stages
-             for i, shard in enumerate(stage.tp.ranks)]
-    profile = {"chip": "Apple M2 Ultra", "cores": 24, "mlx_version": "0.32.4",
-               "mlx_device": "gpu", "memory_total": 192e9, "memory_available": 150e9,
-               "decode_seconds_per_byte": 1.25e-12, "prefill_flops": 2e13, "backends": ["ring"]}
-    # which node holds which bytes of the model: "a" fetches its shard, "b" has the files
-    progress = {"bytes_done": 12e9, "bytes_total": 30e9, "rate_bytes_s": 1.5e9, "eta_s": 12.0,
-                "failed_sources": ["c"], "corrupt_pieces": 1}
-    weights = {
-        "a": {"holds": "store", "held_bytes": 12e9, "total_bytes": 140e9,
-              "fetch": {"epoch": 9, "state": "fetching", "share_bytes": 30e9,
-                        "retained_bytes": 0, "planned_bytes": 30e9, "progress": progress}},
-        "b": {"holds": "files", "held_bytes": 140e9, "total_bytes": 140e9, "fetch": None}}
-    cluster_view = {
-        "cluster": "lab", "node_id": "b", "leader": "a", "epoch": 9, "state": "ready",
-        "state_reason": "", "backend": "ring", "ranks": nodes,
-        "nodes": [{"node_id": n, "host": "10.0.0.1", "api_url": "http://10.0.0.1:8000",
-                   "alive": True, "leader": n == "a", "weight": 0, "memory_total": 0,
-                   "memory_available": 0, "decode_seconds_per_byte": 0, "prefill_flops": 0,
-                   "version": "0.1.0", "worker_state": "ready", "profile": profile,
-                   "memory": {"total": 192e9, "available": 120e9, "used": 72e9,
-                              "worker_rss": 3e9}, "weights": weights.get(n)} for n in nodes],
-        "links": [{"a": "a", "b": "b", "up": True, "all_sum_latency": 3e-4,
-                   "all_sum_bandwidth": 2.5e9, "send_recv_latency": 1e-4},
-                  {"a": 3, "b": 4, "up": False}],
+    response = {
+        "epoch": 9,
+        "state": "ready",
+        "model": MODEL,
+        "nodes": nodes,
+        **plan_view(pipeline, prediction),
     }
-    drawn = page.execute_async_script("""
+    local = [
+        (stage.ranks[i], shard)
+        for stage in pipeline.stages
+        for i, shard in enumerate(stage.tp.ranks)
+    ]
+    profile = {
+        "chip": "Apple M2 Ultra",
+        "cores": 24,
+        "mlx_version": "0.32.4",
+        "mlx_device": "gpu",
+        "memory_total": 192e9,
+        "memory_available": 150e9,
+        "decode_seconds_per_byte": 1.25e-12,
+        "prefill_flops": 2e13,
+        "backends": ["ring"],
+    }
+    # which node holds which bytes of the model: "a" fetches its shard, "b" has the files
+    progress = {
+        "bytes_done": 12e9,
+        "bytes_total": 30e9,
+        "rate_bytes_s": 1.5e9,
+        "eta_s": 12.0,
+        "failed_sources": ["c"],
+        "corrupt_pieces": 1,
+    }
+    weights = {
+        "a": {
+            "holds": "store",
+            "held_bytes": 12e9,
+            "total_bytes": 140e9,
+            "fetch": {
+                "epoch": 9,
+                "state": "fetching",
+                "share_bytes": 30e9,
+                "retained_bytes": 0,
+                "planned_bytes": 30e9,
+                "progress": progress,
+            },
+        },
+        "b": {"holds": "files", "held_bytes": 140e9, "total_bytes": 140e9, "fetch": None},
+    }
+    cluster_view = {
+        "cluster": "lab",
+        "node_id": "b",
+        "leader": "a",
+        "epoch": 9,
+        "state": "ready",
+        "state_reason": "",
+        "backend": "ring",
+        "ranks": nodes,
+        "nodes": [
+            {
+                "node_id": n,
+                "host": "10.0.0.1",
+                "api_url": "http://10.0.0.1:8000",
+                "alive": True,
+                "leader": n == "a",
+                "weight": 0,
+                "memory_total": 0,
+                "memory_available": 0,
+                "decode_seconds_per_byte": 0,
+                "prefill_flops": 0,
+                "version": "0.1.0",
+                "worker_state": "ready",
+                "profile": profile,
+                "memory": {"total": 192e9, "available": 120e9, "used": 72e9, "worker_rss": 3e9},
+                "weights": weights.get(n),
+            }
+            for n in nodes
+        ],
+        "links": [
+            {
+                "a": "a",
+                "b": "b",
+                "up": True,
+                "all_sum_latency": 3e-4,
+                "all_sum_bandwidth": 2.5e9,
+                "send_recv_latency": 1e-4,
+            },
+            {"a": 3, "b": 4, "up": False},
+        ],
+    }
+    drawn = page.execute_async_script(
+        """
         const [response, cluster, done] = arguments;
         Promise.all([import('/ui/layout.js'), import('/ui/topology.js')]).then(([l, t]) => {
           const layout = document.createElement('div');
@@ -383,7 +496,10 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
                 weights: [...cards.querySelectorAll('[data-field=weights]')].map(
                   e => e.textContent)});
         }).catch((error) => done({error: String(error)}));
-    """, response, cluster_view)
+    """,
+        response,
+        cluster_view,
+    )
     assert "error" not in drawn, drawn
     assert drawn["predicted"] == f"{prediction.tokens_per_second:.1f} tok/s predicted"
     assert drawn["stages"] == ["stage 1 · layers 0–17", "stage 2 · layers 18–29"]
@@ -392,12 +508,20 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     assert drawn["labels"] == ["300 µs · 2.50 GB/s", "down"]
     assert sum("measured" in c.split() for c in drawn["edges"]) == 1
     assert sum("down" in c.split() for c in drawn["edges"]) == 1
-    for text in ("Apple M2 Ultra", "24 cores", "72.0 GB / 192 GB", "3.00 GB RSS",
-                 "800 GB/s weights", "20.0 TFLOP/s"):
+    for text in (
+        "Apple M2 Ultra",
+        "24 cores",
+        "72.0 GB / 192 GB",
+        "3.00 GB RSS",
+        "800 GB/s weights",
+        "20.0 TFLOP/s",
+    ):
         assert text in drawn["card"], (text, drawn["card"])
     assert "not measured" not in drawn["card"]
     assert drawn["weights"] == [
-        "fetching 12.0 GB / 30.0 GB · 1.50 GB/s · ETA 12.00 s", "files · all 140 GB"]
+        "fetching 12.0 GB / 30.0 GB · 1.50 GB/s · ETA 12.00 s",
+        "files · all 140 GB",
+    ]
 
 
 def test_live_replan_and_lost_node(cluster: LocalCluster, page: Any) -> None:
@@ -409,8 +533,12 @@ def test_live_replan_and_lost_node(cluster: LocalCluster, page: Any) -> None:
     try:
         set_field(page, "chat-max-tokens", "400")
         send(page, "Write a long story about a lighthouse keeper.")
-        wait(page, lambda d: (d.execute_script(READ_CHAT) or {}).get("state") == "streaming",
-             60, "the long answer never started")
+        wait(
+            page,
+            lambda d: (d.execute_script(READ_CHAT) or {}).get("state") == "streaming",
+            60,
+            "the long answer never started",
+        )
         leaving = before["nodes"][2]
         frozen.append(node_process(cluster, leaving))
         frozen[-1].suspend()
@@ -430,14 +558,27 @@ def test_live_replan_and_lost_node(cluster: LocalCluster, page: Any) -> None:
         assert_layout_matches(page, after)
         note = page.find_element(By.ID, "layout-note").text
         assert f"epoch {before['epoch']} → {after['epoch']}" in note
-        wait(page, lambda d: d.find_element(By.CSS_SELECTOR, f'#nodes [data-node="{leaving}"]')
-             .get_attribute("data-alive") == "false", 10, "the hung node still looks alive")
+        wait(
+            page,
+            lambda d: (
+                d.find_element(By.CSS_SELECTOR, f'#nodes [data-node="{leaving}"]').get_attribute(
+                    "data-alive"
+                )
+                == "false"
+            ),
+            10,
+            "the hung node still looks alive",
+        )
 
         frozen.append(node_process(cluster, "local-1"))  # the node serving the page
         frozen[-1].suspend()
         banner = page.find_element(By.ID, "banner")
-        wait(page, lambda d: banner.is_displayed() and "cannot reach this node" in banner.text,
-             20, "losing the node did not show in the page")
+        wait(
+            page,
+            lambda d: banner.is_displayed() and "cannot reach this node" in banner.text,
+            20,
+            "losing the node did not show in the page",
+        )
     finally:
         for process in frozen:
             process.resume()

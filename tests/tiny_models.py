@@ -12,9 +12,14 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, quantize_model
 
 
-def write_tiny_model(folder: Path, config: dict[str, Any], tokenizer_from: Path,
-                     dtype: mx.Dtype = mx.float32, seed: int = 0,
-                     quantize: dict[str, Any] | None = None) -> Path:
+def write_tiny_model(
+    folder: Path,
+    config: dict[str, Any],
+    tokenizer_from: Path,
+    dtype: mx.Dtype = mx.float32,
+    seed: int = 0,
+    quantize: dict[str, Any] | None = None,
+) -> Path:
     """Random weights for ``config`` (scaled so activations stay O(1)), plus a real tokenizer.
 
     ``quantize`` ({"group_size": g, "bits": b, optional "mode"}) quantizes with mlx-lm's own
@@ -33,15 +38,25 @@ def write_tiny_model(folder: Path, config: dict[str, Any], tokenizer_from: Path,
             params[name] = 0.08 * mx.random.normal(value.shape)
     model.load_weights(list(params.items()))
     if quantize:
-        model, config = quantize_model(model, config, quantize["group_size"], quantize["bits"],
-                                       mode=quantize.get("mode", "affine"))
-    weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-               for k, v in tree_flatten(model.parameters())}
+        model, config = quantize_model(
+            model,
+            config,
+            quantize["group_size"],
+            quantize["bits"],
+            mode=quantize.get("mode", "affine"),
+        )
+    weights = {
+        k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+        for k, v in tree_flatten(model.parameters())
+    }
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(config))
     shutil.copy(tokenizer_from / "tokenizer_config.json", folder / "tokenizer_config.json")
-    write_tokenizer(folder / "tokenizer.json", tokenizer_from / "tokenizer.json",
-                    config.get("vocab_size") or config["text_config"]["vocab_size"])
+    write_tokenizer(
+        folder / "tokenizer.json",
+        tokenizer_from / "tokenizer.json",
+        config.get("vocab_size") or config["text_config"]["vocab_size"],
+    )
     return folder
 
 
@@ -57,7 +72,6 @@ def write_tokenizer(path: Path, source: Path, vocab_size: int) -> None:
     if len(bpe["vocab"]) > vocab_size:
         vocab = {token: i for token, i in bpe["vocab"].items() if i < vocab_size}
         bpe["vocab"] = vocab
-        bpe["merges"] = [m for m in bpe["merges"]
-                         if all(t in vocab for t in (*m, "".join(m)))]
+        bpe["merges"] = [m for m in bpe["merges"] if all(t in vocab for t in (*m, "".join(m)))]
         tokenizer["added_tokens"] = [t for t in tokenizer["added_tokens"] if t["id"] < vocab_size]
     path.write_text(json.dumps(tokenizer))

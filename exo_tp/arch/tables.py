@@ -119,7 +119,9 @@ QWEN2_MOE = ArchTable(
         *_glu("mlp.shared_expert", "shared_expert_ffn"),
     ),
     branches=(
-        ATTENTION, MLP, EXPERTS,
+        ATTENTION,
+        MLP,
+        EXPERTS,
         BranchRule(path="mlp.shared_expert", kind="mlp", reduce=False),
     ),
     replicated=("mlp.gate", "mlp.shared_expert_gate"),
@@ -146,12 +148,16 @@ DEEPSEEK = ArchTable(
         *_glu("mlp.shared_experts", "shared_expert_ffn"),
     ),
     branches=(
-        ATTENTION, MLP, EXPERTS,
+        ATTENTION,
+        MLP,
+        EXPERTS,
         BranchRule(path="mlp.shared_experts", kind="mlp", reduce=False),
     ),
     replicated=(
-        "self_attn.q_a_proj", "self_attn.q_a_layernorm",
-        "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm",
+        "self_attn.q_a_proj",
+        "self_attn.q_a_layernorm",
+        "self_attn.kv_a_proj_with_mqa",
+        "self_attn.kv_a_layernorm",
         "mlp.gate",
     ),
     counts=(CountRule(path="self_attn.num_heads", dim="q_heads"),),
@@ -177,5 +183,13 @@ GPT_OSS = ArchTable(
 )
 
 TABLES: tuple[ArchTable, ...] = (
-    LLAMA_LIKE, QWEN2, GEMMA, PHI3, MIXTRAL, QWEN3_MOE, QWEN2_MOE, DEEPSEEK, GPT_OSS,
+    LLAMA_LIKE,
+    QWEN2,
+    GEMMA,
+    PHI3,
+    MIXTRAL,
+    QWEN3_MOE,
+    QWEN2_MOE,
+    DEEPSEEK,
+    GPT_OSS,
 )

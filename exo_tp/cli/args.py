@@ -45,7 +45,8 @@ def address_list(text: str) -> list[str]:
     parts = [p.strip() for p in text.split(",")]
     if len(parts) < 2 or not all(parts) or any(" " in p for p in parts):
         raise argparse.ArgumentTypeError(
-            f"peers {text!r} must be two or more comma-separated addresses, like 10.0.0.1,10.0.0.2")
+            f"peers {text!r} must be two or more comma-separated addresses, like 10.0.0.1,10.0.0.2"
+        )
     return parts
 
 
@@ -74,9 +75,11 @@ def weight_list(text: str) -> list[float]:
 def add_model_arg(parser: argparse.ArgumentParser) -> None:
     from exo_tp.models.registry import DEFAULT_MODEL, DEFAULT_MODELS
 
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"model folder or name ({', '.join(DEFAULT_MODELS)}); "
-                             f"default {DEFAULT_MODEL}")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"model folder or name ({', '.join(DEFAULT_MODELS)}); default {DEFAULT_MODEL}",
+    )
 
 
 def int_list(text: str, what: str) -> list[int]:
@@ -99,6 +102,7 @@ def json_object(text: str) -> dict[str, Any]:
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {error}") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a JSON object like "
-                                         '\'{"enable_thinking": false}\'')
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a JSON object like '{{\"enable_thinking\": false}}'"
+        )
     return value

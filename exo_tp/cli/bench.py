@@ -27,14 +27,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the profile as JSON (last line)")
     p.add_argument("--refresh", action="store_true", help="measure again even if cached")
     p.add_argument("--out", type=Path, help="also write the profile (with links) to this file")
-    p.add_argument("--peers", type=address_list,
-                   help="addresses of all nodes in rank order, e.g. 10.0.0.1,10.0.0.2")
+    p.add_argument(
+        "--peers",
+        type=address_list,
+        help="addresses of all nodes in rank order, e.g. 10.0.0.1,10.0.0.2",
+    )
     p.add_argument("--rank", type=non_negative_int, help="this node's index in --peers")
-    p.add_argument("--port-base", type=port_number, default=DEFAULT_PORT_BASE,
-                   help=f"first of the n*n ports the link measurements use "
-                        f"(default {DEFAULT_PORT_BASE})")
-    p.add_argument("--link-timeout", type=positive_float, default=10.0,
-                   help="seconds to wait for a peer, and for each link (default 10)")
+    p.add_argument(
+        "--port-base",
+        type=port_number,
+        default=DEFAULT_PORT_BASE,
+        help=f"first of the n*n ports the link measurements use (default {DEFAULT_PORT_BASE})",
+    )
+    p.add_argument(
+        "--link-timeout",
+        type=positive_float,
+        default=10.0,
+        help="seconds to wait for a peer, and for each link (default 10)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -65,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress() as progress:
         # Links first: nodes started together are still in step (device runs take unequal time).
         links = measure_links(peers, args.link_timeout, args.quick, progress) if peers else ()
-        profile, cached = device_profile(refresh=args.refresh, quick=args.quick,
-                                         progress=progress)
+        profile, cached = device_profile(refresh=args.refresh, quick=args.quick, progress=progress)
     if peers:
         profile = profile.model_copy(update={"node_id": peers.label(peers.rank), "links": links})
     print(render_profile(profile, cached=cached))

@@ -23,31 +23,55 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("launch", help="generate once on N local ranks (tensor parallel)",
-                       description=__doc__)
+    p = sub.add_parser(
+        "launch", help="generate once on N local ranks (tensor parallel)", description=__doc__
+    )
     p.add_argument("--ranks", type=positive_int, default=2, help="number of local ranks")
-    p.add_argument("--weights", type=weight_list,
-                   help="relative speed of each rank, e.g. 5,3,2 (default: equal)")
+    p.add_argument(
+        "--weights",
+        type=weight_list,
+        help="relative speed of each rank, e.g. 5,3,2 (default: equal)",
+    )
     add_model_arg(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=positive_int, default=256)
     p.add_argument("--temp", type=non_negative_float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=non_negative_float, default=1.0)
     p.add_argument("--seed", type=int)
-    p.add_argument("--ignore-chat-template", action="store_true",
-                   help="use the raw prompt instead of the model's chat template")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"),
-                   default="float32", help="compute dtype of float weights (default float32)")
-    p.add_argument("--stages", help="pipeline: ranks per stage, e.g. 2,1 (consecutive ranks "
-                                    "form a tensor-parallel group per stage)")
-    p.add_argument("--stage-layers", help="pipeline: layers per stage, e.g. 18,12 (default: in "
-                                          "proportion to each stage's summed weights)")
-    p.add_argument("--join-timeout", type=non_negative_float, default=120.0,
-                   help="seconds to wait for all ranks to join the ring")
+    p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="use the raw prompt instead of the model's chat template",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16", "auto"),
+        default="float32",
+        help="compute dtype of float weights (default float32)",
+    )
+    p.add_argument(
+        "--stages",
+        help="pipeline: ranks per stage, e.g. 2,1 (consecutive ranks "
+        "form a tensor-parallel group per stage)",
+    )
+    p.add_argument(
+        "--stage-layers",
+        help="pipeline: layers per stage, e.g. 18,12 (default: in "
+        "proportion to each stage's summed weights)",
+    )
+    p.add_argument(
+        "--join-timeout",
+        type=non_negative_float,
+        default=120.0,
+        help="seconds to wait for all ranks to join the ring",
+    )
     p.add_argument("--logits-out", help="save the prompt's logits (npy, rank 0) for checking")
     p.add_argument("--report-out", help="save generated token ids and stats (JSON)")
-    p.add_argument("--adapter-path", help="an mlx-lm LoRA adapter folder (e.g. from exo-tp "
-                                          "finetune), applied to every rank's shard")
+    p.add_argument(
+        "--adapter-path",
+        help="an mlx-lm LoRA adapter folder (e.g. from exo-tp "
+        "finetune), applied to every rank's shard",
+    )
     p.set_defaults(handler=run)
 
 
@@ -67,28 +91,43 @@ def run(args: argparse.Namespace) -> int:
     model_dir = resolve_model(args.model)
     spec = load_spec(model_dir)
     plan = _plan(spec, weights, args.stages, args.stage_layers)
-    tokens = encode_prompt(load_tokenizer(model_dir), args.prompt,
-                           not args.ignore_chat_template)
+    tokens = encode_prompt(load_tokenizer(model_dir), args.prompt, not args.ignore_chat_template)
     if len(tokens) + args.max_tokens > spec.context_length:
-        raise ExoTpError(f"the prompt ({len(tokens)} tokens) and --max-tokens "
-                         f"{args.max_tokens} exceed the model's context of "
-                         f"{spec.context_length} tokens")
+        raise ExoTpError(
+            f"the prompt ({len(tokens)} tokens) and --max-tokens "
+            f"{args.max_tokens} exceed the model's context of "
+            f"{spec.context_length} tokens"
+        )
     request = GenerateRequest(
-        id="launch", tokens=tuple(tokens),
-        sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temp,
-                                top_p=args.top_p, seed=args.seed),
-        logits_out=str(Path(args.logits_out).resolve()) if args.logits_out else None)
-    launch_local(str(model_dir), plan, request, args.dtype, args.report_out,
-                 join_timeout=args.join_timeout, adapter_path=adapter_folder(args.adapter_path))
+        id="launch",
+        tokens=tuple(tokens),
+        sampling=SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, seed=args.seed
+        ),
+        logits_out=str(Path(args.logits_out).resolve()) if args.logits_out else None,
+    )
+    launch_local(
+        str(model_dir),
+        plan,
+        request,
+        args.dtype,
+        args.report_out,
+        join_timeout=args.join_timeout,
+        adapter_path=adapter_folder(args.adapter_path),
+    )
     return 0
 
 
-def encode_prompt(tokenizer: TokenizerWrapper, prompt: str, use_chat_template: bool,
-                  ) -> list[int]:
+def encode_prompt(
+    tokenizer: TokenizerWrapper,
+    prompt: str,
+    use_chat_template: bool,
+) -> list[int]:
     """Token ids the way `mlx_lm.generate` builds them (chat template unless told otherwise)."""
     if use_chat_template and tokenizer.has_chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                             tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
         return tokenizer.encode(text, add_special_tokens=False)
     return tokenizer.encode(prompt, add_special_tokens=True)
 
@@ -103,8 +142,9 @@ def adapter_folder(path: str | None) -> str | None:
     return str(Path(path).resolve())
 
 
-def _plan(spec: ModelSpec, weights: list[float], stages: str | None,
-          stage_layers: str | None) -> PipelinePlan:
+def _plan(
+    spec: ModelSpec, weights: list[float], stages: str | None, stage_layers: str | None
+) -> PipelinePlan:
     from exo_tp.plan import plan_tensor_parallel
     from exo_tp.plan.pipeline import plan_pipeline, single_stage
 
@@ -117,7 +157,7 @@ def _plan(spec: ModelSpec, weights: list[float], stages: str | None,
         raise ExoTpError(f"--stages {stages} adds up to {sum(sizes)} ranks, not {len(weights)}")
     groups, start = [], 0
     for size in sizes:
-        groups.append(weights[start:start + size])
+        groups.append(weights[start : start + size])
         start += size
     layers = int_list(stage_layers, "--stage-layers") if stage_layers else None
     return plan_pipeline(spec, groups, layers)

@@ -33,8 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     exit_on_sigterm()
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        stream=sys.stderr, format="%(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(levelname)s %(message)s",
+    )
     try:
         return int(args.handler(args) or 0)
     except ExoTpError as error:

@@ -29,22 +29,51 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="print the shard plan", description=__doc__)
     add_model_arg(p)
-    p.add_argument("--weights", type=weight_list,
-                   help="relative speed of each device, e.g. 5,3,2 (default 1,1)")
-    p.add_argument("--profile", type=Path, action="append",
-                   help="a device profile from `exo-tp bench` (repeat: one per device)")
-    p.add_argument("--context", type=positive_int,
-                   help="tokens of context whose KV cache must fit (default: the model's)")
-    p.add_argument("--prompt-tokens", type=positive_int, default=512,
-                   help="prompt length for the predicted prefill time (default 512)")
-    p.add_argument("--link-latency", type=positive_float, default=200.0,
-                   help="µs of a small all_sum on links no profile measured (default 200)")
-    p.add_argument("--link-bandwidth", type=positive_float, default=1.0,
-                   help="GB/s of links no profile measured (default 1)")
-    p.add_argument("--alternatives", type=non_negative_int, default=5,
-                   help="runner-up plans to show (default 5)")
-    p.add_argument("--json", action="store_true",
-                   help="print JSON: the plan, or with --profile the planner's choice")
+    p.add_argument(
+        "--weights",
+        type=weight_list,
+        help="relative speed of each device, e.g. 5,3,2 (default 1,1)",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        action="append",
+        help="a device profile from `exo-tp bench` (repeat: one per device)",
+    )
+    p.add_argument(
+        "--context",
+        type=positive_int,
+        help="tokens of context whose KV cache must fit (default: the model's)",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=positive_int,
+        default=512,
+        help="prompt length for the predicted prefill time (default 512)",
+    )
+    p.add_argument(
+        "--link-latency",
+        type=positive_float,
+        default=200.0,
+        help="µs of a small all_sum on links no profile measured (default 200)",
+    )
+    p.add_argument(
+        "--link-bandwidth",
+        type=positive_float,
+        default=1.0,
+        help="GB/s of links no profile measured (default 1)",
+    )
+    p.add_argument(
+        "--alternatives",
+        type=non_negative_int,
+        default=5,
+        help="runner-up plans to show (default 5)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON: the plan, or with --profile the planner's choice",
+    )
     p.set_defaults(handler=run)
 
 
@@ -81,8 +110,9 @@ def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
     from exo_tp.plan.render_choice import render_choice
     from exo_tp.plan.search import choose_plan
 
-    assumed = LinkCost(latency=args.link_latency * 1e-6, bandwidth=args.link_bandwidth * 1e9,
-                       measured=False)
+    assumed = LinkCost(
+        latency=args.link_latency * 1e-6, bandwidth=args.link_bandwidth * 1e9, measured=False
+    )
     profiles = [read_profile(path) for path in args.profile]
     # A profile measured without --peers has no node id: name devices by their files then.
     names = [p.node_id or path.name for p, path in zip(profiles, args.profile, strict=True)]

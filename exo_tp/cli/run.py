@@ -48,74 +48,143 @@ log = logging.getLogger(__name__)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     # allow_abbrev=False: the removed --secret must not silently mean --secret-file
-    p = sub.add_parser("run", help="start a node (or a local cluster)", description=__doc__,
-                       allow_abbrev=False)
-    p.add_argument("--model", action="append", metavar="MODEL",
-                   help="a model folder or name (smollm2-135m, smollm2-135m-q4) this node has; "
-                        "repeat it to offer several (the first is served first; a request "
-                        "naming another loads it). Without it the node holds no model and "
-                        "receives its shard from its peers (with --local-nodes: smollm2-135m)")
-    p.add_argument("--host", help="address peers reach this node at (default: this machine's "
-                                  "first non-loopback IPv4 address)")
-    p.add_argument("--bind", help="address the API listens on (default: all interfaces when "
-                                  "--host is detected, else --host)")
+    p = sub.add_parser(
+        "run", help="start a node (or a local cluster)", description=__doc__, allow_abbrev=False
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="MODEL",
+        help="a model folder or name (smollm2-135m, smollm2-135m-q4) this node has; "
+        "repeat it to offer several (the first is served first; a request "
+        "naming another loads it). Without it the node holds no model and "
+        "receives its shard from its peers (with --local-nodes: smollm2-135m)",
+    )
+    p.add_argument(
+        "--host",
+        help="address peers reach this node at (default: this machine's "
+        "first non-loopback IPv4 address)",
+    )
+    p.add_argument(
+        "--bind",
+        help="address the API listens on (default: all interfaces when "
+        "--host is detected, else --host)",
+    )
     p.add_argument("--api-port", type=positive_int, default=8000)
-    p.add_argument("--control-port", type=int, default=0,
-                   help="port for cluster control (default: any free port, announced)")
+    p.add_argument(
+        "--control-port",
+        type=int,
+        default=0,
+        help="port for cluster control (default: any free port, announced)",
+    )
     p.add_argument("--node-id", help="unique node name (default: hostname + random suffix)")
     p.add_argument("--cluster", default="exo-tp", help="only peers with this name are joined")
     add_security_args(p)
-    p.add_argument("--weight", type=non_negative_float, default=0.0,
-                   help="this node's share weight, set by hand: nothing is measured (default: "
-                        "its measured decode speed)")
-    p.add_argument("--profile", type=Path,
-                   help="device profile to use (from `exo-tp bench --out`) instead of the "
-                        "cached one")
-    p.add_argument("--profiles", type=_path_list,
-                   help="with --local-nodes: each node's device profile, e.g. a.json,b.json "
-                        "(try the planner on devices this machine is not)")
-    p.add_argument("--no-bench", action="store_true",
-                   help="never measure on start: the cached profile if any, else equal shares")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"),
-                   default="float32")
-    p.add_argument("--adapter-path",
-                   help="an mlx-lm LoRA adapter folder (e.g. from exo-tp finetune) applied to "
-                        "every rank's shard; the leader's is used, at the same path on every "
-                        "node")
-    p.add_argument("--backend", choices=("auto", "ring", "jaccl"), default="auto",
-                   help="MLX distributed backend; auto takes jaccl when every pair of nodes "
-                        "has an RDMA link, else ring (TCP)")
-    p.add_argument("--rdma", action="append", default=[], metavar="PEER=DEVICE",
-                   help="RDMA device towards a peer node (repeatable), for jaccl")
-    p.add_argument("--stages", help="leader: force pipeline stages, ranks per stage in node "
-                                    "order (leader first), e.g. 2,1")
+    p.add_argument(
+        "--weight",
+        type=non_negative_float,
+        default=0.0,
+        help="this node's share weight, set by hand: nothing is measured (default: "
+        "its measured decode speed)",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="device profile to use (from `exo-tp bench --out`) instead of the cached one",
+    )
+    p.add_argument(
+        "--profiles",
+        type=_path_list,
+        help="with --local-nodes: each node's device profile, e.g. a.json,b.json "
+        "(try the planner on devices this machine is not)",
+    )
+    p.add_argument(
+        "--no-bench",
+        action="store_true",
+        help="never measure on start: the cached profile if any, else equal shares",
+    )
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"), default="float32")
+    p.add_argument(
+        "--adapter-path",
+        help="an mlx-lm LoRA adapter folder (e.g. from exo-tp finetune) applied to "
+        "every rank's shard; the leader's is used, at the same path on every "
+        "node",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "ring", "jaccl"),
+        default="auto",
+        help="MLX distributed backend; auto takes jaccl when every pair of nodes "
+        "has an RDMA link, else ring (TCP)",
+    )
+    p.add_argument(
+        "--rdma",
+        action="append",
+        default=[],
+        metavar="PEER=DEVICE",
+        help="RDMA device towards a peer node (repeatable), for jaccl",
+    )
+    p.add_argument(
+        "--stages",
+        help="leader: force pipeline stages, ranks per stage in node "
+        "order (leader first), e.g. 2,1",
+    )
     serving = p.add_argument_group("serving")
-    serving.add_argument("--max-concurrency", type=positive_int, default=8,
-                         help="requests decoded together in one batch (default 8); more wait")
-    serving.add_argument("--max-queue", type=int, default=64,
-                         help="requests waiting beyond the batch before new ones get a 429 "
-                              "(default 64)")
-    serving.add_argument("--prefill-step-size", type=positive_int, default=512,
-                         help="prompt tokens processed per step between decode steps, so a "
-                              "long prompt never freezes running streams (default 512)")
-    serving.add_argument("--prompt-cache-size", type=int, default=10,
-                         help="KV caches of recent requests kept for reuse by prefix "
-                              "(default 10; 0 disables the prompt cache)")
-    serving.add_argument("--prompt-cache-bytes", type=int,
-                         help="byte budget of the prompt cache on the rank holding the most")
-    serving.add_argument("--stall-timeout", type=non_negative_float, default=30.0,
-                         help="seconds a rank may make no progress before its epoch fails "
-                              "and the cluster re-plans without it (default 30)")
-    p.add_argument("--local-nodes", type=positive_int,
-                   help="run a whole cluster of N nodes on this machine")
+    serving.add_argument(
+        "--max-concurrency",
+        type=positive_int,
+        default=8,
+        help="requests decoded together in one batch (default 8); more wait",
+    )
+    serving.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests waiting beyond the batch before new ones get a 429 (default 64)",
+    )
+    serving.add_argument(
+        "--prefill-step-size",
+        type=positive_int,
+        default=512,
+        help="prompt tokens processed per step between decode steps, so a "
+        "long prompt never freezes running streams (default 512)",
+    )
+    serving.add_argument(
+        "--prompt-cache-size",
+        type=int,
+        default=10,
+        help="KV caches of recent requests kept for reuse by prefix "
+        "(default 10; 0 disables the prompt cache)",
+    )
+    serving.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        help="byte budget of the prompt cache on the rank holding the most",
+    )
+    serving.add_argument(
+        "--stall-timeout",
+        type=non_negative_float,
+        default=30.0,
+        help="seconds a rank may make no progress before its epoch fails "
+        "and the cluster re-plans without it (default 30)",
+    )
+    p.add_argument(
+        "--local-nodes", type=positive_int, help="run a whole cluster of N nodes on this machine"
+    )
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
     add_generation_defaults(p)
     p.set_defaults(handler=run)
 
 
 # GenerationDefaults' fields and the `exo-tp run` flags that set them (mlx_lm.server's names)
-_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
-          "max_tokens": "--max-tokens", "chat_template_args": "--chat-template-args"}
+_FLAGS = {
+    "temperature": "--temp",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "max_tokens": "--max-tokens",
+    "chat_template_args": "--chat-template-args",
+}
 
 
 def add_generation_defaults(p: argparse.ArgumentParser) -> None:
@@ -124,27 +193,50 @@ def add_generation_defaults(p: argparse.ArgumentParser) -> None:
 
     default = GenerationDefaults()
     group = p.add_argument_group("generation defaults (for requests that omit the field)")
-    group.add_argument(_FLAGS["temperature"], type=non_negative_float,
-                       default=default.temperature,
-                       help=f"sampling temperature (default: {default.temperature}, greedy)")
-    group.add_argument(_FLAGS["top_p"], type=non_negative_float, default=default.top_p,
-                       help=f"nucleus sampling top-p (default: {default.top_p}, off)")
-    group.add_argument(_FLAGS["top_k"], type=non_negative_int, default=default.top_k,
-                       help=f"top-k sampling (default: {default.top_k}, off)")
-    group.add_argument(_FLAGS["min_p"], type=non_negative_float, default=default.min_p,
-                       help=f"min-p sampling (default: {default.min_p}, off)")
-    group.add_argument(_FLAGS["max_tokens"], type=positive_int, default=default.max_tokens,
-                       help=f"maximum tokens to generate (default: {default.max_tokens})")
-    group.add_argument(_FLAGS["chat_template_args"], type=json_object,
-                       default=default.chat_template_args,
-                       help="JSON object of extra chat template arguments, e.g. "
-                            "'{\"enable_thinking\": false}'")
+    group.add_argument(
+        _FLAGS["temperature"],
+        type=non_negative_float,
+        default=default.temperature,
+        help=f"sampling temperature (default: {default.temperature}, greedy)",
+    )
+    group.add_argument(
+        _FLAGS["top_p"],
+        type=non_negative_float,
+        default=default.top_p,
+        help=f"nucleus sampling top-p (default: {default.top_p}, off)",
+    )
+    group.add_argument(
+        _FLAGS["top_k"],
+        type=non_negative_int,
+        default=default.top_k,
+        help=f"top-k sampling (default: {default.top_k}, off)",
+    )
+    group.add_argument(
+        _FLAGS["min_p"],
+        type=non_negative_float,
+        default=default.min_p,
+        help=f"min-p sampling (default: {default.min_p}, off)",
+    )
+    group.add_argument(
+        _FLAGS["max_tokens"],
+        type=positive_int,
+        default=default.max_tokens,
+        help=f"maximum tokens to generate (default: {default.max_tokens})",
+    )
+    group.add_argument(
+        _FLAGS["chat_template_args"],
+        type=json_object,
+        default=default.chat_template_args,
+        help="JSON object of extra chat template arguments, e.g. '{\"enable_thinking\": false}'",
+    )
 
 
 def _flag_values(args: argparse.Namespace) -> dict[str, object]:
     """Each GenerationDefaults field's value from its flag."""
-    return {field: getattr(args, flag.removeprefix("--").replace("-", "_"))
-            for field, flag in _FLAGS.items()}
+    return {
+        field: getattr(args, flag.removeprefix("--").replace("-", "_"))
+        for field, flag in _FLAGS.items()
+    }
 
 
 def generation_defaults(args: argparse.Namespace) -> GenerationDefaults:
@@ -197,14 +289,22 @@ def node_profile(args: argparse.Namespace) -> DeviceProfile | None:
     cached = cached_profile(if_invalid="not using it" if args.no_bench else "measuring again")
     if cached is not None or args.no_bench:
         if cached is None:
-            log.warning("no cached device profile and --no-bench: this node counts as "
-                        "average speed")
+            log.warning(
+                "no cached device profile and --no-bench: this node counts as average speed"
+            )
         return cached
-    log.info("no cached device profile in %s: measuring a quick one (about 10 s; "
-             "`exo-tp bench` measures a full one)", profile_path())
+    log.info(
+        "no cached device profile in %s: measuring a quick one (about 10 s; "
+        "`exo-tp bench` measures a full one)",
+        profile_path(),
+    )
     profile, _ = device_profile(quick=True)
-    log.info("measured: decode %.3g s/byte, prefill %.3g FLOP/s in %.1f s",
-             profile.decode_seconds_per_byte, profile.prefill_flops, profile.duration_seconds)
+    log.info(
+        "measured: decode %.3g s/byte, prefill %.3g FLOP/s in %.1f s",
+        profile.decode_seconds_per_byte,
+        profile.prefill_flops,
+        profile.duration_seconds,
+    )
     return profile
 
 
@@ -233,17 +333,24 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
 
     try:
         return ServingOptions(
-            max_concurrency=args.max_concurrency, prefill_step_size=args.prefill_step_size,
+            max_concurrency=args.max_concurrency,
+            prefill_step_size=args.prefill_step_size,
             prompt_cache_size=args.prompt_cache_size,
-            prompt_cache_bytes=args.prompt_cache_bytes)
+            prompt_cache_bytes=args.prompt_cache_bytes,
+        )
     except ValidationError as error:
         first = error.errors()[0]
-        raise ExoTpError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") \
-            from None
+        raise ExoTpError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
 
 
-SERVING_FLAGS = ("max_concurrency", "max_queue", "prefill_step_size", "prompt_cache_size",
-                 "prompt_cache_bytes", "stall_timeout")
+SERVING_FLAGS = (
+    "max_concurrency",
+    "max_queue",
+    "prefill_step_size",
+    "prompt_cache_size",
+    "prompt_cache_bytes",
+    "stall_timeout",
+)
 
 
 def serving_flags(args: argparse.Namespace) -> list[str]:
@@ -277,7 +384,8 @@ def _run_local(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise ExoTpError("--max-queue must be 0 or more")
     extra = ["--backend", args.backend, *serving_flags(args), *generation_flags(args)] + (
-        ["--stages", args.stages] if args.stages else [])
+        ["--stages", args.stages] if args.stages else []
+    )
     if args.adapter_path:
         extra += ["--adapter-path", args.adapter_path]
     if args.allowed_origins is not None:
@@ -288,12 +396,21 @@ def _run_local(args: argparse.Namespace) -> int:
         env[API_KEY_ENV] = key
     if args.profiles:
         if len(args.profiles) != args.local_nodes:
-            raise ExoTpError(f"--profiles has {len(args.profiles)} files for "
-                             f"{args.local_nodes} local nodes")
+            raise ExoTpError(
+                f"--profiles has {len(args.profiles)} files for {args.local_nodes} local nodes"
+            )
         for path in args.profiles:
             read_profile(path)  # a bad file is one readable error here, not a dead node later
-        return run_local_cluster(args.local_nodes, args.weights, local_models(args),
-                                 args.api_port, args.dtype, env, extra, profiles=args.profiles)
+        return run_local_cluster(
+            args.local_nodes,
+            args.weights,
+            local_models(args),
+            args.api_port,
+            args.dtype,
+            env,
+            extra,
+            profiles=args.profiles,
+        )
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.
@@ -304,12 +421,20 @@ def _run_local(args: argparse.Namespace) -> int:
             extra += ["--profile", str(path)]
         elif not args.weights:
             extra.append("--no-bench")
-        return run_local_cluster(args.local_nodes, args.weights, local_models(args),
-                                 args.api_port, args.dtype, env, extra)
+        return run_local_cluster(
+            args.local_nodes,
+            args.weights,
+            local_models(args),
+            args.api_port,
+            args.dtype,
+            env,
+            extra,
+        )
 
 
-async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
-                 access: ApiAccess) -> int:
+async def _serve(
+    args: argparse.Namespace, host: str, bind: str, secret: str, access: ApiAccess
+) -> int:
     import mlx.core as mx
 
     from exo_tp.api.web import web_routes
@@ -327,8 +452,7 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
     profile = node_profile(args)
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
-        profile = profile.model_copy(update={"memory_total": total,
-                                             "memory_available": available})
+        profile = profile.model_copy(update={"memory_total": total, "memory_available": available})
     rdma = {}
     for item in args.rdma:
         peer, _, device = item.partition("=")
@@ -336,20 +460,32 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
             raise ExoTpError(f"--rdma {item!r}: expected PEER=DEVICE")
         rdma[peer] = device
     config = NodeConfig(
-        node_id=args.node_id or default_node_id(), models=tuple(args.model or ()),
-        host=host, bind=bind, api_port=args.api_port, control_port=args.control_port,
-        cluster=args.cluster, secret=secret, access=access, weight=args.weight,
-        dtype=args.dtype, backend=args.backend,
-        rdma=rdma, stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
-        backends=tuple(b for b in ("ring", "jaccl", "mpi", "nccl")
-                       if mx.distributed.is_available(b)),
-        serving=serving_options(args), max_queue=args.max_queue,
+        node_id=args.node_id or default_node_id(),
+        models=tuple(args.model or ()),
+        host=host,
+        bind=bind,
+        api_port=args.api_port,
+        control_port=args.control_port,
+        cluster=args.cluster,
+        secret=secret,
+        access=access,
+        weight=args.weight,
+        dtype=args.dtype,
+        backend=args.backend,
+        rdma=rdma,
+        stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
+        backends=tuple(
+            b for b in ("ring", "jaccl", "mpi", "nccl") if mx.distributed.is_available(b)
+        ),
+        serving=serving_options(args),
+        max_queue=args.max_queue,
         adapter_path=adapter_folder(args.adapter_path),
         stall_timeout=args.stall_timeout,
         defaults=generation_defaults(args),
     )
-    node = Node(config, NodeWeights(config.node_id, secret, folders),
-                profile.summary() if profile else None)
+    node = Node(
+        config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None
+    )
     try:
         try:
             await node.start(web_routes())
@@ -365,4 +501,3 @@ async def _serve(args: argparse.Namespace, host: str, bind: str, secret: str,
     finally:
         await node.stop()
     return 0
-

@@ -146,8 +146,11 @@ def convert(gguf_path: Path, out_float: Path, out_quantized: Path) -> None:
     quantization.update(quant_overrides)
     for folder, weights, extra in (
         (out_float, float_weights, {}),
-        (out_quantized, quant_weights, {"quantization": quantization,
-                                        "quantization_config": quantization}),
+        (
+            out_quantized,
+            quant_weights,
+            {"quantization": quantization, "quantization_config": quantization},
+        ),
     ):
         folder.mkdir(parents=True, exist_ok=True)
         mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})

@@ -34,12 +34,14 @@ class Announcement(Frozen):
         return txt
 
     @classmethod
-    def from_txt(cls, txt: dict[bytes | str, bytes | str | None],
-                 secret: str) -> tuple[Announcement | None, str]:
+    def from_txt(
+        cls, txt: dict[bytes | str, bytes | str | None], secret: str
+    ) -> tuple[Announcement | None, str]:
         """The announcement if its signature checks out, else (None, why)."""
         fields = {
-            (k.decode() if isinstance(k, bytes) else k):
-            (v.decode() if isinstance(v, bytes) else (v or ""))
+            (k.decode() if isinstance(k, bytes) else k): (
+                v.decode() if isinstance(v, bytes) else (v or "")
+            )
             for k, v in txt.items()
         }
         signature = fields.pop("sig", "")

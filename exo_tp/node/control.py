@@ -113,16 +113,17 @@ class ControlClient:
         self._secret = secret
         self._session: aiohttp.ClientSession | None = None
 
-    async def _call(self, peer: Announcement, path: str, body: BaseModel | None,
-                    reply: type[R]) -> R:
+    async def _call(
+        self, peer: Announcement, path: str, body: BaseModel | None, reply: type[R]
+    ) -> R:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=TIMEOUT)
         data = body.model_dump_json().encode() if body is not None else b""
-        headers = {"Content-Type": "application/json",
-                   **control_headers(self._secret, path, data)}
+        headers = {"Content-Type": "application/json", **control_headers(self._secret, path, data)}
         method = "GET" if body is None else "POST"
-        async with self._session.request(method, peer.control_url + path, data=data,
-                                         headers=headers) as response:
+        async with self._session.request(
+            method, peer.control_url + path, data=data, headers=headers
+        ) as response:
             raw = await response.read()
             if response.status != 200:
                 try:
@@ -137,11 +138,19 @@ class ControlClient:
     async def ports(self, peer: Announcement, epoch: int) -> Ports:
         return await self._call(peer, "/control/ports", PortsRequest(epoch=epoch), Ports)
 
-    async def assign(self, peer: Announcement, assignment: Assignment, leader: str,
-                     weights: WeightOrder | None = None) -> Accepted:
-        return await self._call(peer, "/control/assign",
-                                Assign(assignment=assignment, leader=leader, weights=weights),
-                                Accepted)
+    async def assign(
+        self,
+        peer: Announcement,
+        assignment: Assignment,
+        leader: str,
+        weights: WeightOrder | None = None,
+    ) -> Accepted:
+        return await self._call(
+            peer,
+            "/control/assign",
+            Assign(assignment=assignment, leader=leader, weights=weights),
+            Accepted,
+        )
 
     async def release(self, peer: Announcement, epoch: int) -> Released:
         return await self._call(peer, "/control/release", Release(epoch=epoch), Released)
@@ -151,8 +160,10 @@ class ControlClient:
             await self._session.close()
 
 
-def _handler(body: type[B] | None, handle: Callable[..., Awaitable[BaseModel]],
-             ) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _handler(
+    body: type[B] | None,
+    handle: Callable[..., Awaitable[BaseModel]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def route(request: web.Request) -> web.Response:
         try:
             args = [body.model_validate_json(await request.read())] if body else []
@@ -167,32 +178,40 @@ def _handler(body: type[B] | None, handle: Callable[..., Awaitable[BaseModel]],
 
 
 def _reply(body: BaseModel, status: int = 200) -> web.Response:
-    return web.Response(body=body.model_dump_json(), status=status,
-                        content_type="application/json")
+    return web.Response(body=body.model_dump_json(), status=status, content_type="application/json")
 
 
-def control_app(secret: str, status: Callable[[], Awaitable[NodeStatus]],
-                ports: Callable[[PortsRequest], Awaitable[Ports]],
-                assign: Callable[[Assign], Awaitable[Accepted]],
-                release: Callable[[Release], Awaitable[Released]]) -> web.Application:
+def control_app(
+    secret: str,
+    status: Callable[[], Awaitable[NodeStatus]],
+    ports: Callable[[PortsRequest], Awaitable[Ports]],
+    assign: Callable[[Assign], Awaitable[Accepted]],
+    release: Callable[[Release], Awaitable[Released]],
+) -> web.Application:
     """The control server; every request must carry a valid signature (401 otherwise)."""
 
     @web.middleware
-    async def signed(request: web.Request, handler: Callable[[web.Request],
-                                                             Awaitable[web.StreamResponse]],
-                     ) -> web.StreamResponse:
+    async def signed(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
         body = await request.read()
         if not control_request_ok(secret, request.path, body, dict(request.headers)):
-            return web.Response(body=json.dumps({"error": "bad or missing signature"}),
-                                status=401, content_type="application/json")
+            return web.Response(
+                body=json.dumps({"error": "bad or missing signature"}),
+                status=401,
+                content_type="application/json",
+            )
         return await handler(request)
 
     # Assignments carry a transfer plan, which can pass the default 1 MiB for big models.
     app = web.Application(middlewares=[signed], client_max_size=MAX_BODY)
-    app.add_routes([
-        web.get("/control/status", _handler(None, status)),
-        web.post("/control/ports", _handler(PortsRequest, ports)),
-        web.post("/control/assign", _handler(Assign, assign)),
-        web.post("/control/release", _handler(Release, release)),
-    ])
+    app.add_routes(
+        [
+            web.get("/control/status", _handler(None, status)),
+            web.post("/control/ports", _handler(PortsRequest, ports)),
+            web.post("/control/assign", _handler(Assign, assign)),
+            web.post("/control/release", _handler(Release, release)),
+        ]
+    )
     return app

@@ -20,8 +20,14 @@ RESOLVE_ATTEMPTS = 8
 class Discovery:
     """Calls ``on_peer(announcement)`` for verified peers and ``on_gone(node_id)``."""
 
-    def __init__(self, me: Announcement, secret: str, interface: str,
-                 on_peer: Callable[[Announcement], None], on_gone: Callable[[str], None]):
+    def __init__(
+        self,
+        me: Announcement,
+        secret: str,
+        interface: str,
+        on_peer: Callable[[Announcement], None],
+        on_gone: Callable[[str], None],
+    ):
         self.me, self.secret, self.interface = me, secret, interface
         self.on_peer, self.on_gone = on_peer, on_gone
         self._zc: AsyncZeroconf | None = None
@@ -35,8 +41,10 @@ class Discovery:
         # mDNS instance names are global on a network: several clusters (or restarts) may reuse
         # a node id, so the name carries a per-start token; the node id is in the signed TXT.
         return AsyncServiceInfo(
-            SERVICE_TYPE, f"{self.me.node_id}-{self._token}.{SERVICE_TYPE}",
-            addresses=[socket.inet_aton(self.me.host)], port=self.me.api_port,
+            SERVICE_TYPE,
+            f"{self.me.node_id}-{self._token}.{SERVICE_TYPE}",
+            addresses=[socket.inet_aton(self.me.host)],
+            port=self.me.api_port,
             properties=self.me.to_txt(self.secret),
         )
 
@@ -44,8 +52,9 @@ class Discovery:
         interfaces = [self.interface] if self.interface not in ("", "0.0.0.0") else None
         self._zc = AsyncZeroconf(interfaces=interfaces or "all", ip_version=IPVersion.V4Only)
         await self._zc.async_register_service(self._info(), allow_name_change=True)
-        self._browser = AsyncServiceBrowser(self._zc.zeroconf, SERVICE_TYPE,
-                                            handlers=[self._on_change])
+        self._browser = AsyncServiceBrowser(
+            self._zc.zeroconf, SERVICE_TYPE, handlers=[self._on_change]
+        )
 
     async def stop(self) -> None:
         for task in self._tasks:  # resolutions still retrying
@@ -57,8 +66,9 @@ class Discovery:
             await self._zc.async_unregister_all_services()
             await self._zc.async_close()
 
-    def _on_change(self, zeroconf: Zeroconf, service_type: str, name: str,
-                   state_change: ServiceStateChange) -> None:
+    def _on_change(
+        self, zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange
+    ) -> None:
         if state_change is ServiceStateChange.Removed:
             node_id = self._names.pop(name, None)
             if node_id:
@@ -74,10 +84,12 @@ class Discovery:
         # the peer until its next announcement.
         for attempt in range(RESOLVE_ATTEMPTS):
             info = AsyncServiceInfo(SERVICE_TYPE, name)
-            if await info.async_request(zeroconf, 3000, question_type=DNSQuestionType.QM) \
-                    and info.properties:
+            if (
+                await info.async_request(zeroconf, 3000, question_type=DNSQuestionType.QM)
+                and info.properties
+            ):
                 break
-            await asyncio.sleep(min(8.0, 0.5 * 2 ** attempt))
+            await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
         else:
             log.warning("could not resolve %s after %d attempts", name, RESOLVE_ATTEMPTS)
             return

@@ -50,8 +50,9 @@ class Dispatcher:
 
     async def start(self) -> int:
         self._loop = asyncio.get_running_loop()
-        self._listener = Listener(f"{self._host}:0", self._key, CONDUCTOR_EVENTS,
-                                  self._on_channel, "requests")
+        self._listener = Listener(
+            f"{self._host}:0", self._key, CONDUCTOR_EVENTS, self._on_channel, "requests"
+        )
         return self._listener.port
 
     def stop(self) -> None:
@@ -100,16 +101,25 @@ class Dispatcher:
             if self.on_conductor_lost is not None:
                 self.on_conductor_lost(epoch)
 
-    def _on_event(self, channel: ConductorChannel, event: Delta | Done | RequestFailed | Hello,
-                  ) -> None:
+    def _on_event(
+        self,
+        channel: ConductorChannel,
+        event: Delta | Done | RequestFailed | Hello,
+    ) -> None:
         if channel is not self.conductor or isinstance(event, Hello):
             return
         stream = self._streams.get(event.id)
         if stream is None:
             return
         if isinstance(event, RequestFailed):
-            stream.put_nowait(ApiError(500, f"generation failed: {event.message}",
-                                       kind="server_error", code="generation_failed"))
+            stream.put_nowait(
+                ApiError(
+                    500,
+                    f"generation failed: {event.message}",
+                    kind="server_error",
+                    code="generation_failed",
+                )
+            )
         else:
             stream.put_nowait(event)
 
@@ -120,24 +130,36 @@ class Dispatcher:
         self.conductor = None
         self.unavailable_reason = reason
         for stream in self._streams.values():
-            stream.put_nowait(ApiError(503, f"generation failed: {reason}",
-                                       kind="server_error", code="cluster_failure"))
+            stream.put_nowait(
+                ApiError(
+                    503, f"generation failed: {reason}", kind="server_error", code="cluster_failure"
+                )
+            )
 
     # ---- requests --------------------------------------------------------------------------
 
     def _unavailable(self) -> ApiError:
-        return ApiError(503, f"cluster not ready: {self.unavailable_reason}",
-                        kind="server_error", code="cluster_not_ready", retry_after=5)
+        return ApiError(
+            503,
+            f"cluster not ready: {self.unavailable_reason}",
+            kind="server_error",
+            code="cluster_not_ready",
+            retry_after=5,
+        )
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         """Events of one generation; closing the iterator early cancels it on every rank."""
         if self.conductor is None:
             raise self._unavailable()
         if self._slots.locked() and self._waiting >= self.max_queue:
-            raise ApiError(429, f"the cluster is busy: {self.max_concurrency} requests "
-                                f"running and {self._waiting} waiting; retry later",
-                           kind="server_error", code="queue_full",
-                           retry_after=max(1, self._waiting // self.max_concurrency))
+            raise ApiError(
+                429,
+                f"the cluster is busy: {self.max_concurrency} requests "
+                f"running and {self._waiting} waiting; retry later",
+                kind="server_error",
+                code="queue_full",
+                retry_after=max(1, self._waiting // self.max_concurrency),
+            )
         self._waiting += 1
         try:
             await self._slots.acquire()

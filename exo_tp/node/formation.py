@@ -70,8 +70,9 @@ class Epoch:
     reason: str = ""
 
 
-def node_weights(members: list[Announcement], profiles: dict[str, ProfileSummary | None],
-                 fmt: str) -> list[float]:
+def node_weights(
+    members: list[Announcement], profiles: dict[str, ProfileSummary | None], fmt: str
+) -> list[float]:
     """Share weight of each member: the manual weights if every member set one; else each
     member's decode speed (bytes/s) for the model's weight format, from its profile summary
     (or its announced headline score); a member with neither gets the others' mean speed.
@@ -79,8 +80,10 @@ def node_weights(members: list[Announcement], profiles: dict[str, ProfileSummary
     if all(a.weight > 0 for a in members):
         return [a.weight for a in members]
     if any(a.weight > 0 for a in members):
-        log.warning("manual weights ignored: not every node set --weight (%s)",
-                    ", ".join(a.node_id for a in members if a.weight <= 0))
+        log.warning(
+            "manual weights ignored: not every node set --weight (%s)",
+            ", ".join(a.node_id for a in members if a.weight <= 0),
+        )
 
     def speed(a: Announcement) -> float | None:
         profile = profiles.get(a.node_id)
@@ -95,9 +98,16 @@ def node_weights(members: list[Announcement], profiles: dict[str, ProfileSummary
 
 
 class Leader:
-    def __init__(self, config: NodeConfig, models: ClusterModel, peers: Peers,
-                 control: ControlClient, dispatcher: Dispatcher, requests_port: int,
-                 highest_epoch: Callable[[], int]):
+    def __init__(
+        self,
+        config: NodeConfig,
+        models: ClusterModel,
+        peers: Peers,
+        control: ControlClient,
+        dispatcher: Dispatcher,
+        requests_port: int,
+        highest_epoch: Callable[[], int],
+    ):
         self.config, self.models, self.peers = config, models, peers
         self._control, self._dispatcher = control, dispatcher
         self._requests_port = requests_port
@@ -122,8 +132,13 @@ class Leader:
             await asyncio.sleep(0.2)
             try:
                 await self._lead_once()
-            except (aiohttp.ClientError, TimeoutError, ControlRefused, OSError,
-                    ExoTpError) as error:
+            except (
+                aiohttp.ClientError,
+                TimeoutError,
+                ControlRefused,
+                OSError,
+                ExoTpError,
+            ) as error:
                 log.warning("formation round failed: %s", error)
                 self._fail("formation failed: " + (str(error) or type(error).__name__))
                 await asyncio.sleep(1.0)
@@ -171,7 +186,7 @@ class Leader:
             log.warning("epoch %d failed: %s", led.number, reason)
             led.state, led.reason = "failed", reason
             # back off 1, 2, 4 ... 30 s so a persistent problem does not spin
-            self._retry_at = time.monotonic() + min(30.0, 2.0 ** self._failures)
+            self._retry_at = time.monotonic() + min(30.0, 2.0**self._failures)
             self._failures += 1
         self._dispatcher.detach(reason)
 
@@ -196,7 +211,8 @@ class Leader:
             if status.worker_stalled is not None:
                 if status.worker_stalled == "frozen":  # re-plan without it for a while
                     self._quarantine[node_id] = time.monotonic() + max(
-                        QUARANTINE_MIN, 4 * self.config.stall_timeout)
+                        QUARANTINE_MIN, 4 * self.config.stall_timeout
+                    )
                 self._fail(f"the worker on {node_id} {status.worker_error}")
                 return
             if status.worker_state == "exited":
@@ -204,8 +220,10 @@ class Leader:
                 return
         if led.state != "loading":
             return
-        ready = all(s is not None and s.worker_epoch == led.number and s.worker_state == "ready"
-                    for s in statuses.values())
+        ready = all(
+            s is not None and s.worker_epoch == led.number and s.worker_state == "ready"
+            for s in statuses.values()
+        )
         if ready and self._dispatcher.attach(led.number):
             led.state, self._failures = "ready", 0
             log.info("epoch %d ready: %d ranks", led.number, len(led.nodes))
@@ -214,9 +232,12 @@ class Leader:
 
     # ---- planning and forming --------------------------------------------------------------
 
-    def _plan(self, spec: ModelSpec, members: list[Announcement],
-              own_profile: ProfileSummary | None,
-              ) -> tuple[PipelinePlan, list[Announcement], Prediction | None]:
+    def _plan(
+        self,
+        spec: ModelSpec,
+        members: list[Announcement],
+        own_profile: ProfileSummary | None,
+    ) -> tuple[PipelinePlan, list[Announcement], Prediction | None]:
         """The plan for these members, the member holding each global rank, the prediction.
 
         Forced stages and manual weights plan as told; otherwise, when every member announced
@@ -226,31 +247,45 @@ class Leader:
         profiles: dict[str, ProfileSummary | None] = {}
         for a in members:
             status = self.peers.status(a.node_id)
-            profiles[a.node_id] = own_profile if a.node_id == self.me else (
-                status.profile if status else None)
+            profiles[a.node_id] = (
+                own_profile if a.node_id == self.me else (status.profile if status else None)
+            )
         weights = node_weights(members, profiles, weight_format(spec))
         stages = self.config.stages
         if stages and sum(stages) == len(members):
             groups, start = [], 0
             for size in stages:
-                groups.append(weights[start:start + size])
+                groups.append(weights[start : start + size])
                 start += size
             return plan_pipeline(spec, groups), members, None
-        measured = all(a.weight <= 0 and (profiles[a.node_id] is not None
-                                          or a.decode_seconds_per_byte > 0) for a in members)
+        measured = all(
+            a.weight <= 0 and (profiles[a.node_id] is not None or a.decode_seconds_per_byte > 0)
+            for a in members
+        )
         if measured:  # weights are then decode speeds for the model's weight format
             choice = choose_plan(spec, cluster_from_members(members, weights))
             names = [m.node_id for m in members]
-            log.info("planner: %s; runner-ups: %s", describe_candidate(choice.best, names),
-                     "; ".join(f"{c.prediction.tokens_per_second:.3g} tok/s "
-                               f"{describe_candidate(c, names)}" for c in choice.alternatives))
+            log.info(
+                "planner: %s; runner-ups: %s",
+                describe_candidate(choice.best, names),
+                "; ".join(
+                    f"{c.prediction.tokens_per_second:.3g} tok/s {describe_candidate(c, names)}"
+                    for c in choice.alternatives
+                ),
+            )
             chosen = [members[d] for d in choice.best.devices]
             return choice.best.plan, chosen, choice.best.prediction
         return single_stage(plan_tensor_parallel(spec, weights)), members, None
 
     async def _form(self, eligible: list[Announcement], key: str) -> None:
-        number = max(self._highest_epoch(), self.led.number if self.led else 0,
-                     max((s.epoch for s in self.peers.statuses.values()), default=0)) + 1
+        number = (
+            max(
+                self._highest_epoch(),
+                self.led.number if self.led else 0,
+                max((s.epoch for s in self.peers.statuses.values()), default=0),
+            )
+            + 1
+        )
         previous = self.led
         eligible_ids = tuple(sorted(m.node_id for m in eligible))
         self.led = Epoch(number=number, nodes=(), plan=None, members=eligible_ids, model=key)
@@ -259,40 +294,53 @@ class Leader:
         try:
             model = await self.models.prepare(key, eligible_ids)
             me = self.peers.status(self.me)
-            plan, members, prediction = self._plan(model.spec, eligible,
-                                                   me.profile if me else None)
+            plan, members, prediction = self._plan(model.spec, eligible, me.profile if me else None)
             members, plan, weights = await self.models.orders(model, plan, members, eligible)
         except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
-            self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: "
-                       f"{error}")
+            self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: {error}")
             return
         nodes = tuple(m.node_id for m in members)
         self.led.nodes, self.led.plan, self.led.prediction = nodes, plan, prediction
         statuses = {n: self.peers.status(n) for n in nodes}
         try:
             backend = choose_backend(
-                self.config.backend, nodes,
+                self.config.backend,
+                nodes,
                 {n: s.backends if s else ("ring",) for n, s in statuses.items()},
-                {n: s.rdma if s else {} for n, s in statuses.items()})
+                {n: s.rdma if s else {} for n, s in statuses.items()},
+            )
         except PlanError as error:
             self._fail(str(error))
             return
-        log.info("forming epoch %d over %s: %s; %s", number, list(nodes), describe(plan),
-                 backend.reason)
+        log.info(
+            "forming epoch %d over %s: %s; %s", number, list(nodes), describe(plan), backend.reason
+        )
         ports = await asyncio.gather(*(self._control.ports(m, number) for m in members))
         ranks = range(len(members))
-        hops = tuple(f"{members[r].host}:{ports[r].hop}" for r in ranks) \
-            if len(plan.stages) > 1 else ()
+        hops = (
+            tuple(f"{members[r].host}:{ports[r].hop}" for r in ranks)
+            if len(plan.stages) > 1
+            else ()
+        )
         conductor = plan.stages[-1].ranks[0]
         for rank, member in enumerate(members):
             assignment = Assignment(
-                epoch=number, model=model.name, plan=plan, rank=rank,
+                epoch=number,
+                model=model.name,
+                plan=plan,
+                rank=rank,
                 hostfile=tuple(f"{members[r].host}:{ports[r].ring}" for r in ranks),
                 conductor=f"{members[conductor].host}:{ports[conductor].conductor}",
-                requests_at=f"{self.config.host}:{self._requests_port}", hops=hops,
-                nodes=nodes, dtype=self.config.dtype, backend=backend.backend,
-                ibv_devices=backend.ibv_devices, prediction=prediction,
-                serving=self.config.serving, adapter_path=self.config.adapter_path)
+                requests_at=f"{self.config.host}:{self._requests_port}",
+                hops=hops,
+                nodes=nodes,
+                dtype=self.config.dtype,
+                backend=backend.backend,
+                ibv_devices=backend.ibv_devices,
+                prediction=prediction,
+                serving=self.config.serving,
+                adapter_path=self.config.adapter_path,
+            )
             await self._control.assign(member, assignment, self.me, weights[member.node_id])
         self.led.started = time.monotonic()
         if previous is not None:  # members dropped from the cluster let their workers go

@@ -14,5 +14,9 @@ def memory_now(worker_pid: int | None) -> dict[str, int | None]:
             worker = psutil.Process(worker_pid).memory_info().rss
         except psutil.Error:  # the worker just exited
             worker = None
-    return {"total": machine.total, "available": machine.available,
-            "used": machine.total - machine.available, "worker_rss": worker}
+    return {
+        "total": machine.total,
+        "available": machine.available,
+        "used": machine.total - machine.available,
+        "worker_rss": worker,
+    }

@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 
 
 class Node:
-    def __init__(self, config: NodeConfig, weights: NodeWeights,
-                 profile: ProfileSummary | None = None):
+    def __init__(
+        self, config: NodeConfig, weights: NodeWeights, profile: ProfileSummary | None = None
+    ):
         self.config = config
         self.weights = weights
         self.profile = profile
@@ -67,8 +68,12 @@ class Node:
         self.epoch_seen = 0
         self.control = ControlClient(config.secret)
         self.worker = NodeWorker(config.secret, config.stall_timeout)
-        self.dispatcher = Dispatcher(config.secret.encode(), config.listen_host,
-                                     config.serving.max_concurrency, config.max_queue)
+        self.dispatcher = Dispatcher(
+            config.secret.encode(),
+            config.listen_host,
+            config.serving.max_concurrency,
+            config.max_queue,
+        )
         self.peers: Peers | None = None
         self.leader: Leader | None = None
         self.models: ClusterModel | None = None
@@ -82,24 +87,41 @@ class Node:
 
     async def start(self, public_routes: web.RouteTableDef) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
-        control = control_app(self.config.secret, self._status, self._ports, self._assign,
-                              self._release)
+        control = control_app(
+            self.config.secret, self._status, self._ports, self._assign, self._release
+        )
         control.add_subapp(MOUNT, self.weights.app())
         control_port = await self._serve(control, self.config.control_port)
         requests_port = await self.dispatcher.start()
-        await self._serve(build_public_app(self, public_routes, self.config.access),
-                          self.config.api_port, handler_cancellation=True)
+        await self._serve(
+            build_public_app(self, public_routes, self.config.access),
+            self.config.api_port,
+            handler_cancellation=True,
+        )
         me = self._announcement(control_port)
-        self.peers = Peers(me, self.config.secret, self.config.host, self.control,
-                           self.status)
+        self.peers = Peers(me, self.config.secret, self.config.host, self.control, self.status)
         await self.peers.start()
         self.models = ClusterModel(self.node_id, self.weights, self.peers, self.config.secret)
-        self.leader = Leader(self.config, self.models, self.peers, self.control, self.dispatcher,
-                             requests_port, lambda: self.epoch_seen)
-        self._tasks = [asyncio.create_task(self._maintain(), name="maintain"),
-                       asyncio.create_task(self.leader.run_forever(), name="leader")]
-        log.info("node %s up: api %s, control port %d, cluster %r", self.node_id, me.api_url,
-                 control_port, self.config.cluster)
+        self.leader = Leader(
+            self.config,
+            self.models,
+            self.peers,
+            self.control,
+            self.dispatcher,
+            requests_port,
+            lambda: self.epoch_seen,
+        )
+        self._tasks = [
+            asyncio.create_task(self._maintain(), name="maintain"),
+            asyncio.create_task(self.leader.run_forever(), name="leader"),
+        ]
+        log.info(
+            "node %s up: api %s, control port %d, cluster %r",
+            self.node_id,
+            me.api_url,
+            control_port,
+            self.config.cluster,
+        )
 
     async def _serve(self, app: web.Application, port: int, **kwargs: Any) -> int:
         runner = web.AppRunner(app, access_log=None, **kwargs)
@@ -128,12 +150,18 @@ class Node:
         memory = memory_now(None)  # at start; status polls report it live
         profile = self.profile
         return Announcement(
-            node_id=self.node_id, version=__version__, cluster=self.config.cluster,
-            host=self.config.host, api_port=self.config.api_port, control_port=control_port,
-            memory_total=memory["total"] or 0, memory_available=memory["available"] or 0,
+            node_id=self.node_id,
+            version=__version__,
+            cluster=self.config.cluster,
+            host=self.config.host,
+            api_port=self.config.api_port,
+            control_port=control_port,
+            memory_total=memory["total"] or 0,
+            memory_available=memory["available"] or 0,
             decode_seconds_per_byte=profile.decode_seconds_per_byte if profile else 0.0,
             prefill_flops=profile.prefill_flops if profile else 0.0,
-            weight=self.config.weight, started=self.started,
+            weight=self.config.weight,
+            started=self.started,
         )
 
     async def _maintain(self) -> None:
@@ -144,10 +172,14 @@ class Node:
             await self.peers.poll_once()
             leader = self.worker.assigned_by
             loading = self._loading is not None and not self._loading.done()
-            if ((self.worker.rank is not None or loading) and leader != self.node_id
-                    and leader not in self.peers.alive_ids()):
-                log.warning("leader %s is gone; stopping worker of epoch %s", leader,
-                            self.worker.epoch)
+            if (
+                (self.worker.rank is not None or loading)
+                and leader != self.node_id
+                and leader not in self.peers.alive_ids()
+            ):
+                log.warning(
+                    "leader %s is gone; stopping worker of epoch %s", leader, self.worker.epoch
+                )
                 await self._stop_loading()
                 await self.worker.replace(None)
             await asyncio.sleep(1.0 if len(self.peers.membership.members) > 1 else 0.5)
@@ -159,14 +191,24 @@ class Node:
         leads = leader is not None and leader.leads() and leader.led is not None
         worker = self.worker
         return NodeStatus(
-            node_id=self.node_id, leader=self.leader_id(), epoch=self.epoch_seen,
-            worker_epoch=worker.epoch, worker_state=worker.state, worker_error=worker.error,
-            worker_stalled=worker.stalled, profile=self.profile, weight=self.config.weight,
+            node_id=self.node_id,
+            leader=self.leader_id(),
+            epoch=self.epoch_seen,
+            worker_epoch=worker.epoch,
+            worker_state=worker.state,
+            worker_error=worker.error,
+            worker_stalled=worker.stalled,
+            profile=self.profile,
+            weight=self.config.weight,
             cluster_state=leader.led.state if leads and leader.led else None,
             cluster_reason=leader.led.reason if leads and leader.led else None,
-            backends=self.config.backends, rdma=self.config.rdma,
-            memory=worker.machine_memory(), rank_memory=worker.rank_memory,
-            links=worker.links, weights=self.weights.status())
+            backends=self.config.backends,
+            rdma=self.config.rdma,
+            memory=worker.machine_memory(),
+            rank_memory=worker.rank_memory,
+            links=worker.links,
+            weights=self.weights.status(),
+        )
 
     async def _status(self) -> NodeStatus:
         return self.status()
@@ -191,34 +233,39 @@ class Node:
             folder = self.weights.folder(order.key)
             if folder is None:
                 raise ControlRefused(f"{self.node_id} has no files of {order.name}")
-            await self.worker.replace(assignment.model_copy(update={"model_dir": str(folder)}),
-                                      body.leader)
+            await self.worker.replace(
+                assignment.model_copy(update={"model_dir": str(folder)}), body.leader
+            )
         else:  # fetch the shard first; the leader follows the fetch in this node's status
             await self.worker.replace(None)
             self.worker.assigned_by = body.leader
-            self._loading = asyncio.create_task(self._fetch_then_start(body),
-                                                name=f"weights-{assignment.epoch}")
+            self._loading = asyncio.create_task(
+                self._fetch_then_start(body), name=f"weights-{assignment.epoch}"
+            )
         return Accepted(accepted=assignment.epoch)
 
     def _weight_urls(self) -> dict[str, str]:
         assert self.peers is not None
-        return {m.announcement.node_id: weights_url(m.announcement)
-                for m in self.peers.membership.members.values()}
+        return {
+            m.announcement.node_id: weights_url(m.announcement)
+            for m in self.peers.membership.members.values()
+        }
 
     async def _fetch_then_start(self, body: Assign) -> None:
         assert body.weights is not None
         assignment = body.assignment
         try:
-            folder = await self.weights.receive(body.weights, assignment.epoch,
-                                                self._weight_urls())
+            folder = await self.weights.receive(body.weights, assignment.epoch, self._weight_urls())
         except Exception as error:  # in the status: the leader fails the epoch, re-plans
-            message = str(error) if isinstance(error, ExoTpError) else \
-                f"{type(error).__name__}: {error}"
+            message = (
+                str(error) if isinstance(error, ExoTpError) else f"{type(error).__name__}: {error}"
+            )
             log.warning("epoch %d: %s", assignment.epoch, message)
             self.weights.failed(assignment.epoch, body.weights, message)
             return
-        await self.worker.replace(assignment.model_copy(update={"model_dir": str(folder)}),
-                                  body.leader)
+        await self.worker.replace(
+            assignment.model_copy(update={"model_dir": str(folder)}), body.leader
+        )
 
     async def _stop_loading(self) -> None:
         task, self._loading = self._loading, None
@@ -243,8 +290,13 @@ class Node:
         """The model this node serves requests for (as leader): the one it prepared last."""
         current = self.models.current if self.models else None
         if current is None:
-            raise ApiError(503, "cluster not ready: no model loaded yet", kind="server_error",
-                           code="cluster_not_ready", retry_after=5)
+            raise ApiError(
+                503,
+                "cluster not ready: no model loaded yet",
+                kind="server_error",
+                code="cluster_not_ready",
+                retry_after=5,
+            )
         return current
 
     @property
@@ -273,9 +325,16 @@ class Node:
         if self.models is None:
             return []
         serving = self._serving_key()
-        return [{"id": name, "object": "model", "created": int(self.started),
-                 "owned_by": "exo-tp", "loaded": key == serving}
-                for name, key in self.models.listing()]
+        return [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(self.started),
+                "owned_by": "exo-tp",
+                "loaded": key == serving,
+            }
+            for name, key in self.models.listing()
+        ]
 
     def _serving_key(self) -> str | None:
         if self._leads():
@@ -290,15 +349,24 @@ class Node:
         key = self.models.key_of(name)
         if key is None:
             listed = ", ".join(f"'{n}'" for n, _ in self.models.listing()) or "none yet"
-            raise ApiError(404, f"The model '{name}' does not exist; this cluster serves: "
-                                f"{listed}.", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model '{name}' does not exist; this cluster serves: {listed}.",
+                param="model",
+                code="model_not_found",
+            )
         if key != self._serving_key():
             if self.models.wanted != key:
                 log.info("a request asks for %s: loading it", name)
             self.models.wanted = key
-            raise ApiError(503, f"loading the model '{name}' (the cluster serves one model at "
-                                f"a time); retry shortly", kind="server_error",
-                           code="model_loading", retry_after=10)
+            raise ApiError(
+                503,
+                f"loading the model '{name}' (the cluster serves one model at "
+                f"a time); retry shortly",
+                kind="server_error",
+                code="model_loading",
+                retry_after=10,
+            )
 
     def leader_id(self) -> str | None:
         return self.peers.leader_id() if self.peers else None
@@ -311,8 +379,9 @@ class Node:
             return None
         leader = self.peers.get(self.peers.leader_id()) if self.peers else None
         if leader is None:
-            raise ApiError(503, "cluster not ready: no leader", kind="server_error",
-                           code="cluster_not_ready")
+            raise ApiError(
+                503, "cluster not ready: no leader", kind="server_error", code="cluster_not_ready"
+            )
         return leader.api_url
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
@@ -324,10 +393,18 @@ class Node:
     def health(self) -> dict[str, Any]:
         worker = self.worker
         stalled = worker.stalled is not None
-        return {"status": "stalled" if stalled else "ok", "node_id": self.node_id,
-                "state": self.serving_state(), "leader": self.leader_id(),
-                "worker": {"epoch": worker.epoch, "state": worker.state,
-                           "stalled": worker.stalled, "error": worker.error}}
+        return {
+            "status": "stalled" if stalled else "ok",
+            "node_id": self.node_id,
+            "state": self.serving_state(),
+            "leader": self.leader_id(),
+            "worker": {
+                "epoch": worker.epoch,
+                "state": worker.state,
+                "stalled": worker.stalled,
+                "error": worker.error,
+            },
+        }
 
     def serving_state(self) -> str:
         if self._leads():
@@ -353,15 +430,19 @@ class Node:
             if leader is not None and not self._leads() and self._session is not None:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                     async with self._session.get(
-                            leader.api_url + "/v1/plan",
-                            headers=self.config.access.auth_headers()) as upstream:
+                        leader.api_url + "/v1/plan", headers=self.config.access.auth_headers()
+                    ) as upstream:
                         view = await upstream.json()
                         if view.get("nodes"):
                             return view
             return {"epoch": None, "state": self.serving_state(), "plan": None, "nodes": []}
-        return {"epoch": assignment.epoch, "state": self.serving_state(),
-                "model": assignment.model, "nodes": list(assignment.nodes),
-                **plan_view(assignment.plan, assignment.prediction)}
+        return {
+            "epoch": assignment.epoch,
+            "state": self.serving_state(),
+            "model": assignment.model,
+            "nodes": list(assignment.nodes),
+            **plan_view(assignment.plan, assignment.prediction),
+        }
 
     def cluster_view(self) -> dict[str, Any]:
         assert self.peers is not None
@@ -372,32 +453,46 @@ class Node:
         for node_id, member in sorted(self.peers.membership.members.items()):
             a = member.announcement
             status = self.peers.status(node_id)
-            nodes.append({
-                "node_id": node_id, "host": a.host, "api_url": a.api_url,
-                "alive": node_id in alive, "leader": node_id == leader,
-                "weight": a.weight, "memory_total": a.memory_total,
-                "memory_available": a.memory_available,
-                "decode_seconds_per_byte": a.decode_seconds_per_byte,
-                "prefill_flops": a.prefill_flops, "version": a.version,
-                "worker_state": status.worker_state if status else None,
-                "worker_stalled": status.worker_stalled if status else None,
-                "profile": status.profile.model_dump(mode="json")
-                if status and status.profile else {},
-                # live: total/available/used bytes of the machine, worker_rss of its worker
-                "memory": status.memory.model_dump() if status else None,
-                "weights": self._weights_view(status, serving),
-            })
+            nodes.append(
+                {
+                    "node_id": node_id,
+                    "host": a.host,
+                    "api_url": a.api_url,
+                    "alive": node_id in alive,
+                    "leader": node_id == leader,
+                    "weight": a.weight,
+                    "memory_total": a.memory_total,
+                    "memory_available": a.memory_available,
+                    "decode_seconds_per_byte": a.decode_seconds_per_byte,
+                    "prefill_flops": a.prefill_flops,
+                    "version": a.version,
+                    "worker_state": status.worker_state if status else None,
+                    "worker_stalled": status.worker_stalled if status else None,
+                    "profile": status.profile.model_dump(mode="json")
+                    if status and status.profile
+                    else {},
+                    # live: total/available/used bytes of the machine, worker_rss of its worker
+                    "memory": status.memory.model_dump() if status else None,
+                    "weights": self._weights_view(status, serving),
+                }
+            )
         assignment = self.worker.assignment
         return {
-            "cluster": self.config.cluster, "node_id": self.node_id, "leader": leader,
-            "epoch": self.epoch_seen, "state": self.serving_state(),
+            "cluster": self.config.cluster,
+            "node_id": self.node_id,
+            "leader": leader,
+            "epoch": self.epoch_seen,
+            "state": self.serving_state(),
             "state_reason": self.state_reason(),
             "model": self.models.view(serving) if self.models else None,
-            "backend": assignment.backend if assignment else None, "nodes": nodes,
+            "backend": assignment.backend if assignment else None,
+            "nodes": nodes,
             "ranks": list(assignment.nodes) if assignment else [],
             "links": self._links_view(),
-            "serving": {"max_concurrency": self.config.serving.max_concurrency,
-                        "in_flight": self.dispatcher.in_flight},
+            "serving": {
+                "max_concurrency": self.config.serving.max_concurrency,
+                "in_flight": self.dispatcher.in_flight,
+            },
         }
 
     def _links_view(self) -> list[dict[str, Any]]:

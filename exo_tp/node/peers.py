@@ -21,8 +21,14 @@ POLL_SECONDS = 1.0
 
 
 class Peers:
-    def __init__(self, me: Announcement, secret: str, interface: str, control: ControlClient,
-                 my_status: Callable[[], NodeStatus]):
+    def __init__(
+        self,
+        me: Announcement,
+        secret: str,
+        interface: str,
+        control: ControlClient,
+        my_status: Callable[[], NodeStatus],
+    ):
         self.me = me
         self.membership = Membership(me)
         self._control, self._my_status = control, my_status
@@ -77,21 +83,27 @@ class Peers:
     async def poll_forever(self) -> None:
         while True:
             await self.poll_once()
-            await asyncio.sleep(POLL_SECONDS if len(self.membership.members) > 1
-                                else POLL_SECONDS / 2)
+            await asyncio.sleep(
+                POLL_SECONDS if len(self.membership.members) > 1 else POLL_SECONDS / 2
+            )
 
     async def poll_once(self) -> None:
-        known = [m.announcement for m in self.membership.members.values()
-                 if m.announcement.node_id != self.me.node_id]
-        results = await asyncio.gather(*(self._control.status(p) for p in known),
-                                       return_exceptions=True)
+        known = [
+            m.announcement
+            for m in self.membership.members.values()
+            if m.announcement.node_id != self.me.node_id
+        ]
+        results = await asyncio.gather(
+            *(self._control.status(p) for p in known), return_exceptions=True
+        )
         now = time.monotonic()
         for peer, result in zip(known, results, strict=True):
             ok = isinstance(result, NodeStatus)
             if ok:
                 self.statuses[peer.node_id], self._seen[peer.node_id] = result, now
-            elif not isinstance(result, aiohttp.ClientError | TimeoutError | ControlRefused
-                                | OSError | ValueError):
+            elif not isinstance(
+                result, aiohttp.ClientError | TimeoutError | ControlRefused | OSError | ValueError
+            ):
                 log.warning("status of %s: %s", peer.node_id, result)
             if self.membership.ping_result(peer.node_id, ok, now) and not ok:
                 log.warning("peer %s stopped answering", peer.node_id)

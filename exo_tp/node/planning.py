@@ -15,9 +15,16 @@ def cluster_from_members(members: Sequence[Announcement], speeds: Sequence[float
     """Devices at ``speeds`` (decode bytes/s for the model's weight format) with their
     announced prefill scores and memory; links are assumed (the planner's default LAN link):
     a cluster measures its links only once its workers run."""
-    return Cluster(devices=tuple(
-        DeviceCost(name=m.node_id, seconds_per_byte=1.0 / speed,
-                   prefill_flops=m.prefill_flops if m.prefill_flops > 0 else 1e9,
-                   memory=int(m.memory_available * MEMORY_HEADROOM) if m.memory_available
-                   else UNKNOWN_MEMORY)
-        for m, speed in zip(members, speeds, strict=True)))
+    return Cluster(
+        devices=tuple(
+            DeviceCost(
+                name=m.node_id,
+                seconds_per_byte=1.0 / speed,
+                prefill_flops=m.prefill_flops if m.prefill_flops > 0 else 1e9,
+                memory=int(m.memory_available * MEMORY_HEADROOM)
+                if m.memory_available
+                else UNKNOWN_MEMORY,
+            )
+            for m, speed in zip(members, speeds, strict=True)
+        )
+    )

@@ -46,8 +46,12 @@ class NodeWorker:
         if assignment is not None:
             self.last_stall = None
             self.rank = self._supervisor.start(assignment)
-            log.info("epoch %d: worker started as rank %d of %d", assignment.epoch,
-                     assignment.rank, assignment.plan.size)
+            log.info(
+                "epoch %d: worker started as rank %d of %d",
+                assignment.epoch,
+                assignment.rank,
+                assignment.plan.size,
+            )
 
     async def close(self) -> None:
         await self.replace(None)

@@ -38,9 +38,11 @@ class Link(Frozen):
 
 def slowest(costs: Sequence[LinkCost]) -> LinkCost:
     """A link as slow as the worst of ``costs`` in both latency and bandwidth."""
-    return LinkCost(latency=max(c.latency for c in costs),
-                    bandwidth=min(c.bandwidth for c in costs),
-                    measured=all(c.measured for c in costs))
+    return LinkCost(
+        latency=max(c.latency for c in costs),
+        bandwidth=min(c.bandwidth for c in costs),
+        measured=all(c.measured for c in costs),
+    )
 
 
 class Cluster(Frozen):
@@ -63,17 +65,23 @@ class Cluster(Frozen):
         return slowest([self.link(a, b) for a, b in pairs])
 
 
-def cluster_from_profiles(spec: ModelSpec, profiles: Sequence[DeviceProfile],
-                          default_link: LinkCost = DEFAULT_LINK,
-                          headroom: float = MEMORY_HEADROOM,
-                          names: Sequence[str] = ()) -> Cluster:
+def cluster_from_profiles(
+    spec: ModelSpec,
+    profiles: Sequence[DeviceProfile],
+    default_link: LinkCost = DEFAULT_LINK,
+    headroom: float = MEMORY_HEADROOM,
+    names: Sequence[str] = (),
+) -> Cluster:
     """Devices scored for ``spec``'s weight format; links measured between profiled nodes.
     Devices are named ``names[i]``, else by node id or host name."""
     dtype = weight_format(spec)
     devices = tuple(
-        DeviceCost(name=names[i] if i < len(names) else p.node_id or p.hostname or f"device {i}",
-                   seconds_per_byte=p.seconds_per_byte(dtype), prefill_flops=p.prefill_flops,
-                   memory=int(p.memory_available * headroom))
+        DeviceCost(
+            name=names[i] if i < len(names) else p.node_id or p.hostname or f"device {i}",
+            seconds_per_byte=p.seconds_per_byte(dtype),
+            prefill_flops=p.prefill_flops,
+            memory=int(p.memory_available * headroom),
+        )
         for i, p in enumerate(profiles)
     )
     index = {p.node_id: i for i, p in enumerate(profiles) if p.node_id}
@@ -88,6 +96,9 @@ def cluster_from_profiles(spec: ModelSpec, profiles: Sequence[DeviceProfile],
             elif x.all_sum_latency and x.all_sum_bandwidth and (a, b) not in links:
                 # A collective in a forward pass costs what it costs there, not alone.
                 latency = max(x.all_sum_latency, x.all_sum_in_graph or 0.0)
-                links[a, b] = Link(a=a, b=b, cost=LinkCost(
-                    latency=latency, bandwidth=x.all_sum_bandwidth, measured=True))
+                links[a, b] = Link(
+                    a=a,
+                    b=b,
+                    cost=LinkCost(latency=latency, bandwidth=x.all_sum_bandwidth, measured=True),
+                )
     return Cluster(devices=devices, links=tuple(links.values()), default_link=default_link)

@@ -83,11 +83,12 @@ def layer_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> LayerWeights:
         rows = shard.ffn["ffn"].size if "ffn" in shard.ffn else 0
         return LayerWeights(held=held + 3 * h * rows, read=read + 3 * h * rows)
     expert = 3 * h * shard.ffn[_expert_kind(spec)].size
-    shared = 3 * h * shard.ffn["shared_expert_ffn"].size if "shared_expert_ffn" in shard.ffn \
-        else 0
+    shared = 3 * h * shard.ffn["shared_expert_ffn"].size if "shared_expert_ffn" in shard.ffn else 0
     router = h * spec.num_experts  # replicated on every rank
-    return LayerWeights(held=held + spec.num_experts * expert + shared + router,
-                        read=read + spec.experts_per_token * expert + shared + router)
+    return LayerWeights(
+        held=held + spec.num_experts * expert + shared + router,
+        read=read + spec.experts_per_token * expert + shared + router,
+    )
 
 
 def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTES) -> int:
@@ -105,14 +106,24 @@ class RankLoad(Frozen):
     kv_bytes_per_token: int  # KV cache per token of context, all its layers
 
 
-def rank_load(spec: ModelSpec, shard: RankShard, layers: Span, first: bool, last: bool,
-              float_bytes: int = FLOAT_BYTES) -> RankLoad:
+def rank_load(
+    spec: ModelSpec,
+    shard: RankShard,
+    layers: Span,
+    first: bool,
+    last: bool,
+    float_bytes: int = FLOAT_BYTES,
+) -> RankLoad:
     per = bytes_per_weight(spec, float_bytes)
-    moe_layers = max(0, layers.stop - max(layers.start, spec.dense_layers)) \
-        if spec.num_experts else 0
+    moe_layers = (
+        max(0, layers.stop - max(layers.start, spec.dense_layers)) if spec.num_experts else 0
+    )
     dense_layers = layers.size - moe_layers
-    parts = [(n, layer_weights(spec, shard, moe)) for n, moe in
-             ((dense_layers, False), (moe_layers, True)) if n]
+    parts = [
+        (n, layer_weights(spec, shard, moe))
+        for n, moe in ((dense_layers, False), (moe_layers, True))
+        if n
+    ]
     held = sum(n * w.held for n, w in parts)
     read = sum(n * w.read for n, w in parts)
     vocab = shard.vocab.size * spec.hidden_size
@@ -153,8 +164,15 @@ def hop_seconds(nbytes: float, receivers: int, link: LinkCost) -> float:
     return HOP_OVERHEAD + link.latency + receivers * nbytes / link.bandwidth
 
 
-def collective_seconds(plan: ShardPlan, layers: int, first: bool, last: bool, link: LinkCost,
-                       tokens: int = 1, float_bytes: int = FLOAT_BYTES) -> float:
+def collective_seconds(
+    plan: ShardPlan,
+    layers: int,
+    first: bool,
+    last: bool,
+    link: LinkCost,
+    tokens: int = 1,
+    float_bytes: int = FLOAT_BYTES,
+) -> float:
     """Seconds a TP group over ``layers`` spends in its collectives for ``tokens`` at once."""
     total = 0.0
     for c in plan.collectives:
@@ -170,7 +188,10 @@ def collective_seconds(plan: ShardPlan, layers: int, first: bool, last: bool, li
             continue
         # Logits are gathered for the last position only, prompt or not.
         payload = c.padded * float_bytes * (1 if c.name in LAST_STAGE_COLLECTIVES else tokens)
-        one = (all_sum_seconds(plan.size, payload, link) if c.op == "all_sum"
-               else all_gather_seconds(plan.size, payload, link))
+        one = (
+            all_sum_seconds(plan.size, payload, link)
+            if c.op == "all_sum"
+            else all_gather_seconds(plan.size, payload, link)
+        )
         total += times * one
     return total

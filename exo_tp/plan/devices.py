@@ -70,8 +70,11 @@ class LinkProfile(Frozen):
 
 def decode_seconds_per_byte(kernels: Sequence[MatmulScore], dtype: str) -> float | None:
     """Mean seconds per weight byte over the decode-shaped kernels of ``dtype`` (None: none)."""
-    rates = [k.weight_bytes_per_second for k in kernels
-             if k.kind == "matvec" and k.dtype == dtype and k.weight_bytes_per_second > 0]
+    rates = [
+        k.weight_bytes_per_second
+        for k in kernels
+        if k.kind == "matvec" and k.dtype == dtype and k.weight_bytes_per_second > 0
+    ]
     return sum(1.0 / r for r in rates) / len(rates) if rates else None
 
 
@@ -121,7 +124,8 @@ class DeviceProfile(Frozen):
         formats = sorted({k.dtype for k in self.kernels if k.kind == "matvec"})
         return ProfileSummary(
             **self.model_dump(include=set(ProfileSummary.model_fields) - {"seconds_per_byte"}),
-            seconds_per_byte={f: self.seconds_per_byte(f) for f in formats})
+            seconds_per_byte={f: self.seconds_per_byte(f) for f in formats},
+        )
 
 
 class ProfileSummary(Frozen):
@@ -157,5 +161,6 @@ def read_profile(path: Path) -> DeviceProfile:
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(map(str, first["loc"])) or "file"
-        raise ExoTpError(f"profile {path} is not a valid exo-tp profile ({where}: "
-                         f"{first['msg']})") from None
+        raise ExoTpError(
+            f"profile {path} is not a valid exo-tp profile ({where}: {first['msg']})"
+        ) from None

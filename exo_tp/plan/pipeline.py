@@ -39,8 +39,11 @@ class PipelinePlan(Frozen):
         if sorted(ranks) != list(range(len(ranks))):
             raise ValueError(f"stage ranks {ranks} must be 0..N-1, each once")
         stops = [s.layers.start for s in self.stages[1:]]
-        if self.stages[0].layers.start != 0 or self.stages[-1].layers.stop != self.spec.num_layers \
-                or stops != [s.layers.stop for s in self.stages[:-1]]:
+        if (
+            self.stages[0].layers.start != 0
+            or self.stages[-1].layers.stop != self.spec.num_layers
+            or stops != [s.layers.stop for s in self.stages[:-1]]
+        ):
             raise ValueError("stages must hold consecutive layer ranges covering the model")
         for s in self.stages:
             if s.tp.size != s.size:
@@ -61,8 +64,9 @@ class PipelinePlan(Frozen):
 
 def single_stage(plan: ShardPlan) -> PipelinePlan:
     layers = Span(start=0, stop=plan.spec.num_layers)
-    return PipelinePlan(spec=plan.spec, stages=(Stage(ranks=tuple(range(plan.size)),
-                                                      layers=layers, tp=plan),))
+    return PipelinePlan(
+        spec=plan.spec, stages=(Stage(ranks=tuple(range(plan.size)), layers=layers, tp=plan),)
+    )
 
 
 def split_layers(num_layers: int, stage_speeds: Sequence[float]) -> tuple[int, ...]:
@@ -76,8 +80,11 @@ def split_layers(num_layers: int, stage_speeds: Sequence[float]) -> tuple[int, .
     return tuple(counts)
 
 
-def plan_pipeline(spec: ModelSpec, stage_weights: Sequence[Sequence[float]],
-                  layer_counts: Sequence[int] | None = None) -> PipelinePlan:
+def plan_pipeline(
+    spec: ModelSpec,
+    stage_weights: Sequence[Sequence[float]],
+    layer_counts: Sequence[int] | None = None,
+) -> PipelinePlan:
     """Stages of consecutive global ranks; ``stage_weights[s]`` are stage s's rank weights.
 
     Without ``layer_counts`` a stage's layers follow the sum of its weights (its speed).
@@ -85,19 +92,27 @@ def plan_pipeline(spec: ModelSpec, stage_weights: Sequence[Sequence[float]],
     if not stage_weights or any(not w for w in stage_weights):
         raise PlanError("every stage needs at least one rank")
     if len(stage_weights) > 1 and not table_for(spec.model_type).stages:
-        raise PlanError(f"pipeline stages are not supported for {spec.model_type} (only for "
-                        f"{', '.join(pipeline_model_types())}); run it as one stage")
+        raise PlanError(
+            f"pipeline stages are not supported for {spec.model_type} (only for "
+            f"{', '.join(pipeline_model_types())}); run it as one stage"
+        )
     if layer_counts is None:
         layer_counts = split_layers(spec.num_layers, [sum(w) for w in stage_weights])
     if len(layer_counts) != len(stage_weights):
         raise PlanError(f"{len(layer_counts)} layer counts for {len(stage_weights)} stages")
     if any(c < 1 for c in layer_counts) or sum(layer_counts) != spec.num_layers:
-        raise PlanError(f"layer counts {list(layer_counts)} must be >= 1 and sum to "
-                        f"{spec.num_layers}")
+        raise PlanError(
+            f"layer counts {list(layer_counts)} must be >= 1 and sum to {spec.num_layers}"
+        )
     stages, rank, layer = [], 0, 0
     for weights, count in zip(stage_weights, layer_counts, strict=True):
         ranks = tuple(range(rank, rank + len(weights)))
-        stages.append(Stage(ranks=ranks, layers=Span(start=layer, stop=layer + count),
-                            tp=plan_tensor_parallel(spec, weights)))
+        stages.append(
+            Stage(
+                ranks=ranks,
+                layers=Span(start=layer, stop=layer + count),
+                tp=plan_tensor_parallel(spec, weights),
+            )
+        )
         rank, layer = rank + len(weights), layer + count
     return PipelinePlan(spec=spec, stages=tuple(stages))

@@ -93,8 +93,15 @@ class Prediction(Frozen):
         return max(over, key=lambda m: m.total - m.limit) if over else None
 
 
-def _stage_cost(plan: PipelinePlan, index: int, stage: Stage, devices: Sequence[int],
-                loads: Sequence[RankLoad], cluster: Cluster, prompt: int) -> StageCost:
+def _stage_cost(
+    plan: PipelinePlan,
+    index: int,
+    stage: Stage,
+    devices: Sequence[int],
+    loads: Sequence[RankLoad],
+    cluster: Cluster,
+    prompt: int,
+) -> StageCost:
     first, last = index == 0, index == len(plan.stages) - 1
     link = cluster.ring_link(devices)
     decode = prefill = 0.0
@@ -103,25 +110,31 @@ def _stage_cost(plan: PipelinePlan, index: int, stage: Stage, devices: Sequence[
         prefill = collective_seconds(stage.tp, stage.layers.size, first, last, link, prompt)
     specs = [cluster.devices[d] for d in devices]
     return StageCost(
-        devices=tuple(devices), layers=(stage.layers.start, stage.layers.stop),
-        compute_seconds=max(x.read_bytes * d.seconds_per_byte for x, d in zip(loads, specs,
-                                                                             strict=True)),
+        devices=tuple(devices),
+        layers=(stage.layers.start, stage.layers.stop),
+        compute_seconds=max(
+            x.read_bytes * d.seconds_per_byte for x, d in zip(loads, specs, strict=True)
+        ),
         collective_seconds=decode,
-        prefill_seconds=prefill + max(prefill_flops(x, prompt) / d.prefill_flops
-                                      for x, d in zip(loads, specs, strict=True)),
+        prefill_seconds=prefill
+        + max(
+            prefill_flops(x, prompt) / d.prefill_flops for x, d in zip(loads, specs, strict=True)
+        ),
         link=link,
     )
 
 
-def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster,
-          tokens: int) -> float:
+def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster, tokens: int) -> float:
     if len(plan.stages) == 1:
         return 0.0
     hidden = plan.spec.hidden_size * FLOAT_BYTES * tokens
     first_ranks = [s.ranks[0] for s in plan.stages]
     # The last stage's first rank sends the tokens to every rank of stage 0 ...
-    total = hop_seconds(TOKEN_BYTES * tokens, plan.stages[0].size,
-                        cluster.link(devices[first_ranks[-1]], devices[first_ranks[0]]))
+    total = hop_seconds(
+        TOKEN_BYTES * tokens,
+        plan.stages[0].size,
+        cluster.link(devices[first_ranks[-1]], devices[first_ranks[0]]),
+    )
     # ... and each stage's first rank its hidden state to every rank of the next.
     for a, b in zip(plan.stages, plan.stages[1:], strict=False):
         link = cluster.link(devices[a.ranks[0]], devices[b.ranks[0]])
@@ -129,8 +142,13 @@ def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster,
     return total
 
 
-def predict(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster,
-            context_tokens: int = 4096, prompt_tokens: int = 512) -> Prediction:
+def predict(
+    plan: PipelinePlan,
+    devices: Sequence[int],
+    cluster: Cluster,
+    context_tokens: int = 4096,
+    prompt_tokens: int = 512,
+) -> Prediction:
     """Cost of ``plan`` with global rank r on ``cluster.devices[devices[r]]``."""
     if len(devices) != plan.size:
         raise ValueError(f"{len(devices)} devices for {plan.size} ranks")
@@ -139,13 +157,22 @@ def predict(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster,
         first, last = index == 0, index == len(plan.stages) - 1
         loads = [rank_load(plan.spec, shard, stage.layers, first, last) for shard in stage.tp.ranks]
         stage_devices = [devices[r] for r in stage.ranks]
-        stages.append(_stage_cost(plan, index, stage, stage_devices, loads, cluster,
-                                  prompt_tokens))
-        memory += [RankMemory(rank=r, device=d, weights=x.held_bytes,
-                              kv_cache=x.kv_bytes_per_token * context_tokens,
-                              limit=cluster.devices[d].memory)
-                   for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)]
-    return Prediction(stages=tuple(stages), hop_seconds=_hops(plan, devices, cluster, 1),
-                      prefill_hop_seconds=_hops(plan, devices, cluster, prompt_tokens),
-                      prompt_tokens=prompt_tokens, context_tokens=context_tokens,
-                      memory=tuple(memory))
+        stages.append(_stage_cost(plan, index, stage, stage_devices, loads, cluster, prompt_tokens))
+        memory += [
+            RankMemory(
+                rank=r,
+                device=d,
+                weights=x.held_bytes,
+                kv_cache=x.kv_bytes_per_token * context_tokens,
+                limit=cluster.devices[d].memory,
+            )
+            for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)
+        ]
+    return Prediction(
+        stages=tuple(stages),
+        hop_seconds=_hops(plan, devices, cluster, 1),
+        prefill_hop_seconds=_hops(plan, devices, cluster, prompt_tokens),
+        prompt_tokens=prompt_tokens,
+        context_tokens=context_tokens,
+        memory=tuple(memory),
+    )

@@ -11,15 +11,20 @@ def render_plan(plan: ShardPlan) -> str:
     lines = [
         f"model {spec.model_type}: {spec.num_layers} layers, hidden {spec.hidden_size}, "
         f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads x {spec.head_dim}"
-        + "".join(f", {name} {width}" for name, width in spec.head_widths.items()) + ", "
+        + "".join(f", {name} {width}" for name, width in spec.head_widths.items())
+        + ", "
         f"ffn {spec.ffn_sizes}, vocab {spec.vocab_size}"
-        + (f", {spec.quantization.bits}-bit group {spec.quantization.group_size}"
-           if spec.quantization else ""),
+        + (
+            f", {spec.quantization.bits}-bit group {spec.quantization.group_size}"
+            if spec.quantization
+            else ""
+        ),
         f"{plan.size} ranks; attention split by {plan.attention_unit} "
         f"({plan.head_unit} q heads/unit), ffn unit {plan.ffn_unit} rows, "
         f"vocab unit {plan.vocab_unit} rows",
         f"{'rank':>4} {'weight':>7} {'q heads':>9} {'kv heads':>12} "
-        + " ".join(f"{kind:>13}" for kind in spec.ffn_sizes) + f" {'vocab rows':>15}",
+        + " ".join(f"{kind:>13}" for kind in spec.ffn_sizes)
+        + f" {'vocab rows':>15}",
     ]
     for r in plan.ranks:
         q = r.heads.q_heads
@@ -32,16 +37,20 @@ def render_plan(plan: ShardPlan) -> str:
     for c in plan.collectives:
         pad = [c.padded - s for s in c.sizes]
         per = f"{c.per_layer}x per layer" if c.per_layer else "once per forward"
-        lines.append(f"collective {c.name}: {c.op} {per}, {c.padded} wide"
-                     + (f", padding per rank {pad}" if any(pad) else ""))
+        lines.append(
+            f"collective {c.name}: {c.op} {per}, {c.padded} wide"
+            + (f", padding per rank {pad}" if any(pad) else "")
+        )
     return "\n".join(lines)
-
 
 
 def describe(plan: PipelinePlan) -> str:
     """One line: the stages, their layers and shares."""
-    stages = [f"layers {s.layers.start}-{s.layers.stop} on ranks "
-              f"{','.join(map(str, s.ranks))} (shares "
-              f"{'/'.join(f'{w:.2f}' for w in s.tp.weights)})" for s in plan.stages]
+    stages = [
+        f"layers {s.layers.start}-{s.layers.stop} on ranks "
+        f"{','.join(map(str, s.ranks))} (shares "
+        f"{'/'.join(f'{w:.2f}' for w in s.tp.weights)})"
+        for s in plan.stages
+    ]
     kind = "tensor parallel" if len(plan.stages) == 1 else f"{len(plan.stages)}-stage pipeline"
     return f"{kind}: " + "; ".join(stages)

@@ -12,11 +12,12 @@ from exo_tp.plan.render import render_plan
 from exo_tp.plan.search import Candidate, Choice
 
 
-def render_prediction(plan: PipelinePlan, prediction: Prediction,
-                      names: Sequence[str]) -> str:
+def render_prediction(plan: PipelinePlan, prediction: Prediction, names: Sequence[str]) -> str:
     """Per stage and rank: layers, share, memory, and where a token's time goes."""
-    lines = [f"{'rank':>4} {'device':<28} {'stage':>5} {'layers':>7} {'share':>6} "
-             f"{'weights':>9} {'KV cache':>9} {'limit':>9}"]
+    lines = [
+        f"{'rank':>4} {'device':<28} {'stage':>5} {'layers':>7} {'share':>6} "
+        f"{'weights':>9} {'KV cache':>9} {'limit':>9}"
+    ]
     for m in prediction.memory:
         index, local = plan.locate(m.rank)
         stage = plan.stages[index]
@@ -24,29 +25,40 @@ def render_prediction(plan: PipelinePlan, prediction: Prediction,
             f"{m.rank:>4} {names[m.device][:28]:<28} {index:>5} "
             f"{f'{stage.layers.start}-{stage.layers.stop}':>7} {stage.tp.weights[local]:>6.3f} "
             f"{size(m.weights):>9} {size(m.kv_cache):>9} {size(m.limit):>9}"
-            + ("" if m.fits else "  OVER"))
+            + ("" if m.fits else "  OVER")
+        )
     for index, s in enumerate(prediction.stages):
-        link = (f"ring link all_sum {duration(s.link.latency)} at 4 KB, "
-                f"{rate(s.link.bandwidth)} ({'measured' if s.link.measured else 'assumed'})"
-                if s.link else "one rank")
-        lines.append(f"stage {index}: compute {duration(s.compute_seconds)}, collectives "
-                     f"{duration(s.collective_seconds)} per token; {link}")
+        link = (
+            f"ring link all_sum {duration(s.link.latency)} at 4 KB, "
+            f"{rate(s.link.bandwidth)} ({'measured' if s.link.measured else 'assumed'})"
+            if s.link
+            else "one rank"
+        )
+        lines.append(
+            f"stage {index}: compute {duration(s.compute_seconds)}, collectives "
+            f"{duration(s.collective_seconds)} per token; {link}"
+        )
     if len(prediction.stages) > 1:
         lines.append(f"hops: {duration(prediction.hop_seconds)} per token")
     lines.append(
         f"predicted decode: {duration(prediction.decode_seconds)} per token "
         f"({prediction.tokens_per_second:.3g} tokens/s); prefill of {prediction.prompt_tokens} "
         f"tokens: {duration(prediction.prefill_seconds)}; KV cache for "
-        f"{prediction.context_tokens} tokens of context")
+        f"{prediction.context_tokens} tokens of context"
+    )
     return "\n".join(lines)
 
 
 def describe_candidate(candidate: Candidate, names: Sequence[str]) -> str:
     stages = " -> ".join(
         f"[{', '.join(names[d] for d in group)}] layers {s.layers.start}-{s.layers.stop}"
-        for group, s in zip(candidate.groups, candidate.plan.stages, strict=True))
-    dropped = (f"; leaves out {', '.join(names[d] for d in candidate.dropped)}"
-               if candidate.dropped else "")
+        for group, s in zip(candidate.groups, candidate.plan.stages, strict=True)
+    )
+    dropped = (
+        f"; leaves out {', '.join(names[d] for d in candidate.dropped)}"
+        if candidate.dropped
+        else ""
+    )
     return f"{candidate.kind}: {stages}{dropped}"
 
 
@@ -58,12 +70,16 @@ def render_choice(choice: Choice, cluster: Cluster) -> str:
         if len(best.plan.stages) > 1:
             lines.append(f"stage {index}: layers {stage.layers.start}-{stage.layers.stop}")
         lines += [render_plan(stage.tp), ""]
-    lines += [render_prediction(best.plan, best.prediction, names), "",
-              f"compared ({choice.considered} plans considered, {len(choice.rejected)} do "
-              "not fit):",
-              f"{'':>2} {'tokens/s':>9} {'per token':>10} {'prefill':>9}  plan"]
+    lines += [
+        render_prediction(best.plan, best.prediction, names),
+        "",
+        f"compared ({choice.considered} plans considered, {len(choice.rejected)} do not fit):",
+        f"{'':>2} {'tokens/s':>9} {'per token':>10} {'prefill':>9}  plan",
+    ]
     for mark, c in [("*", best)] + [(" ", c) for c in choice.alternatives]:
         p = c.prediction
-        lines.append(f"{mark:>2} {p.tokens_per_second:>9.3g} {duration(p.decode_seconds):>10} "
-                     f"{duration(p.prefill_seconds):>9}  {describe_candidate(c, names)}")
+        lines.append(
+            f"{mark:>2} {p.tokens_per_second:>9.3g} {duration(p.decode_seconds):>10} "
+            f"{duration(p.prefill_seconds):>9}  {describe_candidate(c, names)}"
+        )
     return "\n".join(lines)

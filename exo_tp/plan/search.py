@@ -74,7 +74,7 @@ class Choice(Frozen):
 
 def _fast_components(cluster: Cluster, devices: Sequence[int]) -> list[tuple[int, ...]]:
     """Devices joined (transitively) by links within FAST_LINK of the best one among them."""
-    pairs = [(a, b, cluster.link(a, b)) for i, a in enumerate(devices) for b in devices[i + 1:]]
+    pairs = [(a, b, cluster.link(a, b)) for i, a in enumerate(devices) for b in devices[i + 1 :]]
     if not pairs:
         return [tuple(devices)]
     best_latency = min(c.latency for _, _, c in pairs)
@@ -100,16 +100,19 @@ def _speed_bands(cluster: Cluster, devices: Sequence[int]) -> list[tuple[int, ..
     """Runs of devices (fastest first) whose speeds are within SIMILAR_SPEED of the run's first."""
     bands: list[list[int]] = []
     for d in devices:
-        if bands and cluster.devices[bands[-1][0]].speed <= SIMILAR_SPEED * \
-                cluster.devices[d].speed:
+        if (
+            bands
+            and cluster.devices[bands[-1][0]].speed <= SIMILAR_SPEED * cluster.devices[d].speed
+        ):
             bands[-1].append(d)
         else:
             bands.append([d])
     return [tuple(b) for b in bands]
 
 
-def _structures(cluster: Cluster, devices: tuple[int, ...],
-                components: list[tuple[int, ...]]) -> list[Groups]:
+def _structures(
+    cluster: Cluster, devices: tuple[int, ...], components: list[tuple[int, ...]]
+) -> list[Groups]:
     comps = [c for c in (tuple(d for d in comp if d in devices) for comp in components) if c]
     out: list[Groups] = [(devices,)]
     if len(devices) > 1:
@@ -120,11 +123,13 @@ def _structures(cluster: Cluster, devices: tuple[int, ...],
 
 
 def _subsets(cluster: Cluster, components: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    by_speed = tuple(sorted(range(len(cluster.devices)),
-                            key=lambda d: (-cluster.devices[d].speed, d)))
+    by_speed = tuple(
+        sorted(range(len(cluster.devices)), key=lambda d: (-cluster.devices[d].speed, d))
+    )
     subsets = [by_speed[:k] for k in range(len(by_speed), 0, -1)]
-    subsets += [tuple(d for d in by_speed if d in comp) for comp in components
-                if len(components) > 1]
+    subsets += [
+        tuple(d for d in by_speed if d in comp) for comp in components if len(components) > 1
+    ]
     return subsets
 
 
@@ -143,28 +148,33 @@ class _Layouts:
             self._tp[key] = plan_tensor_parallel(self.spec, key)
         return self._tp[key]
 
-    def _stage_terms(self, group: tuple[int, ...], tp: ShardPlan, first: bool,
-                     last: bool) -> tuple[float, int]:
+    def _stage_terms(
+        self, group: tuple[int, ...], tp: ShardPlan, first: bool, last: bool
+    ) -> tuple[float, int]:
         key = (group, first, last)
         if key not in self._terms:
             self._terms[key] = self._measure_stage(group, tp, first, last)
         return self._terms[key]
 
-    def _measure_stage(self, group: tuple[int, ...], tp: ShardPlan, first: bool,
-                       last: bool) -> tuple[float, int]:
+    def _measure_stage(
+        self, group: tuple[int, ...], tp: ShardPlan, first: bool, last: bool
+    ) -> tuple[float, int]:
         """(seconds per layer per token, layers the stage can hold)."""
         spec, n = self.spec, self.spec.num_layers
         devices: list[DeviceCost] = [self.cluster.devices[d] for d in group]
         every = [rank_load(spec, s, Span(start=0, stop=n), False, False) for s in tp.ranks]
         ends = [rank_load(spec, s, Span(start=0, stop=0), first, last) for s in tp.ranks]
-        per_layer = max(x.read_bytes / n * d.seconds_per_byte
-                        for x, d in zip(every, devices, strict=True))
+        per_layer = max(
+            x.read_bytes / n * d.seconds_per_byte for x, d in zip(every, devices, strict=True)
+        )
         link = self.cluster.ring_link(group)
         if link is not None:
             per_layer += 2 * all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
         capacity = min(
-            math.floor((d.memory - end.held_bytes)
-                       / ((x.held_bytes + x.kv_bytes_per_token * self.context) / n))
+            math.floor(
+                (d.memory - end.held_bytes)
+                / ((x.held_bytes + x.kv_bytes_per_token * self.context) / n)
+            )
             for x, end, d in zip(every, ends, devices, strict=True)
         )
         return per_layer, capacity
@@ -176,8 +186,10 @@ class _Layouts:
         if len(groups) > 1 and not table_for(spec.model_type).stages:
             return Rejected(groups=groups, reason=f"no pipeline stages for {spec.model_type}")
         tps = [self.tp([self.cluster.devices[d].speed for d in g]) for g in groups]
-        terms = [self._stage_terms(g, tp, i == 0, i == len(groups) - 1)
-                 for i, (g, tp) in enumerate(zip(groups, tps, strict=True))]
+        terms = [
+            self._stage_terms(g, tp, i == 0, i == len(groups) - 1)
+            for i, (g, tp) in enumerate(zip(groups, tps, strict=True))
+        ]
         caps = [cap for _, cap in terms]
         if min(caps) < 1:
             short = groups[caps.index(min(caps))]
@@ -189,21 +201,25 @@ class _Layouts:
         for _ in range(len(groups) + 4):
             counts = _fill(layers, caps, order)
             if counts is None:
-                return Rejected(groups=groups, reason=f"memory holds {sum(caps)} of {layers} "
-                                                      "layers")
+                return Rejected(
+                    groups=groups, reason=f"memory holds {sum(caps)} of {layers} layers"
+                )
             plan = _pipeline(spec, tps, counts)
             prediction = predict(plan, devices, self.cluster, self.context, self.prompt)
             over = prediction.overflow()
             if over is None:
-                return Candidate(groups=groups, dropped=dropped, plan=plan,
-                                 prediction=prediction)
+                return Candidate(groups=groups, dropped=dropped, plan=plan, prediction=prediction)
             stage = plan.locate(over.rank)[0]
             if counts[stage] == 1:
                 break
             caps[stage] = counts[stage] - 1
-        return Rejected(groups=groups, reason=(
-            f"{self.cluster.devices[over.device].name} needs {size(over.total)}, "
-            f"has {size(over.limit)}"))
+        return Rejected(
+            groups=groups,
+            reason=(
+                f"{self.cluster.devices[over.device].name} needs {size(over.total)}, "
+                f"has {size(over.limit)}"
+            ),
+        )
 
 
 def _fill(layers: int, caps: Sequence[int], order: Sequence[int]) -> list[int] | None:
@@ -220,14 +236,24 @@ def _fill(layers: int, caps: Sequence[int], order: Sequence[int]) -> list[int] |
 def _pipeline(spec: ModelSpec, tps: Sequence[ShardPlan], counts: Sequence[int]) -> PipelinePlan:
     stages, rank, start = [], 0, 0
     for tp, count in zip(tps, counts, strict=True):
-        stages.append(Stage(ranks=tuple(range(rank, rank + tp.size)),
-                            layers=Span(start=start, stop=start + count), tp=tp))
+        stages.append(
+            Stage(
+                ranks=tuple(range(rank, rank + tp.size)),
+                layers=Span(start=start, stop=start + count),
+                tp=tp,
+            )
+        )
         rank, start = rank + tp.size, start + count
     return PipelinePlan(spec=spec, stages=tuple(stages))
 
 
-def choose_plan(spec: ModelSpec, cluster: Cluster, context_tokens: int | None = None,
-                prompt_tokens: int = 512, keep: int = 5) -> Choice:
+def choose_plan(
+    spec: ModelSpec,
+    cluster: Cluster,
+    context_tokens: int | None = None,
+    prompt_tokens: int = 512,
+    keep: int = 5,
+) -> Choice:
     """The fastest plan of ``spec`` on ``cluster`` that fits, and up to ``keep`` runner-ups.
 
     ``context_tokens`` defaults to the model's context length, whose KV cache must fit too.
@@ -251,5 +277,9 @@ def choose_plan(spec: ModelSpec, cluster: Cluster, context_tokens: int | None = 
         reasons = sorted({r.reason for r in rejected}, key=len)
         raise PlanError("no plan fits: " + "; ".join(reasons[:3]))
     ranked = sorted(candidates, key=lambda c: (c.prediction.decode_seconds, len(c.devices)))
-    return Choice(best=ranked[0], alternatives=tuple(ranked[1:keep + 1]),
-                  rejected=tuple(rejected), considered=len(seen))
+    return Choice(
+        best=ranked[0],
+        alternatives=tuple(ranked[1 : keep + 1]),
+        rejected=tuple(rejected),
+        considered=len(seen),
+    )

@@ -134,10 +134,10 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             dtype_bytes=_DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")), 2),
             quantization=_quantization(config),
             context_length=int(c.get("max_position_embeddings") or 4096),
-            num_experts=int(c.get("num_local_experts") or c.get("num_experts")
-                            or c.get("n_routed_experts") or 0),
-            experts_per_token=int(c.get("num_experts_per_tok") or c.get("experts_per_token")
-                                  or 0),
+            num_experts=int(
+                c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0
+            ),
+            experts_per_token=int(c.get("num_experts_per_tok") or c.get("experts_per_token") or 0),
             dense_layers=int(c.get("first_k_dense_replace") or 0),
         )
     except KeyError as missing:

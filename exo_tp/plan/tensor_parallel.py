@@ -25,16 +25,20 @@ def _row_head_widths(spec: ModelSpec) -> set[int]:
     """Columns per query head of every weight the architecture splits along its input by heads
     (o_proj: head_dim, or v_head_dim under MLA)."""
     table = table_for(spec.model_type)
-    return {spec.head_width(rule.width) for rule in table.linears
-            if rule.style == "row" and any(p in HEAD_DIMS for p in rule.parts)}
+    return {
+        spec.head_width(rule.width)
+        for rule in table.linears
+        if rule.style == "row" and any(p in HEAD_DIMS for p in rule.parts)
+    }
 
 
 def _head_unit(spec: ModelSpec, by_group: bool) -> int:
     """Query heads per unit: a GQA group (or single head), grown until every input-column cut
     by heads (``unit * width``) lands on a quantization group."""
     base = spec.group_size if by_group else 1
-    grow = math.lcm(1, *(math.lcm(base * w, spec.input_align) // (base * w)
-                         for w in _row_head_widths(spec)))
+    grow = math.lcm(
+        1, *(math.lcm(base * w, spec.input_align) // (base * w) for w in _row_head_widths(spec))
+    )
     return base * grow
 
 
@@ -61,8 +65,12 @@ def split_grains(spec: ModelSpec) -> dict[str, int]:
     Weight manifests cut their digest blocks on these, so any plan's slice is whole blocks.
     (A GQA-group head unit is a multiple of the single-head one: see _head_unit.)
     """
-    return {"q_heads": _head_unit(spec, by_group=False), "kv_heads": 1, "vocab": VOCAB_ALIGN,
-            **{kind: _ffn_unit(spec) for kind in spec.ffn_sizes}}
+    return {
+        "q_heads": _head_unit(spec, by_group=False),
+        "kv_heads": 1,
+        "vocab": VOCAB_ALIGN,
+        **{kind: _ffn_unit(spec) for kind in spec.ffn_sizes},
+    }
 
 
 def _split(total: int, unit: int, weights: Sequence[float]) -> tuple[Span, ...]:
@@ -93,12 +101,23 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
     vocab_sizes = tuple(s.size for s in vocab_spans)
     collectives = (
         # Row-parallel outputs are full hidden vectors on every rank: equal shapes, no padding.
-        Collective(name="attention_out", op="all_sum", sizes=(spec.hidden_size,) * n,
-                   padded=spec.hidden_size, per_layer=1),
-        Collective(name="ffn_out", op="all_sum", sizes=(spec.hidden_size,) * n,
-                   padded=spec.hidden_size, per_layer=1),
-        Collective(name="embedding", op="all_sum", sizes=(spec.hidden_size,) * n,
-                   padded=spec.hidden_size),
+        Collective(
+            name="attention_out",
+            op="all_sum",
+            sizes=(spec.hidden_size,) * n,
+            padded=spec.hidden_size,
+            per_layer=1,
+        ),
+        Collective(
+            name="ffn_out",
+            op="all_sum",
+            sizes=(spec.hidden_size,) * n,
+            padded=spec.hidden_size,
+            per_layer=1,
+        ),
+        Collective(
+            name="embedding", op="all_sum", sizes=(spec.hidden_size,) * n, padded=spec.hidden_size
+        ),
         # Vocab shards differ in size: padded to the largest before the gather.
         Collective(name="logits", op="all_gather", sizes=vocab_sizes, padded=max(vocab_sizes)),
     )

@@ -52,13 +52,15 @@ def save(profile: DeviceProfile, path: Path) -> None:
     """Write atomically (a crash never leaves half a file); links and node id are per run."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(profile.model_copy(update={"links": (), "node_id": ""}).model_dump_json(
-        indent=2))
+    tmp.write_text(
+        profile.model_copy(update={"links": (), "node_id": ""}).model_dump_json(indent=2)
+    )
     tmp.replace(path)
 
 
-def cached_profile(quick: bool = True, path: Path | None = None,
-                   if_invalid: str = "measuring again") -> DeviceProfile | None:
+def cached_profile(
+    quick: bool = True, path: Path | None = None, if_invalid: str = "measuring again"
+) -> DeviceProfile | None:
     """The cached profile if it stands for this device now (with live memory figures), else
     None (a reason is logged)."""
     path = path or profile_path()
@@ -70,13 +72,20 @@ def cached_profile(quick: bool = True, path: Path | None = None,
     if reason is not None:
         log.info("cached profile %s not reused: %s", path, reason)
         return None
-    live = {"hostname": now.hostname, "memory_total": now.memory_total,
-            "memory_available": now.memory_available}
+    live = {
+        "hostname": now.hostname,
+        "memory_total": now.memory_total,
+        "memory_available": now.memory_available,
+    }
     return cached.model_copy(update=live)
 
 
-def device_profile(refresh: bool = False, quick: bool = False, progress: Progress | None = None,
-                   path: Path | None = None) -> tuple[DeviceProfile, bool]:
+def device_profile(
+    refresh: bool = False,
+    quick: bool = False,
+    progress: Progress | None = None,
+    path: Path | None = None,
+) -> tuple[DeviceProfile, bool]:
     """This device's profile and whether it came from the cache."""
     path = path or profile_path()
     cached = None if refresh else cached_profile(quick, path)
@@ -88,4 +97,3 @@ def device_profile(refresh: bool = False, quick: bool = False, progress: Progres
     except OSError as error:
         log.warning("cannot cache the profile in %s: %s", path, error.strerror or error)
     return profile, False
-

@@ -26,15 +26,18 @@ def median_seconds(step: Callable[[], object], repeats: int) -> float:
     return statistics.median(samples)
 
 
-def all_sum_speed(group: mx.distributed.Group, small_repeats: int,
-                  large_repeats: int) -> tuple[float, float]:
+def all_sum_speed(
+    group: mx.distributed.Group, small_repeats: int, large_repeats: int
+) -> tuple[float, float]:
     """(seconds of a 4 KB all_sum, payload bytes/s of an 8 MB all_sum) over the whole group."""
     small, large = mx.ones(SMALL_BYTES // 4), mx.ones(LARGE_BYTES // 4)
     mx.eval(small, large)
     latency = median_seconds(
-        lambda: mx.eval(mx.distributed.all_sum(small, group=group)), small_repeats)
+        lambda: mx.eval(mx.distributed.all_sum(small, group=group)), small_repeats
+    )
     large_seconds = median_seconds(
-        lambda: mx.eval(mx.distributed.all_sum(large, group=group)), large_repeats)
+        lambda: mx.eval(mx.distributed.all_sum(large, group=group)), large_repeats
+    )
     return latency, LARGE_BYTES / large_seconds
 
 
@@ -61,8 +64,9 @@ def round_trip(group: mx.distributed.Group, a: int, b: int, repeats: int) -> flo
     if me == a:
         stamps.append(time.perf_counter())
     # the first interval includes the warm-up; the rest are round trips
-    return statistics.median(later - earlier for earlier, later in zip(stamps[1:], stamps[2:],
-                                                                       strict=False))
+    return statistics.median(
+        later - earlier for earlier, later in zip(stamps[1:], stamps[2:], strict=False)
+    )
 
 
 def ring_pairs(size: int) -> list[tuple[int, int]]:
@@ -83,15 +87,27 @@ def neighbour_latencies(group: mx.distributed.Group, repeats: int) -> dict[tuple
     return out
 
 
-def group_links(group: mx.distributed.Group, names: Sequence[str], small_repeats: int = 10,
-                large_repeats: int = 3) -> list[LinkProfile]:
+def group_links(
+    group: mx.distributed.Group,
+    names: Sequence[str],
+    small_repeats: int = 10,
+    large_repeats: int = 3,
+) -> list[LinkProfile]:
     """The links of a formed group that this rank measured (it starts their ping-pong), named
     ``names[rank]``; all_sum figures are the whole group's. About 0.1 s on loopback."""
     if group.size() < 2:
         return []
     latency, bandwidth = all_sum_speed(group, small_repeats, large_repeats)
-    return [LinkProfile(a=names[a], b=names[b], up=True, all_sum_latency=latency,
-                        all_sum_bandwidth=bandwidth, send_recv_latency=one_way,
-                        group_size=group.size())
-            for (a, b), one_way in neighbour_latencies(group, small_repeats).items()
-            if a == group.rank()]
+    return [
+        LinkProfile(
+            a=names[a],
+            b=names[b],
+            up=True,
+            all_sum_latency=latency,
+            all_sum_bandwidth=bandwidth,
+            send_recv_latency=one_way,
+            group_size=group.size(),
+        )
+        for (a, b), one_way in neighbour_latencies(group, small_repeats).items()
+        if a == group.rank()
+    ]

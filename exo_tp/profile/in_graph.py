@@ -18,8 +18,9 @@ WIDTH = 1024  # 4 MB float32 matrices ...
 MATRICES = 24  # ... 96 MB of them, so weights come from memory as in a decode
 
 
-def _chain(weights: list[mx.array], x: mx.array, group: mx.distributed.Group, steps: int,
-           reduce: bool) -> None:
+def _chain(
+    weights: list[mx.array], x: mx.array, group: mx.distributed.Group, steps: int, reduce: bool
+) -> None:
     y = x
     for step in range(steps):
         y = y @ weights[step % len(weights)]
@@ -31,8 +32,9 @@ def _chain(weights: list[mx.array], x: mx.array, group: mx.distributed.Group, st
 def all_sum_in_graph(group: mx.distributed.Group, quick: bool = False) -> float:
     """Seconds one small all_sum adds to a decode step (median over repeats, >= 0)."""
     steps, repeats = (20, 3) if quick else (30, 7)
-    weights = [mx.random.normal((WIDTH, WIDTH), key=mx.random.key(i)) / WIDTH**0.5
-               for i in range(MATRICES)]
+    weights = [
+        mx.random.normal((WIDTH, WIDTH), key=mx.random.key(i)) / WIDTH**0.5 for i in range(MATRICES)
+    ]
     x = mx.ones((1, WIDTH))
     mx.eval(weights, x)
     alone = median_seconds(lambda: _chain(weights, x, group, steps, False), repeats)

@@ -27,7 +27,11 @@ from exo_tp.profile.timing import mean_seconds
 # (K, N) of real layers: SmolLM2-135M attention in/FFN up (576 -> 1536) and FFN down, a 1B-class
 # FFN (2048 <-> 8192) and an 8B-class attention projection (4096 x 4096).
 DECODE_SHAPES: tuple[tuple[int, int], ...] = (
-    (576, 1536), (1536, 576), (2048, 8192), (8192, 2048), (4096, 4096),
+    (576, 1536),
+    (1536, 576),
+    (2048, 8192),
+    (8192, 2048),
+    (4096, 4096),
 )
 PREFILL_TOKENS = 128
 PREFILL_SHAPES: tuple[tuple[int, int], ...] = ((576, 1536), (1536, 576), (2048, 2048))
@@ -80,16 +84,16 @@ class WeightSource:
     def weights(self, dtype: str, k: int, n: int, count: int) -> list[Weight]:
         if dtype in _FLOAT:
             flat, size = self._as(dtype), n * k
-            return [(flat[i * size:(i + 1) * size].reshape(n, k),) for i in range(count)]
+            return [(flat[i * size : (i + 1) * size].reshape(n, k),) for i in range(count)]
         bits, group = _QUANT[dtype]
         # Packed words reuse the random float bits (any bit pattern is a valid 4-bit weight).
         packed_size, scale_size = n * k * bits // 32, n * k // group
         words, bits32, out, at = self.words, self.words.view(mx.uint32), [], 0
         for _ in range(count):
-            packed = bits32[at:at + packed_size].reshape(n, -1)
+            packed = bits32[at : at + packed_size].reshape(n, -1)
             at += packed_size
-            scales = words[at:at + scale_size].reshape(n, -1) * 0.01
-            biases = words[at + scale_size:at + 2 * scale_size].reshape(n, -1) * 0.01
+            scales = words[at : at + scale_size].reshape(n, -1) * 0.01
+            biases = words[at + scale_size : at + 2 * scale_size].reshape(n, -1) * 0.01
             at += 2 * scale_size
             out.append((packed, scales, biases))
         return out
@@ -120,12 +124,22 @@ def measure_kernel(case: KernelCase, source: WeightSource, min_seconds: float) -
     mx.eval(weights, x)  # scales/biases are computed views: materialise them before timing
     product = _product(case.dtype)
     # A prefill product is long and compute-bound: no warm-up, one timed product is enough.
-    pass_seconds = mean_seconds(lambda: mx.eval([product(x, w) for w in weights]), min_seconds,
-                                min_steps=2 if decode else 1, warm_up=decode)
+    pass_seconds = mean_seconds(
+        lambda: mx.eval([product(x, w) for w in weights]),
+        min_seconds,
+        min_steps=2 if decode else 1,
+        warm_up=decode,
+    )
     seconds = pass_seconds / count
     return MatmulScore(
-        kind=case.kind, dtype=case.dtype, m=case.m, k=case.k, n=case.n, seconds=seconds,
+        kind=case.kind,
+        dtype=case.dtype,
+        m=case.m,
+        k=case.k,
+        n=case.n,
+        seconds=seconds,
         flops=2 * case.m * case.k * case.n / seconds,
         weight_bytes_per_second=one / seconds,
-        weight_bytes=one, working_set_bytes=one * count,
+        weight_bytes=one,
+        working_set_bytes=one * count,
     )

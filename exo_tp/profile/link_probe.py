@@ -35,9 +35,12 @@ def measure(group: mx.distributed.Group, quick: bool) -> LinkMeasurement:
     small_n, large_n = REPEATS[quick]
     latency, bandwidth = all_sum_speed(group, small_n, large_n)
     one_way = neighbour_latencies(group, small_n)[(0, 1)]
-    return LinkMeasurement(all_sum_latency=latency, all_sum_bandwidth=bandwidth,
-                           send_recv_latency=one_way,
-                           all_sum_in_graph=all_sum_in_graph(group, quick))
+    return LinkMeasurement(
+        all_sum_latency=latency,
+        all_sum_bandwidth=bandwidth,
+        send_recv_latency=one_way,
+        all_sum_in_graph=all_sum_in_graph(group, quick),
+    )
 
 
 def main() -> None:

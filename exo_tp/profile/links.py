@@ -26,22 +26,27 @@ def _probe(peers: Peers, partner: int, timeout: float, quick: bool, tmp: Path) -
     me, lo, hi = peers.rank, min(peers.rank, partner), max(peers.rank, partner)
     ports = peers.pair_ports(lo, hi)
     hostfile = tmp / f"pair-{lo}-{hi}.json"
-    write_hostfile(hostfile, [f"{peers.addresses[r]}:{p}" for r, p in zip((lo, hi), ports,
-                                                                             strict=True)])
+    write_hostfile(
+        hostfile, [f"{peers.addresses[r]}:{p}" for r, p in zip((lo, hi), ports, strict=True)]
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
     env.update(ring_env(0 if me == lo else 1, hostfile))
     command = [sys.executable, "-m", "exo_tp.profile.link_probe", *(["--quick"] if quick else [])]
     link = {"a": peers.label(me), "b": peers.label(partner)}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return LinkProfile(**link, up=False,
-                           error=f"no measurement within {timeout:g}s (peer gone, or ports "
-                                 f"{ports[0]}/{ports[1]} blocked)")
+        return LinkProfile(
+            **link,
+            up=False,
+            error=f"no measurement within {timeout:g}s (peer gone, or ports "
+            f"{ports[0]}/{ports[1]} blocked)",
+        )
     if proc.returncode != 0 or not out.strip():
         last = (err.strip().splitlines() or ["no output"])[-1]
         return LinkProfile(**link, up=False, error=f"probe exited {proc.returncode}: {last}")
@@ -49,8 +54,9 @@ def _probe(peers: Peers, partner: int, timeout: float, quick: bool, tmp: Path) -
     return LinkProfile(**link, up=True, **measured.model_dump())
 
 
-def measure_links(peers: Peers, timeout: float, quick: bool,
-                  progress: Progress | None = None) -> tuple[LinkProfile, ...]:
+def measure_links(
+    peers: Peers, timeout: float, quick: bool, progress: Progress | None = None
+) -> tuple[LinkProfile, ...]:
     """This node's link to every other node, in schedule order."""
     progress = progress or Progress(enabled=False)
     partners = peers.partners()
@@ -62,8 +68,14 @@ def measure_links(peers: Peers, timeout: float, quick: bool,
         for partner in partners:
             with progress.step(f"link to {peers.label(partner)}"):
                 if met[partner] is not None:
-                    links.append(LinkProfile(a=peers.label(peers.rank), b=peers.label(partner),
-                                             up=False, error=met[partner]))
+                    links.append(
+                        LinkProfile(
+                            a=peers.label(peers.rank),
+                            b=peers.label(partner),
+                            up=False,
+                            error=met[partner],
+                        )
+                    )
                 else:
                     links.append(_probe(peers, partner, timeout, quick, Path(tmp)))
     return tuple(links)

@@ -47,8 +47,9 @@ class Peers(Frozen):
         if self.rank >= self.size:
             raise ValueError(f"rank {self.rank} is not below the {self.size} peers")
         if self.port_base + self.size**2 - 1 > 65535:
-            raise ValueError(f"ports {self.port_base}..{self.port_base + self.size**2 - 1} "
-                             "exceed 65535")
+            raise ValueError(
+                f"ports {self.port_base}..{self.port_base + self.size**2 - 1} exceed 65535"
+            )
         return self
 
     @property
@@ -68,8 +69,12 @@ class Peers(Frozen):
 
     def partners(self) -> list[int]:
         """This node's partner in each round it plays, in schedule order."""
-        return [b if a == self.rank else a for pairs in round_robin(self.size)
-                for a, b in pairs if self.rank in (a, b)]
+        return [
+            b if a == self.rank else a
+            for pairs in round_robin(self.size)
+            for a, b in pairs
+            if self.rank in (a, b)
+        ]
 
     def fingerprint(self) -> str:
         """Equal on nodes started with the same peers and ports (a mismatch is reported)."""

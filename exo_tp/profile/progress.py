@@ -19,9 +19,14 @@ class Progress:
 
     def expect(self, steps: int) -> None:
         if self._bar is None:  # created on first use: no empty 0/0 bar
-            self._bar = tqdm(total=steps, file=sys.stderr, disable=not self._on, leave=False,
-                             unit="step", bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} "
-                                                     "[{elapsed}]")
+            self._bar = tqdm(
+                total=steps,
+                file=sys.stderr,
+                disable=not self._on,
+                leave=False,
+                unit="step",
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}]",
+            )
         else:
             self._bar.total += steps
             self._bar.refresh()
@@ -42,6 +47,10 @@ class Progress:
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
         self.close()

@@ -64,8 +64,9 @@ def _listen(peers: Peers, met: dict[int, str | None]) -> Listener[BenchHello]:
     try:
         return Listener(address, BENCH_KEY, HELLO, on_channel, "bench rendezvous")
     except OSError as error:
-        raise ExoTpError(f"cannot listen on {address} for peers: "
-                         f"{error.strerror or error}") from None
+        raise ExoTpError(
+            f"cannot listen on {address} for peers: {error.strerror or error}"
+        ) from None
 
 
 def _knock(peers: Peers, rank: int, patience: float) -> tuple[bool, str | None]:
@@ -107,5 +108,6 @@ def meet_peers(peers: Peers, timeout: float) -> dict[int, str | None]:
             time.sleep(RETRY_SECONDS)
     finally:
         listener.close()
-    return {r: met[r] if r in met else f"unreachable within {timeout:g}s ({why.get(r)})"
-            for r in others}
+    return {
+        r: met[r] if r in met else f"unreachable within {timeout:g}s ({why.get(r)})" for r in others
+    }

@@ -9,14 +9,19 @@ from exo_tp.plan.human import duration, rate, size
 def _link_line(link: LinkProfile) -> str:
     if not link.up:
         return f"{link.a} <-> {link.b}  DOWN: {link.error}"
-    return (f"{link.a} <-> {link.b}  up  all_sum 4 KB {duration(link.all_sum_latency or 0)}"
-            f", 8 MB {rate(link.all_sum_bandwidth or 0)}"
-            f", send/recv one way {duration(link.send_recv_latency or 0)}")
+    return (
+        f"{link.a} <-> {link.b}  up  all_sum 4 KB {duration(link.all_sum_latency or 0)}"
+        f", 8 MB {rate(link.all_sum_bandwidth or 0)}"
+        f", send/recv one way {duration(link.send_recv_latency or 0)}"
+    )
 
 
 def render_profile(p: DeviceProfile, cached: bool = False) -> str:
-    origin = (f"cached profile measured {p.measured_at} (--refresh to measure again)" if cached
-              else f"measured in {p.duration_seconds:.1f} s")
+    origin = (
+        f"cached profile measured {p.measured_at} (--refresh to measure again)"
+        if cached
+        else f"measured in {p.duration_seconds:.1f} s"
+    )
     lines = [
         f"device   {p.chip} ({p.cores} cores) on {p.hostname or '?'}"
         + (f", node {p.node_id}" if p.node_id else ""),
@@ -36,7 +41,8 @@ def render_profile(p: DeviceProfile, cached: bool = False) -> str:
         lines.append(
             f"{k.kind:<7} {k.dtype:<9} {f'{k.m}x{k.k} . {k.k}x{k.n}':<24} "
             f"{duration(k.seconds):>9} {rate(k.weight_bytes_per_second):>12} "
-            f"{rate(k.flops, 'FLOP'):>14} {size(k.working_set_bytes):>12}")
+            f"{rate(k.flops, 'FLOP'):>14} {size(k.working_set_bytes):>12}"
+        )
     if p.links:
         lines += ["", "links (MLX ring, 2 ranks per pair)"] + [_link_line(x) for x in p.links]
     return "\n".join(lines)

@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable
 
 
-def mean_seconds(step: Callable[[], object], min_seconds: float, min_steps: int = 2,
-                 warm_up: bool = True) -> float:
+def mean_seconds(
+    step: Callable[[], object], min_seconds: float, min_steps: int = 2, warm_up: bool = True
+) -> float:
     """Mean wall seconds of ``step`` over >= ``min_seconds`` and >= ``min_steps`` calls, after
     one untimed warm-up call (allocations, lazy initialisation) unless ``warm_up`` is False."""
     if warm_up:

@@ -48,18 +48,29 @@ class DivergedError(RuntimeError):
 
 
 class LockstepBatch:
-    def __init__(self, model: nn.Module, eos_tokens: Sequence[int], options: ServingOptions,
-                 sample: RankSampler, bytes_per_token: int):
+    def __init__(
+        self,
+        model: nn.Module,
+        eos_tokens: Sequence[int],
+        options: ServingOptions,
+        sample: RankSampler,
+        bytes_per_token: int,
+    ):
         self.model = model
         self._sample = sample
         self.generator = BatchGenerator(
-            model, stop_tokens=[[t] for t in eos_tokens], sampler=self._sampler,
+            model,
+            stop_tokens=[[t] for t in eos_tokens],
+            sampler=self._sampler,
             completion_batch_size=options.max_concurrency,
             prefill_batch_size=min(8, options.max_concurrency),
-            prefill_step_size=options.prefill_step_size)
-        self.prompt_cache = (PromptCache(options.prompt_cache_size, options.prompt_cache_bytes,
-                                         bytes_per_token)
-                             if options.prompt_cache_size > 0 else None)
+            prefill_step_size=options.prefill_step_size,
+        )
+        self.prompt_cache = (
+            PromptCache(options.prompt_cache_size, options.prompt_cache_bytes, bytes_per_token)
+            if options.prompt_cache_size > 0
+            else None
+        )
         self._words: list[Word] = []
         self.applied = 0  # changes applied so far
         self.active: set[int] = set()  # uids in the batch
@@ -85,8 +96,11 @@ class LockstepBatch:
         del self._words[:-2]
         return max(self.applied, int(word.item()) if isinstance(word, mx.array) else word)
 
-    def insert(self, change: Insert, processors: list[Any] | None = None,
-               ) -> tuple[int, mx.array | None]:
+    def insert(
+        self,
+        change: Insert,
+        processors: list[Any] | None = None,
+    ) -> tuple[int, mx.array | None]:
         """Apply an Insert: (prompt tokens covered by the prompt cache, the prompt's logits when
         the change asks for them)."""
         tokens = list(change.tokens)
@@ -96,10 +110,12 @@ class LockstepBatch:
             logits = self.model(mx.array(tokens)[None], cache=make_prompt_cache(self.model))
             mx.eval(logits)
         (uid,) = self.generator.insert(
-            [tokens[cached:]], max_tokens=[change.max_tokens],
+            [tokens[cached:]],
+            max_tokens=[change.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[tokens[:cached]] if cached else None,
-            logits_processors=[processors] if processors is not None else None)
+            logits_processors=[processors] if processors is not None else None,
+        )
         if uid != change.uid:
             raise DivergedError(f"request joined as {uid}, the conductor says {change.uid}")
         self.active.add(uid)

@@ -75,11 +75,16 @@ class _Request:
 
 
 class Conductor:
-    def __init__(self, tokenizer: TokenizerWrapper, group: mx.distributed.Group,
-                 source: Channel[Generate | Cancel], followers: list[Channel[Any]],
-                 earlier_stages: list[Channel[Any]], vocab_size: int,
-                 make_batch: Callable[[Callable[[mx.array], tuple[mx.array, Word]]],
-                                      LockstepBatch]):
+    def __init__(
+        self,
+        tokenizer: TokenizerWrapper,
+        group: mx.distributed.Group,
+        source: Channel[Generate | Cancel],
+        followers: list[Channel[Any]],
+        earlier_stages: list[Channel[Any]],
+        vocab_size: int,
+        make_batch: Callable[[Callable[[mx.array], tuple[mx.array, Word]]], LockstepBatch],
+    ):
         self.tokenizer, self.group, self.vocab_size = tokenizer, group, vocab_size
         self.source, self.followers, self.earlier = source, followers, earlier_stages
         self.batch = make_batch(self._sample)
@@ -120,9 +125,14 @@ class Conductor:
             self.source.send(RequestFailed(id=request.id, message=str(error)))
             return True
         self._requests[request.id] = self._by_uid[entry.uid] = entry
-        self._commit(Insert(uid=entry.uid, tokens=request.tokens,
-                            max_tokens=request.sampling.max_tokens,
-                            save_logits=request.logits_out is not None))
+        self._commit(
+            Insert(
+                uid=entry.uid,
+                tokens=request.tokens,
+                max_tokens=request.sampling.max_tokens,
+                save_logits=request.logits_out is not None,
+            )
+        )
         return True
 
     def _admit(self, request: GenerateRequest) -> _Request:
@@ -145,8 +155,15 @@ class Conductor:
             key = mx.random.state[0]
             _restore_random_state(outside)
         uid, self._next_uid = self._next_uid, self._next_uid + 1
-        return _Request(request, uid, sampler, processors, self.tokenizer.detokenizer,
-                        StopMatcher(request.stop), key=key)
+        return _Request(
+            request,
+            uid,
+            sampler,
+            processors,
+            self.tokenizer.detokenizer,
+            StopMatcher(request.stop),
+            key=key,
+        )
 
     def _take_pending(self) -> bool:
         while True:
@@ -175,13 +192,13 @@ class Conductor:
         rows, self._marked = self._marked, []
         if len(rows) != logprobs.shape[0]:
             raise DivergedError(f"sampling {logprobs.shape[0]} rows, marked {len(rows)}")
-        tokens = mx.concatenate([self._by_uid[uid].sample(logprobs[i:i + 1])
-                                 for i, uid in enumerate(rows)]).astype(mx.float32)
+        tokens = mx.concatenate(
+            [self._by_uid[uid].sample(logprobs[i : i + 1]) for i, uid in enumerate(rows)]
+        ).astype(mx.float32)
         if not self._take_pending():
             self._closing = True
         word = len(self._committed)
-        agreed = broadcast_from_first(mx.concatenate([tokens, mx.array([float(word)])]),
-                                      self.group)
+        agreed = broadcast_from_first(mx.concatenate([tokens, mx.array([float(word)])]), self.group)
         sampled = agreed[:-1].astype(mx.uint32)
         if self.earlier:  # earlier pipeline stages follow the same tokens
             message = Tokens(tokens=tuple(sampled.tolist()), committed=word)
@@ -245,12 +262,16 @@ class Conductor:
             detokenizer.finalize()
         text = entry.stops.feed(detokenizer.last_segment)
         params = entry.request.sampling
-        logprobs = ((token_logprob(response.logprobs, response.token, params.top_logprobs),)
-                    if params.logprobs else ())
+        logprobs = (
+            (token_logprob(response.logprobs, response.token, params.top_logprobs),)
+            if params.logprobs
+            else ()
+        )
         if response.finish_reason is not None and not entry.stops.stopped:
             text += entry.stops.flush()
-        self.source.send(Delta(id=entry.request.id, text=text, tokens=(response.token,),
-                               logprobs=logprobs))
+        self.source.send(
+            Delta(id=entry.request.id, text=text, tokens=(response.token,), logprobs=logprobs)
+        )
         if entry.stops.stopped:
             self._finish(entry, "stop")
             if response.finish_reason is None:  # it leaves the batch a step or two later
@@ -262,9 +283,15 @@ class Conductor:
         entry.finished = True
         self._requests.pop(entry.request.id, None)
         now = time.perf_counter()
-        self.source.send(Done(
-            id=entry.request.id, finish_reason=reason,
-            prompt_tokens=len(entry.request.tokens), completion_tokens=entry.generated,
-            cached_tokens=entry.cached, stop_string=entry.stops.matched,
-            prompt_seconds=(entry.first_token or now) - entry.started,
-            seconds=now - entry.started))
+        self.source.send(
+            Done(
+                id=entry.request.id,
+                finish_reason=reason,
+                prompt_tokens=len(entry.request.tokens),
+                completion_tokens=entry.generated,
+                cached_tokens=entry.cached,
+                stop_string=entry.stops.matched,
+                prompt_seconds=(entry.first_token or now) - entry.started,
+                seconds=now - entry.started,
+            )
+        )

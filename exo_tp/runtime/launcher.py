@@ -40,20 +40,31 @@ log = logging.getLogger(__name__)
 ADDRESS = "127.0.0.1"
 
 
-def _jobs(model: str, plan: PipelinePlan, dtype: DType, source_port: int,
-          adapter_path: str | None) -> list[Assignment]:
+def _jobs(
+    model: str, plan: PipelinePlan, dtype: DType, source_port: int, adapter_path: str | None
+) -> list[Assignment]:
     hostfile: list[str] = [""] * plan.size
     for stage in plan.stages:  # one ring (and port range) per stage
         for rank, port in zip(stage.ranks, free_ports(stage.size), strict=True):
             hostfile[rank] = f"{ADDRESS}:{port}"
     conductor, *hops = free_ports(1 + (plan.size if len(plan.stages) > 1 else 0))
-    return [Assignment(
-        epoch=0, model=model, plan=plan, rank=rank, hostfile=tuple(hostfile),
-        conductor=f"{ADDRESS}:{conductor}", requests_at=f"{ADDRESS}:{source_port}",
-        hops=tuple(f"{ADDRESS}:{p}" for p in hops), dtype=dtype, measure_links=False,
-        serving=ServingOptions(max_concurrency=1, prompt_cache_size=0),
-        adapter_path=adapter_path,
-    ) for rank in range(plan.size)]
+    return [
+        Assignment(
+            epoch=0,
+            model=model,
+            plan=plan,
+            rank=rank,
+            hostfile=tuple(hostfile),
+            conductor=f"{ADDRESS}:{conductor}",
+            requests_at=f"{ADDRESS}:{source_port}",
+            hops=tuple(f"{ADDRESS}:{p}" for p in hops),
+            dtype=dtype,
+            measure_links=False,
+            serving=ServingOptions(max_concurrency=1, prompt_cache_size=0),
+            adapter_path=adapter_path,
+        )
+        for rank in range(plan.size)
+    ]
 
 
 class _Launch:
@@ -83,10 +94,16 @@ def _failure(status: RankStatus) -> ExoTpError | None:
     return None
 
 
-def launch_local(model: str, plan: PipelinePlan, request: GenerateRequest, dtype: DType,
-                 report_out: str | None = None, join_timeout: float = 120.0,
-                 stall_timeout: float = 60.0, adapter_path: str | None = None,
-                 ) -> dict[str, Any]:
+def launch_local(
+    model: str,
+    plan: PipelinePlan,
+    request: GenerateRequest,
+    dtype: DType,
+    report_out: str | None = None,
+    join_timeout: float = 120.0,
+    stall_timeout: float = 60.0,
+    adapter_path: str | None = None,
+) -> dict[str, Any]:
     """Generate ``request`` on ``plan.size`` local ranks, printing the text to stdout; returns
     the report (also written to ``report_out``). Raises ExoTpError if a rank fails."""
     key = secrets.token_bytes(32)
@@ -107,8 +124,9 @@ def launch_local(model: str, plan: PipelinePlan, request: GenerateRequest, dtype
             if event == "join":
                 late = [s.job.rank for s in ranks if s.state in ("starting", "joining")]
                 if late:
-                    raise ExoTpError(f"ranks {late} did not join the ring within "
-                                     f"{join_timeout:.0f}s")
+                    raise ExoTpError(
+                        f"ranks {late} did not join the ring within {join_timeout:.0f}s"
+                    )
             elif isinstance(event, RankStatus):
                 if (error := _failure(event)) is not None:
                     raise error
@@ -142,15 +160,21 @@ def launch_local(model: str, plan: PipelinePlan, request: GenerateRequest, dtype
         supervisor.close()
     decode = done.seconds - done.prompt_seconds
     report = {
-        "tokens": tokens, "text": "".join(text), "prompt_tokens": done.prompt_tokens,
+        "tokens": tokens,
+        "text": "".join(text),
+        "prompt_tokens": done.prompt_tokens,
         "generation_tps": done.completion_tokens / decode if decode > 0 else 0.0,
         "prompt_tps": done.prompt_tokens / done.prompt_seconds if done.prompt_seconds else 0.0,
         "finish_reason": done.finish_reason,
         "memory_by_rank": [s.memory.model_dump() for s in ranks],
     }
-    log.info("prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",
-             done.prompt_tokens, report["prompt_tps"], done.completion_tokens,
-             report["generation_tps"])
+    log.info(
+        "prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",
+        done.prompt_tokens,
+        report["prompt_tps"],
+        done.completion_tokens,
+        report["generation_tps"],
+    )
     if report_out:
         Path(report_out).write_text(json.dumps(report))
     return report

@@ -175,8 +175,9 @@ class RankFailed(Frozen):
     message: str
 
 
-RankEvent = Annotated[Joining | Loading | Ready | Heartbeat | RankFailed,
-                      Field(discriminator="kind")]
+RankEvent = Annotated[
+    Joining | Loading | Ready | Heartbeat | RankFailed, Field(discriminator="kind")
+]
 
 
 # ---- conductor -> the other ranks --------------------------------------------------------
@@ -209,8 +210,7 @@ class Tokens(Frozen):
     committed: int
 
 
-StageControl = Annotated[Insert | Remove | Tokens,
-                         Field(discriminator="kind")]
+StageControl = Annotated[Insert | Remove | Tokens, Field(discriminator="kind")]
 
 
 # ---- pipeline hops -----------------------------------------------------------------------
@@ -229,9 +229,9 @@ HopMessage = Annotated[Hello | HiddenHeader, Field(discriminator="kind")]
 
 SOURCE_MESSAGES: TypeAdapter[Generate | Cancel] = TypeAdapter(SourceMessage)
 CONDUCTOR_EVENTS: TypeAdapter[Hello | Delta | Done | RequestFailed] = TypeAdapter(ConductorEvent)
-RANK_EVENTS: TypeAdapter[Joining | Loading | Ready | Heartbeat | RankFailed] = \
-    TypeAdapter(RankEvent)
-STAGE_CONTROL: TypeAdapter[Insert | Remove | Tokens] = \
-    TypeAdapter(StageControl)
+RANK_EVENTS: TypeAdapter[Joining | Loading | Ready | Heartbeat | RankFailed] = TypeAdapter(
+    RankEvent
+)
+STAGE_CONTROL: TypeAdapter[Insert | Remove | Tokens] = TypeAdapter(StageControl)
 HOP_MESSAGES: TypeAdapter[Hello | HiddenHeader] = TypeAdapter(HopMessage)
 HELLO: TypeAdapter[Hello] = TypeAdapter(Hello)

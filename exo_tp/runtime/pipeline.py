@@ -31,8 +31,9 @@ HopChannel = Channel[Hello | HiddenHeader]
 def send_hidden(channel: HopChannel, hidden: mx.array) -> None:
     cast = str(hidden.dtype).split(".")[-1]
     data = np.array(hidden.astype(mx.float32) if hidden.dtype == mx.bfloat16 else hidden)
-    channel.send(HiddenHeader(shape=data.shape, dtype=str(data.dtype), cast=cast),
-                 raw=data.tobytes())
+    channel.send(
+        HiddenHeader(shape=data.shape, dtype=str(data.dtype), cast=cast), raw=data.tobytes()
+    )
 
 
 def recv_hidden(channel: HopChannel) -> mx.array:
@@ -49,8 +50,9 @@ class StageModel(nn.Module):
     (``incoming``; None on stage 0) and feeding the next stage's ranks (``outgoing``: only the
     stage's first rank sends)."""
 
-    def __init__(self, model: nn.Module, incoming: HopChannel | None,
-                 outgoing: list[HopChannel], last: bool):
+    def __init__(
+        self, model: nn.Module, incoming: HopChannel | None, outgoing: list[HopChannel], last: bool
+    ):
         super().__init__()
         self.model = model
         self._incoming, self._outgoing, self._last = incoming, outgoing, last
@@ -69,8 +71,9 @@ class StageModel(nn.Module):
             received = recv_hidden(self._incoming)
             if self._last:
                 return self.model(inputs, cache=cache, input_embeddings=received)
-            hidden = self.model.model(mx.zeros(inputs.shape, dtype=mx.int32), cache,
-                                      input_embeddings=received)
+            hidden = self.model.model(
+                mx.zeros(inputs.shape, dtype=mx.int32), cache, input_embeddings=received
+            )
         mx.eval(hidden)
         for channel in self._outgoing:
             send_hidden(channel, hidden)

@@ -74,6 +74,7 @@ class PromptCache:
 
     def trim(self) -> None:
         while len(self._order) > self.max_entries or (
-                self.max_bytes is not None and self._order and self.nbytes > self.max_bytes):
+            self.max_bytes is not None and self._order and self.nbytes > self.max_bytes
+        ):
             oldest, _ = self._order.popitem(last=False)
             self._trie.pop(_MODEL, list(oldest))

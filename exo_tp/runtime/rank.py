@@ -69,13 +69,17 @@ class Progress:
         self.load_peak = 0
 
     def memory(self) -> RankMemory:
-        return RankMemory(load_peak=self.load_peak, peak=mx.get_peak_memory(),
-                          active=mx.get_active_memory())
+        return RankMemory(
+            load_peak=self.load_peak, peak=mx.get_peak_memory(), active=mx.get_active_memory()
+        )
 
     def heartbeat(self) -> Heartbeat:
         batch = self.batch
-        return Heartbeat(steps=batch.steps if batch else 0, busy=bool(batch and not batch.idle),
-                         memory=self.memory())
+        return Heartbeat(
+            steps=batch.steps if batch else 0,
+            busy=bool(batch and not batch.idle),
+            memory=self.memory(),
+        )
 
 
 def _beat(supervisor: Channel[Any], progress: Progress) -> None:
@@ -96,8 +100,11 @@ def _exit_when_closed(supervisor: Channel[Any]) -> None:
 def _bytes_per_token(job: Assignment) -> int:
     """KV cache bytes per token on the rank holding the most (the prompt cache's measure)."""
     spec = job.plan.stages[0].tp.spec
-    return max(stage.layers.size * kv_bytes_per_token(spec, shard, FLOAT_BYTES[job.dtype])
-               for stage in job.plan.stages for shard in stage.tp.ranks)
+    return max(
+        stage.layers.size * kv_bytes_per_token(spec, shard, FLOAT_BYTES[job.dtype])
+        for stage in job.plan.stages
+        for shard in stage.tp.ranks
+    )
 
 
 def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
@@ -111,6 +118,7 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
     arrived = threading.Event()
     listener = None
     if index > 0:  # one hop in, from the previous stage's first rank
+
         def on_channel(channel: HopChannel) -> None:
             incoming.append(channel)
             arrived.set()
@@ -131,16 +139,23 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
         hello = incoming[0].recv()
         if not isinstance(hello, Hello) or hello.epoch != job.epoch:
             raise ConnectionError(f"unexpected hop peer: {hello}")
-    return StageModel(model, incoming[0] if incoming else None, outgoing,
-                      last=index == len(stages) - 1)
+    return StageModel(
+        model, incoming[0] if incoming else None, outgoing, last=index == len(stages) - 1
+    )
 
 
-def _serve_as_conductor(job: Assignment, key: bytes, model: Any, tokenizer: Any,
-                        group: mx.distributed.Group, progress: Progress,
-                        supervisor: Channel[Any], ready: Ready) -> None:
+def _serve_as_conductor(
+    job: Assignment,
+    key: bytes,
+    model: Any,
+    tokenizer: Any,
+    group: mx.distributed.Group,
+    progress: Progress,
+    supervisor: Channel[Any],
+    ready: Ready,
+) -> None:
     plan = job.plan
-    followers = accept_count(job.conductor, key, HELLO, plan.size - 1, PEER_TIMEOUT,
-                             "conductor")
+    followers = accept_count(job.conductor, key, HELLO, plan.size - 1, PEER_TIMEOUT, "conductor")
     by_rank: dict[int, Channel[Any]] = {}
     for channel in followers:
         hello = channel.recv()
@@ -153,26 +168,42 @@ def _serve_as_conductor(job: Assignment, key: bytes, model: Any, tokenizer: Any,
     source.send(Hello(epoch=job.epoch, rank=job.rank))
 
     def make_batch(sample: RankSampler) -> LockstepBatch:
-        progress.batch = LockstepBatch(model, tokenizer.eos_token_ids, job.serving, sample,
-                                       _bytes_per_token(job))
+        progress.batch = LockstepBatch(
+            model, tokenizer.eos_token_ids, job.serving, sample, _bytes_per_token(job)
+        )
         return progress.batch
 
-    conductor = Conductor(tokenizer, group, source, list(by_rank.values()), earlier,
-                          plan.stages[0].tp.spec.vocab_size, make_batch)
+    conductor = Conductor(
+        tokenizer,
+        group,
+        source,
+        list(by_rank.values()),
+        earlier,
+        plan.stages[0].tp.spec.vocab_size,
+        make_batch,
+    )
     supervisor.send(ready)
     conductor.serve()
 
 
-def _serve_as_follower(job: Assignment, key: bytes, model: Any, tokenizer: Any,
-                       group: mx.distributed.Group, progress: Progress,
-                       supervisor: Channel[Any], ready: Ready) -> None:
+def _serve_as_follower(
+    job: Assignment,
+    key: bytes,
+    model: Any,
+    tokenizer: Any,
+    group: mx.distributed.Group,
+    progress: Progress,
+    supervisor: Channel[Any],
+    ready: Ready,
+) -> None:
     channel = connect(job.conductor, key, STAGE_CONTROL, PEER_TIMEOUT)
     channel.send(Hello(epoch=job.epoch, rank=job.rank))
     feed = ControlFeed(channel)
     in_last_stage = job.stage_index == len(job.plan.stages) - 1
     sample = peer_sampler(group) if in_last_stage else stage_sampler(feed)
-    progress.batch = LockstepBatch(model, tokenizer.eos_token_ids, job.serving, sample,
-                                   _bytes_per_token(job))
+    progress.batch = LockstepBatch(
+        model, tokenizer.eos_token_ids, job.serving, sample, _bytes_per_token(job)
+    )
     supervisor.send(ready)
     follow(progress.batch, feed, group)
 
@@ -191,17 +222,36 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any]) -> None:
     model_dir = Path(job.model_dir) if job.model_dir else resolve_model(job.model)
     started = time.perf_counter()
     first, last = job.stage_index == 0, job.stage_index == len(job.plan.stages) - 1
-    model = load_shard(model_dir, stage.tp, job.local_rank, group, DTYPES[job.dtype],
-                       stage.layers, first, last,
-                       Path(job.adapter_path) if job.adapter_path else None)
+    model = load_shard(
+        model_dir,
+        stage.tp,
+        job.local_rank,
+        group,
+        DTYPES[job.dtype],
+        stage.layers,
+        first,
+        last,
+        Path(job.adapter_path) if job.adapter_path else None,
+    )
     progress.load_peak = mx.get_peak_memory()
     mine = stage.tp.ranks[job.local_rank]
-    log.info("epoch %d rank %d: stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads "
-             "%d-%d, kv %s, vocab %d-%d, %.0f MB active", job.epoch, job.rank,
-             job.stage_index + 1, len(job.plan.stages), stage.layers.start, stage.layers.stop,
-             time.perf_counter() - started, mine.heads.q_heads.start, mine.heads.q_heads.stop,
-             list(mine.heads.kv_heads), mine.vocab.start, mine.vocab.stop,
-             mx.get_active_memory() / 1e6)
+    log.info(
+        "epoch %d rank %d: stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads "
+        "%d-%d, kv %s, vocab %d-%d, %.0f MB active",
+        job.epoch,
+        job.rank,
+        job.stage_index + 1,
+        len(job.plan.stages),
+        stage.layers.start,
+        stage.layers.stop,
+        time.perf_counter() - started,
+        mine.heads.q_heads.start,
+        mine.heads.q_heads.stop,
+        list(mine.heads.kv_heads),
+        mine.vocab.start,
+        mine.vocab.stop,
+        mx.get_active_memory() / 1e6,
+    )
     driver = _open_hops(job, key, model)
     tokenizer = load_tokenizer(model_dir)
     threading.Thread(target=_beat, args=(supervisor, progress), daemon=True).start()
@@ -214,8 +264,11 @@ def main() -> None:
     die_with_parent()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack on stderr
     job = Assignment.model_validate_json(Path(sys.argv[1]).read_text())
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s rank {job.rank} %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s rank {job.rank} %(levelname)s %(message)s",
+    )
     key = bytes.fromhex(os.environ.pop(LINK_KEY_ENV, ""))
     supervisor = connect(sys.argv[2], key, HELLO, timeout=30)
     try:

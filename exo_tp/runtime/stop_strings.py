@@ -24,7 +24,7 @@ class StopMatcher:
             self._pending = ""
             return buffer[:at]
         hold = max((self._overlap(buffer, s) for s in self.stops), default=0)
-        self._pending = buffer[len(buffer) - hold:] if hold else ""
+        self._pending = buffer[len(buffer) - hold :] if hold else ""
         return buffer[: len(buffer) - hold]
 
     def flush(self) -> str:

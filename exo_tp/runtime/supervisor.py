@@ -63,8 +63,11 @@ def remove_orphaned_folders() -> None:
 def clean_environment() -> dict[str, str]:
     """This process's environment without any MLX group or secret of ours: what a child rank
     (served or fine-tuning) starts from."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(GROUP_ENV_PREFIXES) and k not in SECRET_ENV_NAMES}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(GROUP_ENV_PREFIXES) and k not in SECRET_ENV_NAMES
+    }
 
 
 def rank_environment(job: Assignment, folder: Path, key: bytes) -> dict[str, str]:
@@ -76,8 +79,7 @@ def rank_environment(job: Assignment, folder: Path, key: bytes) -> dict[str, str
     if stage.size > 1 and job.backend == "jaccl":
         devices = folder / "ibv_devices.json"
         matrix = job.ibv_devices or ()
-        devices.write_text(json.dumps([[matrix[i][j] for j in stage.ranks]
-                                       for i in stage.ranks]))
+        devices.write_text(json.dumps([[matrix[i][j] for j in stage.ranks] for i in stage.ranks]))
         # the stage's first ring address is free under jaccl: its coordinator listens there
         env.update(jaccl_env(job.local_rank, job.hostfile[stage.ranks[0]], devices))
     elif stage.size > 1:
@@ -117,8 +119,7 @@ class Supervisor:
         self._key, self._on_change, self.stall_timeout = key, on_change, stall_timeout
         self._ranks: dict[tuple[int, int], RankStatus] = {}  # (epoch, rank)
         self._lock = threading.Lock()
-        self._listener = Listener("127.0.0.1:0", key, RANK_EVENTS, self._on_channel,
-                                  "supervisor")
+        self._listener = Listener("127.0.0.1:0", key, RANK_EVENTS, self._on_channel, "supervisor")
         self._closed = threading.Event()
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
 
@@ -133,15 +134,19 @@ class Supervisor:
         # Ranks never write to stdout (`exo-tp launch` prints only the text there).
         process = subprocess.Popen(
             [sys.executable, "-m", "exo_tp.runtime.rank", str(jobfile), self.address],
-            env=rank_environment(job, folder, self._key), stdout=sys.stderr.fileno())
+            env=rank_environment(job, folder, self._key),
+            stdout=sys.stderr.fileno(),
+        )
         status = RankStatus(job, process, folder)
         with self._lock:
             self._ranks[(job.epoch, job.rank)] = status
         threading.Thread(target=self._wait_exit, args=(status,), daemon=True).start()
         return status
 
-    def _on_channel(self, channel: Channel[Joining | Loading | Ready | Heartbeat | RankFailed],
-                    ) -> None:
+    def _on_channel(
+        self,
+        channel: Channel[Joining | Loading | Ready | Heartbeat | RankFailed],
+    ) -> None:
         first = channel.recv()
         status = None
         if isinstance(first, Joining):
@@ -198,8 +203,9 @@ class Supervisor:
                     continue
                 status.error = (
                     f"made no progress for {self.stall_timeout:g}s (no heartbeat: frozen?)"
-                    if status.stalled == "frozen" else
-                    f"made no progress for {2 * self.stall_timeout:g}s (waiting on a peer)")
+                    if status.stalled == "frozen"
+                    else f"made no progress for {2 * self.stall_timeout:g}s (waiting on a peer)"
+                )
                 self._on_change(status)
 
     def stop(self, status: RankStatus) -> None:

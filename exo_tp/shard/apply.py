@@ -33,11 +33,11 @@ def _finish(module: nn.Module, dtype: mx.Dtype | None) -> None:
 def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
     """Only this stage's blocks stay; HF-style per-layer type lists follow the slice."""
     blocks = get_path(model, table.layers)
-    set_path(model, table.layers, blocks[layers.start:layers.stop])
+    set_path(model, table.layers, blocks[layers.start : layers.stop])
     inner = get_path(model, table.layers.rpartition(".")[0])
     types = getattr(inner, "layer_types", None)
     if types is not None:
-        inner.layer_types = types = types[layers.start:layers.stop]
+        inner.layer_types = types = types[layers.start : layers.stop]
         if hasattr(inner, "fa_idx"):  # mlx-lm llama: the layers whose caches make the masks
             inner.fa_idx = types.index("full_attention") if "full_attention" in types else 0
         if hasattr(inner, "swa_idx"):
@@ -45,9 +45,17 @@ def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
             inner.swa_idx = sliding[0] if sliding else None
 
 
-def _shard_vocab(model: nn.Module, table: ArchTable, slicer: WeightSlicer, plan: ShardPlan,
-                 rank: int, group: mx.distributed.Group, dtype: mx.Dtype | None,
-                 first: bool, last: bool) -> None:
+def _shard_vocab(
+    model: nn.Module,
+    table: ArchTable,
+    slicer: WeightSlicer,
+    plan: ShardPlan,
+    rank: int,
+    group: mx.distributed.Group,
+    dtype: mx.Dtype | None,
+    first: bool,
+    last: bool,
+) -> None:
     """Vocab-parallel embedding (first stage; last too when tied) and LM head (last stage)."""
     # The model's own structure says whether the head is tied (gemma3 decides by the weights).
     tied = not has_path(model, table.lm_head)
@@ -63,9 +71,18 @@ def _shard_vocab(model: nn.Module, table: ArchTable, slicer: WeightSlicer, plan:
         lookup_dtype = embedding(mx.zeros((1,), dtype=mx.int32)).dtype
         # (vocab, hidden): output rows are tokens
         slicer.slice_rows(table.embedding, embedding, rows, plan.spec.vocab_size)
-        set_path(model, table.embedding,
-                 VocabParallelEmbedding(embedding, plan.ranks[rank].vocab.start, sizes,
-                                        plan.spec.hidden_size, lookup_dtype, group))
+        set_path(
+            model,
+            table.embedding,
+            VocabParallelEmbedding(
+                embedding,
+                plan.ranks[rank].vocab.start,
+                sizes,
+                plan.spec.hidden_size,
+                lookup_dtype,
+                group,
+            ),
+        )
     else:
         set_path(model, table.embedding, Absent("the embedding"))
     if not tied:
@@ -77,10 +94,17 @@ def _shard_vocab(model: nn.Module, table: ArchTable, slicer: WeightSlicer, plan:
             set_path(model, table.lm_head, Absent("the LM head"))
 
 
-def load_shard(model_dir: Path, plan: ShardPlan, rank: int, group: mx.distributed.Group,
-               dtype: mx.Dtype | None = None, layers: Span | None = None,
-               first: bool = True, last: bool = True,
-               adapter_path: Path | None = None) -> nn.Module:
+def load_shard(
+    model_dir: Path,
+    plan: ShardPlan,
+    rank: int,
+    group: mx.distributed.Group,
+    dtype: mx.Dtype | None = None,
+    layers: Span | None = None,
+    first: bool = True,
+    last: bool = True,
+    adapter_path: Path | None = None,
+) -> nn.Module:
     """The model with only rank ``rank``'s slices, ready to run inside ``group``.
 
     For a pipeline stage, ``layers`` limits the blocks held; ``first``/``last`` say whether the

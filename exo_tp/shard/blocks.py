@@ -20,8 +20,15 @@ from exo_tp.shard.tree import get_path, has_path, set_path
 class BlockSharder:
     """Applies one rank's share of the plan to each block: slices, stand-ins, all-reduces."""
 
-    def __init__(self, table: ArchTable, slicer: WeightSlicer, ranks: Sequence[RankSelector],
-                 rank: int, width: int, group: mx.distributed.Group):
+    def __init__(
+        self,
+        table: ArchTable,
+        slicer: WeightSlicer,
+        ranks: Sequence[RankSelector],
+        rank: int,
+        width: int,
+        group: mx.distributed.Group,
+    ):
         self.table = table
         self.slicer = slicer
         self.ranks = ranks  # every rank's selector: a row-parallel bias goes to one holder
@@ -37,11 +44,15 @@ class BlockSharder:
         for branch in branches:
             if branch.reduce:
                 self._check_covered(layer, prefix, branch, rules)
-        empty = [b for b in branches if not any(
-            self.mine.holds(r) for r in rules if is_under(r.path, b.path))]
+        empty = [
+            b
+            for b in branches
+            if not any(self.mine.holds(r) for r in rules if is_under(r.path, b.path))
+        ]
         # Outermost empty branches get stand-ins; everything inside them is dropped.
-        stand_ins = [b for b in empty if not any(
-            o is not b and is_under(b.path, o.path) for o in empty)]
+        stand_ins = [
+            b for b in empty if not any(o is not b and is_under(b.path, o.path) for o in empty)
+        ]
         gone = [b.path for b in stand_ins]
 
         for rule in rules:
@@ -63,11 +74,14 @@ class BlockSharder:
         spec = self.mine.spec
         for dim in rule.parts:
             if dim not in HEAD_DIMS and dim not in spec.ffn_sizes:
-                raise ExoTpError(f"{prefix}.{rule.path} is split by {dim!r}, "
-                                 f"but config.json gives no size for it")
+                raise ExoTpError(
+                    f"{prefix}.{rule.path} is split by {dim!r}, "
+                    f"but config.json gives no size for it"
+                )
 
-    def _check_covered(self, layer: nn.Module, prefix: str, branch: BranchRule,
-                       rules: Sequence[LinearRule]) -> None:
+    def _check_covered(
+        self, layer: nn.Module, prefix: str, branch: BranchRule, rules: Sequence[LinearRule]
+    ) -> None:
         """Every parameter of a branch is split by a rule or declared replicated.
 
         Otherwise a projection the table does not know would be used whole on every rank and
@@ -75,14 +89,18 @@ class BlockSharder:
         """
         known = [r.path for r in rules] + list(self.table.replicated)
         if not any(is_under(r.path, branch.path) for r in rules):
-            raise ExoTpError(f"{prefix}.{branch.path}: the {self.table.model_types[0]} table "
-                             f"splits nothing inside it")
+            raise ExoTpError(
+                f"{prefix}.{branch.path}: the {self.table.model_types[0]} table "
+                f"splits nothing inside it"
+            )
         params = tree_flatten(get_path(layer, branch.path).parameters())
         for name, _ in params:
             path = f"{branch.path}.{name}"
             if not any(is_under(path, k) for k in known):
-                raise ExoTpError(f"{prefix}.{path}: the tensor-parallel table for "
-                                 f"{self.table.model_types[0]} does not say how to split it")
+                raise ExoTpError(
+                    f"{prefix}.{path}: the tensor-parallel table for "
+                    f"{self.table.model_types[0]} does not say how to split it"
+                )
 
     def _slice(self, layer: nn.Module, prefix: str, rule: LinearRule) -> None:
         name = f"{prefix}.{rule.path}"

@@ -78,8 +78,9 @@ class ZeroAttention(ZeroMLP):
         super().__init__(width)
         self._head_dim = head_dim
 
-    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None,
-                 *args: Any, **kwargs: Any) -> mx.array:
+    def __call__(
+        self, x: mx.array, mask: Any = None, cache: Any = None, *args: Any, **kwargs: Any
+    ) -> mx.array:
         if cache is not None:
             b, length, _ = x.shape
             stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
@@ -94,8 +95,15 @@ class VocabParallelEmbedding(nn.Module):
     (padded to equal shapes) into the full vocabulary.
     """
 
-    def __init__(self, inner: nn.Module, start: int, sizes: Sequence[int], width: int,
-                 dtype: mx.Dtype, group: mx.distributed.Group):
+    def __init__(
+        self,
+        inner: nn.Module,
+        start: int,
+        sizes: Sequence[int],
+        width: int,
+        dtype: mx.Dtype,
+        group: mx.distributed.Group,
+    ):
         super().__init__()
         self.inner = inner
         self._start = start

@@ -52,8 +52,9 @@ class SafetensorsIndex:
                 if name == "__metadata__" or info["dtype"] not in _DTYPES:
                     continue
                 start, _ = info["data_offsets"]
-                self.entries[name] = _Entry(path, info["dtype"], tuple(info["shape"]),
-                                            8 + header_len + start)
+                self.entries[name] = _Entry(
+                    path, info["dtype"], tuple(info["shape"]), 8 + header_len + start
+                )
 
     def matches(self, name: str, array: mx.array) -> bool:
         """Whether ``name`` in the files is exactly this (lazily loaded) parameter."""
@@ -70,8 +71,9 @@ class SafetensorsIndex:
         raw_dtype, mx_dtype = _DTYPES[entry.dtype]
         if 0 in entry.shape:
             return mx.zeros(entry.shape, dtype=mx_dtype)
-        mapped = np.memmap(entry.path, dtype=raw_dtype, mode="r", offset=entry.offset,
-                           shape=entry.shape)
+        mapped = np.memmap(
+            entry.path, dtype=raw_dtype, mode="r", offset=entry.offset, shape=entry.shape
+        )
         data = np.array(mapped) if axis is None else take_ranges(mapped, axis, ranges)
         del mapped  # unmap now: the copy is all we keep
         return mx.array(data).view(mx_dtype)

@@ -57,8 +57,9 @@ class WeightSlicer:
             axis = -1 if key == "bias" else -2
             module[key] = self.take(f"{name}.{key}", module[key], axis, ranges)
 
-    def slice_columns(self, name: str, module: nn.Module, ranges: Ranges, expected: int,
-                      keep_bias: bool) -> None:
+    def slice_columns(
+        self, name: str, module: nn.Module, ranges: Ranges, expected: int, keep_bias: bool
+    ) -> None:
         """Row-parallel: keep input columns; packed quantized columns scale by bits/32.
 
         The bias (full output width) stays on one rank only (``keep_bias``), so the all-reduce
@@ -86,8 +87,9 @@ class WeightSlicer:
             cut = [(a * num // den, b * num // den) for a, b in ranges]
             module[key] = self.take(f"{name}.{key}", module[key], -1, cut)
 
-    def slice_leading(self, name: str, owner: nn.Module, key: str, ranges: Ranges,
-                      expected: int) -> None:
+    def slice_leading(
+        self, name: str, owner: nn.Module, key: str, ranges: Ranges, expected: int
+    ) -> None:
         """A per-head stack: keep entries of axis 0 (of a bare parameter, or of every part
         of a module's weight)."""
         value = owner[key]

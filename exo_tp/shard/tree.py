@@ -21,4 +21,3 @@ def has_path(root: Any, path: str) -> bool:
 def set_path(root: Any, path: str, value: Any) -> None:
     parent, _, name = path.rpartition(".")
     setattr(get_path(root, parent) if parent else root, name, value)
-
