@@ -113,8 +113,8 @@ def mlx_lm_run(
     model: Path, data: Path, tmp: Path, iters: int, batch: int, ranks: int
 ) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from exo_tp.ring import ring_env, write_hostfile
-    from exo_tp.runtime.ports import free_ports
+    from exo_tp.transport.ports import free_ports
+    from exo_tp.transport.ring import ring_env, write_hostfile
 
     result = tmp / "mlx-lm.json"
     cmd = [

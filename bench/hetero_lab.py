@@ -149,8 +149,8 @@ def profile(device: Device, home: Path, full: bool) -> DeviceProfile:
 
 
 def measure_link(pair: Sequence[Device]) -> LinkCost:
-    from exo_tp.ring import ring_env, write_hostfile
-    from exo_tp.runtime.ports import free_ports
+    from exo_tp.transport.ports import free_ports
+    from exo_tp.transport.ring import ring_env, write_hostfile
 
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = Path(tmp) / "hosts.json"

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from exo_tp.plan import plan_tensor_parallel  # noqa: E402
 from exo_tp.plan.pipeline import PipelinePlan, Stage, single_stage  # noqa: E402
 from exo_tp.plan.shard_plan import ShardPlan, Span  # noqa: E402
-from exo_tp.runtime.ports import port_is_free  # noqa: E402
+from exo_tp.transport.ports import port_is_free  # noqa: E402
 from exo_tp.weights.boxes import rank_boxes  # noqa: E402
 from exo_tp.weights.build import manifest_for  # noqa: E402
 from exo_tp.weights.manifest import ModelManifest  # noqa: E402

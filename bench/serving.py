@@ -72,8 +72,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from tiny_models import write_tiny_model  # noqa: E402
 
-from exo_tp.ring import ring_env, write_hostfile  # noqa: E402
-from exo_tp.runtime.ports import free_ports, port_is_free  # noqa: E402
+from exo_tp.transport.ports import free_ports, port_is_free  # noqa: E402
+from exo_tp.transport.ring import ring_env, write_hostfile  # noqa: E402
 
 CONTENDERS = {
     "a": "(a) mlx_lm.server, 1 process, SmolLM2",

@@ -23,7 +23,7 @@ from _common import env, exo_tp_tps, resolve, single_process_tps
 
 GATHER = """
 import json, sys, time, mlx.core as mx
-from exo_tp.ring import init_ring, barrier
+from exo_tp.transport.ring import init_ring, barrier
 from exo_tp.shard.collectives import gather_padded
 group = init_ring(); r = group.rank()
 sizes = json.loads(sys.argv[1]); iters = int(sys.argv[2])
@@ -47,8 +47,8 @@ if r == 0:
 
 
 def gather_times(sizes: list[int], iters: int) -> dict[str, float]:
-    from exo_tp.ring import ring_env, write_hostfile
-    from exo_tp.runtime.ports import free_ports
+    from exo_tp.transport.ports import free_ports
+    from exo_tp.transport.ring import ring_env, write_hostfile
 
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = Path(tmp) / "hosts.json"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exo_tp.runtime.ports import port_is_free
+from exo_tp.transport.ports import port_is_free
 
 CLI = [sys.executable, "-m", "exo_tp"]
 

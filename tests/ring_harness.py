@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from exo_tp.ring import ring_env, write_hostfile
-from exo_tp.runtime.ports import free_ports
+from exo_tp.transport.ports import free_ports
+from exo_tp.transport.ring import ring_env, write_hostfile
 
 
 def run_on_ranks(n: int, script: str, tmp: Path, timeout: float = 120) -> dict:
@@ -20,7 +20,7 @@ def run_on_ranks(n: int, script: str, tmp: Path, timeout: float = 120) -> dict:
     write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(n)])
     code.write_text(
         "import mlx.core as mx\n"
-        "from exo_tp.ring import init_ring, barrier\n"
+        "from exo_tp.transport.ring import init_ring, barrier\n"
         f"OUT = {str(out)!r}\n"
         "group = init_ring()\n" + script + "\nbarrier(group)\n"
     )

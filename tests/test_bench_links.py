@@ -12,13 +12,13 @@ from pathlib import Path
 
 from helpers import CLI, tcp_loopback_reference
 
-from exo_tp.channel import Channel, Listener
 from exo_tp.plan.devices import DeviceProfile, LinkProfile
 from exo_tp.profile.cache import save
 from exo_tp.profile.peers import Peers
 from exo_tp.profile.rendezvous import BENCH_KEY, HELLO, BenchHello
 from exo_tp.profile.system import system_info
-from exo_tp.runtime.ports import free_ports
+from exo_tp.transport.channel import Channel, Listener
+from exo_tp.transport.ports import free_ports
 
 
 def _seed_cache(home: Path) -> None:

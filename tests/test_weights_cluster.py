@@ -40,7 +40,7 @@ from safetensors import safe_open
 from exo_tp.plan import plan_tensor_parallel
 from exo_tp.plan.pipeline import PipelinePlan, Stage, single_stage
 from exo_tp.plan.shard_plan import ShardPlan, Span
-from exo_tp.signing import control_headers
+from exo_tp.security.signing import control_headers
 from exo_tp.weights.boxes import Boxes, rank_boxes
 from exo_tp.weights.build import manifest_for
 from exo_tp.weights.manifest import ModelManifest

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from exo_tp.plan import load_spec, plan_tensor_parallel
 from exo_tp.plan.pipeline import single_stage
-from exo_tp.signing import control_headers
+from exo_tp.security.signing import control_headers
 from exo_tp.weights.boxes import rank_boxes
 from exo_tp.weights.build import manifest_for
 from exo_tp.weights.client import TransferProgress, fetch_manifest, fetch_transfer

@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from exo_tp.api.access import ANY_ORIGIN, ApiAccess
 from exo_tp.api.errors import ApiError
+from exo_tp.security.access import ANY_ORIGIN, ApiAccess
 
 # Routes anyone may read: liveness, and the UI's page and files (the page asks for the key).
 OPEN_ROUTES = {"/health", "/", "/ui/{name}"}

@@ -17,12 +17,12 @@ from typing import Any
 from aiohttp import web
 
 from exo_tp.api import anthropic_api, openai_api
-from exo_tp.api.access import ApiAccess
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError
 from exo_tp.api.guard import install_guard
 from exo_tp.api.http_io import MAX_BODY, read_body
 from exo_tp.api.proxy import pass_through
+from exo_tp.security.access import ApiAccess
 
 log = logging.getLogger(__name__)
 

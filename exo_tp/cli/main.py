@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from exo_tp import __version__
 from exo_tp.cli import bench, finetune, launch, model, plan, run
 from exo_tp.errors import ExoTpError
-from exo_tp.lifecycle import exit_on_sigterm
+from exo_tp.process.lifecycle import exit_on_sigterm
 
 COMMANDS = (run, launch, finetune, plan, bench, model)
 

@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exo_tp.addresses import is_loopback
 from exo_tp.cli.args import (
     int_list,
     json_object,
@@ -36,12 +35,13 @@ from exo_tp.cli.security_args import (
     local_cluster_secret,
     node_secret,
 )
+from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
-    from exo_tp.api.access import ApiAccess
     from exo_tp.api.defaults import GenerationDefaults
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.runtime.job import ServingOptions
+    from exo_tp.security.access import ApiAccess
 
 log = logging.getLogger(__name__)
 
@@ -374,11 +374,11 @@ def _path_list(text: str) -> list[Path]:
 
 
 def _run_local(args: argparse.Namespace) -> int:
-    from exo_tp.api.access import API_KEY_ENV, read_api_key
     from exo_tp.errors import ExoTpError
-    from exo_tp.node.cluster_secret import SECRET_ENV
     from exo_tp.node.local_cluster import run_local_cluster
     from exo_tp.plan.devices import read_profile
+    from exo_tp.security.access import API_KEY_ENV, read_api_key
+    from exo_tp.security.cluster_secret import SECRET_ENV
 
     serving_options(args)  # a bad value is one readable error here, not N dead nodes
     if args.max_queue < 0:

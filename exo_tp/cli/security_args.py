@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from exo_tp.addresses import is_loopback
-from exo_tp.api.access import API_KEY_ENV, ApiAccess, parse_origins, read_api_key
-from exo_tp.node.cluster_secret import (
+from exo_tp.security.access import API_KEY_ENV, ApiAccess, parse_origins, read_api_key
+from exo_tp.security.addresses import is_loopback
+from exo_tp.security.cluster_secret import (
     SECRET_ENV,
     ClusterSecret,
     check_secret,
@@ -69,7 +69,7 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
 
 
 def node_secret(args: argparse.Namespace, network: bool) -> ClusterSecret:
-    """A node's secret (`exo_tp.node.cluster_secret`); says once how to share a new one."""
+    """A node's secret (`exo_tp.security.cluster_secret`); says once how to share a new one."""
     secret = cluster_secret(args.secret_file, network)
     if secret.generated:
         print(share_notice(secret), file=sys.stderr, flush=True)

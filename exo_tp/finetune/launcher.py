@@ -19,9 +19,9 @@ from typing import IO
 
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.job import RANK_ENV, READY, FinetuneJob, RankReport
-from exo_tp.ring import ring_env, write_hostfile
-from exo_tp.runtime.ports import free_ports
 from exo_tp.runtime.supervisor import clean_environment
+from exo_tp.transport.ports import free_ports
+from exo_tp.transport.ring import ring_env, write_hostfile
 
 POLL_SECONDS = 0.05
 

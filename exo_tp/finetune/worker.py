@@ -13,8 +13,8 @@ from pathlib import Path
 
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.job import RANK_ENV, READY, FinetuneJob
-from exo_tp.lifecycle import die_with_parent
-from exo_tp.ring import barrier, init_ring
+from exo_tp.process.lifecycle import die_with_parent
+from exo_tp.transport.ring import barrier, init_ring
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, ValidationError
 
 from exo_tp.plan.spec import Frozen
-from exo_tp.signing import sign, verify
+from exo_tp.security.signing import sign, verify
 
 SERVICE_TYPE = "_exo-tp._tcp.local."
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exo_tp.api.access import ApiAccess
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.node.backend_choice import Requested
 from exo_tp.runtime.job import DType, ServingOptions
+from exo_tp.security.access import ApiAccess
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.runtime.job import Assignment
 from exo_tp.runtime.messages import RankMemory
-from exo_tp.signing import control_headers, control_request_ok
+from exo_tp.security.signing import control_headers, control_request_ok
 
 log = logging.getLogger(__name__)
 

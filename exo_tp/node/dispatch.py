@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from exo_tp.api.errors import ApiError
-from exo_tp.channel import Channel, Listener
 from exo_tp.runtime.messages import (
     CONDUCTOR_EVENTS,
     Cancel,
@@ -25,6 +24,7 @@ from exo_tp.runtime.messages import (
     Hello,
     RequestFailed,
 )
+from exo_tp.transport.channel import Channel, Listener
 
 log = logging.getLogger(__name__)
 

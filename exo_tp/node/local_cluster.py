@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exo_tp.errors import ExoTpError
-from exo_tp.runtime.ports import port_is_free
+from exo_tp.transport.ports import port_is_free
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from exo_tp.node.weight_messages import (
     WeightsStatus,
 )
 from exo_tp.paths import cache_home
-from exo_tp.signing import control_headers, control_request_ok
+from exo_tp.security.signing import control_headers, control_request_ok
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.build import WEIGHT_SUFFIX, manifest_for, read_header
 from exo_tp.weights.client import TransferProgress, fetch_manifest, fetch_transfer

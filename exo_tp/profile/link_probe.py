@@ -14,10 +14,10 @@ import argparse
 import mlx.core as mx
 
 from exo_tp.frozen import Frozen
-from exo_tp.lifecycle import die_with_parent
+from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import all_sum_speed, neighbour_latencies
 from exo_tp.profile.in_graph import all_sum_in_graph
-from exo_tp.ring import barrier, init_ring
+from exo_tp.transport.ring import barrier, init_ring
 
 REPEATS = {True: (20, 3), False: (100, 8)}  # (small-message repeats, 8 MB repeats)
 

@@ -19,7 +19,7 @@ from exo_tp.profile.link_probe import LinkMeasurement
 from exo_tp.profile.peers import Peers
 from exo_tp.profile.progress import Progress
 from exo_tp.profile.rendezvous import meet_peers
-from exo_tp.ring import ring_env, write_hostfile
+from exo_tp.transport.ring import ring_env, write_hostfile
 
 
 def _probe(peers: Peers, partner: int, timeout: float, quick: bool, tmp: Path) -> LinkProfile:

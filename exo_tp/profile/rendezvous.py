@@ -4,7 +4,7 @@ Every node listens on its rendezvous port and knocks on every other node's. One 
 `BenchHello`s in either direction tells both sides that the pair is up (the listener records the
 peer before it answers), so a node stops waiting once it has met everyone. Peers not met within
 the timeout are down: the link schedule then skips them at once instead of waiting for them round
-after round. Links are the runtime's channels (`exo_tp.channel`).
+after round. Links are the runtime's channels (`exo_tp.transport.channel`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Literal
 
 from pydantic import TypeAdapter
 
-from exo_tp.channel import Channel, Listener, connect
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
 from exo_tp.profile.peers import Peers
+from exo_tp.transport.channel import Channel, Listener, connect
 
 KNOCK_TIMEOUT = 1.0
 RETRY_SECONDS = 0.2

@@ -19,7 +19,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from exo_tp.channel import Channel, Listener
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.runtime.job import Assignment, DType, ServingOptions
@@ -32,8 +31,9 @@ from exo_tp.runtime.messages import (
     Hello,
     RequestFailed,
 )
-from exo_tp.runtime.ports import free_ports
 from exo_tp.runtime.supervisor import RankStatus, Supervisor
+from exo_tp.transport.channel import Channel, Listener
+from exo_tp.transport.ports import free_ports
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Every message that crosses a process boundary, as typed pydantic models (no MLX here).
 
 Each link carries one discriminated union (the ``kind`` field names the message) over the framing
-of `exo_tp.channel`:
+of `exo_tp.transport.channel`:
 
 - a rank and its supervisor (the node daemon, or `exo-tp launch`): `RankEvent` up, nothing down
   (closing the link stops the rank);

@@ -9,7 +9,7 @@ placeholder of shape (B, L, 1), as their tokens come from the conductor. Inside 
 ranks form their own MLX group for tensor parallelism. One batch is in flight across the stages
 at a time.
 
-Hops are channels (`exo_tp.channel`): a typed header, then the activation's raw bytes.
+Hops are channels (`exo_tp.transport.channel`): a typed header, then the activation's raw bytes.
 bfloat16 travels as float32 (numpy has no bfloat16; the round trip is exact).
 """
 
@@ -22,8 +22,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from exo_tp.channel import Channel
 from exo_tp.runtime.messages import Hello, HiddenHeader
+from exo_tp.transport.channel import Channel
 
 HopChannel = Channel[Hello | HiddenHeader]
 

@@ -27,12 +27,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
 
-from exo_tp.channel import Channel, Listener, accept_count, connect
-from exo_tp.lifecycle import die_with_parent
 from exo_tp.models.registry import resolve_model
 from exo_tp.plan.cost import kv_bytes_per_token
+from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import group_links
-from exo_tp.ring import init_group
 from exo_tp.runtime.batching import LockstepBatch, RankSampler
 from exo_tp.runtime.conductor import Conductor
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
@@ -52,6 +50,8 @@ from exo_tp.runtime.messages import (
 )
 from exo_tp.runtime.pipeline import HopChannel, StageModel
 from exo_tp.shard.apply import load_shard
+from exo_tp.transport.channel import Channel, Listener, accept_count, connect
+from exo_tp.transport.ring import init_group
 
 log = logging.getLogger("exo_tp.rank")
 

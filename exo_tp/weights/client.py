@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from exo_tp.frozen import Frozen
-from exo_tp.signing import control_headers, control_request_ok
+from exo_tp.security.signing import control_headers, control_request_ok
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.pieces import piece_bytes

@@ -18,7 +18,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from exo_tp.frozen import Frozen
-from exo_tp.signing import control_headers, control_request_ok
+from exo_tp.security.signing import control_headers, control_request_ok
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.pieces import iter_piece, piece_bytes

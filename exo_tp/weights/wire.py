@@ -1,6 +1,6 @@
 """Typed bodies of the weight transport's requests and errors (exo_tp.weights.server/client).
 
-Every request is a signed POST (exo_tp.signing.control_headers over its path and body).
+Every request is a signed POST (exo_tp.security.signing.control_headers over its path and body).
 ``/read`` answers application/octet-stream: each requested piece's C-order bytes (see
 exo_tp.weights.pieces), back to back in request order, streamed in chunks. ``/file`` answers a
 file's bytes, ``/manifest`` a ModelManifest (signed like a request, so a receiver trusts the

@@ -1,0 +1,1 @@
+"""Processes exo-tp starts: their lifetime and their supervision."""

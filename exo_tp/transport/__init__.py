@@ -1,0 +1,1 @@
+"""Links between processes and machines: typed framing (channel), MLX groups (ring), ports."""
