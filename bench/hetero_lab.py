@@ -149,27 +149,25 @@ def profile(device: Device, home: Path, full: bool) -> DeviceProfile:
 
 
 def measure_link(pair: Sequence[Device]) -> LinkCost:
+    from exo_tp.profile.link_probe import LinkMeasurement
+    from exo_tp.profile.links import measure_pair, probe_job
     from exo_tp.transport.ports import free_ports
-    from exo_tp.transport.ring import ring_env, write_hostfile
+    from exo_tp.transport.ring import write_hostfile
 
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = Path(tmp) / "hosts.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(2)])
-        procs = [
-            subprocess.Popen(
-                [*d.prefix(), sys.executable, "-m", "exo_tp.profile.link_probe"],
-                stdout=subprocess.PIPE,
-                text=True,
-                env={**env(), **ring_env(rank, hostfile)},
-            )
+        jobs = [
+            probe_job(f"probe {d.name}", rank, hostfile, False, d.prefix(), env())
             for rank, d in enumerate(pair)
         ]
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    result = json.loads(outs[0].strip().splitlines()[-1])
+        result = measure_pair(jobs, timeout=120)[0]
+    if not isinstance(result, LinkMeasurement):
+        raise RuntimeError(f"link probe failed: {result.message}")
     # As `cluster_from_profiles` prices a measured link: what an all_sum costs in a forward pass.
     return LinkCost(
-        latency=max(result["all_sum_latency"], result["all_sum_in_graph"]),
-        bandwidth=result["all_sum_bandwidth"],
+        latency=max(result.all_sum_latency, result.all_sum_in_graph),
+        bandwidth=result.all_sum_bandwidth,
         measured=True,
     )
 

@@ -153,7 +153,6 @@ def run(args: argparse.Namespace) -> int:
         val_batches=args.val_batches,
         save_every=args.save_every,
         prefetch=_prefetch(args.prefetch, args.ranks),
-        report_dir="",
     )
     reports = run_local(job, join_timeout=args.join_timeout)
     if args.report_out:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from exo_tp.finetune.plan import FinetunePlan
 from exo_tp.frozen import Frozen
 from exo_tp.plan.shard_plan import Span
+from exo_tp.process.messages import ChildResult, Failed, Hello, Ready
 
 RANK_ENV = "EXO_TP_FINETUNE_RANK"
-READY = "exo-tp:finetune-ready"  # status line a rank prints on stderr once it joined the ring
 
 Optimizer = Literal["adam", "adamw", "sgd", "adafactor"]
 
@@ -44,7 +44,6 @@ class FinetuneJob(Frozen):
     save_every: int = Field(default=100, ge=1)
     # Gather the next step's weights while this one computes (off: gather when needed).
     prefetch: bool = True
-    report_dir: str  # each rank writes rank-<r>.json there
 
 
 # A diverged run reports NaN losses: written as NaN (JSON's null would not read back).
@@ -81,6 +80,18 @@ class RankReport(Frozen):
     train_peak: int  # peak memory while training (loading excluded)
     steps: tuple[StepReport, ...]
     val: tuple[ValReport, ...]
+
+
+class RankDone(ChildResult):
+    """A rank's last message to its supervisor (`exo_tp.process`): its report. Before it,
+    the plain Hello, Ready once it joined the ring, or Failed."""
+
+    kind: Literal["result"] = "result"
+    report: RankReport
+
+
+RankEvent = Annotated[Hello | Ready | Failed | RankDone, Field(discriminator="kind")]
+RANK_EVENTS: TypeAdapter[Hello | Ready | Failed | RankDone] = TypeAdapter(RankEvent)
 
 
 class FinetuneReport(Frozen):

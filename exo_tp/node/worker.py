@@ -1,5 +1,5 @@
-"""This node's worker: the rank process of its current epoch, started and watched with the
-runtime's supervisor (the same one `exo-tp launch` uses)."""
+"""This node's worker: the rank process of its current epoch, started and watched by the one
+supervisor (`exo_tp.process.supervisor`, the same one `exo-tp launch` uses)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import logging
 from exo_tp.node.control import MachineMemory, Stall, WorkerState
 from exo_tp.node.memory import memory_now
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.process.events import Exited, Failed, ProcessEvent
+from exo_tp.process.supervisor import Child, Supervisor
 from exo_tp.runtime.job import Assignment
-from exo_tp.runtime.messages import RankMemory
-from exo_tp.runtime.supervisor import RankStatus, Supervisor
+from exo_tp.runtime.messages import RANK_EVENTS, RankMemory
+from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready
 
 log = logging.getLogger(__name__)
 
@@ -19,25 +21,27 @@ log = logging.getLogger(__name__)
 class NodeWorker:
     def __init__(self, secret: str, stall_timeout: float):
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._supervisor = Supervisor(secret.encode(), self._from_thread, stall_timeout)
-        self.rank: RankStatus | None = None
+        self._key, self._stall_timeout = secret.encode(), stall_timeout
+        self._supervisor = Supervisor(self._from_thread, RANK_EVENTS, self._key, "node supervisor")
+        self.rank: Child | None = None
+        self._assignment: Assignment | None = None
         self.assigned_by: str | None = None
         # the last worker's stall, reported until a new worker starts (the leader stops a
         # frozen worker soon after it is found)
         self.last_stall: tuple[Stall, str] | None = None
 
-    def _from_thread(self, status: RankStatus) -> None:
+    def _from_thread(self, child: Child, event: ProcessEvent) -> None:
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._changed, status)
+            self._loop.call_soon_threadsafe(self._changed, child, event)
 
-    def _changed(self, status: RankStatus) -> None:
-        if status is self.rank and (status.state == "exited" or status.stalled):
-            log.warning("epoch %d worker: %s", status.job.epoch, status.error)
+    def _changed(self, child: Child, event: ProcessEvent) -> None:
+        if child is self.rank and isinstance(event, Failed | Exited) and self.epoch is not None:
+            log.warning("epoch %d worker: %s", self.epoch, child.error or "exited")
 
     async def replace(self, assignment: Assignment | None, leader: str | None = None) -> None:
         """Stop the current worker (if any) and start one for ``assignment`` (if any)."""
         self._loop = asyncio.get_running_loop()
-        old, self.rank = self.rank, None
+        old, self.rank, self._assignment = self.rank, None, None
         if old is not None:
             if old.stalled is not None:
                 self.last_stall = (old.stalled, old.error or "stalled")
@@ -45,7 +49,8 @@ class NodeWorker:
         self.assigned_by = leader
         if assignment is not None:
             self.last_stall = None
-            self.rank = self._supervisor.start(assignment)
+            job = rank_job(assignment, self._key, self._stall_timeout)
+            self.rank, self._assignment = self._supervisor.start(job), assignment
             log.info(
                 "epoch %d: worker started as rank %d of %d",
                 assignment.epoch,
@@ -61,15 +66,22 @@ class NodeWorker:
 
     @property
     def assignment(self) -> Assignment | None:
-        return self.rank.job if self.rank else None
+        return self._assignment
 
     @property
     def epoch(self) -> int | None:
-        return self.rank.job.epoch if self.rank else None
+        return self._assignment.epoch if self._assignment else None
 
     @property
     def state(self) -> WorkerState:
-        return self.rank.state if self.rank else "none"
+        rank = self.rank
+        if rank is None:
+            return "none"
+        if rank.state in ("ready", "exited"):
+            return rank.state
+        if rank.state == "connected":  # joining its group, then loading its shard
+            return "loading" if rank.phase == "loading" else "joining"
+        return "starting"
 
     @property
     def error(self) -> str | None:
@@ -85,12 +97,12 @@ class NodeWorker:
 
     @property
     def links(self) -> tuple[LinkProfile, ...]:
-        ready = self.rank.ready if self.rank and self.rank.state == "ready" else None
+        ready = rank_ready(self.rank) if self.rank and self.rank.state == "ready" else None
         return ready.links if ready else ()
 
     @property
     def rank_memory(self) -> RankMemory | None:
-        return self.rank.memory if self.rank else None
+        return rank_memory(self.rank) if self.rank else None
 
     def machine_memory(self) -> MachineMemory:
         pid = self.rank.process.pid if self.rank and self.rank.state != "exited" else None

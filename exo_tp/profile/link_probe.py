@@ -2,19 +2,24 @@
 
 The parent (`exo_tp.profile.links`) kills this process at its deadline: a ring connect retries
 for ~31 s and accept() has no timeout, so an absent peer must never be waited on in-process.
-Prints one `LinkMeasurement` (JSON) on stdout: all_sum latency (4 KB), all_sum bandwidth (8 MB
-payload bytes/s), one-way send/recv latency (half a ping-pong round trip) and what an all_sum
-adds to a decode step inside a compute graph (`exo_tp.profile.in_graph`), medians.
+Reports one `LinkMeasurement` to its supervisor (`exo_tp.process`): all_sum latency (4 KB),
+all_sum bandwidth (8 MB payload bytes/s), one-way send/recv latency (half a ping-pong round
+trip) and what an all_sum adds to a decode step inside a compute graph
+(`exo_tp.profile.in_graph`), medians.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Annotated, Literal
 
 import mlx.core as mx
+from pydantic import Field, TypeAdapter
 
 from exo_tp.frozen import Frozen
+from exo_tp.process.child import SupervisorLink, run_child
 from exo_tp.process.lifecycle import die_with_parent
+from exo_tp.process.messages import ChildResult, Failed, Hello
 from exo_tp.profile.collective_speed import all_sum_speed, neighbour_latencies
 from exo_tp.profile.in_graph import all_sum_in_graph
 from exo_tp.transport.ring import barrier, init_ring
@@ -29,6 +34,15 @@ class LinkMeasurement(Frozen):
     all_sum_bandwidth: float
     send_recv_latency: float
     all_sum_in_graph: float
+
+
+class Measured(ChildResult):
+    kind: Literal["result"] = "result"
+    measurement: LinkMeasurement
+
+
+ProbeEvent = Annotated[Hello | Failed | Measured, Field(discriminator="kind")]
+PROBE_EVENTS: TypeAdapter[Hello | Failed | Measured] = TypeAdapter(ProbeEvent)
 
 
 def measure(group: mx.distributed.Group, quick: bool) -> LinkMeasurement:
@@ -48,10 +62,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     die_with_parent()
-    group = init_ring()
-    result = measure(group, args.quick)
-    barrier(group)
-    print(result.model_dump_json(), flush=True)
+
+    def probe(link: SupervisorLink) -> None:
+        group = init_ring()
+        result = measure(group, args.quick)
+        barrier(group)
+        link.send(Measured(measurement=result))
+
+    run_child(probe)
 
 
 if __name__ == "__main__":

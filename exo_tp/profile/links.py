@@ -2,24 +2,83 @@
 
 First the peers meet (`rendezvous`): peers absent after ``timeout`` seconds are reported down
 at once. Then the pairs of the round-robin schedule (`peers`) are measured one round at a time,
-each by a 2-rank ring child process (`link_probe`) on the pair's private ports, killed at
-``timeout`` seconds: a link that does not answer is reported down, the bench never hangs.
+each by a 2-rank ring child process (`link_probe`) on the pair's private ports, started by the
+one supervisor (`exo_tp.process.supervisor`) and stopped at ``timeout`` seconds: a link that
+does not answer is reported down, the bench never hangs.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
+import queue
 import sys
 import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from exo_tp.frozen import Frozen
 from exo_tp.plan.devices import LinkProfile
-from exo_tp.profile.link_probe import LinkMeasurement
+from exo_tp.process.events import Exited, Failed, Finished, ProcessEvent
+from exo_tp.process.supervisor import Child, Job, Supervisor, clean_environment
+from exo_tp.profile.link_probe import PROBE_EVENTS, LinkMeasurement, Measured
 from exo_tp.profile.peers import Peers
 from exo_tp.profile.progress import Progress
 from exo_tp.profile.rendezvous import meet_peers
 from exo_tp.transport.ring import ring_env, write_hostfile
+
+
+class ProbeFailure(Frozen):
+    message: str
+    timed_out: bool = False  # no result by the deadline (rather than a failed probe)
+
+
+def probe_job(
+    name: str,
+    rank: int,
+    hostfile: Path,
+    quick: bool,
+    prefix: Sequence[str] = (),
+    base_env: Mapping[str, str] | None = None,
+) -> Job:
+    """One end of a pair's probe; ``prefix``: a command it runs under (a bench's cgroup);
+    ``base_env``: the environment it starts from (default: `clean_environment`)."""
+    base = clean_environment() if base_env is None else base_env
+    env = {k: v for k, v in base.items() if not k.startswith("MLX_")}
+    env.update(ring_env(rank, hostfile))
+    argv = (*prefix, sys.executable, "-m", "exo_tp.profile.link_probe")
+    return Job(name=name, argv=(*argv, *(["--quick"] if quick else [])), env=env, stdout="null")
+
+
+def measure_pair(jobs: Sequence[Job], timeout: float) -> list[LinkMeasurement | ProbeFailure]:
+    """Run the probe ``jobs`` (the ends of one pair on this machine) side by side, each
+    stopped at ``timeout`` seconds; what each measured, or why not."""
+    events: queue.Queue[tuple[Child, ProcessEvent]] = queue.Queue()
+    supervisor = Supervisor(lambda c, e: events.put((c, e)), PROBE_EVENTS, name="link probe")
+    try:
+        children = [supervisor.start(job) for job in jobs]
+        outcome: dict[str, LinkMeasurement | ProbeFailure] = {}
+        deadline = time.monotonic() + timeout
+        while len(outcome) < len(children):
+            try:
+                child, event = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if isinstance(event, Finished) and isinstance(event.message, Measured):
+                outcome[child.token] = event.message.measurement
+            elif isinstance(event, Failed) and child.token not in outcome:
+                outcome[child.token] = ProbeFailure(
+                    message=f"probe exited {child.process.returncode}: "
+                    f"{child.reported or 'no report'}"
+                )
+            elif isinstance(event, Exited) and child.token not in outcome:
+                outcome[child.token] = ProbeFailure(message="probe exited 0: no report")
+        return [
+            outcome.get(c.token)
+            or ProbeFailure(message=f"no measurement within {timeout:g}s", timed_out=True)
+            for c in children
+        ]
+    finally:
+        supervisor.close()
 
 
 def _probe(peers: Peers, partner: int, timeout: float, quick: bool, tmp: Path) -> LinkProfile:
@@ -29,29 +88,13 @@ def _probe(peers: Peers, partner: int, timeout: float, quick: bool, tmp: Path) -
     write_hostfile(
         hostfile, [f"{peers.addresses[r]}:{p}" for r, p in zip((lo, hi), ports, strict=True)]
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
-    env.update(ring_env(0 if me == lo else 1, hostfile))
-    command = [sys.executable, "-m", "exo_tp.profile.link_probe", *(["--quick"] if quick else [])]
-    link = {"a": peers.label(me), "b": peers.label(partner)}
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return LinkProfile(
-            **link,
-            up=False,
-            error=f"no measurement within {timeout:g}s (peer gone, or ports "
-            f"{ports[0]}/{ports[1]} blocked)",
-        )
-    if proc.returncode != 0 or not out.strip():
-        last = (err.strip().splitlines() or ["no output"])[-1]
-        return LinkProfile(**link, up=False, error=f"probe exited {proc.returncode}: {last}")
-    measured = LinkMeasurement.model_validate_json(out.strip().splitlines()[-1])
-    return LinkProfile(**link, up=True, **measured.model_dump())
+    a, b = peers.label(me), peers.label(partner)
+    job = probe_job(f"link probe {a}-{b}", 0 if me == lo else 1, hostfile, quick)
+    (measured,) = measure_pair([job], timeout)
+    if isinstance(measured, LinkMeasurement):
+        return LinkProfile(a=a, b=b, up=True, **measured.model_dump())
+    why = f" (peer gone, or ports {ports[0]}/{ports[1]} blocked)" if measured.timed_out else ""
+    return LinkProfile(a=a, b=b, up=False, error=measured.message + why)
 
 
 def measure_links(

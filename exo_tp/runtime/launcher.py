@@ -1,10 +1,10 @@
 """`exo-tp launch`: a local cluster that serves one request.
 
 The ranks are the same rank program a node runs (`exo_tp.runtime.rank`), started by the same
-supervisor, each with its own MLX ring per stage on 127.0.0.1 and private ports. This process is
-their supervisor and their request source: it sends the one request, prints the text as it
-streams in, and stops the ranks. A rank that dies, or stalls, ends the launch with one line
-naming it.
+supervisor (`exo_tp.process.supervisor`), each with its own MLX ring per stage on 127.0.0.1 and
+private ports. This process is their supervisor and their request source: it sends the one
+request, prints the text as it streams in, and stops the ranks. A rank that dies, or stalls,
+ends the launch with one line naming it.
 """
 
 from __future__ import annotations
@@ -16,14 +16,19 @@ import secrets
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import Frozen
 from exo_tp.plan.pipeline import PipelinePlan
+from exo_tp.process.events import Exited, Failed, ProcessEvent
+from exo_tp.process.supervisor import Child, Supervisor
 from exo_tp.runtime.job import Assignment, DType, ServingOptions
 from exo_tp.runtime.messages import (
     CONDUCTOR_EVENTS,
+    RANK_EVENTS,
     Delta,
     Done,
     Generate,
@@ -31,7 +36,7 @@ from exo_tp.runtime.messages import (
     Hello,
     RequestFailed,
 )
-from exo_tp.runtime.supervisor import RankStatus, Supervisor
+from exo_tp.runtime.rank_process import rank_job, rank_memory
 from exo_tp.transport.channel import Channel, Listener
 from exo_tp.transport.ports import free_ports
 
@@ -67,17 +72,35 @@ def _jobs(
     ]
 
 
+@dataclass(frozen=True)
+class RankNews:
+    """The supervisor's news of one rank."""
+
+    child: Child
+    event: ProcessEvent
+
+
+class JoinDeadline(Frozen):
+    """The join timeout passed: every rank should be past joining its ring by now."""
+
+    kind: Literal["join_deadline"] = "join_deadline"
+
+
+LaunchEvent = RankNews | JoinDeadline | Hello | Delta | Done | RequestFailed
+ConductorLink = Channel[Hello | Delta | Done | RequestFailed]
+
+
 class _Launch:
     """What the launch hears, from any thread, in one queue."""
 
     def __init__(self) -> None:
-        self.events: queue.Queue[Any] = queue.Queue()
-        self.conductor: Channel[Any] | None = None
+        self.events: queue.Queue[LaunchEvent] = queue.Queue()
+        self.conductor: ConductorLink | None = None
 
-    def on_rank(self, status: RankStatus) -> None:
-        self.events.put(status)
+    def on_rank(self, child: Child, event: ProcessEvent) -> None:
+        self.events.put(RankNews(child, event))
 
-    def on_conductor(self, channel: Channel[Any]) -> None:
+    def on_conductor(self, channel: ConductorLink) -> None:
         hello = channel.recv()
         if not isinstance(hello, Hello) or self.conductor is not None:
             channel.close()
@@ -88,9 +111,16 @@ class _Launch:
             self.events.put(event)
 
 
-def _failure(status: RankStatus) -> ExoTpError | None:
-    if status.state == "exited" or status.stalled:
-        return ExoTpError(f"rank {status.job.rank} {status.error}; stopped the other ranks")
+def _joined(child: Child) -> bool:
+    """Past joining its ring (loading, serving, or gone)."""
+    return child.phase is not None or child.state in ("ready", "exited")
+
+
+def _failure(news: RankNews) -> ExoTpError | None:
+    child = news.child
+    if isinstance(news.event, Failed | Exited):  # a rank never leaves while the launch runs
+        error = child.error or "exited with code 0"
+        return ExoTpError(f"{child.name} {error}; stopped the other ranks")
     return None
 
 
@@ -109,10 +139,15 @@ def launch_local(
     key = secrets.token_bytes(32)
     launch = _Launch()
     source = Listener(f"{ADDRESS}:0", key, CONDUCTOR_EVENTS, launch.on_conductor, "launch")
-    supervisor = Supervisor(key, launch.on_rank, stall_timeout)
-    ranks = [supervisor.start(job) for job in _jobs(model, plan, dtype, source.port, adapter_path)]
+    supervisor = Supervisor(launch.on_rank, RANK_EVENTS, key, "launch supervisor")
+    ranks = [
+        supervisor.start(rank_job(job, key, stall_timeout))
+        for job in _jobs(model, plan, dtype, source.port, adapter_path)
+    ]
     joined = threading.Event()
-    timer = threading.Timer(join_timeout, lambda: joined.is_set() or launch.events.put("join"))
+    timer = threading.Timer(
+        join_timeout, lambda: joined.is_set() or launch.events.put(JoinDeadline())
+    )
     timer.daemon = True
     timer.start()
     tokens: list[int] = []
@@ -121,16 +156,16 @@ def launch_local(
     try:
         while done is None:
             event = launch.events.get()
-            if event == "join":
-                late = [s.job.rank for s in ranks if s.state in ("starting", "joining")]
+            if isinstance(event, JoinDeadline):
+                late = [r for r, child in enumerate(ranks) if not _joined(child)]
                 if late:
                     raise ExoTpError(
                         f"ranks {late} did not join the ring within {join_timeout:.0f}s"
                     )
-            elif isinstance(event, RankStatus):
+            elif isinstance(event, RankNews):
                 if (error := _failure(event)) is not None:
                     raise error
-                if all(s.state not in ("starting", "joining") for s in ranks):
+                if all(_joined(child) for child in ranks):
                     joined.set()
             elif isinstance(event, Hello):
                 assert launch.conductor is not None
@@ -148,9 +183,9 @@ def launch_local(
         sys.stdout.flush()
         if launch.conductor is not None:  # the ranks see the epoch end and leave together
             launch.conductor.close()
-        for status in ranks:
+        for child in ranks:
             try:
-                status.process.wait(timeout=10)
+                child.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 break
     finally:
@@ -166,7 +201,7 @@ def launch_local(
         "generation_tps": done.completion_tokens / decode if decode > 0 else 0.0,
         "prompt_tps": done.prompt_tokens / done.prompt_seconds if done.prompt_seconds else 0.0,
         "finish_reason": done.finish_reason,
-        "memory_by_rank": [s.memory.model_dump() for s in ranks],
+        "memory_by_rank": [rank_memory(child).model_dump() for child in ranks],
     }
     log.info(
         "prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",

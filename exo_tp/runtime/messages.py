@@ -20,6 +20,13 @@ from pydantic import Field, TypeAdapter
 
 from exo_tp.frozen import Frozen
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.process.messages import (
+    ChildFailed,
+    ChildHeartbeat,
+    ChildHello,
+    ChildPhase,
+    ChildReady,
+)
 
 # ---- what a request asks for --------------------------------------------------------------
 
@@ -139,20 +146,24 @@ class RankMemory(Frozen):
     active: int = 0
 
 
-class Joining(Frozen):
-    """The first message of a rank to its supervisor."""
+# The supervisor (`exo_tp.process.supervisor`) reads these by their base classes.
+
+
+class Joining(ChildHello):
+    """The first message of a rank to its supervisor (``child``: the token it was given)."""
 
     kind: Literal["joining"] = "joining"
     epoch: int
     rank: int
 
 
-class Loading(Frozen):
+class Loading(ChildPhase):
     kind: Literal["loading"] = "loading"
+    phase: Literal["loading"] = "loading"
     epoch: int
 
 
-class Ready(Frozen):
+class Ready(ChildReady):
     kind: Literal["ready"] = "ready"
     epoch: int
     rank: int
@@ -160,19 +171,17 @@ class Ready(Frozen):
     memory: RankMemory = RankMemory()
 
 
-class Heartbeat(Frozen):
+class Heartbeat(ChildHeartbeat):
     """Sent every second from a thread: a frozen process sends none, a rank stuck in a
-    collective keeps sending them with ``steps`` no longer growing while ``busy``."""
+    collective keeps sending them with ``steps`` (batch steps completed) no longer growing
+    while ``busy`` (requests in flight)."""
 
     kind: Literal["heartbeat"] = "heartbeat"
-    steps: int  # batch steps completed so far
-    busy: bool  # requests in flight
     memory: RankMemory = RankMemory()
 
 
-class RankFailed(Frozen):
+class RankFailed(ChildFailed):
     kind: Literal["rank_failed"] = "rank_failed"
-    message: str
 
 
 RankEvent = Annotated[

@@ -1,8 +1,8 @@
 """The rank program: one rank of an epoch, for `exo-tp launch` and `exo-tp run` alike.
 
-    python -m exo_tp.runtime.rank JOB.json SUPERVISOR_ADDRESS
-    (EXO_TP_LINK_KEY in the environment; in a stage of several ranks MLX_RANK and
-    MLX_HOSTFILE, or the jaccl variables)
+    python -m exo_tp.runtime.rank JOB.json
+    (EXO_TP_LINK_KEY and the supervisor's link (`exo_tp.process.child`) in the environment;
+    in a stage of several ranks MLX_RANK and MLX_HOSTFILE, or the jaccl variables)
 
 It reports to its supervisor (Joining, Loading, Ready, a Heartbeat every second, RankFailed),
 joins its stage's MLX group, loads its shard, opens its pipeline hops and its link to the
@@ -29,6 +29,7 @@ from mlx_lm.utils import load_tokenizer
 
 from exo_tp.models.registry import resolve_model
 from exo_tp.plan.cost import kv_bytes_per_token
+from exo_tp.process.child import connect_supervisor
 from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import group_links
 from exo_tp.runtime.batching import LockstepBatch, RankSampler
@@ -208,9 +209,9 @@ def _serve_as_follower(
     follow(progress.batch, feed, group)
 
 
-def run(job: Assignment, key: bytes, supervisor: Channel[Any]) -> None:
+def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> None:
     stage = job.plan.stages[job.stage_index]
-    supervisor.send(Joining(epoch=job.epoch, rank=job.rank))
+    supervisor.send(Joining(child=child, epoch=job.epoch, rank=job.rank))
     threading.Thread(target=_exit_when_closed, args=(supervisor,), daemon=True).start()
     group = init_group()  # before loading: a peer that never comes must not cost a load first
     links = ()
@@ -270,9 +271,10 @@ def main() -> None:
         format=f"%(asctime)s rank {job.rank} %(levelname)s %(message)s",
     )
     key = bytes.fromhex(os.environ.pop(LINK_KEY_ENV, ""))
-    supervisor = connect(sys.argv[2], key, HELLO, timeout=30)
+    link = connect_supervisor()
+    supervisor = link.channel
     try:
-        run(job, key, supervisor)
+        run(job, key, supervisor, link.child)
     except Exception as error:  # report, then die: a broken ring cannot be reused
         log.exception("rank failed")
         try:
