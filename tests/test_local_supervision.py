@@ -8,33 +8,38 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 
 import pytest
 
 from exo_tp.errors import ExoTpError
-from exo_tp.node import local_cluster
-from exo_tp.node.local_cluster import LocalNode, _watch
+from exo_tp.node.local_cluster import LocalCluster
+from exo_tp.process.supervisor import Job
 
-DIES = [sys.executable, "-c", "raise SystemExit(3)"]
-
-
-def supervise(node: LocalNode, until: float) -> None:
-    deadline = time.monotonic() + until
-    while not node.given_up and time.monotonic() < deadline:
-        _watch(node, {}, time.monotonic())
-        time.sleep(0.05)
+DIES = (sys.executable, "-c", "raise SystemExit(3)")
+# Says Ready over the supervisor's link, as a node does once its API answers, then dies.
+SERVES_THEN_DIES = (
+    sys.executable,
+    "-c",
+    "from exo_tp.process.child import connect_supervisor\n"
+    "from exo_tp.process.messages import Hello, Ready\n"
+    "link = connect_supervisor()\n"
+    "link.send(Hello(child=link.child))\n"
+    "link.send(Ready())\n"
+    "raise SystemExit(3)\n",
+)
 
 
 def test_a_node_that_keeps_dying_is_restarted_then_given_up(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(local_cluster, "RESTART_DELAYS", (0.1, 0.2, 0.3))
-    node = LocalNode(0, 1, DIES)
-    node.start({})
-    node.ever_served = True  # it had served: a death is a fault, not a configuration error
-    with caplog.at_level(logging.INFO, logger="exo_tp.node.local_cluster"):
-        supervise(node, until=30)
+    with (
+        LocalCluster(restart_delays=(0.1, 0.2, 0.3)) as cluster,
+        caplog.at_level(logging.INFO, logger="exo_tp.node.local_cluster"),
+    ):
+        # it had served: a death is a fault, not a configuration error
+        node = cluster.start(Job(name="local node 0 (port 1)", argv=SERVES_THEN_DIES))
+        with pytest.raises(ExoTpError, match="every local node failed"):
+            cluster.run()
     assert node.given_up and node.restarts == 3
     text = caplog.text
     assert text.count("exited with code 3") == 4
@@ -43,8 +48,7 @@ def test_a_node_that_keeps_dying_is_restarted_then_given_up(
 
 
 def test_a_node_that_never_served_stops_the_cluster() -> None:
-    node = LocalNode(1, 1, DIES)
-    node.start({})
-    node.proc.wait()  # type: ignore[union-attr]
-    with pytest.raises(ExoTpError, match="local node 1 .* exited with code 3 before it served"):
-        _watch(node, {}, time.monotonic())
+    with LocalCluster() as cluster:
+        cluster.start(Job(name="local node 1 (port 1)", argv=DIES))
+        with pytest.raises(ExoTpError, match="local node 1 .* exited with code 3 before it served"):
+            cluster.run()

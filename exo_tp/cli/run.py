@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import secrets
 import signal
 import socket
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,7 @@ from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
     from exo_tp.api.defaults import GenerationDefaults
+    from exo_tp.node.options import NodeOptions
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.runtime.job import ServingOptions
     from exo_tp.security.access import ApiAccess
@@ -253,14 +254,6 @@ def generation_defaults(args: argparse.Namespace) -> GenerationDefaults:
         raise ExoTpError(f"{_FLAGS.get(field, field)}: {first['msg']}") from None
 
 
-def generation_flags(args: argparse.Namespace) -> list[str]:
-    """The generation defaults as flags again, for the nodes of a local cluster."""
-    out: list[str] = []
-    for field, value in _flag_values(args).items():
-        out += [_FLAGS[field], json.dumps(value) if isinstance(value, dict) else str(value)]
-    return out
-
-
 def default_host() -> str:
     import ifaddr
 
@@ -276,18 +269,18 @@ def default_node_id() -> str:
     return f"{host[:40] or 'node'}-{secrets.token_hex(3)}"
 
 
-def node_profile(args: argparse.Namespace) -> DeviceProfile | None:
+def node_profile(options: NodeOptions) -> DeviceProfile | None:
     """The profile this node plans with: --profile, else the cached one, else a quick
     measurement (None with a manual --weight, or with --no-bench and nothing cached)."""
     from exo_tp.plan.devices import read_profile
     from exo_tp.profile.cache import cached_profile, device_profile, profile_path
 
-    if args.profile:
-        return read_profile(args.profile)
-    if args.weight > 0:
+    if options.profile:
+        return read_profile(Path(options.profile))
+    if options.weight > 0:
         return None
-    cached = cached_profile(if_invalid="not using it" if args.no_bench else "measuring again")
-    if cached is not None or args.no_bench:
+    cached = cached_profile(if_invalid="not using it" if options.no_bench else "measuring again")
+    if cached is not None or options.no_bench:
         if cached is None:
             log.warning(
                 "no cached device profile and --no-bench: this node counts as average speed"
@@ -309,20 +302,30 @@ def node_profile(args: argparse.Namespace) -> DeviceProfile | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from exo_tp.security.access import read_api_key
+
     if args.profiles and not args.local_nodes:
         from exo_tp.errors import ExoTpError
 
         raise ExoTpError("--profiles is for --local-nodes; a single node takes --profile")
-    generation_defaults(args)  # a bad value is one readable error before anything starts
+    options = node_options(args)  # a bad value is one readable error before anything starts
     if args.local_nodes:
-        return _run_local(args)
-    host = args.host or default_host()
-    bind = args.bind or ("" if args.host else "0.0.0.0")
+        return _run_local(args, options)
+    return serve_node(options, read_api_key(args.api_key, args.api_key_file))
+
+
+def serve_node(
+    options: NodeOptions, api_key: str | None, on_serving: Callable[[], None] | None = None
+) -> int:
+    """Run one node until SIGINT/SIGTERM; ``on_serving``: called once its API answers."""
+    host = options.host or default_host()
+    bind = options.bind or ("" if options.host else "0.0.0.0")
     listen = bind or host
     # Resolved before anything heavy starts: a node that would run open refuses at once.
-    secret = node_secret(args, network=not (is_loopback(host) and is_loopback(listen)))
-    access = api_access(args, listen)
-    return asyncio.run(_serve(args, host, bind, secret.value, access))
+    network = not (is_loopback(host) and is_loopback(listen))
+    secret = node_secret(Path(options.secret_file) if options.secret_file else None, network)
+    access = api_access(api_key, options.allowed_origins, listen)
+    return asyncio.run(_serve(options, host, bind, secret.value, access, on_serving))
 
 
 def serving_options(args: argparse.Namespace) -> ServingOptions:
@@ -343,24 +346,41 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
         raise ExoTpError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
 
 
-SERVING_FLAGS = (
-    "max_concurrency",
-    "max_queue",
-    "prefill_step_size",
-    "prompt_cache_size",
-    "prompt_cache_bytes",
-    "stall_timeout",
-)
+def node_options(args: argparse.Namespace) -> NodeOptions:
+    """The parsed flags of one node, checked (a bad value is one readable error)."""
+    from exo_tp.node.options import NodeOptions
+
+    return NodeOptions(
+        models=tuple(args.model or ()),
+        host=args.host,
+        bind=args.bind,
+        api_port=args.api_port,
+        control_port=args.control_port,
+        node_id=args.node_id,
+        cluster=args.cluster,
+        secret_file=str(args.secret_file) if args.secret_file else None,
+        allowed_origins=args.allowed_origins,
+        weight=args.weight,
+        profile=str(args.profile) if args.profile else None,
+        no_bench=args.no_bench,
+        dtype=args.dtype,
+        backend=args.backend,
+        rdma=tuple(args.rdma),
+        stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
+        adapter_path=args.adapter_path,
+        serving=serving_options(args),
+        max_queue=args.max_queue,
+        stall_timeout=args.stall_timeout,
+        defaults=generation_defaults(args),
+    )
 
 
-def serving_flags(args: argparse.Namespace) -> list[str]:
-    """The serving flags as given, for every node of --local-nodes."""
-    out = []
-    for name in SERVING_FLAGS:
-        value = getattr(args, name)
-        if value is not None:
-            out += [f"--{name.replace('_', '-')}", str(value)]
-    return out
+def options_from_flags(flags: Sequence[str]) -> NodeOptions:
+    """`exo-tp run FLAGS...` as options, defaults included (for benches and tests that start
+    nodes with `exo_tp.node.local_cluster.LocalCluster`)."""
+    from exo_tp.cli.main import build_parser
+
+    return node_options(build_parser().parse_args(["run", *flags]))
 
 
 def local_models(args: argparse.Namespace) -> list[str]:
@@ -373,67 +393,83 @@ def _path_list(text: str) -> list[Path]:
     return [Path(part) for part in text.split(",") if part]
 
 
-def _run_local(args: argparse.Namespace) -> int:
+def _run_local(args: argparse.Namespace, options: NodeOptions) -> int:
     from exo_tp.errors import ExoTpError
-    from exo_tp.node.local_cluster import run_local_cluster
     from exo_tp.plan.devices import read_profile
     from exo_tp.security.access import API_KEY_ENV, read_api_key
     from exo_tp.security.cluster_secret import SECRET_ENV
 
-    serving_options(args)  # a bad value is one readable error here, not N dead nodes
     if args.max_queue < 0:
         raise ExoTpError("--max-queue must be 0 or more")
-    extra = ["--backend", args.backend, *serving_flags(args), *generation_flags(args)] + (
-        ["--stages", args.stages] if args.stages else []
-    )
-    if args.adapter_path:
-        extra += ["--adapter-path", args.adapter_path]
-    if args.allowed_origins is not None:
-        extra += ["--allowed-origins", args.allowed_origins]
-    # Secrets reach the nodes through their environment, never their command lines.
+    count = args.local_nodes
+    if args.weights is not None and len(args.weights) != count:
+        raise ExoTpError(f"--weights has {len(args.weights)} values for {count} local nodes")
+    # Secrets reach the nodes through their environment, never their options or command lines.
     env = {SECRET_ENV: local_cluster_secret(args)}
     if (key := read_api_key(args.api_key, args.api_key_file)) is not None:
         env[API_KEY_ENV] = key
+    # What every node shares: this machine's address, the models on its disk; the cluster
+    # secret from the environment, any free control port, no RDMA.
+    shared = options.but(
+        host="127.0.0.1",
+        bind=None,
+        control_port=0,
+        secret_file=None,
+        rdma=(),
+        models=tuple(local_models(args)),
+        weight=0.0,
+    )
     if args.profiles:
-        if len(args.profiles) != args.local_nodes:
-            raise ExoTpError(
-                f"--profiles has {len(args.profiles)} files for {args.local_nodes} local nodes"
-            )
+        if len(args.profiles) != count:
+            raise ExoTpError(f"--profiles has {len(args.profiles)} files for {count} local nodes")
         for path in args.profiles:
             read_profile(path)  # a bad file is one readable error here, not a dead node later
-        return run_local_cluster(
-            args.local_nodes,
-            args.weights,
-            local_models(args),
-            args.api_port,
-            args.dtype,
-            env,
-            extra,
-            profiles=args.profiles,
-        )
+        profiles: list[str | None] = [str(path) for path in args.profiles]
+        return _local_cluster(args, shared, profiles, no_bench=False, env=env)
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.
-        profile = node_profile(args) if args.profile or not args.weights else None
+        profile = node_profile(options) if args.profile or not args.weights else None
+        path = None
         if profile is not None:
             path = Path(tmp) / "profile.json"
             path.write_text(profile.model_dump_json())
-            extra += ["--profile", str(path)]
-        elif not args.weights:
-            extra.append("--no-bench")
-        return run_local_cluster(
-            args.local_nodes,
-            args.weights,
-            local_models(args),
-            args.api_port,
-            args.dtype,
-            env,
-            extra,
+        no_bench = profile is None and not args.weights
+        same = [str(path) if path else None] * count
+        return _local_cluster(args, shared, same, no_bench=no_bench, env=env)
+
+
+def _local_cluster(
+    args: argparse.Namespace,
+    shared: NodeOptions,
+    profiles: list[str | None],
+    no_bench: bool,
+    env: dict[str, str],
+) -> int:
+    from exo_tp.node.local_cluster import run_local_cluster
+
+    cluster = f"local-{secrets.token_hex(4)}"
+    nodes = [
+        shared.but(
+            api_port=args.api_port + i,
+            node_id=f"local-{i}",
+            cluster=cluster,
+            weight=args.weights[i] if args.weights else 0.0,
+            profile=profile,
+            no_bench=no_bench,
         )
+        for i, profile in enumerate(profiles)
+    ]
+    return run_local_cluster(nodes, env)
 
 
 async def _serve(
-    args: argparse.Namespace, host: str, bind: str, secret: str, access: ApiAccess
+    options: NodeOptions,
+    host: str,
+    bind: str,
+    secret: str,
+    access: ApiAccess,
+    on_serving: Callable[[], None] | None = None,
 ) -> int:
     import mlx.core as mx
 
@@ -446,42 +482,42 @@ async def _serve(
     from exo_tp.node.weights import NodeWeights
     from exo_tp.profile.system import memory
 
-    folders = [(name, resolve_model(name)) for name in args.model or []]
+    folders = [(name, resolve_model(name)) for name in options.models]
     if not folders:
         log.info("no --model: this node receives its shard of the cluster's model from peers")
-    profile = node_profile(args)
+    profile = node_profile(options)
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
         profile = profile.model_copy(update={"memory_total": total, "memory_available": available})
     rdma = {}
-    for item in args.rdma:
+    for item in options.rdma:
         peer, _, device = item.partition("=")
         if not peer or not device:
             raise ExoTpError(f"--rdma {item!r}: expected PEER=DEVICE")
         rdma[peer] = device
     config = NodeConfig(
-        node_id=args.node_id or default_node_id(),
-        models=tuple(args.model or ()),
+        node_id=options.node_id or default_node_id(),
+        models=options.models,
         host=host,
         bind=bind,
-        api_port=args.api_port,
-        control_port=args.control_port,
-        cluster=args.cluster,
+        api_port=options.api_port,
+        control_port=options.control_port,
+        cluster=options.cluster,
         secret=secret,
         access=access,
-        weight=args.weight,
-        dtype=args.dtype,
-        backend=args.backend,
+        weight=options.weight,
+        dtype=options.dtype,
+        backend=options.backend,
         rdma=rdma,
-        stages=tuple(int_list(args.stages, "--stages")) if args.stages else (),
+        stages=options.stages,
         backends=tuple(
             b for b in ("ring", "jaccl", "mpi", "nccl") if mx.distributed.is_available(b)
         ),
-        serving=serving_options(args),
-        max_queue=args.max_queue,
-        adapter_path=adapter_folder(args.adapter_path),
-        stall_timeout=args.stall_timeout,
-        defaults=generation_defaults(args),
+        serving=options.serving,
+        max_queue=options.max_queue,
+        adapter_path=adapter_folder(options.adapter_path),
+        stall_timeout=options.stall_timeout,
+        defaults=options.defaults,
     )
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None
@@ -493,6 +529,8 @@ async def _serve(
             raise ExoTpError(f"cannot serve on {config.host}:{config.api_port}: {error}") from None
         except Exception as error:  # e.g. mDNS refusing to start
             raise ExoTpError(f"node failed to start: {type(error).__name__}: {error}") from None
+        if on_serving is not None:
+            on_serving()
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from exo_tp.security.access import API_KEY_ENV, ApiAccess, parse_origins, read_api_key
+from exo_tp.security.access import API_KEY_ENV, ApiAccess, parse_origins
 from exo_tp.security.addresses import is_loopback
 from exo_tp.security.cluster_secret import (
     SECRET_ENV,
@@ -68,9 +68,9 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def node_secret(args: argparse.Namespace, network: bool) -> ClusterSecret:
+def node_secret(secret_file: Path | None, network: bool) -> ClusterSecret:
     """A node's secret (`exo_tp.security.cluster_secret`); says once how to share a new one."""
-    secret = cluster_secret(args.secret_file, network)
+    secret = cluster_secret(secret_file, network)
     if secret.generated:
         print(share_notice(secret), file=sys.stderr, flush=True)
     log.info("cluster secret from %s", secret.origin)
@@ -87,14 +87,14 @@ def local_cluster_secret(args: argparse.Namespace, environ: Mapping[str, str] = 
     return secrets.token_urlsafe(32)
 
 
-def api_access(args: argparse.Namespace, listen: str) -> ApiAccess:
-    """The public API's key and CORS origins for a node whose API listens on ``listen``; warns
-    once when that is reachable from other machines and no key is required."""
-    key = read_api_key(args.api_key, args.api_key_file)
+def api_access(key: str | None, allowed_origins: str | None, listen: str) -> ApiAccess:
+    """The public API's ``key`` (`read_api_key`) and CORS origins for a node whose API listens
+    on ``listen``; warns once when that is reachable from other machines and no key is
+    required."""
     local = is_loopback(listen)
     access = ApiAccess(
         api_key=SecretStr(key) if key else None,
-        allowed_origins=parse_origins(args.allowed_origins, local),
+        allowed_origins=parse_origins(allowed_origins, local),
     )
     if key is None and not local:
         log.warning(

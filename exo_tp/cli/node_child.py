@@ -1,0 +1,35 @@
+"""One node of a cluster that exo-tp starts itself (`exo-tp run --local-nodes`, benches,
+tests): ``python -m exo_tp.cli.node_child``, its `NodeOptions` (JSON) in $EXO_TP_NODE_OPTIONS
+and its supervisor's link (`exo_tp.process.child`) in the environment. It tells the supervisor
+Ready once its API answers, or why it failed; it stops on SIGTERM like `exo-tp run`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from exo_tp.cli.run import serve_node
+from exo_tp.node.options import NODE_OPTIONS_ENV, NodeOptions
+from exo_tp.process.child import SupervisorLink, run_child
+from exo_tp.process.lifecycle import exit_on_sigterm
+from exo_tp.process.messages import Ready
+from exo_tp.security.access import read_api_key
+
+
+def main() -> None:
+    exit_on_sigterm()  # until the node's own handler takes over: `finally` blocks still run
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+    options = NodeOptions.model_validate_json(os.environ.pop(NODE_OPTIONS_ENV))
+
+    def serve(link: SupervisorLink) -> None:
+        serve_node(options, read_api_key(None, None), on_serving=lambda: link.send(Ready()))
+
+    try:
+        run_child(serve)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the launcher says so
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""One node's `exo-tp run` settings, as parsed: what the CLI hands a node it starts itself
+(`--local-nodes`, benches, tests) instead of a command line to parse again. Secrets are not
+in it: they reach the node through its environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exo_tp.api.defaults import GenerationDefaults
+from exo_tp.frozen import Frozen
+from exo_tp.node.backend_choice import Requested
+from exo_tp.runtime.job import DType, ServingOptions
+
+# The child that runs one node from these options (`python -m exo_tp.cli.node_child`) finds
+# them (JSON) in this environment variable.
+NODE_OPTIONS_ENV = "EXO_TP_NODE_OPTIONS"
+
+
+class NodeOptions(Frozen):
+    """Defaults live in one place, `exo-tp run`'s flags (`exo_tp.cli.run.node_options`)."""
+
+    models: tuple[str, ...]
+    host: str | None  # None: this machine's first non-loopback address
+    bind: str | None
+    api_port: int
+    control_port: int
+    node_id: str | None  # None: hostname and a random suffix
+    cluster: str
+    secret_file: str | None
+    allowed_origins: str | None
+    weight: float
+    profile: str | None
+    no_bench: bool
+    dtype: DType
+    backend: Requested
+    rdma: tuple[str, ...]  # PEER=DEVICE
+    stages: tuple[int, ...]
+    adapter_path: str | None
+    serving: ServingOptions
+    max_queue: int
+    stall_timeout: float
+    defaults: GenerationDefaults
+
+    def but(self, **changes: Any) -> NodeOptions:
+        """A copy with ``changes``, validated (unlike `model_copy`)."""
+        return NodeOptions.model_validate({**self.model_dump(), **changes})
