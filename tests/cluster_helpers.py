@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exo_tp.cli.run import options_from_flags
+from exo_tp.node.local_cluster import LocalCluster as SupervisedNodes
+from exo_tp.node.local_cluster import node_job
 from exo_tp.transport.ports import port_is_free
 
 CLI = [sys.executable, "-m", "exo_tp"]
@@ -73,6 +76,8 @@ def free_port_base(count: int) -> int:
 
 @dataclass
 class LocalCluster:
+    """`exo-tp run --local-nodes` (the CLI's `exo_tp.node.local_cluster.LocalCluster` inside)."""
+
     urls: list[str]
     proc: subprocess.Popen
 
@@ -150,51 +155,24 @@ def loopback_nodes(
     env: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Iterator[LoopbackNodes]:
-    """One `exo-tp run` per entry of ``node_args`` (its own extra arguments) on 127.0.0.1, in
-    one fresh cluster: node ids n0, n1, ...; each node's stderr in ``logs``/n<i>.log. The
-    secret reaches them in $EXO_TP_SECRET; ``env`` adds to (or overrides) their environment;
-    ``headers`` go with the readiness checks (an API key)."""
+    """One node per entry of ``node_args`` (its own `exo-tp run` flags) on 127.0.0.1, in one
+    fresh cluster, started by the `LocalCluster` the CLI uses (`SupervisedNodes` here): node
+    ids n0, n1, ...; each node's stderr in ``logs``/n<i>.log. The secret reaches them in
+    $EXO_TP_SECRET; ``env`` adds to (or overrides) their environment; ``headers`` go with the
+    readiness checks (an API key)."""
     count = len(node_args)
     base = free_port_base(count)
     cluster, secret = f"test-{secrets.token_hex(4)}", secrets.token_hex(16)
-    procs = []
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
-    try:
+    with SupervisedNodes() as nodes:
         for i, extra in enumerate(node_args):
-            procs.append(
-                subprocess.Popen(
-                    [
-                        *CLI,
-                        "run",
-                        "--host",
-                        "127.0.0.1",
-                        "--api-port",
-                        str(base + i),
-                        "--node-id",
-                        f"n{i}",
-                        "--cluster",
-                        cluster,
-                        "--model",
-                        model,
-                        *extra,
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=(logs / f"n{i}.log").open("w"),
-                    start_new_session=True,
-                    env={**os.environ, "EXO_TP_SECRET": secret, **(env or {})},
-                )
-            )
+            flags = ["--host", "127.0.0.1", "--api-port", str(base + i), "--node-id", f"n{i}"]
+            options = options_from_flags([*flags, "--cluster", cluster, "--model", model, *extra])
+            node_env = {"EXO_TP_SECRET": secret, **(env or {})}
+            nodes.start(node_job(i, options, node_env, logs / f"n{i}.log"))
         if ready:
             wait_ready(urls, nodes=count, headers=headers)
         yield LoopbackNodes(urls, cluster, secret)
-    finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def can_make_namespaces() -> str | None:
