@@ -24,13 +24,9 @@ The last line of stdout is one JSON object.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
-import os
 import secrets
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +38,8 @@ from _common import ROOT, env, resolve
 
 sys.path.insert(0, str(ROOT))
 
+from exo_tp.cli.run import options_from_flags  # noqa: E402
+from exo_tp.node.local_cluster import LocalCluster, node_job  # noqa: E402
 from exo_tp.plan import plan_tensor_parallel  # noqa: E402
 from exo_tp.plan.pipeline import PipelinePlan, Stage, single_stage  # noqa: E402
 from exo_tp.plan.shard_plan import ShardPlan, Span  # noqa: E402
@@ -72,26 +70,22 @@ class Nodes:
         self.model, self.one_copy, self.tmp, self.timeout = model, one_copy, tmp, timeout
         self.cluster, self.secret = f"reshard-{secrets.token_hex(3)}", secrets.token_hex(16)
         self.base = free_ports(len(WEIGHTS))
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.processes = LocalCluster()  # the one `exo-tp run --local-nodes` uses
 
     def url(self, node: str) -> str:
         return f"http://127.0.0.1:{self.base + int(node[1:])}"
 
     def start(self, node: str) -> None:
         extra = {**env(), "EXO_TP_SECRET": self.secret}
-        args = ["--weight", str(WEIGHTS[node])]
+        flags = ["--weight", str(WEIGHTS[node])]
         if not self.one_copy or node == HOLDER:
-            args += ["--model", self.model]
+            flags += ["--model", self.model]
         else:
             home = self.tmp / f"home-{node}"
             home.mkdir()
             extra["EXO_TP_HOME"] = str(home)
-        self.procs[node] = subprocess.Popen(
+        options = options_from_flags(
             [
-                sys.executable,
-                "-m",
-                "exo_tp",
-                "run",
                 "--host",
                 "127.0.0.1",
                 "--api-port",
@@ -102,13 +96,10 @@ class Nodes:
                 self.cluster,
                 "--stall-timeout",
                 "300",
-                *args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(self.tmp / f"{node}.log").open("w"),
-            start_new_session=True,
-            env=extra,
+                *flags,
+            ]
         )
+        self.processes.start(node_job(int(node[1:]), options, extra, self.tmp / f"{node}.log"))
 
     def wait_ready(self, nodes: list[str]) -> float:
         started = time.monotonic()
@@ -151,14 +142,7 @@ class Nodes:
         return view["nodes"], PipelinePlan(spec=stages[0].tp.spec, stages=stages)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        self.processes.close()
 
 
 def fewest_bytes(
