@@ -1,7 +1,8 @@
 """One node of a cluster that exo-tp starts itself (`exo-tp run --local-nodes`, benches,
-tests): ``python -m exo_tp.cli.node_child``, its `NodeOptions` (JSON) in $EXO_TP_NODE_OPTIONS
-and its supervisor's link (`exo_tp.process.child`) in the environment. It tells the supervisor
-Ready once its API answers, or why it failed; it stops on SIGTERM like `exo-tp run`."""
+tests): ``python -m exo_tp.cli.node_child [--node-id ID]``, its `NodeOptions` (JSON) in
+$EXO_TP_NODE_OPTIONS and its supervisor's link (`exo_tp.process.child`) in the environment.
+It tells the supervisor Ready once its API answers, or why it failed; it stops on SIGTERM like
+`exo-tp run`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def main() -> None:
     exit_on_sigterm()  # until the node's own handler takes over: `finally` blocks still run
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
     options = NodeOptions.model_validate_json(os.environ.pop(NODE_OPTIONS_ENV))
+    # ``--node-id ID`` on the command line only labels the process for `ps`
+    if sys.argv[1:] not in ([], ["--node-id", options.node_id]):
+        sys.exit(f"exo-tp: error: {sys.argv[1:]} does not match the node's options")
 
     def serve(link: SupervisorLink) -> None:
         serve_node(options, read_api_key(None, None), on_serving=lambda: link.send(Ready()))

@@ -50,6 +50,8 @@ def node_job(
     return Job(
         name=f"local node {index} (port {options.api_port})",
         module="exo_tp.cli.node_child",
+        # a label for `ps` (which node is which), checked by the child against its options
+        argv=("--node-id", options.node_id) if options.node_id else (),
         env={**clean_environment(), **(env or {}), NODE_OPTIONS_ENV: options.model_dump_json()},
         stdout="null",
         stderr_file=str(log_file) if log_file else None,
@@ -114,7 +116,7 @@ class LocalCluster:
             if isinstance(event, Ready):
                 node.served = node.ever_served = True
             elif isinstance(event, Failed | Exited) and node in nodes:
-                raise ExoTpError(f"{node.name} {_why(event)} before it served")
+                raise _never_served(node, event)
 
     def run(self) -> None:
         """Supervise until every node is given up (raises ExoTpError then, or at once when a
@@ -142,7 +144,7 @@ class LocalCluster:
             return
         why = _why(event)
         if not node.ever_served:
-            raise ExoTpError(f"{node.name} {why} before it served; see its log above")
+            raise _never_served(node, event)
         assert node.child is not None
         if node.served and now - node.child.started > STABLE_SECONDS:
             node.restarts = 0
@@ -185,6 +187,12 @@ class LocalCluster:
         trace: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _never_served(node: LocalNode, event: Failed | Exited) -> ExoTpError:
+    if isinstance(event, Failed) and event.reason == "error" and node.child is not None:
+        return ExoTpError(f"{node.name} failed before it served: {node.child.reported}")
+    return ExoTpError(f"{node.name} {_why(event)} before it served; see its log above")
 
 
 def _why(event: Failed | Exited) -> str:
