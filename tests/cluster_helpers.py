@@ -149,17 +149,19 @@ class LoopbackNodes:
 @contextmanager
 def loopback_nodes(
     node_args: list[list[str]],
-    model: str,
+    model: str | None,
     logs: Path,
     ready: bool = True,
     env: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
+    node_env: list[dict[str, str]] | None = None,
 ) -> Iterator[LoopbackNodes]:
     """One node per entry of ``node_args`` (its own `exo-tp run` flags) on 127.0.0.1, in one
     fresh cluster, started by the `LocalCluster` the CLI uses (`SupervisedNodes` here): node
     ids n0, n1, ...; each node's stderr in ``logs``/n<i>.log. The secret reaches them in
     $EXO_TP_SECRET; ``env`` adds to (or overrides) their environment; ``headers`` go with the
-    readiness checks (an API key)."""
+    readiness checks (an API key). ``model`` None: only the nodes whose own arguments name one
+    get a --model; ``node_env``: each node's own variables."""
     count = len(node_args)
     base = free_port_base(count)
     cluster, secret = f"test-{secrets.token_hex(4)}", secrets.token_hex(16)
@@ -167,9 +169,10 @@ def loopback_nodes(
     with SupervisedNodes() as nodes:
         for i, extra in enumerate(node_args):
             flags = ["--host", "127.0.0.1", "--api-port", str(base + i), "--node-id", f"n{i}"]
-            options = options_from_flags([*flags, "--cluster", cluster, "--model", model, *extra])
-            node_env = {"EXO_TP_SECRET": secret, **(env or {})}
-            nodes.start(node_job(i, options, node_env, logs / f"n{i}.log"))
+            flags += ["--cluster", cluster, *(["--model", model] if model else []), *extra]
+            own = node_env[i] if node_env else {}
+            variables = {"EXO_TP_SECRET": secret, **(env or {}), **own}
+            nodes.start(node_job(i, options_from_flags(flags), variables, logs / f"n{i}.log"))
         if ready:
             wait_ready(urls, nodes=count, headers=headers)
         yield LoopbackNodes(urls, cluster, secret)
