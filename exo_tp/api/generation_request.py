@@ -87,7 +87,11 @@ def token_budget(
 
 
 def generate_request(
-    prefix: str, tokens: list[int], sampling: SamplingParams, stops: list[str]
+    prefix: str,
+    tokens: list[int],
+    sampling: SamplingParams,
+    stops: list[str],
+    continuation: bool = False,
 ) -> GenerateRequest:
     if not tokens:
         raise ApiError(400, "The prompt is empty: it encodes to no tokens.", param="prompt")
@@ -96,4 +100,5 @@ def generate_request(
         tokens=tuple(tokens),
         sampling=sampling,
         stop=tuple(stops),
+        continuation=continuation,
     )

@@ -172,7 +172,7 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
     budget = token_budget(node, len(tokens), parsed.requested_max_tokens(), "prompt", "max_tokens")
     top = parsed.top_n()
     sampling = sampling_params(node, parsed, budget, parsed.wants_logprobs(), top)
-    generation = generate_request("cmpl", tokens, sampling, parsed.stop_list())
+    generation = generate_request("cmpl", tokens, sampling, parsed.stop_list(), continuation=True)
     shape = CompletionShape(generation.id, node.model)
     echo = prompt_text if parsed.echo else ""
     scores = CompletionLogprobs(TokenText(node.tokenizer), top) if parsed.wants_logprobs() else None

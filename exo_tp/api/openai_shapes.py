@@ -3,6 +3,7 @@ with usage and per-token log-probabilities."""
 
 from __future__ import annotations
 
+import codecs
 import platform
 import time
 from typing import Any
@@ -65,14 +66,16 @@ class CompletionLogprobs:
     def __init__(self, text: TokenText, top: int):
         self._text, self._top = text, top
         self.offset = 0  # characters of text before the next token
+        # a character split over tokens counts once, where its last byte arrives (as in the text)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def block(self, scored: tuple[TokenLogprob, ...]) -> dict[str, Any]:
         tokens, offsets, tops = [], [], []
         for s in scored:
-            piece = self._text(s.token)[0]
+            piece, raw = self._text(s.token)
             tokens.append(piece)
             offsets.append(self.offset)
-            self.offset += len(piece)
+            self.offset += len(self._utf8.decode(raw))
             tops.append({self._text(t)[0]: lp for t, lp in s.top})
         return {
             "tokens": tokens,

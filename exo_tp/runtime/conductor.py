@@ -18,6 +18,7 @@ import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.runtime.batching import DivergedError, LockstepBatch, Response, Word
+from exo_tp.runtime.detokenizers import Detokenizers
 from exo_tp.runtime.messages import (
     Cancel,
     Delta,
@@ -86,6 +87,7 @@ class Conductor:
         make_batch: Callable[[Callable[[mx.array], tuple[mx.array, Word]]], LockstepBatch],
     ):
         self.tokenizer, self.group, self.vocab_size = tokenizer, group, vocab_size
+        self._detokenizers = Detokenizers(tokenizer)
         self.source, self.followers, self.earlier = source, followers, earlier_stages
         self.batch = make_batch(self._sample)
         self._closing = False  # the source closed in the middle of a step
@@ -160,7 +162,7 @@ class Conductor:
             uid,
             sampler,
             processors,
-            self.tokenizer.detokenizer,
+            self._detokenizers.new(request.continuation),
             StopMatcher(request.stop),
             key=key,
         )

@@ -53,6 +53,8 @@ class GenerateRequest(Frozen):
     tokens: tuple[int, ...] = Field(min_length=1)
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()  # stop strings, matched on the streamed text
+    # the text continues the prompt's (completions): a first token's leading space is kept
+    continuation: bool = False
     logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
 
 
