@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exo_tp.api import anthropic_api, ollama_api, openai_api
+from exo_tp.api import anthropic_api, ollama_api, openai_api, responses_api
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError
 from exo_tp.api.guard import install_guard
@@ -157,6 +157,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 @ROUTES.post("/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, openai_api.completions)
+
+
+@ROUTES.post("/v1/responses")
+@ROUTES.post("/responses")
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, responses_api.responses)
 
 
 @ROUTES.post("/v1/messages")
