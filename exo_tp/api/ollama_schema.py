@@ -56,11 +56,25 @@ class Options(_Strict):
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     # samplers mlx-lm lacks: accepted only at their "off" values
-    mirostat: Literal[0] | None = None
+    mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
-    tfs_z: Literal[1, 1.0] | None = None
-    typical_p: Literal[1, 1.0] | None = None
+    tfs_z: float | None = None
+    typical_p: float | None = None
+
+    @field_validator("mirostat")
+    @classmethod
+    def _no_mirostat(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError("mirostat sampling is not supported by mlx-lm's sampler (use 0)")
+        return value
+
+    @field_validator("tfs_z", "typical_p")
+    @classmethod
+    def _off(cls, value: float | None) -> float | None:
+        if value is not None and value != 1.0:
+            raise ValueError("this sampler is not supported by mlx-lm's (use 1.0: off)")
+        return value
 
     @field_validator("stop")
     @classmethod

@@ -102,8 +102,18 @@ class NamedFunction(_Strict):
     name: str
 
 
-class TextFormat(_Strict):
-    type: Literal["text"]  # json_object / json_schema need constrained decoding: not here
+class TextFormat(_Item):
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _plain(cls, kind: str) -> str:
+        if kind != "text":
+            raise ValueError(
+                f"the {kind!r} format is not supported: structured output needs constrained "
+                "decoding, which this cluster's sampler lacks"
+            )
+        return kind
 
 
 class TextConfig(_Strict):
