@@ -221,7 +221,10 @@ class _Head:
         if done is not None:
             body["usage"] = {
                 "input_tokens": done.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": done.cached_tokens},
+                "input_tokens_details": {
+                    "cached_tokens": done.cached_tokens,
+                    "cache_write_tokens": 0,
+                },
                 "output_tokens": done.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": done.prompt_tokens + done.completion_tokens,
