@@ -5,7 +5,6 @@ prompt cache; Ollama's response shapes, streamed as NDJSON (one JSON object a li
 
 from __future__ import annotations
 
-import datetime
 import json
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +19,22 @@ from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, rend
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import generate_request, sampling_params, token_budget
 from exo_tp.api.http_io import off_loop, read_body, validate
-from exo_tp.api.ollama_schema import ChatRequest, GenerateRequest, ShowRequest, _Request
+from exo_tp.api.ollama_schema import ChatRequest, GenerateRequest, OllamaRequest, ShowRequest
+from exo_tp.api.ollama_shapes import (
+    CallFunction,
+    ChatLine,
+    Error,
+    GenerateLine,
+    Message,
+    ModelCard,
+    Running,
+    RunningModel,
+    Show,
+    Tags,
+    ToolCall,
+    Version,
+    timestamp,
+)
 from exo_tp.api.openai_api import check_model
 from exo_tp.runtime.messages import Delta, Done
 
@@ -32,49 +46,24 @@ NS = 1_000_000_000
 
 def ollama_error(error: ApiError) -> web.Response:
     """Ollama's error body: ``{"error": "..."}``."""
-    return web.json_response({"error": error.message}, status=error.status, headers=error.headers())
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
-
-
-def _since(unix: float) -> str:
-    moment = datetime.datetime.fromtimestamp(unix, datetime.UTC)
-    return moment.isoformat().replace("+00:00", "Z")
+    return web.json_response(
+        Error(error=error.message).body(), status=error.status, headers=error.headers()
+    )
 
 
 # ---- model views -----------------------------------------------------------------------
 
 
-def _details() -> dict[str, Any]:
-    return {
-        "parent_model": "",
-        "format": "safetensors",
-        "family": "",
-        "families": None,
-        "parameter_size": "",
-        "quantization_level": "",
-    }
-
-
-def _card(node: Backend, name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "model": name,
-        "modified_at": _since(node.started),
-        "size": 0,  # the cluster holds shards; no one file has the model's size
-        "digest": "",
-        "details": _details(),
-    }
+def _card(node: Backend, name: str) -> ModelCard:
+    return ModelCard(name=name, model=name, modified_at=timestamp(node.started))
 
 
 async def version(request: web.Request) -> web.Response:
-    return web.json_response({"version": OLLAMA_VERSION, "exo_tp": __version__})
+    return web.json_response(Version(version=OLLAMA_VERSION, exo_tp=__version__).body())
 
 
 def tags(node: Backend) -> web.Response:
-    return web.json_response({"models": [_card(node, c["id"]) for c in node.models_view()]})
+    return web.json_response(Tags(models=[_card(node, c["id"]) for c in node.models_view()]).body())
 
 
 def ps(node: Backend) -> web.Response:
@@ -83,20 +72,10 @@ def ps(node: Backend) -> web.Response:
         context: int | None = node.context_length
     except ApiError:  # this node has not prepared the model (yet)
         context = None
-    never = "2318-01-01T00:00:00Z"  # the cluster keeps its model loaded until told otherwise
-    return web.json_response(
-        {
-            "models": [
-                {
-                    **_card(node, name),
-                    "expires_at": never,
-                    "size_vram": 0,
-                    "context_length": context,
-                }
-                for name in loaded
-            ]
-        }
-    )
+    running = [
+        RunningModel(**_card(node, name).model_dump(), context_length=context) for name in loaded
+    ]
+    return web.json_response(Running(models=running).body())
 
 
 async def show(node: Backend, request: web.Request) -> web.Response:
@@ -104,35 +83,27 @@ async def show(node: Backend, request: web.Request) -> web.Response:
     wanted = parsed.wanted()
     if not wanted:
         raise ApiError(400, "Missing required parameter: 'model'.", param="model")
-    cards = {c["id"]: c for c in node.models_view()}
-    card = cards.get(wanted)
+    card = next((c for c in node.models_view() if c["id"] == wanted), None)
     if card is None:
         raise ApiError(404, f"model '{wanted[:200]}' not found", param="model")
-    body: dict[str, Any] = {
-        "modelfile": "",
-        "parameters": "",
-        "template": "",
-        "details": _details(),
-        "model_info": {},
-        "capabilities": ["completion"],
-        "modified_at": _since(node.started),
-    }
+    reply = Show(capabilities=["completion"], modified_at=timestamp(node.started))
     if card.get("loaded"):
         tokenizer = node.tokenizer
-        body["template"] = getattr(tokenizer, "chat_template", None) or ""
-        body["model_info"] = {"general.context_length": node.context_length}
+        template = getattr(tokenizer, "chat_template", None)
+        reply.template = template if isinstance(template, str) else ""
+        reply.model_info = {"general.context_length": node.context_length}
         if tokenizer.has_tool_calling:
-            body["capabilities"].append("tools")
+            reply.capabilities.append("tools")
         if tokenizer.has_thinking:
-            body["capabilities"].append("thinking")
-    return web.json_response(body)
+            reply.capabilities.append("thinking")
+    return web.json_response(reply.body())
 
 
 # ---- generation ------------------------------------------------------------------------
 
 
 def _chat_prompt(
-    node: Backend, messages: list[dict[str, Any]], parsed: _Request, tools: Any
+    node: Backend, messages: list[dict[str, Any]], parsed: OllamaRequest, tools: Any
 ) -> Prompt:
     use = choose_tools(tools, None, node.tokenizer)
     args = {**node.defaults.chat_template_args, **parsed.template_args()}
@@ -145,14 +116,8 @@ def _generate_prompt(node: Backend, parsed: GenerateRequest) -> Prompt:
     return _chat_prompt(node, parsed.chat_messages(), parsed, None)
 
 
-def _loaded(node: Backend, parsed: _Request, done: dict[str, Any]) -> web.Response:
-    """An empty prompt or conversation only loads the model (Ollama's ``done_reason: load``)."""
-    return web.json_response(
-        {"model": node.model, "created_at": _now(), **done, "done": True, "done_reason": "load"}
-    )
-
-
 def _stats(done: Done, started: float) -> dict[str, Any]:
+    """The last line's fields (durations in nanoseconds)."""
     prompt_ns = int(done.prompt_seconds * NS)
     return {
         "done": True,
@@ -166,33 +131,47 @@ def _stats(done: Done, started: float) -> dict[str, Any]:
     }
 
 
-def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI-shaped calls as Ollama's: arguments as an object."""
-    return [
-        {
-            "function": {
-                "name": call["function"]["name"],
-                "arguments": json.loads(call["function"]["arguments"]),
-            }
-        }
-        for call in calls
+def _message(piece: AnswerPiece) -> Message:
+    """The piece as Ollama's message: tool-call arguments as an object."""
+    calls = [
+        ToolCall(
+            function=CallFunction(
+                name=call["function"]["name"], arguments=json.loads(call["function"]["arguments"])
+            )
+        )
+        for call in piece.tool_calls
     ]
+    return Message(
+        content=piece.content, thinking=piece.reasoning or None, tool_calls=calls or None
+    )
 
 
-def _message(piece: AnswerPiece) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": piece.content}
-    if piece.reasoning:
-        message["thinking"] = piece.reasoning
-    if piece.tool_calls:
-        message["tool_calls"] = _tool_calls(piece.tool_calls)
-    return message
+class _Lines:
+    """The answer's lines, chat or generate: each piece as a line, and the last with the
+    statistics."""
+
+    def __init__(self, model: str, chat: bool):
+        self._model, self._chat = model, chat
+
+    def line(self, piece: AnswerPiece, text: str, **end: Any) -> ChatLine | GenerateLine:
+        head: dict[str, Any] = {"model": self._model, "created_at": timestamp(), "done": False}
+        head.update(end)
+        if self._chat:
+            return ChatLine(**head, message=_message(piece))
+        return GenerateLine(**head, response=text)
+
+
+def _loaded(node: Backend, chat: bool) -> web.Response:
+    """An empty prompt or conversation only loads the model (Ollama's ``done_reason: load``)."""
+    line = _Lines(node.model, chat).line(AnswerPiece(), "", done=True, done_reason="load")
+    return web.json_response(line.body())
 
 
 async def chat(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(ChatRequest, await read_body(request))
     check_model(node, parsed.served_name())
     if not parsed.messages:
-        return _loaded(node, parsed, {"message": {"role": "assistant", "content": ""}})
+        return _loaded(node, chat=True)
     prompt = await off_loop(_chat_prompt, node, parsed.chat_messages(), parsed, parsed.chat_tools())
     return await _answer(node, request, parsed, prompt, chat=True)
 
@@ -201,13 +180,13 @@ async def generate(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(GenerateRequest, await read_body(request))
     check_model(node, parsed.served_name())
     if not parsed.prompt:
-        return _loaded(node, parsed, {"response": ""})
+        return _loaded(node, chat=False)
     prompt = await off_loop(_generate_prompt, node, parsed)
     return await _answer(node, request, parsed, prompt, chat=False)
 
 
 async def _answer(
-    node: Backend, request: web.Request, parsed: _Request, prompt: Prompt, chat: bool
+    node: Backend, request: web.Request, parsed: OllamaRequest, prompt: Prompt, chat: bool
 ) -> web.StreamResponse:
     started = time.perf_counter()
     options = parsed.opts()
@@ -222,28 +201,25 @@ async def _answer(
         "ollama", prompt.tokens, sampling, options.stop or [], continuation=not chat
     )
     answer = AnswerStream(node.tokenizer, prompt, streaming=False)
+    lines = _Lines(node.model, chat)
     events = node.generate(generation)
     if parsed.stream:
-        return await _stream(request, events, node.model, answer, chat, started)
+        return await _stream(request, events, lines, answer, chat, started)
     deltas, done = await collect(events)
+    whole = AnswerPiece()
     if chat:
-        whole = AnswerPiece()
         for delta in deltas:
             whole.add(answer.feed(delta.text))
         whole.add(answer.finish(_finish(done)))
-        body: dict[str, Any] = {"message": _message(whole)}
-    else:  # generate's text is the tokens' text, unsplit
-        body = {"response": "".join(delta.text for delta in deltas)}
-    return web.json_response(
-        {"model": node.model, "created_at": _now(), **body, **_stats(done, started)}
-    )
+    text = "".join(delta.text for delta in deltas)  # generate's: the tokens' text, unsplit
+    return web.json_response(lines.line(whole, text, **_stats(done, started)).body())
 
 
 def _finish(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
 
-class _Lines:
+class _Ndjson:
     """An NDJSON response: one JSON object a line."""
 
     def __init__(self, request: web.Request):
@@ -266,37 +242,28 @@ class _Lines:
 async def _stream(
     request: web.Request,
     events: AsyncIterator[Delta | Done],
-    model: str,
+    lines: _Lines,
     answer: AnswerStream,
     chat: bool,
     started: float,
 ) -> web.StreamResponse:
     event = await first_event(events)
-    lines = _Lines(request)
-    await lines.open()
-
-    def line(piece: AnswerPiece | None, text: str) -> dict[str, Any]:
-        head = {"model": model, "created_at": _now()}
-        if chat:
-            return {**head, "message": _message(piece or AnswerPiece())}
-        return {**head, "response": text}
-
+    out = _Ndjson(request)
+    await out.open()
     try:
         while True:
             if isinstance(event, Delta):
-                piece = answer.feed(event.text) if chat else None
+                piece = answer.feed(event.text) if chat else AnswerPiece()
                 if piece or (not chat and event.text):
-                    await lines.send({**line(piece, event.text), "done": False})
+                    await out.send(lines.line(piece, event.text).body())
             else:
-                if chat:
-                    piece = answer.finish(_finish(event))
-                    if piece:
-                        await lines.send({**line(piece, ""), "done": False})
-                await lines.send({**line(None, ""), **_stats(event, started)})
+                if chat and (piece := answer.finish(_finish(event))):
+                    await out.send(lines.line(piece, "").body())
+                await out.send(lines.line(AnswerPiece(), "", **_stats(event, started)).body())
                 break
             event = await anext(events)
     except ApiError as error:  # mid-stream failure: an error line, then the stream ends
-        await lines.send({"error": error.message})
+        await out.send(Error(error=error.message).body())
     finally:
         await events.aclose()
-    return await lines.close()
+    return await out.close()

@@ -160,7 +160,7 @@ class Tool(_Passed):
     function: FunctionSpec
 
 
-class _Request(_Strict):
+class OllamaRequest(_Strict):
     model: str | None = None
     stream: bool = True  # Ollama streams unless told not to
     options: Options | None = None
@@ -181,7 +181,7 @@ class _Request(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _no_logprobs(self) -> _Request:
+    def _no_logprobs(self) -> OllamaRequest:
         if self.logprobs or self.top_logprobs:
             raise ValueError("logprobs are not supported on the Ollama API; use /v1/completions")
         return self
@@ -202,7 +202,7 @@ class _Request(_Strict):
         return {"enable_thinking": bool(self.think)}
 
 
-class ChatRequest(_Request):
+class ChatRequest(OllamaRequest):
     messages: list[Message] = Field(default_factory=list)
     tools: list[Tool] | None = None
 
@@ -218,7 +218,7 @@ class ChatRequest(_Request):
         ]
 
 
-class GenerateRequest(_Request):
+class GenerateRequest(OllamaRequest):
     prompt: str = ""
     suffix: str | None = None
     system: str | None = None
