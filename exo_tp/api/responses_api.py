@@ -20,6 +20,30 @@ from exo_tp.api.generation_request import generate_request, sampling_params, tok
 from exo_tp.api.http_io import EventStream, off_loop, read_body, validate
 from exo_tp.api.openai_api import check_model
 from exo_tp.api.responses_schema import REFUSED, ResponsesRequest
+from exo_tp.api.responses_shapes import (
+    ArgumentsDelta,
+    ArgumentsDone,
+    ErrorEvent,
+    FunctionCallOutput,
+    IncompleteDetails,
+    InputTokensDetails,
+    ItemEvent,
+    MessageOutput,
+    OutputItem,
+    OutputText,
+    OutputTextDelta,
+    OutputTextDone,
+    PartEvent,
+    ReasoningOutput,
+    ReasoningText,
+    ReasoningTextDelta,
+    ReasoningTextDone,
+    ResponseEvent,
+    ResponseObject,
+    Status,
+    StreamEvent,
+    Usage,
+)
 from exo_tp.runtime.messages import Delta, Done
 
 
@@ -53,196 +77,145 @@ class _Output:
     it makes (a whole answer uses only the finished items)."""
 
     def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-        self._open: dict[str, Any] | None = None  # the message or reasoning item being written
+        self.items: list[OutputItem] = []
+        self._open: MessageOutput | ReasoningOutput | None = None  # the item being written
         self._text = ""
 
-    def _begin(self, item: dict[str, Any], part: dict[str, Any]) -> list[dict[str, Any]]:
+    def _begin(self, item: MessageOutput | ReasoningOutput) -> list[StreamEvent]:
         events = self._close()
         self._open, self._text = item, ""
         self.items.append(item)
         index = len(self.items) - 1
+        empty = OutputText(text="") if isinstance(item, MessageOutput) else ReasoningText(text="")
         return [
             *events,
-            {"type": "response.output_item.added", "output_index": index, "item": dict(item)},
-            {
-                "type": "response.content_part.added",
-                "item_id": item["id"],
-                "output_index": index,
-                "content_index": 0,
-                "part": part,
-            },
+            ItemEvent(
+                type="response.output_item.added",
+                output_index=index,
+                item=item.model_copy(deep=True),
+            ),
+            PartEvent(
+                type="response.content_part.added", item_id=item.id, output_index=index, part=empty
+            ),
         ]
 
-    def _where(self) -> dict[str, Any]:
-        assert self._open is not None
-        return {
-            "item_id": self._open["id"],
-            "output_index": len(self.items) - 1,
-            "content_index": 0,
-        }
-
-    def piece(self, piece: AnswerPiece) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def piece(self, piece: AnswerPiece) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
         if piece.reasoning:
-            if self._open is None or self._open["type"] != "reasoning":
-                item = {
-                    "type": "reasoning",
-                    "id": _id("rs"),
-                    "summary": [],
-                    "content": [],
-                    "status": "in_progress",
-                }
-                events += self._begin(item, {"type": "reasoning_text", "text": ""})
+            if not isinstance(self._open, ReasoningOutput):
+                events += self._begin(ReasoningOutput(id=_id("rs"), status="in_progress"))
+            assert self._open is not None
             self._text += piece.reasoning
             events.append(
-                {"type": "response.reasoning_text.delta", **self._where(), "delta": piece.reasoning}
+                ReasoningTextDelta(
+                    item_id=self._open.id, output_index=len(self.items) - 1, delta=piece.reasoning
+                )
             )
         if piece.content:
-            if self._open is None or self._open["type"] != "message":
-                item = {
-                    "type": "message",
-                    "id": _id("msg"),
-                    "status": "in_progress",
-                    "role": "assistant",
-                    "content": [],
-                }
-                events += self._begin(item, _text_part(""))
+            if not isinstance(self._open, MessageOutput):
+                events += self._begin(MessageOutput(id=_id("msg"), status="in_progress"))
+            assert self._open is not None
             self._text += piece.content
             events.append(
-                {
-                    "type": "response.output_text.delta",
-                    **self._where(),
-                    "delta": piece.content,
-                    "logprobs": [],
-                }
+                OutputTextDelta(
+                    item_id=self._open.id, output_index=len(self.items) - 1, delta=piece.content
+                )
             )
         for call in piece.tool_calls:
             events += self._close()
-            item = {
-                "type": "function_call",
-                "id": _id("fc"),
-                "call_id": call.get("id") or _id("call"),
-                "name": call["function"]["name"],
-                "arguments": call["function"]["arguments"],
-                "status": "completed",
-            }
+            item = FunctionCallOutput(
+                id=_id("fc"),
+                call_id=call.get("id") or _id("call"),
+                name=call["function"]["name"],
+                arguments=call["function"]["arguments"],
+                status="completed",
+            )
             self.items.append(item)
             index = len(self.items) - 1
-            where = {"item_id": item["id"], "output_index": index}
+            started = item.model_copy(update={"arguments": "", "status": "in_progress"})
             events += [
-                {
-                    "type": "response.output_item.added",
-                    "output_index": index,
-                    "item": {**item, "arguments": "", "status": "in_progress"},
-                },
-                {
-                    "type": "response.function_call_arguments.delta",
-                    **where,
-                    "delta": item["arguments"],
-                },
-                {
-                    "type": "response.function_call_arguments.done",
-                    **where,
-                    "arguments": item["arguments"],
-                },
-                {"type": "response.output_item.done", "output_index": index, "item": item},
+                ItemEvent(type="response.output_item.added", output_index=index, item=started),
+                ArgumentsDelta(item_id=item.id, output_index=index, delta=item.arguments),
+                ArgumentsDone(item_id=item.id, output_index=index, arguments=item.arguments),
+                ItemEvent(type="response.output_item.done", output_index=index, item=item),
             ]
         return events
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self) -> list[StreamEvent]:
         item, self._open = self._open, None
         if item is None:
             return []
         index = self.items.index(item)
-        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        item["status"] = "completed"
-        if item["type"] == "reasoning":
-            part = {"type": "reasoning_text", "text": self._text}
-            item["content"] = [part]
-            done = {"type": "response.reasoning_text.done", **where, "text": self._text}
+        item.status = "completed"
+        done: StreamEvent
+        part: OutputText | ReasoningText
+        if isinstance(item, ReasoningOutput):
+            part = ReasoningText(text=self._text)
+            item.content = [part]
+            done = ReasoningTextDone(item_id=item.id, output_index=index, text=self._text)
         else:
-            part = _text_part(self._text)
-            item["content"] = [part]
-            done = {
-                "type": "response.output_text.done",
-                **where,
-                "text": self._text,
-                "logprobs": [],
-            }
+            part = OutputText(text=self._text)
+            item.content = [part]
+            done = OutputTextDone(item_id=item.id, output_index=index, text=self._text)
         return [
             done,
-            {"type": "response.content_part.done", **where, "part": part},
-            {"type": "response.output_item.done", "output_index": index, "item": item},
+            PartEvent(
+                type="response.content_part.done", item_id=item.id, output_index=index, part=part
+            ),
+            ItemEvent(type="response.output_item.done", output_index=index, item=item),
         ]
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[StreamEvent]:
         return self._close()
-
-
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 class _Head:
     """The Response object's fields that echo the request."""
 
     def __init__(self, node: Backend, parsed: ResponsesRequest):
+        self._node, self._parsed = node, parsed
         self.id = _id("resp")
         self.created = int(time.time())
-        self.fields: dict[str, Any] = {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created,
-            "model": node.model,
-            "instructions": parsed.instructions,
-            "max_output_tokens": parsed.max_output_tokens,
-            "max_tool_calls": parsed.max_tool_calls,
-            "parallel_tool_calls": parsed.parallel_tool_calls is not False,
-            "previous_response_id": None,
-            "temperature": parsed.temperature,
-            "top_p": parsed.top_p,
-            "tool_choice": _tool_choice(parsed),
-            "tools": [t.model_dump(exclude_unset=True) for t in parsed.tools or []],
-            "text": {"format": {"type": "text"}},
-            "truncation": parsed.truncation or "disabled",
-            "metadata": parsed.metadata or {},
-            "user": parsed.user,
-            "store": False,
-            "background": False,
-            "error": None,
-            "incomplete_details": None,
-        }
 
     def response(
-        self, status: str, output: list[dict[str, Any]], done: Done | None
-    ) -> dict[str, Any]:
-        body = {**self.fields, "status": status, "output": output, "usage": None}
+        self, status: Status, output: list[OutputItem], done: Done | None
+    ) -> ResponseObject:
+        parsed = self._parsed
+        usage, completed, incomplete = None, None, None
         if done is not None:
-            body["usage"] = {
-                "input_tokens": done.prompt_tokens,
-                "input_tokens_details": {
-                    "cached_tokens": done.cached_tokens,
-                    "cache_write_tokens": 0,
-                },
-                "output_tokens": done.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": done.prompt_tokens + done.completion_tokens,
-            }
-            body["completed_at"] = int(time.time())
+            usage = Usage(
+                input_tokens=done.prompt_tokens,
+                input_tokens_details=InputTokensDetails(cached_tokens=done.cached_tokens),
+                output_tokens=done.completion_tokens,
+                total_tokens=done.prompt_tokens + done.completion_tokens,
+            )
+            completed = int(time.time())
             if status == "incomplete":
-                body["incomplete_details"] = {"reason": "max_output_tokens"}
-        return body
+                incomplete = IncompleteDetails(reason="max_output_tokens")
+        return ResponseObject(
+            id=self.id,
+            created_at=self.created,
+            completed_at=completed,
+            status=status,
+            model=self._node.model,
+            instructions=parsed.instructions,
+            max_output_tokens=parsed.max_output_tokens,
+            max_tool_calls=parsed.max_tool_calls,
+            parallel_tool_calls=parsed.parallel_tool_calls is not False,
+            temperature=parsed.temperature,
+            top_p=parsed.top_p,
+            tool_choice=parsed.tool_choice or "auto",
+            tools=parsed.tools or [],
+            truncation=parsed.truncation or "disabled",
+            metadata=parsed.metadata or {},
+            user=parsed.user,
+            incomplete_details=incomplete,
+            output=[item.model_copy(deep=True) for item in output],
+            usage=usage,
+        )
 
 
-def _tool_choice(parsed: ResponsesRequest) -> Any:
-    choice = parsed.tool_choice
-    if choice is None:
-        return "auto"
-    return choice if isinstance(choice, str) else choice.model_dump()
-
-
-def _status(done: Done) -> str:
+def _status(done: Done) -> Status:
     return "incomplete" if done.finish_reason == "length" else "completed"
 
 
@@ -272,7 +245,7 @@ async def responses(node: Backend, request: web.Request) -> web.StreamResponse:
         output.piece(answer.feed(delta.text))
     output.piece(answer.finish(_finish(done)))
     output.finish()
-    return web.json_response(head.response(_status(done), output.items, done))
+    return web.json_response(head.response(_status(done), output.items, done).model_dump())
 
 
 async def _stream(
@@ -287,18 +260,19 @@ async def _stream(
     await stream.open()
     sequence = 0
 
-    async def send(payloads: list[dict[str, Any]]) -> None:
+    async def send(made: list[StreamEvent]) -> None:
         nonlocal sequence
-        for payload in payloads:
-            await stream.send({**payload, "sequence_number": sequence}, event=payload["type"])
+        for one in made:
+            one.sequence_number = sequence
+            await stream.send(one.model_dump(), event=one.type)
             sequence += 1
 
     try:
         started = head.response("in_progress", [], None)
         await send(
             [
-                {"type": "response.created", "response": started},
-                {"type": "response.in_progress", "response": started},
+                ResponseEvent(type="response.created", response=started),
+                ResponseEvent(type="response.in_progress", response=started),
             ]
         )
         while True:
@@ -309,13 +283,12 @@ async def _stream(
                 await send(output.finish())
                 status = _status(event)
                 kind = "response.completed" if status == "completed" else "response.incomplete"
-                await send([{"type": kind, "response": head.response(status, output.items, event)}])
+                final = head.response(status, output.items, event)
+                await send([ResponseEvent(type=kind, response=final)])
                 break
             event = await anext(events)
     except ApiError as error:  # mid-stream failure: an error event, then the stream ends
-        await send(
-            [{"type": "error", "code": error.code, "message": error.message, "param": error.param}]
-        )
+        await send([ErrorEvent(code=error.code, message=error.message, param=error.param)])
     finally:
         await events.aclose()
     return await stream.close()
