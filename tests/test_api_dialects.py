@@ -83,6 +83,39 @@ def _model(cluster: LocalCluster) -> str:
 
 # ---- completions keep their text ----------------------------------------------------------
 
+CONTINUATIONS = [
+    (PREFIX, " Paris, a city of light."),
+    ("Café", " au lait: naïve ☕ crème\n\n  indented"),
+    ("Line one\n", "Line two ends with a space "),
+    ("数字", "是 一二三"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CONTINUATIONS)))
+def test_continuation_detokenizer_spells_the_tokenizers_decode(
+    default_models: dict[str, Path], case: int
+) -> None:
+    """Streamed token by token, a continuation's text is what the tokenizer's own decode of
+    prompt + continuation adds to the prompt's (mlx-lm's answer detokenizer drops a first
+    space: the reason for the continuation one)."""
+    from exo_tp.models.tokenizer import load_model_tokenizer
+    from exo_tp.runtime.detokenizers import Detokenizers
+
+    tokenizer = load_model_tokenizer(default_models["smollm2-135m"])
+    prompt_text, more = CONTINUATIONS[case]
+    prompt = tokenizer.encode(prompt_text)
+    added = tokenizer.encode(prompt_text + more)[len(prompt) :]
+    assert tokenizer.encode(prompt_text + more)[: len(prompt)] == prompt
+    expected = tokenizer.decode(prompt + added)[len(tokenizer.decode(prompt)) :]
+    detokenizer = Detokenizers(tokenizer).new(continuation=True)
+    pieces = []
+    for token in added:
+        detokenizer.add_token(token)
+        pieces.append(detokenizer.last_segment)
+    detokenizer.finalize()
+    pieces.append(detokenizer.last_segment)
+    assert "".join(pieces) == expected
+
 
 def test_completion_continues_its_prompt(cluster: LocalCluster, ref: SingleDevice) -> None:
     """Prompt + completion is the tokenizer's own decode of prompt + generated ids (a first
