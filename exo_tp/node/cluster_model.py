@@ -35,6 +35,7 @@ from exo_tp.weights.client import fetch_holding
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import MOUNT
 from exo_tp.weights.transfer import Holding, TransferError, choose_rank_order, plan_transfer
+from exo_tp.wire.errors import PeerRefused
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +270,7 @@ class ClusterModel:
             holding = await fetch_holding(
                 self.weights.session, weights_url(member), self.secret, manifest.identity
             )
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        except (aiohttp.ClientError, TimeoutError, ValueError, PeerRefused) as error:
             log.warning(
                 "weights: holdings of %s unknown (%s): it counts as holding nothing", node_id, error
             )

@@ -1,4 +1,5 @@
-"""Typed bodies of the weight transport's requests and errors (exo_tp.weights.server/client).
+"""Typed bodies of the weight transport's requests (exo_tp.weights.server/client; a refusal is
+exo_tp.wire.errors.WireError).
 
 Every request is a signed POST (exo_tp.security.signing.control_headers over its path and body).
 ``/read`` answers application/octet-stream: each requested piece's C-order bytes (see
@@ -40,7 +41,3 @@ class ModelRequest(Frozen):
     """For /manifest and /holdings."""
 
     model: str
-
-
-class WireError(Frozen):
-    error: str
