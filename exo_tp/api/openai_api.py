@@ -33,6 +33,7 @@ from exo_tp.api.openai_shapes import (
     finish_reason,
 )
 from exo_tp.api.token_text import TokenText
+from exo_tp.frozen import replace
 from exo_tp.runtime.messages import Delta, Done, TokenLogprob
 
 DEFAULT_MODEL_ALIAS = "default_model"  # mlx_lm.server's name for the model it serves
@@ -70,7 +71,7 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
     parsed: ChatCompletionRequest = await _parsed(request, ChatCompletionRequest)
     check_model(node, parsed.model)
     if parsed.top_logprobs and not parsed.logprobs:
-        parsed = parsed.model_copy(update={"logprobs": True})  # mlx_lm.server reads either
+        parsed = replace(parsed, logprobs=True)  # mlx_lm.server reads either
     prompt = await off_loop(_chat_prompt, node, parsed)
     budget = token_budget(
         node,

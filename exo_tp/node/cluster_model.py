@@ -25,6 +25,7 @@ import aiohttp
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import replace
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.peers import Peers
 from exo_tp.node.weight_messages import ModelOffer, WeightOrder
@@ -275,7 +276,7 @@ class ClusterModel:
                 "weights: holdings of %s unknown (%s): it counts as holding nothing", node_id, error
             )
             return Holding(node=node_id)
-        return holding.model_copy(update={"node": node_id})
+        return replace(holding, node=node_id)
 
     # ---- views -------------------------------------------------------------------------------
 

@@ -25,8 +25,9 @@ import aiohttp
 from aiohttp import web
 
 from exo_tp.errors import ExoTpError
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.node.weight_messages import (
+    FetchState,
     FetchSummary,
     ModelOffer,
     WeightOrder,
@@ -347,16 +348,16 @@ class NodeWeights:
 
         def progress(update: TransferProgress) -> None:
             if self.fetch is not None and self.fetch.epoch == epoch:
-                self.fetch = self.fetch.model_copy(update={"progress": update})
+                self.fetch = replace(self.fetch, progress=update)
             now = time.monotonic()
             if update.done or now - self._logged >= LOG_EVERY_S:
                 self._logged = now
                 log.info("weights: %s", update.line())
 
-        def finish(state: str, error: str | None = None) -> None:
+        def finish(state: FetchState, error: str | None = None) -> None:
             if self.fetch is not None and self.fetch.epoch == epoch:
-                self.fetch = self.fetch.model_copy(
-                    update={"state": state, "error": error, "seconds": time.monotonic() - started}
+                self.fetch = replace(
+                    self.fetch, state=state, error=error, seconds=time.monotonic() - started
                 )
 
         try:
@@ -397,7 +398,7 @@ class NodeWeights:
         it in this node's status and fails the epoch."""
         if self.fetch is not None and self.fetch.epoch == epoch:
             if self.fetch.state == "fetching":
-                self.fetch = self.fetch.model_copy(update={"state": "failed", "error": error})
+                self.fetch = replace(self.fetch, state="failed", error=error)
             return
         if self.fetch is not None:
             self.recent.appendleft(self.fetch)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from exo_tp.errors import ExoTpError
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.weights import ranges as R
 from exo_tp.weights.boxes import Boxes, rank_boxes
@@ -157,7 +157,7 @@ def _fetches(
                     and last.sources[0] == sources[0]
                     and set(last.sources) == set(sources)
                 ):
-                    out[-1] = last.model_copy(update={"stop": hi})
+                    out[-1] = replace(last, stop=hi)
                 else:
                     out.append(Fetch(tensor=name, start=lo, stop=hi, sources=tuple(sources)))
     return out
