@@ -18,7 +18,7 @@ from exo_tp.api.generation_request import (
     sampling_params,
     token_budget,
 )
-from exo_tp.api.http_io import EventStream, off_loop, read_body, validate
+from exo_tp.api.http_io import EventStream, json_view, off_loop, read_body, validate
 from exo_tp.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -100,7 +100,7 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
     reason = finish_reason(done)
     whole.add(answer.finish(reason))
     logprobs = scores.block(_logprobs(deltas)) if scores else None
-    return web.json_response(shape.whole(whole, answer.finish_reason(reason), done, logprobs))
+    return json_view(shape.whole(whole, answer.finish_reason(reason), done, logprobs))
 
 
 def _logprobs(deltas: list[Delta]) -> tuple[TokenLogprob, ...]:
@@ -185,7 +185,7 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
     deltas, done = await collect(events)
     text = echo + "".join(delta.text for delta in deltas)
     logprobs = scores.block(_logprobs(deltas)) if scores else None
-    return web.json_response(shape.whole(text, finish_reason(done), done, logprobs))
+    return json_view(shape.whole(text, finish_reason(done), done, logprobs))
 
 
 async def _stream_completion(
