@@ -77,7 +77,9 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
     budget = token_budget(node, len(prompt.tokens), parsed.max_tokens, "messages", "max_tokens")
     fields = SamplingFields(temperature=parsed.temperature, top_p=parsed.top_p, top_k=parsed.top_k)
     sampling = sampling_params(node, fields, budget, logprobs=False, top_logprobs=0)
-    generation = generate_request("msg", prompt.tokens, sampling, parsed.stop_sequences or [])
+    generation = generate_request(
+        node, "msg", prompt.tokens, sampling, parsed.stop_sequences or [], "messages"
+    )
     single = bool(parsed.tool_choice and parsed.tool_choice.disable_parallel_tool_use)
     answer = AnswerStream(node.tokenizer, prompt, streaming=False, max_calls=1 if single else None)
     head = {

@@ -13,7 +13,6 @@ from exo_tp.api.backend import Backend, collect, first_event
 from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, render_chat
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import (
-    check_token_ids,
     generate_request,
     sampling_params,
     token_budget,
@@ -81,7 +80,9 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
         "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens",
     )
     sampling = sampling_params(node, parsed, budget, parsed.logprobs, parsed.top_logprobs or 0)
-    generation = generate_request("chatcmpl", prompt.tokens, sampling, parsed.stop_list())
+    generation = generate_request(
+        node, "chatcmpl", prompt.tokens, sampling, parsed.stop_list(), "messages"
+    )
     answer = AnswerStream(
         node.tokenizer,
         prompt,
@@ -147,16 +148,10 @@ async def _stream_chat(
 # ---- plain completions --------------------------------------------------------------------
 
 
-def _completion_prompt(node: Backend, parsed: CompletionRequest) -> tuple[list[int], str]:
-    """The prompt's token ids, and its text (for ``echo``)."""
+def _echo(node: Backend, parsed: CompletionRequest, tokens: tuple[int, ...]) -> str:
+    """The prompt as text, for ``echo`` (ids decoded once they are known to be the model's)."""
     value = parsed.prompt_value()
-    if isinstance(value, list):
-        check_token_ids(value, node.vocab_size, "prompt")
-    tokens = completion_prompt(node.tokenizer, value)
-    text = (
-        value if isinstance(value, str) else (node.tokenizer.decode(tokens) if parsed.echo else "")
-    )
-    return tokens, text
+    return value if isinstance(value, str) else node.tokenizer.decode(list(tokens))
 
 
 async def completions(node: Backend, request: web.Request) -> web.StreamResponse:
@@ -169,13 +164,13 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
             "not computed, so echo cannot go with logprobs.",
             param="echo",
         )
-    tokens, prompt_text = await off_loop(_completion_prompt, node, parsed)
+    tokens = await off_loop(completion_prompt, node.tokenizer, parsed.prompt_value())
     budget = token_budget(node, len(tokens), parsed.requested_max_tokens(), "prompt", "max_tokens")
     top = parsed.top_n()
     sampling = sampling_params(node, parsed, budget, parsed.wants_logprobs(), top)
-    generation = generate_request("cmpl", tokens, sampling, parsed.stop_list())
+    generation = generate_request(node, "cmpl", tokens, sampling, parsed.stop_list(), "prompt")
     shape = CompletionShape(generation.id, node.model)
-    echo = prompt_text if parsed.echo else ""
+    echo = await off_loop(_echo, node, parsed, generation.tokens) if parsed.echo else ""
     scores = CompletionLogprobs(TokenText(node.tokenizer), top) if parsed.wants_logprobs() else None
     events = node.generate(generation)
     if parsed.stream:

@@ -139,13 +139,9 @@ class Conductor:
         """Everything that could fail for this request alone fails here, before it joins."""
         if request.id in self._requests:
             raise ValueError(f"request id {request.id} is already running")
-        if not request.tokens or not all(0 <= t < self.vocab_size for t in request.tokens):
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        # Token ids and top_k were fitted to the model where the request was made
+        # (GenerateRequest.fit: the API, the launch CLI).
         params = request.sampling
-        if params.top_k >= self.vocab_size:
-            raise ValueError(f"top_k must be below the vocabulary size {self.vocab_size}")
-        if params.logit_bias and not all(0 <= t < self.vocab_size for t in params.logit_bias):
-            raise ValueError(f"logit_bias token ids must be in [0, {self.vocab_size})")
         sampler = request_sampler(params, self.tokenizer)
         processors = request_processors(params)
         key = None

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.devices import LinkProfile
 
 # ---- what a request asks for --------------------------------------------------------------
@@ -54,6 +54,33 @@ class GenerateRequest(Frozen):
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()  # stop strings, matched on the streamed text
     logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
+
+    def fit(self, vocab_size: int) -> GenerateRequest:
+        """The one check of a request against its model, done where it is made (the API, the
+        launch CLI; the conductor trusts it): every token id inside the vocabulary, and a top_k
+        that keeps every token read as no filter. Raises OutOfVocabulary."""
+        for field, ids in (
+            ("tokens", self.tokens),
+            ("logit_bias", sorted(self.sampling.logit_bias or ())),
+        ):
+            for position, token in enumerate(ids):
+                if not 0 <= token < vocab_size:
+                    raise OutOfVocabulary(field, position, token, vocab_size)
+        if self.sampling.top_k < vocab_size:
+            return self
+        return replace(self, sampling=replace(self.sampling, top_k=0))
+
+
+class OutOfVocabulary(ValueError):
+    """A token id of a request's ``field`` ("tokens" or "logit_bias", at ``position``: in the
+    prompt, or among the sorted bias ids) that the model has no row for."""
+
+    def __init__(self, field: str, position: int, token: int, vocab_size: int):
+        super().__init__(
+            f"token id {token} at position {position} is outside this model's vocabulary "
+            f"(0 to {vocab_size - 1})"
+        )
+        self.field, self.position, self.token = field, position, token
 
 
 # ---- every link ------------------------------------------------------------------------
