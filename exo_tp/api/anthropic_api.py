@@ -20,7 +20,7 @@ from exo_tp.api.generation_request import generate_request, sampling_params, tok
 from exo_tp.api.http_io import EventStream, off_loop, read_body, validate
 from exo_tp.api.openai_api import check_model
 from exo_tp.api.openai_schema import SamplingFields
-from exo_tp.runtime.messages import Delta, Done
+from exo_tp.wire.runtime import Delta, Done
 
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 

@@ -9,7 +9,7 @@ import uuid
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError
 from exo_tp.api.openai_schema import SamplingFields
-from exo_tp.runtime.messages import GenerateRequest, OutOfVocabulary, SamplingParams
+from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
 
 # Below this a temperature divides logits into infinities; its limit is greedy decoding.
 MIN_TEMPERATURE = 1e-6

@@ -33,7 +33,7 @@ from exo_tp.api.openai_shapes import (
 )
 from exo_tp.api.token_text import TokenText
 from exo_tp.frozen import replace
-from exo_tp.runtime.messages import Delta, Done, TokenLogprob
+from exo_tp.wire.runtime import Delta, Done, TokenLogprob
 
 DEFAULT_MODEL_ALIAS = "default_model"  # mlx_lm.server's name for the model it serves
 

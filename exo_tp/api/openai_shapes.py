@@ -16,7 +16,7 @@ from exo_tp import __version__
 from exo_tp.api.answer_stream import AnswerPiece
 from exo_tp.api.http_io import ApiView
 from exo_tp.api.token_text import TokenText
-from exo_tp.runtime.messages import Done, TokenLogprob
+from exo_tp.wire.runtime import Done, TokenLogprob
 
 # What OpenAI calls the backend configuration (mlx_lm.server: its versions and platform).
 SYSTEM_FINGERPRINT = (

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from exo_tp.models.registry import resolve_model
     from exo_tp.plan import load_spec
     from exo_tp.runtime.launcher import launch_local
-    from exo_tp.runtime.messages import GenerateRequest, OutOfVocabulary, SamplingParams
+    from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
 
     weights = args.weights or [1.0] * args.ranks
     if len(weights) != args.ranks:

@@ -19,9 +19,10 @@ from exo_tp.node.announcement import Announcement
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.runtime.job import Assignment
-from exo_tp.runtime.messages import RankMemory
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.http import SignedClient, get, post, signed_app
+from exo_tp.wire.ids import Epoch, NodeId
+from exo_tp.wire.runtime import RankMemory
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,10 @@ class MachineMemory(Frozen):
 class NodeStatus(Frozen):
     """What a node tells its peers every poll (and the leader tracks epochs with)."""
 
-    node_id: str
-    leader: str | None
-    epoch: int  # the highest epoch this node has seen
-    worker_epoch: int | None = None
+    node_id: NodeId
+    leader: NodeId | None
+    epoch: Epoch  # the highest epoch this node has seen
+    worker_epoch: Epoch | None = None
     worker_state: WorkerState = "none"
     worker_error: str | None = None
     worker_stalled: Stall | None = None
@@ -64,7 +65,7 @@ class NodeStatus(Frozen):
 
 
 class PortsRequest(Frozen):
-    epoch: int  # the epoch the leader is forming
+    epoch: Epoch  # the epoch the leader is forming
 
 
 class Ports(Frozen):
@@ -75,20 +76,20 @@ class Ports(Frozen):
 
 class Assign(Frozen):
     assignment: Assignment
-    leader: str
+    leader: NodeId
     weights: WeightOrder | None = None  # None: load assignment.model from this node's files
 
 
 class Accepted(Frozen):
-    accepted: int
+    accepted: Epoch
 
 
 class Release(Frozen):
-    epoch: int
+    epoch: Epoch
 
 
 class Released(Frozen):
-    released: int
+    released: Epoch
 
 
 # The old name of the one refusal (exo_tp.wire.errors), still raised by the node's handlers.

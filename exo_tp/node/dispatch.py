@@ -15,7 +15,8 @@ from typing import Any
 
 from exo_tp.api.errors import ApiError
 from exo_tp.frozen import replace
-from exo_tp.runtime.messages import (
+from exo_tp.transport.channel import Channel, Listener
+from exo_tp.wire.runtime import (
     CONDUCTOR_EVENTS,
     Cancel,
     Delta,
@@ -25,7 +26,6 @@ from exo_tp.runtime.messages import (
     Hello,
     RequestFailed,
 )
-from exo_tp.transport.channel import Channel, Listener
 
 log = logging.getLogger(__name__)
 

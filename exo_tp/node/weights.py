@@ -36,7 +36,7 @@ from exo_tp.node.weight_messages import (
 from exo_tp.paths import cache_home
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.build import WEIGHT_SUFFIX, manifest_for, read_header
-from exo_tp.weights.client import TransferProgress, fetch_manifest, fetch_transfer
+from exo_tp.weights.client import fetch_manifest, fetch_transfer
 from exo_tp.weights.key import folder_key, manifest_key
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import ServedModel, ServeOptions, WeightServer
@@ -44,6 +44,7 @@ from exo_tp.weights.store import ShardStore, store_root
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
 from exo_tp.wire.errors import PeerRefused, UnsignedReply
 from exo_tp.wire.http import SignedClient, post, signed_app
+from exo_tp.wire.weights import TransferProgress
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,12 @@ import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.runtime.batching import DivergedError, LockstepBatch, Response, Word
-from exo_tp.runtime.messages import (
+from exo_tp.runtime.sampling import request_processors, request_sampler, token_logprob
+from exo_tp.runtime.stop_strings import StopMatcher
+from exo_tp.shard.collectives import broadcast_from_first
+from exo_tp.transport.channel import Channel
+from exo_tp.transport.ring import leave
+from exo_tp.wire.runtime import (
     Cancel,
     Delta,
     Done,
@@ -30,11 +35,6 @@ from exo_tp.runtime.messages import (
     RequestFailed,
     Tokens,
 )
-from exo_tp.runtime.sampling import request_processors, request_sampler, token_logprob
-from exo_tp.runtime.stop_strings import StopMatcher
-from exo_tp.shard.collectives import broadcast_from_first
-from exo_tp.transport.channel import Channel
-from exo_tp.transport.ring import leave
 
 log = logging.getLogger(__name__)
 

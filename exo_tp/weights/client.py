@@ -27,9 +27,9 @@ from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.pieces import piece_bytes
 from exo_tp.weights.store import ShardStore
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
-from exo_tp.weights.wire import FileRequest, ModelRequest, Piece, ReadRequest
 from exo_tp.wire.errors import PeerRefused, UnsignedReply
 from exo_tp.wire.http import SignedClient
+from exo_tp.wire.weights import FileRequest, ModelRequest, Piece, ReadRequest, TransferProgress
 
 log = logging.getLogger(__name__)
 
@@ -39,35 +39,6 @@ PER_SOURCE = 2  # concurrent requests per source
 MAX_ATTEMPTS = 3  # of one piece, counting every source
 RATE_WINDOW_S = 5.0
 PROGRESS_EVERY_S = 0.25
-
-
-class TransferProgress(Frozen):
-    node: str
-    model: str
-    bytes_done: int  # verified and written
-    bytes_total: int
-    bytes_refetched: int  # received but fetched again (corrupt, or cut off)
-    corrupt_pieces: int = 0  # pieces whose digests did not match (each fetched again)
-    rate_bytes_s: float  # over the last few seconds
-    eta_s: float | None
-    failed_sources: tuple[str, ...]
-    done: bool
-
-    def line(self) -> str:
-        """One log line: "B: 31.2 / 98.0 MB (32%), 45.1 MB/s, ETA 1.5 s"."""
-        eta = (
-            "done"
-            if self.done
-            else f"ETA {self.eta_s:.1f} s"
-            if self.eta_s is not None
-            else "ETA ?"
-        )
-        share = self.bytes_done / self.bytes_total if self.bytes_total else 1.0
-        failed = f", failed: {', '.join(self.failed_sources)}" if self.failed_sources else ""
-        return (
-            f"{self.node}: {self.bytes_done / 1e6:.1f} / {self.bytes_total / 1e6:.1f} MB "
-            f"({share:.0%}), {self.rate_bytes_s / 1e6:.1f} MB/s, {eta}{failed}"
-        )
 
 
 class FetchReport(Frozen):

@@ -22,9 +22,9 @@ from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.pieces import iter_piece, piece_bytes
 from exo_tp.weights.store import ShardStore
 from exo_tp.weights.transfer import Holding
-from exo_tp.weights.wire import FileRequest, ModelRequest, ReadRequest
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.http import Route, Stream, post, signed_app
+from exo_tp.wire.weights import FileRequest, ModelRequest, ReadRequest, ServedStats
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +55,6 @@ class ServeOptions(Frozen):
     # pause after every chunk (a slow peer, to be killed mid-transfer).
     corrupt_chunks: int = 0
     chunk_delay_s: float = 0.0
-
-
-class ServedStats(Frozen):
-    """Bytes this node sent: per source kind, per requesting node, and extra files."""
-
-    bytes_by_source: dict[str, int]
-    bytes_by_requester: dict[str, int]
-    file_bytes: int
-    corrupted_chunks: int
 
 
 class WeightServer:

@@ -20,6 +20,7 @@ from pydantic import Field, TypeAdapter
 
 from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.wire.ids import BatchUid, Epoch, Rank, RequestId
 
 # ---- what a request asks for --------------------------------------------------------------
 
@@ -49,7 +50,7 @@ class SamplingParams(Frozen):
 class GenerateRequest(Frozen):
     """One generation: the prompt's token ids and how to continue them."""
 
-    id: str = Field(min_length=1, max_length=200)
+    id: RequestId = Field(min_length=1, max_length=200)
     tokens: tuple[int, ...] = Field(min_length=1)
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()  # stop strings, matched on the streamed text
@@ -90,8 +91,8 @@ class Hello(Frozen):
     """The first message from the connecting end of a link: which epoch and rank it is."""
 
     kind: Literal["hello"] = "hello"
-    epoch: int
-    rank: int
+    epoch: Epoch
+    rank: Rank
 
 
 # ---- request source <-> conductor --------------------------------------------------------
@@ -104,7 +105,7 @@ class Generate(Frozen):
 
 class Cancel(Frozen):
     kind: Literal["cancel"] = "cancel"
-    id: str
+    id: RequestId
 
 
 SourceMessage = Annotated[Generate | Cancel, Field(discriminator="kind")]
@@ -123,7 +124,7 @@ class Delta(Frozen):
     """Newly generated tokens of one request and the text they complete."""
 
     kind: Literal["delta"] = "delta"
-    id: str
+    id: RequestId
     text: str
     tokens: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
@@ -134,7 +135,7 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 class Done(Frozen):
     kind: Literal["done"] = "done"
-    id: str
+    id: RequestId
     finish_reason: FinishReason
     stop_string: str | None = None  # the request's stop string that ended it, if one did
     prompt_tokens: int
@@ -148,7 +149,7 @@ class RequestFailed(Frozen):
     """This request failed (and only it: the ranks keep serving the others)."""
 
     kind: Literal["failed"] = "failed"
-    id: str
+    id: RequestId
     message: str
 
 
@@ -170,19 +171,19 @@ class Joining(Frozen):
     """The first message of a rank to its supervisor."""
 
     kind: Literal["joining"] = "joining"
-    epoch: int
-    rank: int
+    epoch: Epoch
+    rank: Rank
 
 
 class Loading(Frozen):
     kind: Literal["loading"] = "loading"
-    epoch: int
+    epoch: Epoch
 
 
 class Ready(Frozen):
     kind: Literal["ready"] = "ready"
-    epoch: int
-    rank: int
+    epoch: Epoch
+    rank: Rank
     links: tuple[LinkProfile, ...] = ()  # its stage's links, timed as the group formed
     memory: RankMemory = RankMemory()
 
@@ -214,7 +215,7 @@ class Insert(Frozen):
     """A request joins the batch (every rank inserts it at the same step)."""
 
     kind: Literal["insert"] = "insert"
-    uid: int  # the batch generator's id: every rank's must agree
+    uid: BatchUid  # the batch generator's id: every rank's must agree
     tokens: tuple[int, ...]
     max_tokens: int
     save_logits: bool = False
@@ -224,7 +225,7 @@ class Remove(Frozen):
     """Requests leave the batch (cancelled, or stopped by a stop string)."""
 
     kind: Literal["remove"] = "remove"
-    uids: tuple[int, ...]
+    uids: tuple[BatchUid, ...]
 
 
 class Tokens(Frozen):
