@@ -80,7 +80,7 @@ class CompletionLogprobsBlock(ApiView):
 
 
 class ChatDelta(ApiView):
-    role: Literal["assistant"] = "assistant"
+    role: Literal["assistant"] | None = None  # the first chunk's only
     content: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = []
