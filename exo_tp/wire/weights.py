@@ -2,7 +2,7 @@
 refusal is exo_tp.wire.errors.WireError), and what a node reports of its transfers (progress
 of a fetch, bytes served) in its status.
 
-Every request is a signed POST (exo_tp.security.signing.control_headers over its path and body).
+Every request is a signed POST (exo_tp.wire.http: an HMAC of time, path and body).
 ``/read`` answers application/octet-stream: each requested piece's C-order bytes (see
 exo_tp.weights.pieces), back to back in request order, streamed in chunks. ``/file`` answers a
 file's bytes, ``/manifest`` a ModelManifest (signed like a request, so a receiver trusts the
