@@ -71,12 +71,12 @@ def cached_profile(
     if reason is not None:
         log.info("cached profile %s not reused: %s", path, reason)
         return None
-    live = {
-        "hostname": now.hostname,
-        "memory_total": now.memory_total,
-        "memory_available": now.memory_available,
-    }
-    return replace(cached, **live)
+    return replace(
+        cached,
+        hostname=now.hostname,
+        memory_total=now.memory_total,
+        memory_available=now.memory_available,
+    )
 
 
 def device_profile(
