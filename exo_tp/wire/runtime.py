@@ -171,19 +171,19 @@ class Joining(Frozen):
     """The first message of a rank to its supervisor."""
 
     kind: Literal["joining"] = "joining"
-    epoch: Epoch
-    rank: Rank
+    epoch: int
+    rank: int
 
 
 class Loading(Frozen):
     kind: Literal["loading"] = "loading"
-    epoch: Epoch
+    epoch: int
 
 
 class Ready(Frozen):
     kind: Literal["ready"] = "ready"
-    epoch: Epoch
-    rank: Rank
+    epoch: int
+    rank: int
     links: tuple[LinkProfile, ...] = ()  # its stage's links, timed as the group formed
     memory: RankMemory = RankMemory()
 
