@@ -28,7 +28,6 @@ from exo_tp.api.errors import ApiError
 from exo_tp.api.routes import build_public_app
 from exo_tp.api.views import plan_view
 from exo_tp.errors import ExoTpError
-from exo_tp.frozen import replace
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.cluster_model import ClusterModel, Prepared, weights_url
 from exo_tp.node.config import NodeConfig
@@ -234,7 +233,9 @@ class Node:
             folder = self.weights.folder(order.key)
             if folder is None:
                 raise ControlRefused(f"{self.node_id} has no files of {order.name}")
-            await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)
+            await self.worker.replace(
+                assignment.model_copy(update={"model_dir": str(folder)}), body.leader
+            )
         else:  # fetch the shard first; the leader follows the fetch in this node's status
             await self.worker.replace(None)
             self.worker.assigned_by = body.leader
@@ -262,7 +263,9 @@ class Node:
             log.warning("epoch %d: %s", assignment.epoch, message)
             self.weights.failed(assignment.epoch, body.weights, message)
             return
-        await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)
+        await self.worker.replace(
+            assignment.model_copy(update={"model_dir": str(folder)}), body.leader
+        )
 
     async def _stop_loading(self) -> None:
         task, self._loading = self._loading, None
