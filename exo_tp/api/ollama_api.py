@@ -36,7 +36,7 @@ from exo_tp.api.ollama_shapes import (
     timestamp,
 )
 from exo_tp.api.openai_api import check_model
-from exo_tp.runtime.messages import Delta, Done
+from exo_tp.wire.runtime import Delta, Done
 
 OLLAMA_PREFIX = "/api/"
 # The Ollama version whose API this follows (clients check it for features such as tools).
@@ -198,7 +198,13 @@ async def _answer(
     )
     # generate's text continues its prompt: a first token's leading space is kept
     generation = generate_request(
-        "ollama", prompt.tokens, sampling, options.stop or [], continuation=not chat
+        node,
+        "ollama",
+        prompt.tokens,
+        sampling,
+        options.stop or [],
+        "messages" if chat else "prompt",
+        continuation=not chat,
     )
     answer = AnswerStream(node.tokenizer, prompt, streaming=False)
     lines = _Lines(node.model, chat)

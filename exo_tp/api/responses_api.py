@@ -44,7 +44,7 @@ from exo_tp.api.responses_shapes import (
     StreamEvent,
     Usage,
 )
-from exo_tp.runtime.messages import Delta, Done
+from exo_tp.wire.runtime import Delta, Done
 
 
 def _refuse_unsupported(body: Any) -> None:
@@ -233,7 +233,7 @@ async def responses(node: Backend, request: web.Request) -> web.StreamResponse:
         node, len(prompt.tokens), parsed.max_output_tokens, "input", "max_output_tokens"
     )
     sampling = sampling_params(node, parsed.sampling(), budget, logprobs=False, top_logprobs=0)
-    generation = generate_request("resp", prompt.tokens, sampling, [])
+    generation = generate_request(node, "resp", prompt.tokens, sampling, [], "input")
     answer = AnswerStream(node.tokenizer, prompt, streaming=False, max_calls=parsed.max_calls())
     head = _Head(node, parsed)
     output = _Output()
