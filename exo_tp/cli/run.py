@@ -35,6 +35,7 @@ from exo_tp.cli.security_args import (
     local_cluster_secret,
     node_secret,
 )
+from exo_tp.frozen import replace
 from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
@@ -395,6 +396,7 @@ def _path_list(text: str) -> list[Path]:
 
 def _run_local(args: argparse.Namespace, options: NodeOptions) -> int:
     from exo_tp.errors import ExoTpError
+    from exo_tp.frozen import replace
     from exo_tp.plan.devices import read_profile
     from exo_tp.security.access import API_KEY_ENV, read_api_key
     from exo_tp.security.cluster_secret import SECRET_ENV
@@ -410,7 +412,8 @@ def _run_local(args: argparse.Namespace, options: NodeOptions) -> int:
         env[API_KEY_ENV] = key
     # What every node shares: this machine's address, the models on its disk; the cluster
     # secret from the environment, any free control port, no RDMA.
-    shared = options.but(
+    shared = replace(
+        options,
         host="127.0.0.1",
         bind=None,
         control_port=0,
@@ -446,11 +449,13 @@ def _local_cluster(
     no_bench: bool,
     env: dict[str, str],
 ) -> int:
+    from exo_tp.frozen import replace
     from exo_tp.node.local_cluster import run_local_cluster
 
     cluster = f"local-{secrets.token_hex(4)}"
     nodes = [
-        shared.but(
+        replace(
+            shared,
             api_port=args.api_port + i,
             node_id=f"local-{i}",
             cluster=cluster,
@@ -488,7 +493,7 @@ async def _serve(
     profile = node_profile(options)
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
-        profile = profile.model_copy(update={"memory_total": total, "memory_available": available})
+        profile = replace(profile, memory_total=total, memory_available=available)
     rdma = {}
     for item in options.rdma:
         peer, _, device = item.partition("=")

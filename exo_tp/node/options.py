@@ -4,8 +4,6 @@ in it: they reach the node through its environment."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.frozen import Frozen
 from exo_tp.node.backend_choice import Requested
@@ -40,7 +38,3 @@ class NodeOptions(Frozen):
     max_queue: int
     stall_timeout: float
     defaults: GenerationDefaults
-
-    def but(self, **changes: Any) -> NodeOptions:
-        """A copy with ``changes``, validated (unlike `model_copy`)."""
-        return NodeOptions.model_validate({**self.model_dump(), **changes})

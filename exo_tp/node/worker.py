@@ -12,8 +12,8 @@ from exo_tp.plan.devices import LinkProfile
 from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Supervisor
 from exo_tp.runtime.job import Assignment
-from exo_tp.runtime.messages import RANK_EVENTS, RankMemory
 from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready
+from exo_tp.wire.runtime import RANK_EVENTS, RankMemory
 
 log = logging.getLogger(__name__)
 

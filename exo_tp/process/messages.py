@@ -1,7 +1,7 @@
 """What a supervised child tells its supervisor, over the framing of `exo_tp.transport.channel`.
 
 The supervisor understands five kinds of message, named here as base classes: a child's own
-link (`exo_tp.runtime.messages.RankEvent` for a serving rank) subclasses them to add what its
+link (`exo_tp.wire.runtime.RankEvent` for a serving rank) subclasses them to add what its
 owner needs (a rank's links and memory), and the supervisor reads them by their base class. A
 child with nothing to add uses the plain union `CHILD_EVENTS`. Nothing flows the other way: the
 supervisor closing the link means "stop".

@@ -19,8 +19,8 @@ from exo_tp.process.supervisor import (
     remove_orphaned_folders,
 )
 from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
-from exo_tp.runtime.messages import Heartbeat, RankMemory, Ready
 from exo_tp.transport.ring import jaccl_env, ring_env, write_hostfile
+from exo_tp.wire.runtime import Heartbeat, RankMemory, Ready
 
 FOLDER_PREFIX = "exo-tp-rank-"
 

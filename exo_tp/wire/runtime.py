@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.devices import LinkProfile
 from exo_tp.process.messages import (
     ChildFailed,
@@ -27,6 +27,7 @@ from exo_tp.process.messages import (
     ChildPhase,
     ChildReady,
 )
+from exo_tp.wire.ids import BatchUid, Epoch, Rank, RequestId
 
 # ---- what a request asks for --------------------------------------------------------------
 
@@ -56,11 +57,40 @@ class SamplingParams(Frozen):
 class GenerateRequest(Frozen):
     """One generation: the prompt's token ids and how to continue them."""
 
-    id: str = Field(min_length=1, max_length=200)
+    id: RequestId = Field(min_length=1, max_length=200)
     tokens: tuple[int, ...] = Field(min_length=1)
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()  # stop strings, matched on the streamed text
+    # the text continues the prompt's (completions): a first token's leading space is kept
+    continuation: bool = False
     logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
+
+    def fit(self, vocab_size: int) -> GenerateRequest:
+        """The one check of a request against its model, done where it is made (the API, the
+        launch CLI; the conductor trusts it): every token id inside the vocabulary, and a top_k
+        that keeps every token read as no filter. Raises OutOfVocabulary."""
+        for field, ids in (
+            ("tokens", self.tokens),
+            ("logit_bias", sorted(self.sampling.logit_bias or ())),
+        ):
+            for position, token in enumerate(ids):
+                if not 0 <= token < vocab_size:
+                    raise OutOfVocabulary(field, position, token, vocab_size)
+        if self.sampling.top_k < vocab_size:
+            return self
+        return replace(self, sampling=replace(self.sampling, top_k=0))
+
+
+class OutOfVocabulary(ValueError):
+    """A token id of a request's ``field`` ("tokens" or "logit_bias", at ``position``: in the
+    prompt, or among the sorted bias ids) that the model has no row for."""
+
+    def __init__(self, field: str, position: int, token: int, vocab_size: int):
+        super().__init__(
+            f"token id {token} at position {position} is outside this model's vocabulary "
+            f"(0 to {vocab_size - 1})"
+        )
+        self.field, self.position, self.token = field, position, token
 
 
 # ---- every link ------------------------------------------------------------------------
@@ -70,8 +100,8 @@ class Hello(Frozen):
     """The first message from the connecting end of a link: which epoch and rank it is."""
 
     kind: Literal["hello"] = "hello"
-    epoch: int
-    rank: int
+    epoch: Epoch
+    rank: Rank
 
 
 # ---- request source <-> conductor --------------------------------------------------------
@@ -84,7 +114,7 @@ class Generate(Frozen):
 
 class Cancel(Frozen):
     kind: Literal["cancel"] = "cancel"
-    id: str
+    id: RequestId
 
 
 SourceMessage = Annotated[Generate | Cancel, Field(discriminator="kind")]
@@ -103,7 +133,7 @@ class Delta(Frozen):
     """Newly generated tokens of one request and the text they complete."""
 
     kind: Literal["delta"] = "delta"
-    id: str
+    id: RequestId
     text: str
     tokens: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
@@ -114,7 +144,7 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 class Done(Frozen):
     kind: Literal["done"] = "done"
-    id: str
+    id: RequestId
     finish_reason: FinishReason
     stop_string: str | None = None  # the request's stop string that ended it, if one did
     prompt_tokens: int
@@ -128,7 +158,7 @@ class RequestFailed(Frozen):
     """This request failed (and only it: the ranks keep serving the others)."""
 
     kind: Literal["failed"] = "failed"
-    id: str
+    id: RequestId
     message: str
 
 
@@ -153,20 +183,20 @@ class Joining(ChildHello):
     """The first message of a rank to its supervisor (``child``: the token it was given)."""
 
     kind: Literal["joining"] = "joining"
-    epoch: int
-    rank: int
+    epoch: Epoch
+    rank: Rank
 
 
 class Loading(ChildPhase):
     kind: Literal["loading"] = "loading"
     phase: Literal["loading"] = "loading"
-    epoch: int
+    epoch: Epoch
 
 
 class Ready(ChildReady):
     kind: Literal["ready"] = "ready"
-    epoch: int
-    rank: int
+    epoch: Epoch
+    rank: Rank
     links: tuple[LinkProfile, ...] = ()  # its stage's links, timed as the group formed
     memory: RankMemory = RankMemory()
 
@@ -196,7 +226,7 @@ class Insert(Frozen):
     """A request joins the batch (every rank inserts it at the same step)."""
 
     kind: Literal["insert"] = "insert"
-    uid: int  # the batch generator's id: every rank's must agree
+    uid: BatchUid  # the batch generator's id: every rank's must agree
     tokens: tuple[int, ...]
     max_tokens: int
     save_logits: bool = False
@@ -206,7 +236,7 @@ class Remove(Frozen):
     """Requests leave the batch (cancelled, or stopped by a stop string)."""
 
     kind: Literal["remove"] = "remove"
-    uids: tuple[int, ...]
+    uids: tuple[BatchUid, ...]
 
 
 class Tokens(Frozen):
