@@ -27,6 +27,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
 
+from exo_tp.lab.factor import FACTOR_ENV, FACTOR_FILE_ENV, pin_from_env
 from exo_tp.models.registry import resolve_model
 from exo_tp.plan.cost import kv_bytes_per_token
 from exo_tp.process.lifecycle import die_with_parent
@@ -234,6 +235,10 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any]) -> None:
         Path(job.adapter_path) if job.adapter_path else None,
     )
     progress.load_peak = mx.get_peak_memory()
+    if os.environ.get(FACTOR_ENV) or os.environ.get(FACTOR_FILE_ENV):  # the lab's slow device
+        from exo_tp.lab.slowdown import slow_down_from_env
+
+        slow_down_from_env(model)
     mine = stage.tp.ranks[job.local_rank]
     log.info(
         "epoch %d rank %d: stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads "
@@ -262,6 +267,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any]) -> None:
 
 def main() -> None:
     die_with_parent()
+    pin_from_env()  # the lab: one core per rank (nothing unless EXO_TP_CPUS is set)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack on stderr
     job = Assignment.model_validate_json(Path(sys.argv[1]).read_text())
     logging.basicConfig(

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -127,14 +127,14 @@ class Supervisor:
     def address(self) -> str:
         return f"127.0.0.1:{self._listener.port}"
 
-    def start(self, job: Assignment) -> RankStatus:
+    def start(self, job: Assignment, extra_env: Mapping[str, str] | None = None) -> RankStatus:
         folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         jobfile = folder / "job.json"
         jobfile.write_text(job.model_dump_json())
         # Ranks never write to stdout (`exo-tp launch` prints only the text there).
         process = subprocess.Popen(
             [sys.executable, "-m", "exo_tp.runtime.rank", str(jobfile), self.address],
-            env=rank_environment(job, folder, self._key),
+            env={**rank_environment(job, folder, self._key), **(extra_env or {})},
             stdout=sys.stderr.fileno(),
         )
         status = RankStatus(job, process, folder)
