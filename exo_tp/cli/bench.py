@@ -73,12 +73,11 @@ def _peers(args: argparse.Namespace) -> Peers | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from exo_tp.lab.factor import check_factor
     from exo_tp.profile.cache import device_profile
     from exo_tp.profile.links import measure_links
     from exo_tp.profile.progress import Progress
     from exo_tp.profile.report import render_profile
-
-    from exo_tp.lab.factor import check_factor
 
     check_factor(args.work_factor, "--work-factor")
     peers = _peers(args)

@@ -114,9 +114,7 @@ def launch_local(
     source = Listener(f"{ADDRESS}:0", key, CONDUCTOR_EVENTS, launch.on_conductor, "launch")
     supervisor = Supervisor(key, launch.on_rank, stall_timeout)
     jobs = _jobs(model, plan, dtype, source.port, adapter_path)
-    ranks = [
-        supervisor.start(job, rank_env[job.rank] if rank_env else None) for job in jobs
-    ]
+    ranks = [supervisor.start(job, rank_env[job.rank] if rank_env else None) for job in jobs]
     joined = threading.Event()
     timer = threading.Timer(join_timeout, lambda: joined.is_set() or launch.events.put("join"))
     timer.daemon = True
