@@ -13,6 +13,7 @@ from exo_tp.cli.args import (
     positive_int,
     weight_list,
 )
+from exo_tp.cli.lab_args import add_lab_args, lab_environments
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
@@ -72,40 +73,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an mlx-lm LoRA adapter folder (e.g. from exo-tp "
         "finetune), applied to every rank's shard",
     )
-    add_lab_args(p, "rank")
+    add_lab_args(p, "rank", rebalance=False)
     p.set_defaults(handler=run)
-
-
-def add_lab_args(p: argparse.ArgumentParser, unit: str) -> None:
-    """The lab's emulated slow devices (exo_tp.lab.factor): off unless given."""
-    lab = p.add_argument_group("lab (emulated slow devices)")
-    lab.add_argument(
-        "--work-factor",
-        metavar="S,S,...",
-        help=f"each {unit}'s work factor s >= 1, e.g. 1,2.5: every matmul of that {unit} does "
-        f"s times the real work, and each {unit} is pinned to its own core",
-    )
-    lab.add_argument(
-        "--work-factor-file",
-        metavar="FILE,FILE,...",
-        help=f"each {unit}'s work factor read from a file, re-read while running (change "
-        f"a device's speed at run time); pins each {unit} to its own core",
-    )
-
-
-def lab_environments(args: argparse.Namespace, count: int) -> list[dict[str, str]] | None:
-    """Each rank's lab variables from --work-factor / --work-factor-file (None: lab off)."""
-    from exo_tp.lab.factor import core_for, lab_environment, parse_factors
-
-    if args.work_factor is None and args.work_factor_file is None:
-        return None
-    factors = parse_factors(args.work_factor, count) if args.work_factor else [None] * count
-    files: list[str | None] = [None] * count
-    if args.work_factor_file:
-        files = [f.strip() for f in args.work_factor_file.split(",")]
-        if len(files) != count or not all(files):
-            raise ExoTpError(f"--work-factor-file needs {count} comma-separated files")
-    return [lab_environment(factors[i], files[i], core_for(i)) for i in range(count)]
 
 
 def run(args: argparse.Namespace) -> int:

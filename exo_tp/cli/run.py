@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -28,6 +29,14 @@ from exo_tp.cli.args import (
     non_negative_int,
     positive_int,
     weight_list,
+)
+from exo_tp.cli.lab_args import (
+    add_lab_args,
+    lab_on,
+    local_node_args,
+    node_factor,
+    node_lab_environment,
+    scaled_profiles,
 )
 from exo_tp.cli.security_args import (
     add_security_args,
@@ -172,6 +181,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--local-nodes", type=positive_int, help="run a whole cluster of N nodes on this machine"
     )
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
+    add_lab_args(p, "node")
     add_generation_defaults(p)
     p.set_defaults(handler=run)
 
@@ -314,6 +324,8 @@ def run(args: argparse.Namespace) -> int:
 
         raise ExoTpError("--profiles is for --local-nodes; a single node takes --profile")
     generation_defaults(args)  # a bad value is one readable error before anything starts
+    if not args.local_nodes:
+        node_lab_environment(args)  # likewise a bad --work-factor
     if args.local_nodes:
         return _run_local(args)
     host = args.host or default_host()
@@ -386,6 +398,8 @@ def _run_local(args: argparse.Namespace) -> int:
     extra = ["--backend", args.backend, *serving_flags(args), *generation_flags(args)] + (
         ["--stages", args.stages] if args.stages else []
     )
+    extra += ["--rebalance", args.rebalance, "--rebalance-threshold", str(args.rebalance_threshold)]
+    node_args = local_node_args(args, args.local_nodes)
     if args.adapter_path:
         extra += ["--adapter-path", args.adapter_path]
     if args.allowed_origins is not None:
@@ -410,11 +424,24 @@ def _run_local(args: argparse.Namespace) -> int:
             env,
             extra,
             profiles=args.profiles,
+            node_args=node_args,
         )
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.
         profile = node_profile(args) if args.profile or not args.weights else None
+        if profile is not None and node_args is not None:  # the lab: each node its own device
+            return run_local_cluster(
+                args.local_nodes,
+                args.weights,
+                local_models(args),
+                args.api_port,
+                args.dtype,
+                env,
+                extra,
+                profiles=scaled_profiles(args, profile, args.local_nodes, tmp),
+                node_args=node_args,
+            )
         if profile is not None:
             path = Path(tmp) / "profile.json"
             path.write_text(profile.model_dump_json())
@@ -429,6 +456,7 @@ def _run_local(args: argparse.Namespace) -> int:
             args.dtype,
             env,
             extra,
+            node_args=node_args,
         )
 
 
@@ -450,6 +478,12 @@ async def _serve(
     if not folders:
         log.info("no --model: this node receives its shard of the cluster's model from peers")
     profile = node_profile(args)
+    # The lab: this node's ranks get its work factor and cores (they inherit the environment)
+    os.environ.update(node_lab_environment(args))
+    if profile is not None and lab_on(args) and not args.profile:
+        from exo_tp.lab.factor import scaled_profile
+
+        profile = scaled_profile(profile, node_factor(args))
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
         profile = profile.model_copy(update={"memory_total": total, "memory_available": available})
@@ -482,6 +516,8 @@ async def _serve(
         adapter_path=adapter_folder(args.adapter_path),
         stall_timeout=args.stall_timeout,
         defaults=generation_defaults(args),
+        rebalance=args.rebalance == "on",
+        rebalance_threshold=args.rebalance_threshold,
     )
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None

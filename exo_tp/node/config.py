@@ -33,6 +33,8 @@ class NodeConfig:
     adapter_path: str | None = None  # an mlx-lm LoRA adapter applied to every shard
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # API defaults
     access: ApiAccess = field(default_factory=ApiAccess)  # public API key and CORS origins
+    rebalance: bool = True  # leader: re-plan shares when the measured rank speeds drift
+    rebalance_threshold: float = 0.10  # the slowest rank's cost over a balanced split
 
     @property
     def listen_host(self) -> str:
