@@ -39,11 +39,13 @@ from exo_tp.node.control import ControlClient, ControlRefused, EpochState, NodeS
 from exo_tp.node.dispatch import Dispatcher
 from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.node.planning import cluster_from_members
+from exo_tp.node.rebalance import LiveBalance
 from exo_tp.plan import ModelSpec, plan_tensor_parallel
 from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
 from exo_tp.plan.predict import Prediction
+from exo_tp.plan.rebalance import RebalancePolicy
 from exo_tp.plan.render import describe
 from exo_tp.plan.render_choice import describe_candidate
 from exo_tp.plan.search import choose_plan
@@ -117,6 +119,9 @@ class Leader:
         self._failures = 0
         self._quarantine: dict[str, float] = {}  # node id -> until (monotonic)
         dispatcher.on_conductor_lost = self._conductor_lost
+        self.balance = LiveBalance(
+            RebalancePolicy(threshold=config.rebalance_threshold), config.rebalance
+        )
 
     @property
     def me(self) -> str:
@@ -161,6 +166,8 @@ class Leader:
         same = led is not None and led.members == nodes and led.model == model
         if same and led.state != "failed":
             self._track(led)
+            if led.state == "ready" and model is not None:
+                await self._rebalance(led, members, model)
             return
         if time.monotonic() - self.peers.changed_at < self.config.settle:
             return
@@ -189,6 +196,8 @@ class Leader:
             self._retry_at = time.monotonic() + min(30.0, 2.0**self._failures)
             self._failures += 1
         self._dispatcher.detach(reason)
+        self.balance.draining_since = None
+        self._dispatcher.resume()  # requests held for a planned re-plan get the 503 now
 
     def _conductor_lost(self, epoch: int) -> None:
         if self.led is not None and self.led.number == epoch:
@@ -226,6 +235,7 @@ class Leader:
         )
         if ready and self._dispatcher.attach(led.number):
             led.state, self._failures = "ready", 0
+            self._dispatcher.resume()  # requests held during a planned re-plan go now
             log.info("epoch %d ready: %d ranks", led.number, len(led.nodes))
         elif time.monotonic() - led.started > LOAD_TIMEOUT:
             self._fail(f"workers not ready after {LOAD_TIMEOUT:.0f}s")
@@ -251,6 +261,9 @@ class Leader:
                 own_profile if a.node_id == self.me else (status.profile if status else None)
             )
         weights = node_weights(members, profiles, weight_format(spec))
+        live = self.balance.live_weights([a.node_id for a in members])
+        if live:  # rebalanced: the ranks' live speeds (on the profiles' scale)
+            weights = [live.get(a.node_id, w) for a, w in zip(members, weights, strict=True)]
         stages = self.config.stages
         if stages and sum(stages) == len(members):
             groups, start = [], 0
@@ -340,12 +353,40 @@ class Leader:
                 prediction=prediction,
                 serving=self.config.serving,
                 adapter_path=self.config.adapter_path,
+                speed_probe=self.config.rebalance and len(plan.stages) == 1 and len(members) > 1,
             )
             await self._control.assign(member, assignment, self.me, weights[member.node_id])
         self.led.started = time.monotonic()
         if previous is not None:  # members dropped from the cluster let their workers go
             dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
             await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
+
+    async def _rebalance(self, led: Epoch, members: list[Announcement], model: str) -> None:
+        """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
+        let those in flight finish, and re-plan the shares (exo_tp.node.rebalance)."""
+        balance = self.balance
+        if balance.draining_since is None:
+            statuses = {n: self.peers.status(n) for n in led.nodes}
+            if not balance.observe(led, statuses, time.monotonic()):
+                return
+            profiles: dict[str, ProfileSummary | None] = {
+                n: s.profile if s else None for n, s in statuses.items()
+            }
+            announced = [m for m in members if m.node_id in statuses]
+            assert led.plan is not None
+            fmt = weight_format(led.plan.stages[0].tp.spec)
+            weights = dict(
+                zip(
+                    [a.node_id for a in announced],
+                    node_weights(announced, profiles, fmt),
+                    strict=True,
+                )
+            )
+            balance.begin(led, [m.node_id for m in members], weights)
+            self._dispatcher.hold()
+            return
+        if balance.drained(self._dispatcher.in_flight):
+            await self._form(members, model)
 
     async def _release(self, peer: Announcement, epoch: int) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):

@@ -208,6 +208,7 @@ class Node:
             rank_memory=worker.rank_memory,
             links=worker.links,
             weights=self.weights.status(),
+            speed=worker.speed,
         )
 
     async def _status(self) -> NodeStatus:
@@ -442,6 +443,7 @@ class Node:
             "model": assignment.model,
             "nodes": list(assignment.nodes),
             **plan_view(assignment.plan, assignment.prediction),
+            "balance": self.balance_view(),
         }
 
     def cluster_view(self) -> dict[str, Any]:
@@ -489,11 +491,16 @@ class Node:
             "nodes": nodes,
             "ranks": list(assignment.nodes) if assignment else [],
             "links": self._links_view(),
+            "balance": self.balance_view(),
             "serving": {
                 "max_concurrency": self.config.serving.max_concurrency,
                 "in_flight": self.dispatcher.in_flight,
             },
         }
+
+    def balance_view(self) -> dict[str, Any] | None:
+        """Live rank speeds, shares and imbalance (the leader's; exo_tp.node.rebalance)."""
+        return self.leader.balance.view(self.leader.led) if self._leads() and self.leader else None
 
     def _links_view(self) -> list[dict[str, Any]]:
         """Links measured by the workers of the current epoch (each once)."""

@@ -26,6 +26,7 @@ from typing import Literal
 
 import psutil
 
+from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
 from exo_tp.runtime.messages import (
     RANK_EVENTS,
@@ -105,6 +106,7 @@ class RankStatus:
     busy: bool = False
     progressed: float = field(default_factory=time.monotonic)  # when ``steps`` last grew
     stalled: Stall | None = None
+    speed: RankSpeed | None = None  # its latest live speed sample, if it probes
     stopping: bool = False  # stopped on purpose: its exit is no news
     channel: Channel[Joining | Loading | Ready | Heartbeat | RankFailed] | None = None
 
@@ -167,6 +169,7 @@ class Supervisor:
                 self._update(status, "ready")
             elif isinstance(event, Heartbeat):
                 status.memory, status.busy = event.memory, event.busy
+                status.speed = event.speed or status.speed
                 if event.steps != status.steps or not event.busy:
                     status.steps, status.progressed = event.steps, time.monotonic()
             elif isinstance(event, RankFailed):
