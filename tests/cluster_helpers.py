@@ -97,6 +97,8 @@ def local_cluster(
     # A generous stall timeout: a loaded 2-core box can take long over a batched step; the
     # stall tests set their own.
     stall = () if "--stall-timeout" in extra else ("--stall-timeout", "300")
+    # Unpinned ranks on a shared 2-core box: a test asks for live rebalancing explicitly.
+    stall += () if "--rebalance" in extra else ("--rebalance", "off")
     args = [
         *CLI,
         "run",
@@ -176,6 +178,8 @@ def loopback_nodes(
                         cluster,
                         "--model",
                         model,
+                        # a test asks for live rebalancing explicitly (see local_cluster)
+                        *(() if "--rebalance" in extra else ("--rebalance", "off")),
                         *extra,
                     ],
                     stdout=subprocess.DEVNULL,

@@ -38,9 +38,11 @@ def add_lab_args(p: argparse.ArgumentParser, unit: str, rebalance: bool = True) 
     group = p.add_argument_group("rebalancing while serving")
     group.add_argument(
         "--rebalance",
-        choices=("on", "off"),
-        default="on",
-        help="leader: re-plan the shares when the ranks' measured speeds drift (default on)",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="leader: re-plan the shares when the ranks' live speeds drift. auto (default): "
+        "on, except for --local-nodes without a work factor (unpinned local ranks share "
+        "cores: their speed is the scheduler's); never over shares set by --weight",
     )
     group.add_argument(
         "--rebalance-threshold",
@@ -68,6 +70,13 @@ def _lists(args: argparse.Namespace, count: int) -> tuple[list[float | None], li
 
 def lab_on(args: argparse.Namespace) -> bool:
     return bool(args.work_factor or args.work_factor_file)
+
+
+def rebalance_setting(args: argparse.Namespace) -> str:
+    """What --rebalance auto means here (on/off)."""
+    if args.rebalance != "auto":
+        return str(args.rebalance)
+    return "on" if lab_on(args) or not args.local_nodes else "off"
 
 
 def lab_environments(args: argparse.Namespace, count: int) -> list[dict[str, str]] | None:

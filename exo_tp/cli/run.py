@@ -36,6 +36,7 @@ from exo_tp.cli.lab_args import (
     local_node_args,
     node_factor,
     node_lab_environment,
+    rebalance_setting,
     scaled_profiles,
 )
 from exo_tp.cli.security_args import (
@@ -398,7 +399,8 @@ def _run_local(args: argparse.Namespace) -> int:
     extra = ["--backend", args.backend, *serving_flags(args), *generation_flags(args)] + (
         ["--stages", args.stages] if args.stages else []
     )
-    extra += ["--rebalance", args.rebalance, "--rebalance-threshold", str(args.rebalance_threshold)]
+    extra += ["--rebalance", rebalance_setting(args)]
+    extra += ["--rebalance-threshold", str(args.rebalance_threshold)]
     node_args = local_node_args(args, args.local_nodes)
     if args.adapter_path:
         extra += ["--adapter-path", args.adapter_path]
@@ -516,7 +518,7 @@ async def _serve(
         adapter_path=adapter_folder(args.adapter_path),
         stall_timeout=args.stall_timeout,
         defaults=generation_defaults(args),
-        rebalance=args.rebalance == "on",
+        rebalance=rebalance_setting(args) == "on",
         rebalance_threshold=args.rebalance_threshold,
     )
     node = Node(

@@ -365,6 +365,8 @@ class Leader:
         """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
         let those in flight finish, and re-plan the shares (exo_tp.node.rebalance)."""
         balance = self.balance
+        if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
+            return
         if balance.draining_since is None:
             statuses = {n: self.peers.status(n) for n in led.nodes}
             if not balance.observe(led, statuses, time.monotonic()):
