@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -65,7 +66,10 @@ def wait_ready(
 
 
 def free_port_base(count: int) -> int:
-    for base in range(18000, 30000, 97):
+    # From a random start: test runs side by side (several checkouts on one machine) would
+    # otherwise race for the same first free range.
+    start = 18000 + 97 * random.randrange(100)
+    for base in [*range(start, 30000, 97), *range(18000, start, 97)]:
         if all(port_is_free(base + i) for i in range(count)):
             return base
     raise RuntimeError("no free port range")
