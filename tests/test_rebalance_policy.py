@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+from exo_tp.plan import load_spec, plan_tensor_parallel
+from exo_tp.plan.pipeline import single_stage
 from exo_tp.plan.rebalance import (
     RebalancePolicy,
     RebalanceState,
@@ -11,6 +14,7 @@ from exo_tp.plan.rebalance import (
     balanced_weights,
     decide,
     imbalance,
+    replan_gain,
 )
 
 PROBE = 2.0  # seconds between samples, as the ranks probe
@@ -67,3 +71,17 @@ def test_a_short_dip_does_not_trigger() -> None:
         return (1.0, 0.4) if 60 <= now < 64 else (1.0, 1.0)  # a 4 s dip (Xcode opened, closed)
 
     assert _run(policy, [1.0, 1.0], speeds, 300, seed=2) == []
+
+
+def test_replan_gain_counts_what_a_split_can_reach(default_models: dict[str, Path]) -> None:
+    """SmolLM2's 9 heads split 6/3 or 5/4: equal devices gain nothing from re-planning an
+    even plan even though its bytes are 54/46; a 2.5x slower second device gains a lot."""
+    spec = load_spec(default_models["smollm2-135m"])
+    even = single_stage(plan_tensor_parallel(spec, [1.0, 1.0]))
+    nodes = ["a", "b"]
+    assert replan_gain(even, nodes, even, nodes, {"a": 1e9, "b": 1e9}) == 0
+    slow = {"a": 1e9, "b": 0.4e9}
+    follows = single_stage(plan_tensor_parallel(spec, [1.0, 0.4]))
+    gain = replan_gain(even, nodes, follows, nodes, slow)
+    assert gain is not None and gain > 0.4
+    assert replan_gain(even, nodes, follows, nodes, {"a": 1e9}) is None

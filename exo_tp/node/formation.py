@@ -45,7 +45,7 @@ from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
 from exo_tp.plan.predict import Prediction
-from exo_tp.plan.rebalance import RebalancePolicy
+from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
 from exo_tp.plan.render_choice import describe_candidate
 from exo_tp.plan.search import choose_plan
@@ -385,6 +385,15 @@ class Leader:
                 )
             )
             balance.begin(led, [m.node_id for m in members], weights)
+            me = self.peers.status(self.me)
+            spec = led.plan.stages[0].tp.spec
+            candidate, chosen, _ = self._plan(spec, members, me.profile if me else None)
+            gain = replan_gain(
+                led.plan, led.nodes, candidate, [m.node_id for m in chosen], balance.speeds()
+            )
+            if gain is not None and gain <= balance.policy.threshold / 2:
+                balance.cancel(f"the best split is only {100 * gain:.0f}% faster")
+                return
             self._dispatcher.hold()
             return
         if balance.drained(self._dispatcher.in_flight):

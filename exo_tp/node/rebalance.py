@@ -58,11 +58,14 @@ class LiveBalance:
         # the live share weights the next plan uses, and the members they were measured for
         self.weights: dict[str, float] = {}
         self.weights_members: tuple[str, ...] = ()
+        self._nodes: tuple[str, ...] = ()
+        self.skipped = ""  # why the last due re-plan was not done
 
     def observe(self, led: Epoch, statuses: Mapping[str, NodeStatus | None], now: float) -> bool:
         """Take the new samples of ``led``'s ranks; True when a re-plan is due."""
         if led.number != self.epoch:  # new shares: earlier samples describe another split
             self.epoch, self.latest, self.verdict = led.number, {}, None
+            self._nodes = tuple(led.nodes)
             self.state = RebalanceState(last_replan=self.state.last_replan)
         for rank, node in enumerate(led.nodes):
             status = statuses.get(node)
@@ -105,6 +108,22 @@ class LiveBalance:
             ", ".join(f"{n} {v / 1e6:.0f} MB/s" for n, v in speeds.items()),
         )
 
+    def speeds(self) -> dict[str, float]:
+        """The smoothed live speed of each rank's node (bytes/s) behind the last verdict."""
+        if self.verdict is None or self.verdict.speeds is None or self.epoch is None:
+            return {}
+        return dict(zip(self._nodes, self.verdict.speeds, strict=True))
+
+    def cancel(self, reason: str) -> None:
+        """The re-plan would not pay (steps of heads and groups): keep serving, and wait the
+        cooldown before deciding again."""
+        self.draining_since = None
+        self.weights, self.weights_members = {}, ()
+        if self.history:
+            self.history.pop()
+        self.skipped = reason
+        log.info("not re-planning: %s", reason)
+
     def drained(self, in_flight: int) -> bool:
         assert self.draining_since is not None
         waited = time.monotonic() - self.draining_since
@@ -146,6 +165,7 @@ class LiveBalance:
             "imbalance": verdict.imbalance if verdict else None,
             "over_threshold_since": self.state.over_since,
             "state": "draining" if self.draining_since is not None else "serving",
+            "skipped": self.skipped,
             "ranks": ranks,
             "rebalances": [
                 {

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from pydantic import Field
 
 from exo_tp.frozen import Frozen
+from exo_tp.plan.cost import rank_load
+from exo_tp.plan.pipeline import PipelinePlan
 
 
 class RankSpeed(Frozen):
@@ -112,3 +114,41 @@ def balanced_weights(speeds: Sequence[float], scale_to: Sequence[float]) -> list
     planner's cost model works in): same total, ratios of the live measurement."""
     total = sum(speeds)
     return [v * sum(scale_to) / total for v in speeds]
+
+
+def token_seconds(
+    plan: PipelinePlan, nodes: Sequence[str], speeds: Mapping[str, float]
+) -> float | None:
+    """Seconds of weight reading per token under ``plan`` at the ranks' live ``speeds``
+    (bytes/s by node; ``nodes``: the node of each global rank): the slowest rank of each
+    stage, summed over the stages. None if a rank's speed is unknown."""
+    total = 0.0
+    for index, stage in enumerate(plan.stages):
+        first, last = index == 0, index == len(plan.stages) - 1
+        slowest = 0.0
+        for local, rank in enumerate(stage.ranks):
+            speed = speeds.get(nodes[rank])
+            if not speed:
+                return None
+            load = rank_load(stage.tp.spec, stage.tp.ranks[local], stage.layers, first, last)
+            slowest = max(slowest, load.read_bytes / speed)
+        total += slowest
+    return total
+
+
+def replan_gain(
+    current: PipelinePlan,
+    current_nodes: Sequence[str],
+    candidate: PipelinePlan,
+    candidate_nodes: Sequence[str],
+    speeds: Mapping[str, float],
+) -> float | None:
+    """How much faster the candidate split reads a token than the current one at the live
+    speeds (0.2: 20% faster). Heads and quantization groups split in steps, so the best
+    achievable split may be no better than the current one even when the continuous
+    imbalance says otherwise. None when a speed is unknown."""
+    now = token_seconds(current, current_nodes, speeds)
+    new = token_seconds(candidate, candidate_nodes, speeds)
+    if now is None or new is None or new <= 0:
+        return None
+    return now / new - 1.0
