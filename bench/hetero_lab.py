@@ -28,6 +28,7 @@ quick profiles: checks the lab runs, measures nothing worth reporting.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -286,11 +287,12 @@ def _get(url: str) -> dict:
 def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
     factor = args.factors[-1]
     window = 20.0 if args.quick else 60.0
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         files = [Path(tmp) / "f0", Path(tmp) / "f1"]
         for f in files:
             write_factor_file(f, 1.0)
         port = 24000 + os.getpid() % 2000
+        log = stack.enter_context((Path(tmp) / "cluster.log").open("w"))
         cluster = subprocess.Popen(
             [
                 sys.executable,
@@ -312,7 +314,7 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
                 ",".join(map(str, files)),
             ],
             stdout=subprocess.DEVNULL,
-            stderr=open(Path(tmp) / "cluster.log", "w"),
+            stderr=log,
             env=env(),
             start_new_session=True,
         )
