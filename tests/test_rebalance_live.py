@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cluster_helpers import http_json, local_cluster
 from helpers import mlx_lm_reference
 from openai import OpenAI
@@ -96,6 +97,9 @@ def _wait(what: str, check: Any, timeout: float, streams: _Streams) -> Any:
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+# Minutes of a 2-node cluster under load; `bench/hetero_lab.py --mode rebalance` measures the
+# same change (tokens/s before, slowed, after; seconds to re-plan; failed requests).
+@pytest.mark.slow
 def test_a_rank_slowed_at_run_time_is_rebalanced_without_losing_a_request(
     tmp_path: Path, default_models: dict[str, Path]
 ) -> None:
