@@ -369,6 +369,7 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
         "replan_seconds": round(replanned - changed, 1) if replanned else None,
         "shares_after": shares,
         "failed_requests": len(errors),
+        "failures": errors[:3],
     }
     print(
         f"s 1 -> {factor:g}: {before:.2f} tok/s before, {slowed:.2f} slowed, {after:.2f} after "

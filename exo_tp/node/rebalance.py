@@ -31,7 +31,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DRAIN_SECONDS = 60.0  # longest a planned re-plan waits for requests in flight to finish
+# Longest a planned re-plan waits for requests in flight to finish: long, since cutting them
+# would lose them (a loaded cluster takes minutes over a batch of long answers); a stuck one is
+# the stall watchdog's, which fails the epoch anyway.
+DRAIN_SECONDS = 600.0
 SAMPLE_MAX_AGE = 15.0  # a sample older than this (an idle cluster probes nothing) is not news
 
 
