@@ -292,7 +292,9 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
         for f in files:
             write_factor_file(f, 1.0)
         port = 24000 + os.getpid() % 2000
-        log = stack.enter_context((Path(tmp) / "cluster.log").open("w"))
+        log_path = Path(tempfile.gettempdir()) / f"hetero-lab-rebalance-{os.getpid()}.log"
+        print(f"cluster log: {log_path}", file=sys.stderr, flush=True)
+        log = stack.enter_context(log_path.open("w"))
         cluster = subprocess.Popen(
             [
                 sys.executable,
