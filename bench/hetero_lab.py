@@ -342,7 +342,7 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
                 t.start()
             t0 = time.monotonic()
             time.sleep(window)  # a bench: measuring a window of throughput, not waiting on state
-            before = _tps(tokens, t0 + window / 3, t0 + window)
+            before = _tps(tokens, t0, t0 + window)
             write_factor_file(files[1], factor)
             changed = time.monotonic()
             replanned = None
@@ -354,7 +354,7 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
                 time.sleep(0.5)
             slowed = _tps(tokens, changed, replanned or time.monotonic())
             time.sleep(window)
-            after = _tps(tokens, (replanned or changed) + window / 3, time.monotonic())
+            after = _tps(tokens, replanned or changed, time.monotonic())
             stop.set()
             for t in threads:
                 t.join(timeout=600)
