@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import address_list, non_negative_int, port_number, positive_float
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import replace
 
 if TYPE_CHECKING:
     from exo_tp.profile.peers import Peers
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             work_factor=args.work_factor,
         )
     if peers:
-        profile = profile.model_copy(update={"node_id": peers.label(peers.rank), "links": links})
+        profile = replace(profile, node_id=peers.label(peers.rank), links=links)
     print(render_profile(profile, cached=cached))
     if args.out:
         try:

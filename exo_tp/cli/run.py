@@ -45,6 +45,7 @@ from exo_tp.cli.security_args import (
     local_cluster_secret,
     node_secret,
 )
+from exo_tp.frozen import replace
 from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
@@ -488,7 +489,7 @@ async def _serve(
         profile = scaled_profile(profile, node_factor(args))
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
-        profile = profile.model_copy(update={"memory_total": total, "memory_available": available})
+        profile = replace(profile, memory_total=total, memory_available=available)
     rdma = {}
     for item in args.rdma:
         peer, _, device = item.partition("=")
