@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import replace
 from exo_tp.plan.devices import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -166,19 +167,17 @@ def scaled_profile(profile: DeviceProfile, factor: float) -> DeviceProfile:
     if factor == 1:
         return profile
     kernels = tuple(
-        k.model_copy(
-            update={
-                "seconds": k.seconds * factor,
-                "flops": k.flops / factor,
-                "weight_bytes_per_second": k.weight_bytes_per_second / factor,
-            }
+        replace(
+            k,
+            seconds=k.seconds * factor,
+            flops=k.flops / factor,
+            weight_bytes_per_second=k.weight_bytes_per_second / factor,
         )
         for k in profile.kernels
     )
-    return profile.model_copy(
-        update={
-            "decode_seconds_per_byte": profile.decode_seconds_per_byte * factor,
-            "prefill_flops": profile.prefill_flops / factor,
-            "kernels": kernels,
-        }
+    return replace(
+        profile,
+        decode_seconds_per_byte=profile.decode_seconds_per_byte * factor,
+        prefill_flops=profile.prefill_flops / factor,
+        kernels=kernels,
     )
