@@ -312,6 +312,8 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
                 "2",
                 "--rebalance",
                 "on",
+                "--stall-timeout",  # pinned ranks on a busy machine can starve for a minute
+                "300",
                 "--work-factor-file",
                 ",".join(map(str, files)),
             ],
