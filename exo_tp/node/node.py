@@ -24,7 +24,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp import __version__
 from exo_tp.api.defaults import GenerationDefaults
-from exo_tp.api.errors import ApiError
+from exo_tp.api.errors import FORWARD_PREFIX, ApiError
 from exo_tp.api.routes import build_public_app
 from exo_tp.api.views import plan_view
 from exo_tp.errors import ExoTpError
@@ -45,12 +45,14 @@ from exo_tp.node.control import (
 )
 from exo_tp.node.dispatch import Dispatcher
 from exo_tp.node.formation import Leader
+from exo_tp.node.listeners import Listeners, guard_cluster_app, mount_forwarded_api
 from exo_tp.node.memory import memory_now
 from exo_tp.node.peers import Peers
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.plan.devices import ProfileSummary
 from exo_tp.runtime.messages import Delta, Done, GenerateRequest
+from exo_tp.security.signing import control_headers
 from exo_tp.transport.ports import free_ports
 from exo_tp.weights.server import MOUNT
 
@@ -79,7 +81,7 @@ class Node:
         self.models: ClusterModel | None = None
         self._loading: asyncio.Task[None] | None = None  # fetch, then start the worker
         self._assigned_key: str | None = None  # the model of the latest assignment
-        self._runners: list[web.AppRunner] = []
+        self.listeners = Listeners()  # the public API's and the cluster's, apart
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -91,11 +93,22 @@ class Node:
             self.config.secret, self._status, self._ports, self._assign, self._release
         )
         control.add_subapp(MOUNT, self.weights.app())
-        control_port = await self._serve(control, self.config.control_port)
+        api_limits, cluster_limits = self.config.api_limits, self.config.cluster_limits
+        forwarded = build_public_app(
+            self, web.RouteTableDef(), self.config.access, cluster_limits.body_timeout
+        )
+        mount_forwarded_api(control, forwarded)
+        guard_cluster_app(control, cluster_limits)
+        host = self.config.listen_host
+        control_port = await self.listeners.serve_cluster(
+            control, host, self.config.control_port, cluster_limits
+        )
         requests_port = await self.dispatcher.start()
-        await self._serve(
-            build_public_app(self, public_routes, self.config.access),
+        await self.listeners.serve_api(
+            build_public_app(self, public_routes, self.config.access, api_limits.body_timeout),
+            host,
             self.config.api_port,
+            api_limits,
             handler_cancellation=True,
         )
         me = self._announcement(control_port)
@@ -123,13 +136,6 @@ class Node:
             self.config.cluster,
         )
 
-    async def _serve(self, app: web.Application, port: int, **kwargs: Any) -> int:
-        runner = web.AppRunner(app, access_log=None, **kwargs)
-        await runner.setup()
-        await web.TCPSite(runner, self.config.listen_host, port).start()
-        self._runners.append(runner)
-        return runner.addresses[0][1]
-
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -140,8 +146,7 @@ class Node:
         self.dispatcher.stop()
         if self.peers is not None:
             await self.peers.stop()
-        for runner in self._runners:
-            await runner.cleanup()
+        await self.listeners.close()
         await self.control.close()
         if self._session is not None:
             await self._session.close()
@@ -382,7 +387,10 @@ class Node:
             raise ApiError(
                 503, "cluster not ready: no leader", kind="server_error", code="cluster_not_ready"
             )
-        return leader.api_url
+        return leader.control_url + FORWARD_PREFIX
+
+    def forward_headers(self, path: str, body: bytes) -> dict[str, str]:
+        return control_headers(self.config.secret, path, body)
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         return self.dispatcher.generate(request)
@@ -404,6 +412,7 @@ class Node:
                 "stalled": worker.stalled,
                 "error": worker.error,
             },
+            "connections": self.listeners.view(),
         }
 
     def serving_state(self) -> str:
