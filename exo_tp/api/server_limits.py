@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,14 @@ class _JsonErrorHandler(RequestHandler):
     ) -> web.StreamResponse:
         if request.writer.output_size > 0:
             raise ConnectionError("response already started: cannot send an error")
-        reason = _short_reason(exc, message, status)
+        if isinstance(exc, LineTooLong):
+            status = 431
+            reason = (
+                f"a request line or header is longer than {self.max_field_size} bytes (this "
+                f"node's --max-header-size)"
+            )
+        else:
+            reason = _short_reason(exc, message, status)
         path = _path_of(self.first_line)
         if status >= 500:
             log.error("HTTP error %d on %s from %s: %s", status, path, request.remote, reason)
@@ -274,7 +282,7 @@ class LimitedSite(web.TCPSite):
         handler_kwargs: dict[str, Any],
     ):
         super().__init__(runner, host, port, backlog=1024)
-        self.limits, self.shape, self.name = limits, shape, name
+        self.limits, self.shape, self.listener = limits, shape, name
         self.admission = _Admission(limits, name)
         self.timed_out = 0
         self._handler_kwargs = handler_kwargs

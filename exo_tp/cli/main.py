@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from exo_tp import __version__
+from exo_tp import __version__, log_flood
 from exo_tp.cli import bench, finetune, launch, model, plan, run
 from exo_tp.errors import ExoTpError
 from exo_tp.process.lifecycle import exit_on_sigterm
@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(levelname)s %(message)s",
     )
+    log_flood.install()  # a flood of one error (a failing accept()) is summarised, not copied
     try:
         return int(args.handler(args) or 0)
     except ExoTpError as error:

@@ -352,8 +352,11 @@ class Node:
         listed model is served, which makes the leader load this one."""
         assert self.models is not None
         key = self.models.key_of(name)
+        listing = self.models.listing()
+        if key is None and not self.config.strict_model_names and len(listing) == 1:
+            key = listing[0][1]  # one model: it serves any name, as mlx_lm.server does
         if key is None:
-            listed = ", ".join(f"'{n}'" for n, _ in self.models.listing()) or "none yet"
+            listed = ", ".join(f"'{n}'" for n, _ in listing) or "none yet"
             raise ApiError(
                 404,
                 f"The model '{name}' does not exist; this cluster serves: {listed}.",
