@@ -440,9 +440,12 @@ class Node:
             # A node the planner left out holds no rank but still shows the cluster's plan.
             leader = self.peers.get(self.peers.leader_id()) if self.peers else None
             if leader is not None and not self._leads() and self._session is not None:
+                # over the leader's cluster listener: a flood of its public API cannot block it
+                path = FORWARD_PREFIX + "/v1/plan"
+                headers = {**self.config.access.auth_headers(), **self.forward_headers(path, b"")}
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                     async with self._session.get(
-                        leader.api_url + "/v1/plan", headers=self.config.access.auth_headers()
+                        leader.control_url + path, headers=headers
                     ) as upstream:
                         view = await upstream.json()
                         if view.get("nodes"):
