@@ -88,10 +88,10 @@ def local_cluster(
     env: dict[str, str] | None = None,
     log: Path | None = None,
     headers: dict[str, str] | None = None,
-    fd_limit: int | None = None,
+    fd_limit: tuple[int, int] | None = None,
 ) -> Iterator[LocalCluster]:
-    """``exo-tp run --local-nodes``. ``fd_limit``: the nodes' open-files limit (soft and
-    hard), as on a machine with a low one. Without weights, --profile or ``bench`` the nodes get
+    """``exo-tp run --local-nodes``. ``fd_limit``: the nodes' open-files limit (soft, hard),
+    as on a machine with a low one. Without weights, --profile or ``bench`` the nodes get
     --no-bench: a test spends ~10 s of CPU on a device measurement only if it asks for one.
     ``env``: variables added to this process's; ``log``: the cluster's stderr goes there;
     ``headers``: sent with the readiness checks (an API key)."""
@@ -137,10 +137,10 @@ def local_cluster(
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _limit_files(limit: int) -> None:
+def _limit_files(limit: tuple[int, int]) -> None:
     import resource
 
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_NOFILE, limit)
 
 
 @dataclass

@@ -60,14 +60,33 @@ class Limits:
     lingering_time: float = 2.0  # seconds spent draining an unread body before closing
 
 
+_AT_START: tuple[int, int] | None = None
+
+
+def remember_fd_limit() -> None:
+    """Note the open-files limit before anything imports mlx_lm: importing ``mlx_lm.utils``
+    sets it to (2048, 4096), lowering the hard limit of a machine that allows more."""
+    global _AT_START
+    if _AT_START is None:
+        _AT_START = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
 def raise_fd_limit() -> tuple[int, int]:
     """Raise the soft limit on open files to the hard one (the default soft limit, often
-    1024, is what a flood meets first). Returns (soft, hard) afterwards."""
+    1024, or mlx_lm's 2048, is what a flood meets first), and the hard one back to what it
+    was at start where the process may. Returns (soft, hard) afterwards."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    hard_target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
-    if soft != resource.RLIM_INFINITY and soft < hard_target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard_target, hard))
+    first = _AT_START[1] if _AT_START is not None else hard
+    for target in dict.fromkeys((first, hard)):
+        if target == resource.RLIM_INFINITY:
+            target = 1 << 20
+        if soft != resource.RLIM_INFINITY and soft >= target:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, max(target, hard)))
+            break
+        except (ValueError, OSError):  # raising the hard limit needs CAP_SYS_RESOURCE
+            continue
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from exo_tp import __version__, log_flood
+from exo_tp.api.server_limits import remember_fd_limit
 from exo_tp.cli import bench, finetune, launch, model, plan, run
 from exo_tp.errors import ExoTpError
 from exo_tp.process.lifecycle import exit_on_sigterm
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    remember_fd_limit()  # before mlx_lm's import lowers it (see raise_fd_limit)
     args = build_parser().parse_args(argv)
     exit_on_sigterm()
     logging.basicConfig(
