@@ -25,7 +25,6 @@ of their own with their own limits, see `exo_tp.node.node`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import resource
