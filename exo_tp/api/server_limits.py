@@ -252,10 +252,10 @@ class _Guard(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._inner is None:
             return
+        if len(self._line) < _FIRST_LINE_MAX and b"\r\n" not in self._line:
+            self._line += data[: _FIRST_LINE_MAX - len(self._line)]
+            self._inner.first_line = self._line.split(b"\r\n", 1)[0]
         if self._head_timer is not None:
-            if len(self._line) < _FIRST_LINE_MAX and b"\r\n" not in self._line:
-                self._line += data[: _FIRST_LINE_MAX - len(self._line)]
-                self._inner.first_line = self._line.split(b"\r\n", 1)[0]
             seen = self._tail + data
             if _HEAD_END in seen:
                 self._head_timer.cancel()
