@@ -27,7 +27,7 @@ from test_faults import _rank_processes
 
 MODEL = "smollm2-135m"
 TIMEOUT = 3.0  # the nodes' --header-timeout, --body-timeout and --keepalive-timeout
-SLACK = 3.0  # a loaded 2-core box may close a connection this much later
+SLACK = 5.0  # a loaded 2-core box (7 test runs at once) closes a connection this much later
 # The nodes' open-files limit: what importing mlx_lm.utils sets (soft 2048, hard 4096), and what
 # ~2,100 stalled connections exhausted before connections were capped.
 FD_LIMIT = (2048, 4096)
@@ -356,13 +356,13 @@ def test_stalled_connections_never_fail_the_cluster(
                 healths["reset"] += 1
     finally:
         outputs = [f.communicate(timeout=120)[0] for f in floods]
-    for output in outputs:
-        outcome = json.loads(output.strip().splitlines()[-1])
-        print("flood", outcome)
+    outcomes = [json.loads(output.strip().splitlines()[-1]) for output in outputs]
+    print("floods", outcomes)
+    print("latencies", [round(x, 2) for x in latencies], "unflooded", unflooded, dict(healths))
+    for outcome in outcomes:
         assert outcome.get("stalled", 0) > 0, outcome
         assert outcome.get("closed", 0) + outcome.get("408", 0) > 0, outcome
         assert outcome["longest"] < TIMEOUT + SLACK, outcome
-    print("latencies", [round(x, 2) for x in latencies], "unflooded", unflooded, dict(healths))
     assert max(latencies) < bound, (latencies, unflooded)
     assert epochs == {(before["epoch"], before["leader"])}, epochs
     assert log_file.stat().st_size - log_before < 1_000_000
