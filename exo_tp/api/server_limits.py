@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 import resource
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 # (path of the failed request or "", HTTP status, message) -> the JSON body to answer with
 ErrorShape = Callable[[str, int, str], dict[str, Any]]
 _HEAD_END = b"\r\n\r\n"
+# Refusals answered per second and listener; past it the listener pauses until the next second
+REFUSALS_PER_SECOND = 200
 _FIRST_LINE_MAX = 2048  # bytes of a request line kept to pick the error shape of a bad request
 
 
@@ -304,6 +307,7 @@ class LimitedSite(web.TCPSite):
         self.admission = _Admission(limits, name)
         self.timed_out = 0
         self._handler_kwargs = handler_kwargs
+        self._second, self._refused_this_second, self._paused = 0, 0, False
 
     def make_handler(self) -> _JsonErrorHandler:
         server = self._runner.server
@@ -315,17 +319,51 @@ class LimitedSite(web.TCPSite):
     def refused(self, address: str, why: str) -> None:
         self.admission.refused += 1
         log.warning("refused a connection from %s: %s", address, why)
+        second = int(time.monotonic())
+        if second != self._second:
+            self._second, self._refused_this_second = second, 0
+        self._refused_this_second += 1
+        if self._refused_this_second >= REFUSALS_PER_SECOND:
+            self._pause(second + 1 - time.monotonic())
+
+    def _pause(self, seconds: float) -> None:
+        """Stop accepting for the rest of this second: the kernel's backlog holds what comes
+        meanwhile, at no cost to this process. Each refusal costs an accept, a transport and a
+        write; a flood of thousands a second would take the event loop from the cluster's own
+        traffic. (asyncio pauses a listener the same way when accept() fails with EMFILE.)"""
+        loop = asyncio.get_running_loop()
+        server = self._server
+        sockets = getattr(server, "_sockets", None)
+        if self._paused or not sockets or not hasattr(loop, "_start_serving"):
+            return  # another event loop (uvloop): refusals stay unthrottled
+        self._paused = True
+        for sock in sockets:
+            loop._remove_reader(sock.fileno())  # type: ignore[attr-defined]
+        loop.call_later(max(0.05, seconds), self._resume, sockets)
+
+    def _resume(self, sockets: list[Any]) -> None:
+        self._paused = False
+        if self._server is None or not self._server.is_serving():  # type: ignore[union-attr]
+            return
+        loop = asyncio.get_running_loop()
+        for sock in sockets:
+            loop._start_serving(  # type: ignore[attr-defined]
+                self._factory, sock, None, self._server, self._backlog
+            )
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Guard(self),
+            self._factory,
             self._host,
             self._port,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
         )
+
+    def _factory(self) -> _Guard:
+        return _Guard(self)
 
     def stats(self) -> dict[str, int]:
         return {
