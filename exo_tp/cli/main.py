@@ -41,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(message)s",
     )
     log_flood.install()  # a flood of one error (a failing accept()) is summarised, not copied
+    if not args.verbose:
+        # One line per HTTP request (huggingface_hub talks through httpx): noise, not news.
+        for name in ("httpx", "httpx2", "httpcore", "huggingface_hub"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.handler(args) or 0)
     except ExoTpError as error:
