@@ -10,8 +10,9 @@ tokens, ``--active`` clients sending back to back) twice:
           addresses (so that no per-address cap refuses them); one the node closes (its
           --keepalive-timeout) is opened again at once, so the count holds throughout.
 
-Prints p50 / p95 of each phase and their ratio; the target is loaded p95 <= 1.2x base p95 at
-``--idle 1000``. The last line of stdout is one JSON object.
+The phases alternate (``--rounds``), so that a shared machine's drifting load does not count
+as the idle connections' cost. Prints p50 / p95 of each phase and their ratio; the target is
+loaded p95 <= 1.2x base p95 at ``--idle 1000``. The last line of stdout is one JSON object.
 
     python bench/conn_load.py [--idle 1000] [--active 2] [--requests 12] [--max-tokens 4]
         [--nodes 2] [--logs DIR]
@@ -149,15 +150,23 @@ def _pcts(values: list[float]) -> dict[str, float]:
 
 async def _measure(args: argparse.Namespace, url: str, port: int) -> dict[str, object]:
     await _requests(url, 1, 1, args.max_tokens)  # warm up (first prefill, caches)
-    base = await _requests(url, args.active, args.requests, args.max_tokens)
+    base: list[float] = []
+    loaded: list[float] = []
     idle = Idle(port, args.idle)
-    await idle.start()
-    held = idle.open
-    try:
-        loaded = await _requests(url, args.active, args.requests, args.max_tokens)
-        still = idle.open
-    finally:
-        await idle.stop()
+    held = still = 0
+    # Alternating rounds: a shared machine's load drifts, and must not count as the idle
+    # connections' cost.
+    per_round = max(1, args.requests // args.rounds)
+    for _ in range(args.rounds):
+        base += await _requests(url, args.active, per_round, args.max_tokens)
+        idle = Idle(port, args.idle)
+        await idle.start()
+        held = idle.open
+        try:
+            loaded += await _requests(url, args.active, per_round, args.max_tokens)
+            still = idle.open
+        finally:
+            await idle.stop()
     b, lo = _pcts(base), _pcts(loaded)
     return {
         "idle": args.idle,
@@ -179,6 +188,7 @@ def main() -> int:
     p.add_argument("--active", type=int, default=2)
     p.add_argument("--requests", type=int, default=12, help="requests per active client")
     p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3, help="alternating base/loaded rounds")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--logs", type=Path)
     args = p.parse_args()
