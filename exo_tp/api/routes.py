@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
-from exo_tp.api import anthropic_api, openai_api
+from exo_tp.api import anthropic_api, ollama_api, openai_api, responses_api
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
 from exo_tp.api.guard import install_guard
@@ -35,6 +35,8 @@ _USABLE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def error_response(error: ApiError, request: web.Request | None = None) -> web.Response:
+    if request is not None and api_path(request.path).startswith(ollama_api.OLLAMA_PREFIX):
+        return ollama_api.ollama_error(error)
     body = shaped_body(request.path, error) if request is not None else error.body()
     return web.json_response(body, status=error.status, headers=error.headers())
 
@@ -172,6 +174,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, openai_api.completions)
 
 
+@ROUTES.post("/v1/responses")
+@ROUTES.post("/responses")
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, responses_api.responses)
+
+
 @ROUTES.post("/v1/messages")
 async def messages(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, anthropic_api.messages)
@@ -180,6 +188,39 @@ async def messages(request: web.Request) -> web.StreamResponse:
 @ROUTES.post("/v1/messages/count_tokens")
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, anthropic_api.count_tokens)
+
+
+# ---- Ollama's API (a third dialect over the same generation path) ---------------------------
+
+
+@ROUTES.get("/api/version")
+async def ollama_version(request: web.Request) -> web.Response:
+    return await ollama_api.version(request)
+
+
+@ROUTES.get("/api/tags")
+async def ollama_tags(request: web.Request) -> web.Response:
+    return ollama_api.tags(_node(request))
+
+
+@ROUTES.get("/api/ps")
+async def ollama_ps(request: web.Request) -> web.Response:
+    return ollama_api.ps(_node(request))
+
+
+@ROUTES.post("/api/show")
+async def ollama_show(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, ollama_api.show)
+
+
+@ROUTES.post("/api/chat")
+async def ollama_chat(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, ollama_api.chat)
+
+
+@ROUTES.post("/api/generate")
+async def ollama_generate(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, ollama_api.generate)
 
 
 async def _pass_to_leader(request: web.Request, upstream_url: str) -> web.StreamResponse:
