@@ -92,8 +92,10 @@ def local_cluster(
     env: dict[str, str] | None = None,
     log: Path | None = None,
     headers: dict[str, str] | None = None,
+    fd_limit: tuple[int, int] | None = None,
 ) -> Iterator[LocalCluster]:
-    """``exo-tp run --local-nodes``. Without weights, --profile or ``bench`` the nodes get
+    """``exo-tp run --local-nodes``. ``fd_limit``: the nodes' open-files limit (soft, hard),
+    as on a machine with a low one. Without weights, --profile or ``bench`` the nodes get
     --no-bench: a test spends ~10 s of CPU on a device measurement only if it asks for one.
     ``env``: variables added to this process's; ``log``: the cluster's stderr goes there;
     ``headers``: sent with the readiness checks (an API key)."""
@@ -126,6 +128,7 @@ def local_cluster(
         stderr=stderr,
         start_new_session=True,
         env={**os.environ, **env} if env else None,
+        preexec_fn=None if fd_limit is None else lambda: _limit_files(fd_limit),
     )
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
@@ -138,6 +141,12 @@ def local_cluster(
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _limit_files(limit: tuple[int, int]) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, limit)
 
 
 @dataclass

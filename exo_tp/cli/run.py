@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exo_tp.api.server_limits import Limits
 from exo_tp.cli.args import (
     int_list,
     json_object,
@@ -50,6 +51,7 @@ from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
     from exo_tp.api.defaults import GenerationDefaults
+    from exo_tp.api.server_limits import Limits
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.runtime.job import ServingOptions
     from exo_tp.security.access import ApiAccess
@@ -179,6 +181,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds a rank may make no progress before its epoch fails "
         "and the cluster re-plans without it (default 30)",
     )
+    add_connection_args(p)
+    p.add_argument(
+        "--strict-model-names",
+        action="store_true",
+        help="answer 404 to a request naming a model no node has; by default, while the "
+        "cluster lists one model, such a request is served by it (as mlx_lm.server does)",
+    )
     p.add_argument(
         "--local-nodes", type=positive_int, help="run a whole cluster of N nodes on this machine"
     )
@@ -186,6 +195,114 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_lab_args(p, "node")
     add_generation_defaults(p)
     p.set_defaults(handler=run)
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """Bounds on connections, so that no client can exhaust a node (see
+    exo_tp.api.server_limits). The public API and the cluster listener have their own caps."""
+    from exo_tp.api.server_limits import Limits
+
+    default = Limits()
+    group = p.add_argument_group("connections")
+    group.add_argument(
+        "--header-timeout",
+        type=non_negative_float,
+        default=default.header_timeout,
+        help="seconds a new connection has to send its request's headers before it is "
+        f"closed (default {default.header_timeout:g}; 0: no limit)",
+    )
+    group.add_argument(
+        "--body-timeout",
+        type=non_negative_float,
+        default=default.body_timeout,
+        help="seconds a request body has to arrive, else a 408 (default "
+        f"{default.body_timeout:g}; 0: no limit)",
+    )
+    group.add_argument(
+        "--keepalive-timeout",
+        type=non_negative_float,
+        default=default.keepalive_timeout,
+        help=f"seconds an idle keep-alive connection stays open (default "
+        f"{default.keepalive_timeout:g})",
+    )
+    group.add_argument(
+        "--max-connections",
+        type=positive_int,
+        help="open connections to the public API, in total; more are refused at once with "
+        "a 503 (default: a quarter of the open-files limit, at most 4096)",
+    )
+    group.add_argument(
+        "--max-connections-per-address",
+        type=positive_int,
+        default=default.max_per_address,
+        help="open connections to the public API from one client address; more are "
+        f"refused with a 429 (default {default.max_per_address})",
+    )
+    group.add_argument(
+        "--max-header-size",
+        type=positive_int,
+        default=default.max_field_size,
+        help="bytes of the request line and of each header line; longer gets a JSON 400 "
+        f"(default {default.max_field_size})",
+    )
+    group.add_argument(
+        "--cluster-max-connections",
+        type=positive_int,
+        help="open connections to the cluster listener (--control-port: peers' control, "
+        "status polls, weights, passed-on requests), in total (default: an eighth of the "
+        "open-files limit, at most 1024)",
+    )
+    group.add_argument(
+        "--cluster-max-connections-per-address",
+        type=positive_int,
+        default=CLUSTER_PER_ADDRESS,
+        help="open connections to the cluster listener from one address (default "
+        f"{CLUSTER_PER_ADDRESS})",
+    )
+
+
+CLUSTER_PER_ADDRESS = 128
+CONNECTION_FLAGS = (
+    "header_timeout",
+    "body_timeout",
+    "keepalive_timeout",
+    "max_connections",
+    "max_connections_per_address",
+    "max_header_size",
+    "cluster_max_connections",
+    "cluster_max_connections_per_address",
+)
+
+
+def connection_limits(args: argparse.Namespace) -> tuple[Limits, Limits]:
+    """The public API's limits and the cluster listener's, after raising the open-files
+    limit (the default caps follow it)."""
+    from exo_tp.api.server_limits import (
+        Limits,
+        default_api_connections,
+        default_cluster_connections,
+        raise_fd_limit,
+    )
+
+    raise_fd_limit()
+    common = {
+        "header_timeout": args.header_timeout,
+        "body_timeout": args.body_timeout,
+        "keepalive_timeout": args.keepalive_timeout,
+        "max_field_size": args.max_header_size,
+        "max_line_size": args.max_header_size,
+    }
+    api = Limits(
+        max_connections=args.max_connections or default_api_connections(),
+        max_per_address=args.max_connections_per_address,
+        **common,
+    )
+    cluster = Limits(
+        max_connections=args.cluster_max_connections or default_cluster_connections(),
+        max_per_address=args.cluster_max_connections_per_address,
+        **common,
+    )
+    return api, cluster
 
 
 # GenerationDefaults' fields and the `exo-tp run` flags that set them (mlx_lm.server's names)
@@ -370,7 +487,7 @@ SERVING_FLAGS = (
 def serving_flags(args: argparse.Namespace) -> list[str]:
     """The serving flags as given, for every node of --local-nodes."""
     out = []
-    for name in SERVING_FLAGS:
+    for name in SERVING_FLAGS + CONNECTION_FLAGS:
         value = getattr(args, name)
         if value is not None:
             out += [f"--{name.replace('_', '-')}", str(value)]
@@ -405,6 +522,8 @@ def _run_local(args: argparse.Namespace) -> int:
     node_args = local_node_args(args, args.local_nodes)
     if args.adapter_path:
         extra += ["--adapter-path", args.adapter_path]
+    if args.strict_model_names:
+        extra.append("--strict-model-names")
     if args.allowed_origins is not None:
         extra += ["--allowed-origins", args.allowed_origins]
     # Secrets reach the nodes through their environment, never their command lines.
@@ -477,6 +596,7 @@ async def _serve(
     from exo_tp.node.weights import NodeWeights
     from exo_tp.profile.system import memory
 
+    api_limits, cluster_limits = connection_limits(args)
     folders = [(name, resolve_model(name)) for name in args.model or []]
     if not folders:
         log.info("no --model: this node receives its shard of the cluster's model from peers")
@@ -521,6 +641,9 @@ async def _serve(
         defaults=generation_defaults(args),
         rebalance=rebalance_setting(args) == "on",
         rebalance_threshold=args.rebalance_threshold,
+        api_limits=api_limits,
+        cluster_limits=cluster_limits,
+        strict_model_names=args.strict_model_names,
     )
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None

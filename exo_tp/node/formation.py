@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 240.0
 QUARANTINE_MIN = 60.0
+CONDUCTOR_GRACE = 4.0  # seconds to learn which rank broke the conductor's link, from statuses
 
 
 @dataclass
@@ -70,6 +71,19 @@ class Epoch:
     state: EpochState = "loading"
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
+    conductor_lost: float | None = None  # monotonic time the conductor's link dropped
+
+    def conductor_rank(self) -> int | None:
+        if self.plan is None or self.plan.stages[-1].ranks[0] >= len(self.nodes):
+            return None
+        return self.plan.stages[-1].ranks[0]
+
+
+def _rank_name(led: Epoch, node_id: str) -> str:
+    """ "rank 2 on node local-2" (several ranks on one node are all named)."""
+    ranks = [str(r) for r, n in enumerate(led.nodes) if n == node_id]
+    which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
+    return f"{which} on node {node_id}"
 
 
 def node_weights(
@@ -200,13 +214,18 @@ class Leader:
         self._dispatcher.resume()  # requests held for a planned re-plan get the 503 now
 
     def _conductor_lost(self, epoch: int) -> None:
-        if self.led is not None and self.led.number == epoch:
-            self._fail("the conductor (last stage's first rank) went away")
+        """The conductor's link dropped: a rank died or stalled. Its node's status names it
+        within a poll or two (`_track` fails the epoch then, naming node, rank and what
+        happened); only if none does within CONDUCTOR_GRACE the conductor itself is named."""
+        led = self.led
+        if led is not None and led.number == epoch and led.conductor_lost is None:
+            led.conductor_lost = time.monotonic()
 
     def _track(self, led: Epoch) -> None:
         """Follow an epoch's workers: ready once all are, failed when one exits or stalls, or
         when a node could not fetch its shard."""
         statuses: dict[str, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
+        failures: list[tuple[int, str]] = []  # (how telling, reason): the culprit first
         for node_id, status in statuses.items():
             fetch = status.weights.fetch if status else None
             if fetch is not None and fetch.epoch == led.number:
@@ -217,16 +236,33 @@ class Leader:
                     led.started = time.monotonic()
             if status is None or status.worker_epoch != led.number:
                 continue
+            who = _rank_name(led, node_id)
             if status.worker_stalled is not None:
                 if status.worker_stalled == "frozen":  # re-plan without it for a while
                     self._quarantine[node_id] = time.monotonic() + max(
                         QUARANTINE_MIN, 4 * self.config.stall_timeout
                     )
-                self._fail(f"the worker on {node_id} {status.worker_error}")
-                return
-            if status.worker_state == "exited":
-                self._fail(f"the worker on {node_id} stopped: {status.worker_error}")
-                return
+                telling = 2 if status.worker_stalled == "frozen" else 0
+                failures.append((telling, f"{who} {status.worker_error}"))
+            elif status.worker_state == "exited":
+                error = status.worker_error or "stopped"
+                # a killed rank is the cause; its peers then exit on the broken link
+                telling = 3 if "signal" in error else 1
+                failures.append((telling, f"{who} stopped: {error}"))
+        if failures:
+            self._fail(max(failures)[1])
+            return
+        lost = led.conductor_lost
+        if lost is not None and time.monotonic() - lost > CONDUCTOR_GRACE:
+            conductor = led.conductor_rank()
+            self._fail(
+                f"the conductor ({_rank_name(led, led.nodes[conductor])}, the last stage's "
+                f"first rank) lost its link to the leader; no rank reported why within "
+                f"{CONDUCTOR_GRACE:g} s"
+                if conductor is not None
+                else "the conductor lost its link to the leader"
+            )
+            return
         if led.state != "loading":
             return
         ready = all(

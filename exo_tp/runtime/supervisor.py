@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -184,7 +185,7 @@ class Supervisor:
         code = status.process.wait()
         if status.stopping:
             return
-        status.error = status.error or f"exited with code {code}"
+        status.error = status.error or exit_text(code)
         status.state = "exited"
         self._on_change(status)
 
@@ -231,3 +232,14 @@ class Supervisor:
         for status in ranks:
             self.stop(status)
         self._listener.close()
+
+
+def exit_text(code: int) -> str:
+    """A rank's end, as the leader tells every stream: its signal's name, or its exit code."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"was killed by signal {name}"
+    return f"exited with code {code}"
