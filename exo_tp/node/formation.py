@@ -5,11 +5,11 @@ Formation:
 1. the eligible membership (alive, not quarantined) has been stable for ``settle`` seconds and
    every member's last status names this node as leader (so two nodes never assign ranks at
    once);
-2. choose the model (exo_tp.node.cluster_model: one asked for, the one served, a default) and
-   prepare it here (config and tokenizer, fetched from a holder if this node has no files);
-3. plan the model over the members (forced stages, manual weights, or the planner's search over
-   measured profiles, which may leave slow members out); when some chosen member lacks the
-   files, choose the rank order that moves the fewest bytes and plan who fetches what;
+2. choose the model (exo_tp.node.cluster_model: one a request asked for through
+   `ModelRequests`, the one served, a default) and prepare it here (config and tokenizer,
+   fetched from a holder if this node has no files);
+3. gather the facts (members' share weights, what each holds of the model's weights) and place
+   the model once (exo_tp.node.placement: plan, rank order, transfers, prediction);
 4. ask every chosen member for fresh ports, send each its Assignment of a new, higher epoch and
    its weight order; each node fetches its shard if it must, then replaces its worker;
 5. once every worker is ready and the conductor joined the dispatcher, requests flow.
@@ -37,16 +37,15 @@ from exo_tp.node.cluster_model import ClusterModel
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, ControlRefused, EpochState, NodeStatus
 from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.model_requests import ModelRequests
 from exo_tp.node.peers import POLL_SECONDS, Peers
-from exo_tp.node.planning import cluster_from_members
-from exo_tp.plan import ModelSpec, plan_tensor_parallel
+from exo_tp.node.placement import Member, Members, place
+from exo_tp.plan import ModelSpec
 from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
-from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.render import describe
-from exo_tp.plan.render_choice import describe_candidate
-from exo_tp.plan.search import choose_plan
 from exo_tp.runtime.job import Assignment
 
 log = logging.getLogger(__name__)
@@ -107,8 +106,11 @@ class Leader:
         dispatcher: Dispatcher,
         requests_port: int,
         highest_epoch: Callable[[], int],
+        requests: ModelRequests,
     ):
         self.config, self.models, self.peers = config, models, peers
+        self._requests = requests
+        self._wanted: str | None = None  # the model key a request asked for last
         self._control, self._dispatcher = control, dispatcher
         self._requests_port = requests_port
         self._highest_epoch = highest_epoch
@@ -154,10 +156,12 @@ class Leader:
                 self._dispatcher.detach("leadership moved")
                 self.led = None
             return
+        if (asked := self._requests.latest()) is not None:
+            self._wanted = asked.key
         members = self._eligible()
         nodes = tuple(sorted(m.node_id for m in members))
         led = self.led
-        model = self.models.target(nodes, led.model if led else None)
+        model = self.models.target(nodes, led.model if led else None, self._wanted)
         same = led is not None and led.members == nodes and led.model == model
         if same and led.state != "failed":
             self._track(led)
@@ -232,18 +236,12 @@ class Leader:
 
     # ---- planning and forming --------------------------------------------------------------
 
-    def _plan(
-        self,
-        spec: ModelSpec,
-        members: list[Announcement],
-        own_profile: ProfileSummary | None,
-    ) -> tuple[PipelinePlan, list[Announcement], Prediction | None]:
-        """The plan for these members, the member holding each global rank, the prediction.
-
-        Forced stages and manual weights plan as told; otherwise, when every member announced
-        its measured scores, the planner chooses (and may leave slow members out).
-        """
-        members = sorted(members, key=lambda a: (a.node_id != self.me, a.node_id))
+    def _members(
+        self, spec: ModelSpec, eligible: list[Announcement], own_profile: ProfileSummary | None
+    ) -> Members:
+        """The eligible members as placement sees them (this node first, then by id): share
+        weights from manual weights or measured speeds; forced stages from the config."""
+        members = sorted(eligible, key=lambda a: (a.node_id != self.me, a.node_id))
         profiles: dict[str, ProfileSummary | None] = {}
         for a in members:
             status = self.peers.status(a.node_id)
@@ -251,31 +249,23 @@ class Leader:
                 own_profile if a.node_id == self.me else (status.profile if status else None)
             )
         weights = node_weights(members, profiles, weight_format(spec))
-        stages = self.config.stages
-        if stages and sum(stages) == len(members):
-            groups, start = [], 0
-            for size in stages:
-                groups.append(weights[start : start + size])
-                start += size
-            return plan_pipeline(spec, groups), members, None
         measured = all(
             a.weight <= 0 and (profiles[a.node_id] is not None or a.decode_seconds_per_byte > 0)
             for a in members
         )
-        if measured:  # weights are then decode speeds for the model's weight format
-            choice = choose_plan(spec, cluster_from_members(members, weights))
-            names = [m.node_id for m in members]
-            log.info(
-                "planner: %s; runner-ups: %s",
-                describe_candidate(choice.best, names),
-                "; ".join(
-                    f"{c.prediction.tokens_per_second:.3g} tok/s {describe_candidate(c, names)}"
-                    for c in choice.alternatives
-                ),
-            )
-            chosen = [members[d] for d in choice.best.devices]
-            return choice.best.plan, chosen, choice.best.prediction
-        return single_stage(plan_tensor_parallel(spec, weights)), members, None
+        return Members(
+            members=tuple(
+                Member(
+                    node_id=a.node_id,
+                    weight=w,
+                    prefill_flops=a.prefill_flops,
+                    memory_available=a.memory_available,
+                )
+                for a, w in zip(members, weights, strict=True)
+            ),
+            measured=measured,  # weights are then decode speeds for the model's weight format
+            stages=self.config.stages,
+        )
 
     async def _form(self, eligible: list[Announcement], key: str) -> None:
         number = (
@@ -294,12 +284,18 @@ class Leader:
         try:
             model = await self.models.prepare(key, eligible_ids)
             me = self.peers.status(self.me)
-            plan, members, prediction = self._plan(model.spec, eligible, me.profile if me else None)
-            members, plan, weights = await self.models.orders(model, plan, members, eligible)
+            facts = self._members(model.spec, eligible, me.profile if me else None)
+            holdings = await self.models.holdings(model, eligible)
+            placement = await asyncio.to_thread(place, model.spec, facts, holdings)
         except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
             self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: {error}")
             return
-        nodes = tuple(m.node_id for m in members)
+        for note in placement.notes:
+            log.info("%s", note)
+        weights = self.models.orders(model, placement)
+        plan, prediction, nodes = placement.plan, placement.prediction, placement.rank_order
+        by_id = {m.node_id: m for m in eligible}
+        members = [by_id[n] for n in nodes]
         self.led.nodes, self.led.plan, self.led.prediction = nodes, plan, prediction
         statuses = {n: self.peers.status(n) for n in nodes}
         try:
