@@ -19,7 +19,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -99,9 +98,7 @@ class ClusterModel:
         offers = self.offers()
         return sorted((self.name_of(key, offers), key) for key in offers)
 
-    def target(
-        self, members: Sequence[str], serving: str | None, wanted: str | None
-    ) -> str | None:
+    def target(self, members: Sequence[str], serving: str | None, wanted: str | None) -> str | None:
         """The model to serve with these members: the one a request asked for (``wanted``),
         the one served now, the members' defaults, else any."""
         offers = self.offers()
@@ -254,17 +251,3 @@ class ClusterModel:
             )
             return Holding(node=node_id)
         return holding.model_copy(update={"node": node_id})
-
-    # ---- views -------------------------------------------------------------------------------
-
-    def view(self, key: str | None) -> dict[str, Any] | None:
-        if key is None:
-            return None
-        offers = self.offers()
-        totals = [o.total_bytes for _, o in offers.get(key, []) if o.total_bytes]
-        return {
-            "name": self.name_of(key, offers),
-            "key": key,
-            "total_bytes": max(totals, default=0),
-            "holders": sorted(n for n, _ in offers.get(key, [])),
-        }

@@ -74,7 +74,6 @@ class ClusterLost(DispatchError):
         self.reason = reason
 
 
-
 class Dispatcher:
     def __init__(self, key: bytes, host: str, max_concurrency: int, max_queue: int):
         self._key, self._host = key, host
