@@ -1,6 +1,7 @@
-"""What a node shows about itself and its cluster: typed views (/health, /v1/cluster,
-/v1/plan) and the status it tells its peers. Readers (the web UI, benches, tests) parse the
-JSON back into these models, e.g. ``ClusterView.model_validate(response.json())``.
+"""What a node shows about itself and its cluster on its public API: typed views (/health,
+/v1/cluster, /v1/plan; built by exo_tp.node.status_views). Readers (the web UI, benches,
+tests) parse the JSON back into these models, e.g.
+``ClusterView.model_validate(response.json())``.
 """
 
 from __future__ import annotations
