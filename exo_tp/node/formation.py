@@ -32,14 +32,14 @@ import aiohttp
 
 from exo_tp.errors import ExoTpError, PlanError
 from exo_tp.node.announcement import Announcement
-from exo_tp.node.backend_choice import choose_backend
+from exo_tp.node.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.cluster_model import ClusterModel
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, ControlRefused, EpochState, NodeStatus
 from exo_tp.node.dispatch import Dispatcher
 from exo_tp.node.model_requests import ModelRequests
 from exo_tp.node.peers import POLL_SECONDS, Peers
-from exo_tp.node.placement import Member, Members, place
+from exo_tp.node.placement import Member, Members, Placement, place
 from exo_tp.plan import ModelSpec
 from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
@@ -267,15 +267,13 @@ class Leader:
             stages=self.config.stages,
         )
 
+    def _next_number(self) -> int:
+        """Higher than any epoch this node or a peer has seen."""
+        seen = max((s.epoch for s in self.peers.statuses.values()), default=0)
+        return max(self._highest_epoch(), self.led.number if self.led else 0, seen) + 1
+
     async def _form(self, eligible: list[Announcement], key: str) -> None:
-        number = (
-            max(
-                self._highest_epoch(),
-                self.led.number if self.led else 0,
-                max((s.epoch for s in self.peers.statuses.values()), default=0),
-            )
-            + 1
-        )
+        number = self._next_number()
         previous = self.led
         eligible_ids = tuple(sorted(m.node_id for m in eligible))
         self.led = Epoch(number=number, nodes=(), plan=None, members=eligible_ids, model=key)
@@ -292,11 +290,10 @@ class Leader:
             return
         for note in placement.notes:
             log.info("%s", note)
-        weights = self.models.orders(model, placement)
-        plan, prediction, nodes = placement.plan, placement.prediction, placement.rank_order
-        by_id = {m.node_id: m for m in eligible}
-        members = [by_id[n] for n in nodes]
-        self.led.nodes, self.led.plan, self.led.prediction = nodes, plan, prediction
+        orders = self.models.orders(model, placement)
+        nodes = placement.rank_order
+        self.led.nodes, self.led.plan = nodes, placement.plan
+        self.led.prediction = placement.prediction
         statuses = {n: self.peers.status(n) for n in nodes}
         try:
             backend = choose_backend(
@@ -309,8 +306,32 @@ class Leader:
             self._fail(str(error))
             return
         log.info(
-            "forming epoch %d over %s: %s; %s", number, list(nodes), describe(plan), backend.reason
+            "forming epoch %d over %s: %s; %s",
+            number,
+            list(nodes),
+            describe(placement.plan),
+            backend.reason,
         )
+        by_id = {m.node_id: m for m in eligible}
+        members = [by_id[n] for n in nodes]
+        assignments = await self._assignments(number, model.name, placement, members, backend)
+        for member, assignment in zip(members, assignments, strict=True):
+            await self._control.assign(member, assignment, self.me, orders[member.node_id])
+        self.led.started = time.monotonic()
+        if previous is not None:  # members dropped from the cluster let their workers go
+            dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
+            await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
+
+    async def _assignments(
+        self,
+        number: int,
+        model: str,
+        placement: Placement,
+        members: list[Announcement],
+        backend: BackendChoice,
+    ) -> list[Assignment]:
+        """Each member's Assignment of epoch ``number`` (with fresh ports from each)."""
+        plan = placement.plan
         ports = await asyncio.gather(*(self._control.ports(m, number) for m in members))
         ranks = range(len(members))
         hops = (
@@ -319,29 +340,26 @@ class Leader:
             else ()
         )
         conductor = plan.stages[-1].ranks[0]
-        for rank, member in enumerate(members):
-            assignment = Assignment(
+        return [
+            Assignment(
                 epoch=number,
-                model=model.name,
+                model=model,
                 plan=plan,
                 rank=rank,
                 hostfile=tuple(f"{members[r].host}:{ports[r].ring}" for r in ranks),
                 conductor=f"{members[conductor].host}:{ports[conductor].conductor}",
                 requests_at=f"{self.config.host}:{self._requests_port}",
                 hops=hops,
-                nodes=nodes,
+                nodes=placement.rank_order,
                 dtype=self.config.dtype,
                 backend=backend.backend,
                 ibv_devices=backend.ibv_devices,
-                prediction=prediction,
+                prediction=placement.prediction,
                 serving=self.config.serving,
                 adapter_path=self.config.adapter_path,
             )
-            await self._control.assign(member, assignment, self.me, weights[member.node_id])
-        self.led.started = time.monotonic()
-        if previous is not None:  # members dropped from the cluster let their workers go
-            dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
-            await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
+            for rank in ranks
+        ]
 
     async def _release(self, peer: Announcement, epoch: int) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):

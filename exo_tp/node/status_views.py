@@ -19,7 +19,6 @@ from exo_tp.node.views import (
     HealthView,
     ModelView,
     NodeView,
-    NodeWeightsView,
     PlanView,
     ServingState,
     ServingView,
@@ -149,30 +148,16 @@ class StatusViews:
         alive = set(peers.alive_ids())
         leader = peers.leader_id()
         serving = self.serving_key()
-        nodes = []
-        for node_id, member in sorted(peers.membership.members.items()):
-            a = member.announcement
-            status = peers.status(node_id)
-            nodes.append(
-                NodeView(
-                    node_id=node_id,
-                    host=a.host,
-                    api_url=a.api_url,
-                    alive=node_id in alive,
-                    leader=node_id == leader,
-                    weight=a.weight,
-                    memory_total=a.memory_total,
-                    memory_available=a.memory_available,
-                    decode_seconds_per_byte=a.decode_seconds_per_byte,
-                    prefill_flops=a.prefill_flops,
-                    version=a.version,
-                    worker_state=status.worker_state if status else None,
-                    worker_stalled=status.worker_stalled if status else None,
-                    profile=status.profile if status else None,
-                    memory=status.memory if status else None,
-                    weights=NodeWeightsView.of(status.weights, serving) if status else None,
-                )
+        nodes = tuple(
+            NodeView.of(
+                member.announcement,
+                peers.status(node_id),
+                alive=node_id in alive,
+                leader=node_id == leader,
+                serving=serving,
             )
+            for node_id, member in sorted(peers.membership.members.items())
+        )
         assignment = self.worker.assignment
         return ClusterView(
             cluster=self.config.cluster,
@@ -183,7 +168,7 @@ class StatusViews:
             state_reason=self.state_reason(),
             model=self._model_view(serving),
             backend=assignment.backend if assignment else None,
-            nodes=tuple(nodes),
+            nodes=nodes,
             ranks=assignment.nodes if assignment else (),
             links=links_of(assignment, {n: peers.status(n) for n in assignment.nodes})
             if assignment

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from exo_tp.frozen import Frozen
+from exo_tp.node.announcement import Announcement
 from exo_tp.node.control import MachineMemory, NodeStatus, Stall, WorkerState
 from exo_tp.node.weight_messages import FetchSummary, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
@@ -165,6 +166,35 @@ class NodeView(Frozen):
     # live: total/available/used bytes of the machine, worker_rss of its worker
     memory: MachineMemory | None
     weights: NodeWeightsView | None
+
+    @staticmethod
+    def of(
+        a: Announcement,
+        status: NodeStatus | None,
+        *,
+        alive: bool,
+        leader: bool,
+        serving: str | None,
+    ) -> NodeView:
+        """A member as announced, with its last status (``serving``: the served model's key)."""
+        return NodeView(
+            node_id=a.node_id,
+            host=a.host,
+            api_url=a.api_url,
+            alive=alive,
+            leader=leader,
+            weight=a.weight,
+            memory_total=a.memory_total,
+            memory_available=a.memory_available,
+            decode_seconds_per_byte=a.decode_seconds_per_byte,
+            prefill_flops=a.prefill_flops,
+            version=a.version,
+            worker_state=status.worker_state if status else None,
+            worker_stalled=status.worker_stalled if status else None,
+            profile=status.profile if status else None,
+            memory=status.memory if status else None,
+            weights=NodeWeightsView.of(status.weights, serving) if status else None,
+        )
 
 
 class ModelView(Frozen):
