@@ -9,7 +9,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from pydantic import BaseModel
 
 from exo_tp.api.defaults import GenerationDefaults
-from exo_tp.runtime.messages import Delta, Done, GenerateRequest
+from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 
 class Backend(Protocol):

@@ -22,7 +22,7 @@ from exo_tp.node.dispatch import (
 from exo_tp.node.model_requests import ModelRequests
 from exo_tp.node.status_views import StatusViews
 from exo_tp.node.views import ClusterView, HealthView, PlanView
-from exo_tp.runtime.messages import Delta, Done, GenerateRequest
+from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 
 def not_ready(reason: str) -> ApiError:

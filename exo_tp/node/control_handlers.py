@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import replace
 from exo_tp.node.cluster_model import weights_url
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import (
@@ -55,9 +56,7 @@ class ControlHandlers:
             folder = self.weights.folder(order.key)
             if folder is None:
                 raise ControlRefused(f"{self.config.node_id} has no files of {order.name}")
-            await self.worker.replace(
-                assignment.model_copy(update={"model_dir": str(folder)}), body.leader
-            )
+            await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)
         else:  # fetch the shard first; the leader follows the fetch in this node's status
             await self.worker.replace(None)
             self.worker.assigned_by = body.leader
@@ -92,9 +91,7 @@ class ControlHandlers:
             log.warning("epoch %d: %s", assignment.epoch, message)
             self.weights.failed(assignment.epoch, body.weights, message)
             return
-        await self.worker.replace(
-            assignment.model_copy(update={"model_dir": str(folder)}), body.leader
-        )
+        await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)
 
     async def stop_loading(self) -> None:
         task, self._loading = self._loading, None

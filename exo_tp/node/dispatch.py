@@ -16,7 +16,9 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from exo_tp.runtime.messages import (
+from exo_tp.frozen import replace
+from exo_tp.transport.channel import Channel, Listener
+from exo_tp.wire.runtime import (
     CONDUCTOR_EVENTS,
     Cancel,
     Delta,
@@ -26,7 +28,6 @@ from exo_tp.runtime.messages import (
     Hello,
     RequestFailed,
 )
-from exo_tp.transport.channel import Channel, Listener
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class Dispatcher:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
-        request = request.model_copy(update={"id": f"{request.id}-{next(self._ids)}"})
+        request = replace(request, id=f"{request.id}-{next(self._ids)}")
         stream: asyncio.Queue[Delta | Done | DispatchError] = asyncio.Queue()
         conductor = self.conductor
         finished = False
