@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from exo_tp.node.views import HealthView, PlanView
 from exo_tp.transport.ports import port_is_free
 
 CLI = [sys.executable, "-m", "exo_tp"]
@@ -52,14 +55,20 @@ def wait_ready(
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            states = [http_json(f"{u}/health", timeout=2)[1]["state"] for u in urls]
-            plans = [http_json(f"{u}/v1/plan", timeout=2, headers=headers)[1] for u in urls]
-            last = (states, [p["nodes"] for p in plans])
+            states = [
+                HealthView.model_validate(http_json(f"{u}/health", timeout=2)[1]).state
+                for u in urls
+            ]
+            plans = [
+                PlanView.model_validate(http_json(f"{u}/v1/plan", timeout=2, headers=headers)[1])
+                for u in urls
+            ]
+            last = (states, [p.nodes for p in plans])
             if all(s == "ready" for s in states) and (
-                nodes is None or all(len(p["nodes"]) == nodes for p in plans)
+                nodes is None or all(len(p.nodes) == nodes for p in plans)
             ):
                 return
-        except (OSError, KeyError, json.JSONDecodeError) as error:
+        except (OSError, ValidationError, json.JSONDecodeError) as error:
             last = error
         time.sleep(0.5)
     raise TimeoutError(f"cluster not ready after {timeout}s: {last}")

@@ -21,6 +21,7 @@ from cluster_helpers import (
     worker_pids,
 )
 from helpers import mlx_lm_reference
+from node_views import cluster_view, plan_view
 from openai import APIError, OpenAI
 
 pytestmark = pytest.mark.skipif(
@@ -79,19 +80,19 @@ def reference(default_models: dict[str, Path]) -> str:
 
 
 def test_nodes_discover_each_other_and_agree_on_a_leader(lab: Lab) -> None:
-    views = [http_json(f"{url}/v1/cluster")[1] for url in lab.urls]
+    views = [cluster_view(url) for url in lab.urls]
     for view in views:
-        assert sorted(n["node_id"] for n in view["nodes"] if n["alive"]) == [
+        assert sorted(n.node_id for n in view.nodes if n.alive) == [
             "node-0",
             "node-1",
             "node-2",
         ]
-        assert view["leader"] == "node-0"
-    hosts = {n["node_id"]: n["host"] for n in views[2]["nodes"]}
+        assert view.leader == "node-0"
+    hosts = {n.node_id: n.host for n in views[2].nodes}
     assert hosts == {f"node-{i}": h.ip for i, h in enumerate(lab.hosts)}
-    plan = http_json(f"{lab.urls[1]}/v1/plan")[1]
-    assert plan["nodes"] == ["node-0", "node-1", "node-2"]
-    assert plan["plan"]["weights"] == pytest.approx([0.5, 0.3, 0.2])
+    plan = plan_view(lab.urls[1])
+    assert plan.nodes == ("node-0", "node-1", "node-2") and plan.plan is not None
+    assert plan.plan.weights == pytest.approx([0.5, 0.3, 0.2])
 
 
 def test_openai_client_matches_single_device(lab: Lab, reference: str) -> None:
@@ -131,12 +132,12 @@ def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
                 time.sleep(0.5)
         time.sleep(6)  # several announcement rounds
         for url in lab.urls:
-            ids = [n["node_id"] for n in http_json(f"{url}/v1/cluster")[1]["nodes"]]
+            ids = [n.node_id for n in cluster_view(url).nodes]
             assert "intruder" not in ids
-        intruder_view = http_json(f"{intruder.url}/v1/cluster")[1]
-        assert [n["node_id"] for n in intruder_view["nodes"]] == ["intruder"]
+        intruder_view = cluster_view(intruder.url)
+        assert [n.node_id for n in intruder_view.nodes] == ["intruder"]
         assert "ignored announcement" in lab.hosts[0].log.read_text()  # type: ignore[union-attr]
-        assert http_json(f"{lab.urls[0]}/v1/plan")[1]["nodes"] == ["node-0", "node-1", "node-2"]
+        assert plan_view(lab.urls[0]).nodes == ("node-0", "node-1", "node-2")
     finally:
         lab.lab.stop_node(intruder)
 
@@ -144,7 +145,8 @@ def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
 def test_killed_worker_fails_the_request_fast_then_cluster_recovers(
     lab: Lab, reference: str
 ) -> None:
-    epoch = http_json(f"{lab.urls[0]}/v1/plan")[1]["epoch"]
+    epoch = plan_view(lab.urls[0]).epoch
+    assert epoch is not None
     outcome: dict[str, object] = {}
     first_token = threading.Event()
 
@@ -178,7 +180,7 @@ def test_killed_worker_fails_the_request_fast_then_cluster_recovers(
     assert float(outcome["at"]) - killed < 10  # type: ignore[arg-type]
 
     wait_ready(lab.urls, nodes=3, timeout=180)
-    assert http_json(f"{lab.urls[0]}/v1/plan")[1]["epoch"] > epoch
+    assert (plan_view(lab.urls[0]).epoch or 0) > epoch
     again = lab.client(2).chat.completions.create(
         model=MODEL, temperature=0, max_tokens=24, messages=[{"role": "user", "content": QUESTION}]
     )

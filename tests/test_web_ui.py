@@ -21,7 +21,7 @@ import psutil
 import pytest
 from cluster_helpers import LocalCluster, http_json, local_cluster
 
-from exo_tp.api.views import plan_view
+from exo_tp.node.views import plan_view
 from exo_tp.plan import load_spec
 from exo_tp.plan.cluster import Cluster, DeviceCost
 from exo_tp.plan.pipeline import plan_pipeline
@@ -385,13 +385,9 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
         )
     )
     prediction = predict(pipeline, range(5), devices)
-    response = {
-        "epoch": 9,
-        "state": "ready",
-        "model": MODEL,
-        "nodes": nodes,
-        **plan_view(pipeline, prediction),
-    }
+    response = plan_view(
+        pipeline, prediction, epoch=9, state="ready", model=MODEL, nodes=tuple(nodes)
+    ).model_dump(mode="json")
     local = [
         (stage.ranks[i], shard)
         for stage in pipeline.stages

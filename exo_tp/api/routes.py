@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel
 from yarl import URL
 
 from exo_tp.api import anthropic_api, ollama_api, openai_api, responses_api
@@ -109,12 +110,16 @@ def _node(request: web.Request) -> Backend:
     return request.app[BACKEND_KEY]  # type: ignore[return-value]
 
 
+def _view(view: BaseModel) -> web.Response:
+    return web.json_response(view.model_dump(mode="json"))
+
+
 ROUTES = web.RouteTableDef()
 
 
 @ROUTES.get("/health")
 async def health(request: web.Request) -> web.Response:
-    return web.json_response(_node(request).health())
+    return _view(_node(request).health())
 
 
 @ROUTES.get("/v1/models")
@@ -142,12 +147,12 @@ async def model(request: web.Request) -> web.Response:
 
 @ROUTES.get("/v1/cluster")
 async def cluster(request: web.Request) -> web.Response:
-    return web.json_response(_node(request).cluster_view())
+    return _view(_node(request).cluster_view())
 
 
 @ROUTES.get("/v1/plan")
 async def plan(request: web.Request) -> web.Response:
-    return web.json_response(await _node(request).plan_view())
+    return _view(await _node(request).plan_view())
 
 
 Generation = Callable[[Backend, web.Request], Awaitable[web.StreamResponse]]

@@ -37,6 +37,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
+from pydantic import BaseModel, ConfigDict
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,15 @@ _FIRST_LINE_MAX = 2048  # bytes of a request line kept to pick the error shape o
 
 
 @dataclass(frozen=True)
+class ListenerStats(BaseModel):
+    """One listener's connections now, and what it refused or timed out so far (/health)."""
+
+    model_config = ConfigDict(frozen=True)
+    open: int
+    refused: int
+    head_timeouts: int
+
+
 class Limits:
     """One listener's bounds. 0 for a cap or a timeout means none."""
 
@@ -365,12 +375,10 @@ class LimitedSite(web.TCPSite):
     def _factory(self) -> _Guard:
         return _Guard(self)
 
-    def stats(self) -> dict[str, int]:
-        return {
-            "open": self.admission.total,
-            "refused": self.admission.refused,
-            "head_timeouts": self.timed_out,
-        }
+    def stats(self) -> ListenerStats:
+        return ListenerStats(
+            open=self.admission.total, refused=self.admission.refused, head_timeouts=self.timed_out
+        )
 
 
 def body_deadline(

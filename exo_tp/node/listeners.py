@@ -23,6 +23,7 @@ from exo_tp.api.errors import FORWARD_PREFIX, error_shape
 from exo_tp.api.server_limits import (
     LimitedSite,
     Limits,
+    ListenerStats,
     body_deadline,
     plain_shape,
     raise_fd_limit,
@@ -93,7 +94,7 @@ class Listeners:
         self.sites[name] = site
         return runner.addresses[0][1]
 
-    def view(self) -> dict[str, dict[str, int]]:
+    def view(self) -> dict[str, ListenerStats]:
         """Open connections, refusals and head timeouts per listener (for /health)."""
         return {name: site.stats() for name, site in self.sites.items()}
 

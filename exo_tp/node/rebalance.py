@@ -13,8 +13,9 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
+from exo_tp.frozen import Frozen
 from exo_tp.plan.rebalance import (
     RankSpeed,
     RebalancePolicy,
@@ -39,6 +40,37 @@ SAMPLE_MAX_AGE = 15.0  # a sample older than this (an idle cluster probes nothin
 
 
 @dataclass
+class RankBalanceView(Frozen):
+    rank: int
+    node_id: str
+    share: float | None  # of the shard bytes
+    speed_bytes_per_second: float | None  # smoothed (the policy's figure)
+    latest_bytes_per_second: float | None
+    samples: int
+    work_factor: float | None  # the lab's emulated slowdown, when set
+
+
+class RebalanceView(Frozen):
+    from_epoch: int
+    imbalance: float
+    speeds: dict[str, float]  # bytes/s per node when it re-planned
+    at: float
+    drained_seconds: float
+
+
+class BalanceView(Frozen):
+    """Live rank speeds, shares and imbalance (the leader's), and past re-plans."""
+
+    enabled: bool
+    threshold: float
+    imbalance: float | None
+    over_threshold_since: float | None
+    state: Literal["serving", "draining"]
+    skipped: str  # why the last due re-plan was not done ('' if none)
+    ranks: tuple[RankBalanceView, ...]
+    rebalances: tuple[RebalanceView, ...]
+
+
 class Rebalanced:
     """One re-plan the live speeds triggered (shown in the views)."""
 
@@ -140,7 +172,7 @@ class LiveBalance:
         """The measured weights, while the members are those they were measured for."""
         return self.weights if tuple(sorted(members)) == self.weights_members else {}
 
-    def view(self, led: Epoch | None) -> dict[str, Any]:
+    def view(self, led: Epoch | None) -> BalanceView:
         """Each rank's live speed and share, and the imbalance: /v1/cluster, /v1/plan, web UI."""
         ranks = []
         if led is not None and led.number == self.epoch:
@@ -149,35 +181,35 @@ class LiveBalance:
             for rank, node in enumerate(led.nodes):
                 sample = self.latest.get(node)
                 ranks.append(
-                    {
-                        "rank": rank,
-                        "node_id": node,
-                        "share": sample.shard_bytes / total if sample else None,
-                        "speed_bytes_per_second": smoothed[rank]
+                    RankBalanceView(
+                        rank=rank,
+                        node_id=node,
+                        share=sample.shard_bytes / total if sample else None,
+                        speed_bytes_per_second=smoothed[rank]
                         if smoothed
                         else (sample.bytes_per_second if sample else None),
-                        "latest_bytes_per_second": sample.bytes_per_second if sample else None,
-                        "samples": sample.samples if sample else 0,
-                        "work_factor": sample.work_factor if sample else None,
-                    }
+                        latest_bytes_per_second=sample.bytes_per_second if sample else None,
+                        samples=sample.samples if sample else 0,
+                        work_factor=sample.work_factor if sample else None,
+                    )
                 )
         verdict = self.verdict
-        return {
-            "enabled": self.enabled,
-            "threshold": self.policy.threshold,
-            "imbalance": verdict.imbalance if verdict else None,
-            "over_threshold_since": self.state.over_since,
-            "state": "draining" if self.draining_since is not None else "serving",
-            "skipped": self.skipped,
-            "ranks": ranks,
-            "rebalances": [
-                {
-                    "from_epoch": r.from_epoch,
-                    "imbalance": r.imbalance,
-                    "speeds": r.speeds,
-                    "at": r.at,
-                    "drained_seconds": r.drained_seconds,
-                }
+        return BalanceView(
+            enabled=self.enabled,
+            threshold=self.policy.threshold,
+            imbalance=verdict.imbalance if verdict else None,
+            over_threshold_since=self.state.over_since,
+            state="draining" if self.draining_since is not None else "serving",
+            skipped=self.skipped,
+            ranks=tuple(ranks),
+            rebalances=tuple(
+                RebalanceView(
+                    from_epoch=r.from_epoch,
+                    imbalance=r.imbalance,
+                    speeds=dict(r.speeds),
+                    at=r.at,
+                    drained_seconds=r.drained_seconds,
+                )
                 for r in self.history[-10:]
-            ],
-        }
+            ),
+        )
