@@ -51,7 +51,8 @@ def write_tiny_model(
     folder.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
+    args = args_class.from_dict(config)
+    model = model_class(args)
     params = {}
     for name, value in tree_flatten(model.parameters()):
         if name.endswith("norm.weight"):
@@ -76,13 +77,13 @@ def write_tiny_model(
         _write(folder, weights, config, tokenizer_from, dtype, layout="mlx")
         return folder
     if not quantize:
-        _write(folder, _shipped(params, config), config, tokenizer_from, dtype)
+        _write(folder, _shipped(params, config, args), config, tokenizer_from, dtype)
         return folder
     # Quantized: the float checkpoint as shipped, through mlx-lm's converter (into a fresh
     # folder: convert refuses an existing one).
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         source = Path(tmp) / "hf"
-        _write(source, _shipped(params, config), config, tokenizer_from, dtype)
+        _write(source, _shipped(params, config, args), config, tokenizer_from, dtype)
         shutil.rmtree(folder)
         with redirect_stdout(StringIO()):
             convert(
@@ -120,9 +121,10 @@ def _write(
     )
 
 
-def tied(config: dict[str, Any]) -> bool:
-    """Whether the checkpoint ties its LM head (Hugging Face's default is to tie)."""
-    return bool(config.get("tie_word_embeddings", True))
+def tied(config: dict[str, Any], args: Any) -> bool:
+    """Whether the checkpoint ties its LM head: config.json says so, or else mlx-lm's default
+    for the family (families without the setting keep their head)."""
+    return bool(config.get("tie_word_embeddings", getattr(args, "tie_word_embeddings", False)))
 
 
 # Per-expert names in the Hugging Face checkpoints: (stacked module, per-expert module format,
@@ -143,13 +145,13 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
 _INV_FREQ = {"llama", "mistral", "qwen2"}
 
 
-def _shipped(params: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
+def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> dict[str, mx.array]:
     """mlx-lm's parameters in the family's Hugging Face checkpoint layout (what mlx-lm's
     ``sanitize`` undoes)."""
     arch = config["model_type"]
     out: dict[str, mx.array] = {}
     for name, value in params.items():
-        if name.startswith("lm_head.") and tied(config):
+        if name.startswith("lm_head.") and tied(config, args):
             continue  # a tied head is not stored
         out[name] = value
     if arch in _EXPERTS:
