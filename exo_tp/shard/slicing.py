@@ -31,7 +31,7 @@ class ShardError(RuntimeError):
 class WeightSlicer:
     """Slices of a model's parameters, from the safetensors files where they are stored as is.
 
-    ``direct``: the file tensors that mlx-lm's sanitize() passed through unchanged, the only
+    ``direct``: the file tensors mlx-lm's own load (sanitize() included) loaded unchanged, the only
     ones that may be read straight from the files (load_lazily records them).
     """
 
