@@ -76,9 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_lm.utils import load_tokenizer
-
     from exo_tp.models.registry import resolve_model
+    from exo_tp.models.tokenizer import load_model_tokenizer
     from exo_tp.plan import load_spec
     from exo_tp.runtime.launcher import launch_local
     from exo_tp.runtime.messages import GenerateRequest, SamplingParams
@@ -91,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     model_dir = resolve_model(args.model)
     spec = load_spec(model_dir)
     plan = _plan(spec, weights, args.stages, args.stage_layers)
-    tokens = encode_prompt(load_tokenizer(model_dir), args.prompt, not args.ignore_chat_template)
+    tokens = encode_prompt(
+        load_model_tokenizer(model_dir), args.prompt, not args.ignore_chat_template
+    )
     if len(tokens) + args.max_tokens > spec.context_length:
         raise ExoTpError(
             f"the prompt ({len(tokens)} tokens) and --max-tokens "

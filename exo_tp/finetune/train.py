@@ -32,12 +32,13 @@ import numpy as np
 from mlx_lm.tuner.callbacks import TrainingCallback
 from mlx_lm.tuner.datasets import CacheDataset, load_dataset
 from mlx_lm.tuner.trainer import TrainingArgs, default_loss, iterate_batches, train
-from mlx_lm.utils import load_tokenizer, save_config
+from mlx_lm.utils import save_config
 
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.gather import GatherChain
 from exo_tp.finetune.job import FinetuneJob, RankReport, StepReport, ValReport
 from exo_tp.finetune.model import build_model, lora_parameters
+from exo_tp.models.tokenizer import load_model_tokenizer
 from exo_tp.plan.shard_plan import Span
 
 log = logging.getLogger("exo_tp.finetune")
@@ -162,7 +163,7 @@ def run_rank(job: FinetuneJob, rank: int, group: mx.distributed.Group) -> RankRe
     started = time.perf_counter()
     np.random.seed(job.seed)  # mlx_lm.lora seeds numpy first: it orders the batches
     model_dir = Path(job.model_dir)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_model_tokenizer(model_dir)
     train_set, valid_set = _datasets(job, tokenizer)
     chain = GatherChain(group, job.prefetch)
     model, footprint = build_model(model_dir, job.lora, job.seed, job.plan, rank, chain)

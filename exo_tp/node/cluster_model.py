@@ -55,9 +55,9 @@ def weights_url(member: Announcement) -> str:
 
 
 def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper]:
-    from mlx_lm.utils import load_tokenizer
+    from exo_tp.models.tokenizer import load_model_tokenizer
 
-    return load_spec(folder), load_tokenizer(folder)
+    return load_spec(folder), load_model_tokenizer(folder)
 
 
 class ClusterModel:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.utils import load_tokenizer
 
 from exo_tp.models.registry import resolve_model
+from exo_tp.models.tokenizer import load_model_tokenizer
 from exo_tp.plan.cost import kv_bytes_per_token
 from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import group_links
@@ -253,7 +253,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any]) -> None:
         mx.get_active_memory() / 1e6,
     )
     driver = _open_hops(job, key, model)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_model_tokenizer(model_dir)
     threading.Thread(target=_beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
     serve = _serve_as_conductor if job.rank == job.conductor_rank else _serve_as_follower
