@@ -144,16 +144,18 @@ class LoopbackNodes:
 @contextmanager
 def loopback_nodes(
     node_args: list[list[str]],
-    model: str,
+    model: str | None,
     logs: Path,
     ready: bool = True,
     env: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
+    node_env: list[dict[str, str]] | None = None,
 ) -> Iterator[LoopbackNodes]:
     """One `exo-tp run` per entry of ``node_args`` (its own extra arguments) on 127.0.0.1, in
     one fresh cluster: node ids n0, n1, ...; each node's stderr in ``logs``/n<i>.log. The
     secret reaches them in $EXO_TP_SECRET; ``env`` adds to (or overrides) their environment;
-    ``headers`` go with the readiness checks (an API key)."""
+    ``headers`` go with the readiness checks (an API key). ``model`` None: only the nodes
+    whose own arguments name one get a --model; ``node_env``: each node's own variables."""
     count = len(node_args)
     base = free_port_base(count)
     cluster, secret = f"test-{secrets.token_hex(4)}", secrets.token_hex(16)
@@ -174,14 +176,18 @@ def loopback_nodes(
                         f"n{i}",
                         "--cluster",
                         cluster,
-                        "--model",
-                        model,
+                        *(["--model", model] if model else []),
                         *extra,
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=(logs / f"n{i}.log").open("w"),
                     start_new_session=True,
-                    env={**os.environ, "EXO_TP_SECRET": secret, **(env or {})},
+                    env={
+                        **os.environ,
+                        "EXO_TP_SECRET": secret,
+                        **(env or {}),
+                        **(node_env[i] if node_env else {}),
+                    },
                 )
             )
         if ready:

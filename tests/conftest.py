@@ -17,6 +17,15 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
+# No test may reach the real model hub or touch this user's Hugging Face cache: hub tests
+# point HF_ENDPOINT at a stand-in hub on loopback (tests/hub_standin.py) and a cache of their own.
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["HF_HOME"] = str(
+    Path(os.environ.get("TMPDIR", "/tmp")) / f"exo-tp-tests-hf-{os.getpid()}"
+)
+os.environ.pop("HF_TOKEN", None)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
     parser.addoption(

@@ -38,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(levelname)s %(message)s",
     )
+    if not args.verbose:
+        # One line per HTTP request (huggingface_hub talks through httpx): noise, not news.
+        for name in ("httpx", "httpx2", "httpcore", "huggingface_hub"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.handler(args) or 0)
     except ExoTpError as error:

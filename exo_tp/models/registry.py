@@ -1,4 +1,4 @@
-"""Named default models and resolving ``--model`` (a name or a folder) to a prepared folder."""
+"""Named default models and resolving ``--model`` (a name, a folder or a hub id) to a folder."""
 
 from __future__ import annotations
 
@@ -87,7 +87,10 @@ def prepare_default_models(force: bool = False) -> dict[str, Path]:
 
 
 def resolve_model(model: str) -> Path:
-    """The folder for ``--model``: a default model's name (prepared on first use) or a folder."""
+    """The folder for ``--model``: a default model's name (prepared on first use), a folder, or
+    a hub id ``ORG/NAME[@revision]`` (from the Hugging Face cache, downloaded once if missing)."""
+    from exo_tp.models.hub import download, hub_ref
+
     if model in DEFAULT_MODELS:
         if not is_prepared(model):
             prepare_default_models()
@@ -97,5 +100,11 @@ def resolve_model(model: str) -> Path:
         return path
     if path.exists():
         raise ExoTpError(f"{model}: no config.json in that folder (not an mlx-lm model folder)")
+    ref = hub_ref(model)
+    if ref is not None:
+        return download(ref)
     names = ", ".join(DEFAULT_MODELS)
-    raise ExoTpError(f"unknown model {model!r}: give a model folder or one of: {names}")
+    raise ExoTpError(
+        f"unknown model {model!r}: give a model folder, a hub id ORG/NAME[@revision], "
+        f"or one of: {names}"
+    )
