@@ -26,7 +26,7 @@ from _common import env, exo_tp_tps, resolve, single_process_tps
 PING = """
 import json, sys, time, threading, mlx.core as mx
 from exo_tp.transport.channel import accept_count, connect
-from exo_tp.runtime.messages import HOP_MESSAGES
+from exo_tp.wire.runtime import HOP_MESSAGES
 from exo_tp.runtime.pipeline import recv_hidden, send_hidden
 from exo_tp.transport.ports import free_ports
 hidden, iters = int(sys.argv[1]), int(sys.argv[2])

@@ -22,7 +22,7 @@ from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import MOUNT, ServedModel, WeightServer
 from exo_tp.weights.store import ShardStore
 from exo_tp.weights.transfer import Holding, TransferError, plan_transfer
-from exo_tp.weights.wire import Piece, ReadRequest
+from exo_tp.wire.weights import Piece, ReadRequest
 
 SECRET = "wire-secret"
 

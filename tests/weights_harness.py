@@ -21,7 +21,7 @@ from exo_tp.weights.client import fetch_manifest, fetch_transfer
 from exo_tp.weights.server import MOUNT, ServedModel, ServeOptions, WeightServer
 from exo_tp.weights.store import ShardStore
 from exo_tp.weights.transfer import NodeTransfer, TransferError
-from exo_tp.weights.wire import WireError
+from exo_tp.wire.errors import WireError
 
 
 class FetchOrder(Frozen):

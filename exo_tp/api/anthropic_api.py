@@ -7,20 +7,42 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp import web
 
 from exo_tp.api.answer_stream import AnswerPiece, AnswerStream
 from exo_tp.api.anthropic_schema import CountTokensRequest, MessagesRequest
+from exo_tp.api.anthropic_shapes import (
+    Block,
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    Event,
+    InputJsonDelta,
+    Message,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    OutputUsage,
+    Ping,
+    StopDelta,
+    TextBlock,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
+    TokenCount,
+    tool_use,
+    usage,
+)
 from exo_tp.api.backend import Backend, collect, first_event
 from exo_tp.api.chat_prompt import Prompt, choose_tools, render_chat
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import generate_request, sampling_params, token_budget
-from exo_tp.api.http_io import EventStream, off_loop, read_body, validate
+from exo_tp.api.http_io import EventStream, json_view, off_loop, read_body, validate
 from exo_tp.api.openai_api import check_model
 from exo_tp.api.openai_schema import SamplingFields
-from exo_tp.runtime.messages import Delta, Done
+from exo_tp.frozen import replace
+from exo_tp.wire.runtime import Delta, Done
 
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
@@ -36,7 +58,7 @@ async def count_tokens(node: Backend, request: web.Request) -> web.Response:
     parsed = validate(CountTokensRequest, await read_body(request))
     check_model(node, parsed.model)
     prompt = await off_loop(_prompt, node, parsed)
-    return web.json_response({"input_tokens": len(prompt.tokens)})
+    return json_view(TokenCount(input_tokens=len(prompt.tokens)))
 
 
 def _stop_reason(done: Done, answer: AnswerStream) -> tuple[str, str | None]:
@@ -51,25 +73,6 @@ def _stop_reason(done: Done, answer: AnswerStream) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def _usage(prompt_tokens: int, done: Done | None) -> dict[str, int]:
-    cached = done.cached_tokens if done else 0
-    return {
-        "input_tokens": prompt_tokens - cached,
-        "output_tokens": done.completion_tokens if done else 0,
-        "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": 0,
-    }
-
-
-def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "tool_use",
-        "id": f"toolu_{uuid.uuid4().hex[:24]}",
-        "name": call["function"]["name"],
-        "input": json.loads(call["function"]["arguments"]),
-    }
-
-
 async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(MessagesRequest, await read_body(request))
     check_model(node, parsed.model)
@@ -77,38 +80,42 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
     budget = token_budget(node, len(prompt.tokens), parsed.max_tokens, "messages", "max_tokens")
     fields = SamplingFields(temperature=parsed.temperature, top_p=parsed.top_p, top_k=parsed.top_k)
     sampling = sampling_params(node, fields, budget, logprobs=False, top_logprobs=0)
-    generation = generate_request("msg", prompt.tokens, sampling, parsed.stop_sequences or [])
+    generation = generate_request(
+        node, "msg", prompt.tokens, sampling, parsed.stop_sequences or [], "messages"
+    )
     single = bool(parsed.tool_choice and parsed.tool_choice.disable_parallel_tool_use)
     answer = AnswerStream(node.tokenizer, prompt, streaming=False, max_calls=1 if single else None)
-    head = {
-        "id": f"msg_{uuid.uuid4().hex[:24]}",
-        "type": "message",
-        "role": "assistant",
-        "model": node.model,
-    }
+    head = Message(
+        id=f"msg_{uuid.uuid4().hex[:24]}",
+        model=node.model,
+        content=[],
+        stop_reason=None,
+        stop_sequence=None,
+        usage=usage(len(prompt.tokens), None),
+    )
     events = node.generate(generation)
     if parsed.stream:
-        return await _stream(request, events, head, answer, len(prompt.tokens))
+        return await _stream(request, events, head, answer)
     deltas, done = await collect(events)
     whole = AnswerPiece()
     for delta in deltas:
         whole.add(answer.feed(delta.text))
     whole.add(answer.finish(_finish(done)))
-    content: list[dict[str, Any]] = []
+    content: list[Block] = []
     if whole.reasoning:
-        content.append({"type": "thinking", "thinking": whole.reasoning, "signature": ""})
+        content.append(ThinkingBlock(thinking=whole.reasoning))
     if whole.content:
-        content.append({"type": "text", "text": whole.content})
-    content += [_tool_use(call) for call in whole.tool_calls]
+        content.append(TextBlock(text=whole.content))
+    content += [tool_use(call) for call in whole.tool_calls]
     reason, sequence = _stop_reason(done, answer)
-    return web.json_response(
-        {
-            **head,
-            "content": content,
-            "stop_reason": reason,
-            "stop_sequence": sequence,
-            "usage": _usage(len(prompt.tokens), done),
-        }
+    return json_view(
+        replace(
+            head,
+            content=content,
+            stop_reason=reason,
+            stop_sequence=sequence,
+            usage=usage(len(prompt.tokens), done),
+        )
     )
 
 
@@ -124,68 +131,53 @@ class _Blocks:
         self._index = -1
         self._open: str | None = None
 
-    async def _send(self, payload: dict[str, Any]) -> None:
-        await self._stream.send(payload, event=payload["type"])
+    async def send(self, event: Event) -> None:
+        await self._stream.send(event, event=event.type)
 
-    async def _start(self, block: dict[str, Any]) -> None:
+    async def _start(self, block: Block) -> None:
         await self.close()
         self._index += 1
-        self._open = block["type"]
-        await self._send(
-            {"type": "content_block_start", "index": self._index, "content_block": block}
-        )
+        self._open = block.type
+        await self.send(ContentBlockStart(index=self._index, content_block=block))
 
-    async def _delta(self, delta: dict[str, Any]) -> None:
-        await self._send({"type": "content_block_delta", "index": self._index, "delta": delta})
+    async def _delta(self, delta: ThinkingDelta | TextDelta | InputJsonDelta) -> None:
+        await self.send(ContentBlockDelta(index=self._index, delta=delta))
 
     async def piece(self, piece: AnswerPiece) -> None:
         if piece.reasoning:
             if self._open != "thinking":
-                await self._start({"type": "thinking", "thinking": "", "signature": ""})
-            await self._delta({"type": "thinking_delta", "thinking": piece.reasoning})
+                await self._start(ThinkingBlock(thinking=""))
+            await self._delta(ThinkingDelta(thinking=piece.reasoning))
         if piece.content:
             if self._open != "text":
-                await self._start({"type": "text", "text": ""})
-            await self._delta({"type": "text_delta", "text": piece.content})
+                await self._start(TextBlock(text=""))
+            await self._delta(TextDelta(text=piece.content))
         for call in piece.tool_calls:
-            block = _tool_use(call)
-            arguments = json.dumps(block["input"], ensure_ascii=False)
-            await self._start({**block, "input": {}})
-            await self._delta({"type": "input_json_delta", "partial_json": arguments})
+            block = tool_use(call)
+            arguments = json.dumps(block.input, ensure_ascii=False)
+            await self._start(replace(block, input={}))
+            await self._delta(InputJsonDelta(partial_json=arguments))
             await self.close()
 
     async def close(self) -> None:
         if self._open is not None:
-            await self._send({"type": "content_block_stop", "index": self._index})
+            await self.send(ContentBlockStop(index=self._index))
             self._open = None
 
 
 async def _stream(
     request: web.Request,
     events: AsyncIterator[Delta | Done],
-    head: dict[str, Any],
+    head: Message,
     answer: AnswerStream,
-    prompt_tokens: int,
 ) -> web.StreamResponse:
     event = await first_event(events)
     stream = EventStream(request)
     await stream.open()
     blocks = _Blocks(stream)
     try:
-        await stream.send(
-            {
-                "type": "message_start",
-                "message": {
-                    **head,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": _usage(prompt_tokens, None),
-                },
-            },
-            event="message_start",
-        )
-        await stream.send({"type": "ping"}, event="ping")
+        await blocks.send(MessageStart(message=head))
+        await blocks.send(Ping())
         while True:
             if isinstance(event, Delta):
                 await blocks.piece(answer.feed(event.text))
@@ -193,15 +185,13 @@ async def _stream(
                 await blocks.piece(answer.finish(_finish(event)))
                 await blocks.close()
                 reason, sequence = _stop_reason(event, answer)
-                await stream.send(
-                    {
-                        "type": "message_delta",
-                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                        "usage": {"output_tokens": event.completion_tokens},
-                    },
-                    event="message_delta",
+                await blocks.send(
+                    MessageDelta(
+                        delta=StopDelta(stop_reason=reason, stop_sequence=sequence),
+                        usage=OutputUsage(output_tokens=event.completion_tokens),
+                    )
                 )
-                await stream.send({"type": "message_stop"}, event="message_stop")
+                await blocks.send(MessageStop())
                 break
             event = await anext(events)
     except ApiError as error:  # mid-stream failure: an error event, then the stream ends

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.defaults import GenerationDefaults
-from exo_tp.runtime.messages import Delta, Done, GenerateRequest
+from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 
 class Backend(Protocol):

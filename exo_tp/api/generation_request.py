@@ -9,21 +9,10 @@ import uuid
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError
 from exo_tp.api.openai_schema import SamplingFields
-from exo_tp.runtime.messages import GenerateRequest, SamplingParams
+from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
 
 # Below this a temperature divides logits into infinities; its limit is greedy decoding.
 MIN_TEMPERATURE = 1e-6
-
-
-def check_token_ids(tokens: list[int], vocab_size: int, param: str) -> None:
-    for i, token in enumerate(tokens):
-        if not 0 <= token < vocab_size:
-            raise ApiError(
-                400,
-                f"Invalid value for '{param}': token id {token} at position {i} "
-                f"is outside this model's vocabulary (0 to {vocab_size - 1}).",
-                param=param,
-            )
 
 
 def sampling_params(
@@ -38,12 +27,11 @@ def sampling_params(
     bias = None
     if fields.logit_bias:
         bias = {int(key): value for key, value in fields.logit_bias.items()}
-        check_token_ids(sorted(bias), node.vocab_size, "logit_bias")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
         top_p=top_p or 1.0,  # mlx-lm: 0 means off, like 1
-        top_k=0 if top_k >= node.vocab_size else top_k,  # keeping every token is no filter
+        top_k=top_k,  # GenerateRequest.fit reads one keeping every token as no filter
         min_p=min_p,
         xtc_probability=fields.xtc_probability,
         xtc_threshold=fields.xtc_threshold,
@@ -87,13 +75,27 @@ def token_budget(
 
 
 def generate_request(
-    prefix: str, tokens: list[int], sampling: SamplingParams, stops: list[str]
+    node: Backend,
+    prefix: str,
+    tokens: list[int],
+    sampling: SamplingParams,
+    stops: list[str],
+    prompt_param: str,
+    continuation: bool = False,
 ) -> GenerateRequest:
+    """The request, fitted to the model (GenerateRequest.fit: the one check of token ids and
+    top_k against the vocabulary); ``prompt_param`` names the prompt's field in errors."""
     if not tokens:
         raise ApiError(400, "The prompt is empty: it encodes to no tokens.", param="prompt")
-    return GenerateRequest(
+    request = GenerateRequest(
         id=f"{prefix}-{uuid.uuid4().hex[:24]}",
         tokens=tuple(tokens),
         sampling=sampling,
         stop=tuple(stops),
+        continuation=continuation,
     )
+    try:
+        return request.fit(node.vocab_size)
+    except OutOfVocabulary as error:
+        param = prompt_param if error.field == "tokens" else error.field
+        raise ApiError(400, f"Invalid value for '{param}': {error}.", param=param) from None

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from exo_tp.api.errors import ApiError
 from exo_tp.api.json_body import parse_json
@@ -51,6 +51,22 @@ def validate(model: type[Model], body: Any) -> Model:
         raise ApiError(400, "request body is nested too deeply") from None
 
 
+class ApiView(BaseModel):
+    """A response body, typed. A field left unset is left out of the JSON (OpenAI leaves out
+    e.g. ``reasoning``); one set to None is null. Built field by field, so assignments are
+    validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def body(self) -> dict[str, Any]:
+        """The JSON object it is sent as (the edge where a view becomes plain data)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+def json_view(view: ApiView) -> web.Response:
+    return web.json_response(view.body())
+
+
 class EventStream:
     """A text/event-stream response: ``data:`` lines, optionally with ``event:`` names."""
 
@@ -63,7 +79,9 @@ class EventStream:
     async def open(self) -> None:
         await self.response.prepare(self._request)
 
-    async def send(self, payload: dict[str, Any] | str, event: str | None = None) -> None:
+    async def send(self, payload: ApiView | dict[str, Any] | str, event: str | None = None) -> None:
+        if isinstance(payload, ApiView):
+            payload = payload.body()
         data = payload if isinstance(payload, str) else json.dumps(payload)
         head = f"event: {event}\n" if event else ""
         await self.response.write(f"{head}data: {data}\n\n".encode())

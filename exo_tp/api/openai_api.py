@@ -13,12 +13,11 @@ from exo_tp.api.backend import Backend, collect, first_event
 from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, render_chat
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import (
-    check_token_ids,
     generate_request,
     sampling_params,
     token_budget,
 )
-from exo_tp.api.http_io import EventStream, off_loop, read_body, validate
+from exo_tp.api.http_io import EventStream, json_view, off_loop, read_body, validate
 from exo_tp.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -33,7 +32,8 @@ from exo_tp.api.openai_shapes import (
     finish_reason,
 )
 from exo_tp.api.token_text import TokenText
-from exo_tp.runtime.messages import Delta, Done, TokenLogprob
+from exo_tp.frozen import replace
+from exo_tp.wire.runtime import Delta, Done, TokenLogprob
 
 DEFAULT_MODEL_ALIAS = "default_model"  # mlx_lm.server's name for the model it serves
 
@@ -70,7 +70,7 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
     parsed: ChatCompletionRequest = await _parsed(request, ChatCompletionRequest)
     check_model(node, parsed.model)
     if parsed.top_logprobs and not parsed.logprobs:
-        parsed = parsed.model_copy(update={"logprobs": True})  # mlx_lm.server reads either
+        parsed = replace(parsed, logprobs=True)  # mlx_lm.server reads either
     prompt = await off_loop(_chat_prompt, node, parsed)
     budget = token_budget(
         node,
@@ -80,7 +80,9 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
         "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens",
     )
     sampling = sampling_params(node, parsed, budget, parsed.logprobs, parsed.top_logprobs or 0)
-    generation = generate_request("chatcmpl", prompt.tokens, sampling, parsed.stop_list())
+    generation = generate_request(
+        node, "chatcmpl", prompt.tokens, sampling, parsed.stop_list(), "messages"
+    )
     answer = AnswerStream(
         node.tokenizer,
         prompt,
@@ -99,7 +101,7 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
     reason = finish_reason(done)
     whole.add(answer.finish(reason))
     logprobs = scores.block(_logprobs(deltas)) if scores else None
-    return web.json_response(shape.whole(whole, answer.finish_reason(reason), done, logprobs))
+    return json_view(shape.whole(whole, answer.finish_reason(reason), done, logprobs))
 
 
 def _logprobs(deltas: list[Delta]) -> tuple[TokenLogprob, ...]:
@@ -146,16 +148,10 @@ async def _stream_chat(
 # ---- plain completions --------------------------------------------------------------------
 
 
-def _completion_prompt(node: Backend, parsed: CompletionRequest) -> tuple[list[int], str]:
-    """The prompt's token ids, and its text (for ``echo``)."""
+def _echo(node: Backend, parsed: CompletionRequest, tokens: tuple[int, ...]) -> str:
+    """The prompt as text, for ``echo`` (ids decoded once they are known to be the model's)."""
     value = parsed.prompt_value()
-    if isinstance(value, list):
-        check_token_ids(value, node.vocab_size, "prompt")
-    tokens = completion_prompt(node.tokenizer, value)
-    text = (
-        value if isinstance(value, str) else (node.tokenizer.decode(tokens) if parsed.echo else "")
-    )
-    return tokens, text
+    return value if isinstance(value, str) else node.tokenizer.decode(list(tokens))
 
 
 async def completions(node: Backend, request: web.Request) -> web.StreamResponse:
@@ -168,13 +164,15 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
             "not computed, so echo cannot go with logprobs.",
             param="echo",
         )
-    tokens, prompt_text = await off_loop(_completion_prompt, node, parsed)
+    tokens = await off_loop(completion_prompt, node.tokenizer, parsed.prompt_value())
     budget = token_budget(node, len(tokens), parsed.requested_max_tokens(), "prompt", "max_tokens")
     top = parsed.top_n()
     sampling = sampling_params(node, parsed, budget, parsed.wants_logprobs(), top)
-    generation = generate_request("cmpl", tokens, sampling, parsed.stop_list())
+    generation = generate_request(
+        node, "cmpl", tokens, sampling, parsed.stop_list(), "prompt", continuation=True
+    )
     shape = CompletionShape(generation.id, node.model)
-    echo = prompt_text if parsed.echo else ""
+    echo = await off_loop(_echo, node, parsed, generation.tokens) if parsed.echo else ""
     scores = CompletionLogprobs(TokenText(node.tokenizer), top) if parsed.wants_logprobs() else None
     events = node.generate(generation)
     if parsed.stream:
@@ -184,7 +182,7 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
     deltas, done = await collect(events)
     text = echo + "".join(delta.text for delta in deltas)
     logprobs = scores.block(_logprobs(deltas)) if scores else None
-    return web.json_response(shape.whole(text, finish_reason(done), done, logprobs))
+    return json_view(shape.whole(text, finish_reason(done), done, logprobs))
 
 
 async def _stream_completion(

@@ -1,19 +1,23 @@
 """OpenAI's response shapes: chat completions and plain completions, whole or as stream chunks,
-with usage and per-token log-probabilities."""
+with usage and per-token log-probabilities, as typed views (ApiView: a field left unset is left
+out of the JSON, as OpenAI leaves out ``reasoning`` or ``usage``; a field set to None is null)."""
 
 from __future__ import annotations
 
+import codecs
 import platform
 import time
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 import mlx_lm
+from pydantic import ConfigDict
 
 from exo_tp import __version__
 from exo_tp.api.answer_stream import AnswerPiece
+from exo_tp.api.http_io import ApiView
 from exo_tp.api.token_text import TokenText
-from exo_tp.runtime.messages import Done, TokenLogprob
+from exo_tp.wire.runtime import Done, TokenLogprob
 
 # What OpenAI calls the backend configuration (mlx_lm.server: its versions and platform).
 SYSTEM_FINGERPRINT = (
@@ -22,13 +26,140 @@ SYSTEM_FINGERPRINT = (
 )
 
 
-def usage(done: Done) -> dict[str, Any]:
-    return {
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
-    }
+# ---- the views -------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(ApiView):
+    cached_tokens: int
+
+
+class Usage(ApiView):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class FunctionCall(ApiView):
+    # What mlx_lm's tool parser returned beside name and arguments goes out as it came.
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(ApiView):
+    """As mlx_lm.server's ToolCallFormatter makes them (``index`` only when streaming)."""
+
+    function: FunctionCall
+    type: Literal["function"]
+    id: str
+    index: int | None = None
+
+
+class TopLogprob(ApiView):
+    id: int  # the token id, as mlx_lm.server adds it
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobsBlock(ApiView):
+    content: list[ChatTokenLogprob]
+    refusal: None
+
+
+class CompletionLogprobsBlock(ApiView):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None  # each token's alternatives: text -> logprob
+    text_offset: list[int]
+
+
+class ChatDelta(ApiView):
+    role: Literal["assistant"] | None = None  # the first chunk's only
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = []
+
+
+class ChatChunkChoice(ApiView):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None
+    logprobs: ChatLogprobsBlock | None
+
+
+class ChatMessage(ApiView):
+    role: Literal["assistant"]
+    content: str | None  # null beside tool calls, as OpenAI and mlx_lm.server give it
+    refusal: None
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = []
+
+
+class ChatChoice(ApiView):
+    index: int
+    message: ChatMessage
+    finish_reason: str
+    logprobs: ChatLogprobsBlock | None
+
+
+class _Answer(ApiView):
+    """What every answer and chunk starts with (all required: a view sets each one)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: str
+
+
+class ChatCompletion(_Answer):
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatCompletionChunk(_Answer):
+    object: Literal["chat.completion.chunk"]
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None  # only the usage chunk (after the last) has it
+
+
+class CompletionChoice(ApiView):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: CompletionLogprobsBlock | None
+
+
+class Completion(_Answer):
+    """A completion, or one chunk of a streamed one (the usage chunk has ``usage``)."""
+
+    object: Literal["text_completion"]
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+def _tool_calls(calls: list[dict[str, Any]]) -> list[ToolCall]:
+    return [ToolCall.model_validate(call) for call in calls]
+
+
+# ---- building them ---------------------------------------------------------------------------
+
+
+def usage(done: Done) -> Usage:
+    return Usage(
+        prompt_tokens=done.prompt_tokens,
+        completion_tokens=done.completion_tokens,
+        total_tokens=done.prompt_tokens + done.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=done.cached_tokens),
+    )
 
 
 def finish_reason(done: Done) -> str:
@@ -42,21 +173,24 @@ class ChatLogprobs:
     def __init__(self, text: TokenText):
         self._text = text
 
-    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
+    def _entry(self, token: int, logprob: float) -> TopLogprob:
         piece, raw = self._text(token)
-        return {"id": token, "token": piece, "logprob": logprob, "bytes": list(raw)}
+        return TopLogprob(id=token, token=piece, logprob=logprob, bytes=list(raw))
 
-    def content(self, scored: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
-        return [
-            {
-                **self._entry(s.token, s.logprob),
-                "top_logprobs": [self._entry(t, lp) for t, lp in s.top],
-            }
-            for s in scored
-        ]
+    def content(self, scored: tuple[TokenLogprob, ...]) -> list[ChatTokenLogprob]:
+        out = []
+        for s in scored:
+            piece, raw = self._text(s.token)
+            top = [self._entry(t, lp) for t, lp in s.top]
+            out.append(
+                ChatTokenLogprob(
+                    id=s.token, token=piece, logprob=s.logprob, bytes=list(raw), top_logprobs=top
+                )
+            )
+        return out
 
-    def block(self, scored: tuple[TokenLogprob, ...]) -> dict[str, Any]:
-        return {"content": self.content(scored), "refusal": None}
+    def block(self, scored: tuple[TokenLogprob, ...]) -> ChatLogprobsBlock:
+        return ChatLogprobsBlock(content=self.content(scored), refusal=None)
 
 
 class CompletionLogprobs:
@@ -65,21 +199,23 @@ class CompletionLogprobs:
     def __init__(self, text: TokenText, top: int):
         self._text, self._top = text, top
         self.offset = 0  # characters of text before the next token
+        # a character split over tokens counts once, where its last byte arrives (as in the text)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def block(self, scored: tuple[TokenLogprob, ...]) -> dict[str, Any]:
+    def block(self, scored: tuple[TokenLogprob, ...]) -> CompletionLogprobsBlock:
         tokens, offsets, tops = [], [], []
         for s in scored:
-            piece = self._text(s.token)[0]
+            piece, raw = self._text(s.token)
             tokens.append(piece)
             offsets.append(self.offset)
-            self.offset += len(piece)
+            self.offset += len(self._utf8.decode(raw))
             tops.append({self._text(t)[0]: lp for t, lp in s.top})
-        return {
-            "tokens": tokens,
-            "token_logprobs": [s.logprob for s in scored],
-            "top_logprobs": tops if self._top > 0 else None,
-            "text_offset": offsets,
-        }
+        return CompletionLogprobsBlock(
+            tokens=tokens,
+            token_logprobs=[s.logprob for s in scored],
+            top_logprobs=tops if self._top > 0 else None,
+            text_offset=offsets,
+        )
 
 
 class ChatShape:
@@ -87,51 +223,60 @@ class ChatShape:
         self.id, self.model = request_id, model
         self.created = int(time.time())
 
-    def _base(self, obj: str) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": SYSTEM_FINGERPRINT,
-        }
+    def _chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id,
+            object="chat.completion.chunk",
+            created=self.created,
+            model=self.model,
+            system_fingerprint=SYSTEM_FINGERPRINT,
+            choices=choices,
+        )
 
     def chunk(
         self,
         piece: AnswerPiece | None,
         finish: str | None,
-        logprobs: dict[str, Any] | None = None,
+        logprobs: ChatLogprobsBlock | None = None,
         first: bool = False,
-    ) -> dict[str, Any]:
-        delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+    ) -> ChatCompletionChunk:
+        delta = ChatDelta(role="assistant", content="") if first else ChatDelta()
         if piece is not None:
             if piece.content:
-                delta["content"] = piece.content
+                delta.content = piece.content
             if piece.reasoning:
-                delta["reasoning"] = piece.reasoning
+                delta.reasoning = piece.reasoning
             if piece.tool_calls:
-                delta["tool_calls"] = piece.tool_calls
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
-        return {**self._base("chat.completion.chunk"), "choices": [choice]}
+                delta.tool_calls = _tool_calls(piece.tool_calls)
+        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish, logprobs=logprobs)
+        return self._chunk([choice])
 
-    def usage_chunk(self, done: Done) -> dict[str, Any]:
-        return {**self._base("chat.completion.chunk"), "choices": [], "usage": usage(done)}
+    def usage_chunk(self, done: Done) -> ChatCompletionChunk:
+        view = self._chunk([])
+        view.usage = usage(done)
+        return view
 
     def whole(
-        self, answer: AnswerPiece, finish: str, done: Done, logprobs: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        message: dict[str, Any] = {
-            "role": "assistant",
-            # null beside tool calls, as OpenAI and mlx_lm.server give it
-            "content": answer.content if answer.content or not answer.tool_calls else None,
-            "refusal": None,
-        }
+        self, answer: AnswerPiece, finish: str, done: Done, logprobs: ChatLogprobsBlock | None
+    ) -> ChatCompletion:
+        message = ChatMessage(
+            role="assistant",
+            content=answer.content if answer.content or not answer.tool_calls else None,
+            refusal=None,
+        )
         if answer.reasoning:
-            message["reasoning"] = answer.reasoning
+            message.reasoning = answer.reasoning
         if answer.tool_calls:
-            message["tool_calls"] = answer.tool_calls
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
-        return {**self._base("chat.completion"), "choices": [choice], "usage": usage(done)}
+            message.tool_calls = _tool_calls(answer.tool_calls)
+        return ChatCompletion(
+            id=self.id,
+            object="chat.completion",
+            created=self.created,
+            model=self.model,
+            system_fingerprint=SYSTEM_FINGERPRINT,
+            choices=[ChatChoice(index=0, message=message, finish_reason=finish, logprobs=logprobs)],
+            usage=usage(done),
+        )
 
 
 class CompletionShape:
@@ -139,26 +284,31 @@ class CompletionShape:
         self.id, self.model = request_id, model
         self.created = int(time.time())
 
-    def _base(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": SYSTEM_FINGERPRINT,
-        }
+    def _view(self, choices: list[CompletionChoice]) -> Completion:
+        return Completion(
+            id=self.id,
+            object="text_completion",
+            created=self.created,
+            model=self.model,
+            system_fingerprint=SYSTEM_FINGERPRINT,
+            choices=choices,
+        )
 
     def chunk(
-        self, text: str, finish: str | None, logprobs: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-        return {**self._base(), "choices": [choice]}
+        self, text: str, finish: str | None, logprobs: CompletionLogprobsBlock | None = None
+    ) -> Completion:
+        choice = CompletionChoice(index=0, text=text, finish_reason=finish, logprobs=logprobs)
+        return self._view([choice])
 
-    def usage_chunk(self, done: Done) -> dict[str, Any]:
-        return {**self._base(), "choices": [], "usage": usage(done)}
+    def usage_chunk(self, done: Done) -> Completion:
+        view = self._view([])
+        view.usage = usage(done)
+        return view
 
     def whole(
-        self, text: str, finish: str, done: Done, logprobs: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-        return {**self._base(), "choices": [choice], "usage": usage(done)}
+        self, text: str, finish: str, done: Done, logprobs: CompletionLogprobsBlock | None
+    ) -> Completion:
+        choice = CompletionChoice(index=0, text=text, finish_reason=finish, logprobs=logprobs)
+        view = self._view([choice])
+        view.usage = usage(done)
+        return view

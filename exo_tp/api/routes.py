@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exo_tp.api import anthropic_api, openai_api
+from exo_tp.api import anthropic_api, ollama_api, openai_api, responses_api
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError
 from exo_tp.api.guard import install_guard
@@ -36,6 +36,8 @@ def error_response(error: ApiError, request: web.Request | None = None) -> web.R
         response = anthropic_api.anthropic_error(error)
         response.headers.update(error.headers())
         return response
+    if request is not None and request.path.startswith(ollama_api.OLLAMA_PREFIX):
+        return ollama_api.ollama_error(error)
     return web.json_response(error.body(), status=error.status, headers=error.headers())
 
 
@@ -157,6 +159,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, openai_api.completions)
 
 
+@ROUTES.post("/v1/responses")
+@ROUTES.post("/responses")
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, responses_api.responses)
+
+
 @ROUTES.post("/v1/messages")
 async def messages(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, anthropic_api.messages)
@@ -165,6 +173,39 @@ async def messages(request: web.Request) -> web.StreamResponse:
 @ROUTES.post("/v1/messages/count_tokens")
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, anthropic_api.count_tokens)
+
+
+# ---- Ollama's API (a third dialect over the same generation path) ---------------------------
+
+
+@ROUTES.get("/api/version")
+async def ollama_version(request: web.Request) -> web.Response:
+    return await ollama_api.version(request)
+
+
+@ROUTES.get("/api/tags")
+async def ollama_tags(request: web.Request) -> web.Response:
+    return ollama_api.tags(_node(request))
+
+
+@ROUTES.get("/api/ps")
+async def ollama_ps(request: web.Request) -> web.Response:
+    return ollama_api.ps(_node(request))
+
+
+@ROUTES.post("/api/show")
+async def ollama_show(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, ollama_api.show)
+
+
+@ROUTES.post("/api/chat")
+async def ollama_chat(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, ollama_api.chat)
+
+
+@ROUTES.post("/api/generate")
+async def ollama_generate(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, ollama_api.generate)
 
 
 async def _pass_to_leader(request: web.Request, upstream_url: str) -> web.StreamResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule
+from exo_tp.frozen import replace
 
 
 def _col(path: str, *parts: str, width: str = "head_dim") -> LinearRule:
@@ -55,7 +56,7 @@ LLAMA_LIKE = ArchTable(
 )
 
 # Qwen2 (dense and MoE) derives head_dim as hidden_size // heads whatever config.json says.
-QWEN2 = LLAMA_LIKE.model_copy(update={"model_types": ("qwen2",), "reads_head_dim": False})
+QWEN2 = replace(LLAMA_LIKE, model_types=("qwen2",), reads_head_dim=False)
 
 # Gemma 2/3: the same split; soft-capping of attention scores acts per head, soft-capping of
 # the final logits acts on the gathered logits, the embedding scale after the embedding's

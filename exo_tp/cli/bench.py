@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import address_list, non_negative_int, port_number, positive_float
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import replace
 
 if TYPE_CHECKING:
     from exo_tp.profile.peers import Peers
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         links = measure_links(peers, args.link_timeout, args.quick, progress) if peers else ()
         profile, cached = device_profile(refresh=args.refresh, quick=args.quick, progress=progress)
     if peers:
-        profile = profile.model_copy(update={"node_id": peers.label(peers.rank), "links": links})
+        profile = replace(profile, node_id=peers.label(peers.rank), links=links)
     print(render_profile(profile, cached=cached))
     if args.out:
         try:

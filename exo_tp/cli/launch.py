@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from exo_tp.models.tokenizer import load_model_tokenizer
     from exo_tp.plan import load_spec
     from exo_tp.runtime.launcher import launch_local
-    from exo_tp.runtime.messages import GenerateRequest, SamplingParams
+    from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
 
     weights = args.weights or [1.0] * args.ranks
     if len(weights) != args.ranks:
@@ -107,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         ),
         logits_out=str(Path(args.logits_out).resolve()) if args.logits_out else None,
     )
+    try:
+        request = request.fit(spec.vocab_size)
+    except OutOfVocabulary as error:
+        raise ExoTpError(f"the prompt does not fit the model: {error}") from None
     launch_local(
         str(model_dir),
         plan,

@@ -35,6 +35,7 @@ from exo_tp.cli.security_args import (
     local_cluster_secret,
     node_secret,
 )
+from exo_tp.frozen import replace
 from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
@@ -452,7 +453,7 @@ async def _serve(
     profile = node_profile(args)
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
-        profile = profile.model_copy(update={"memory_total": total, "memory_available": available})
+        profile = replace(profile, memory_total=total, memory_available=available)
     rdma = {}
     for item in args.rdma:
         peer, _, device = item.partition("=")

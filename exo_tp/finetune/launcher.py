@@ -19,6 +19,7 @@ from typing import IO
 
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.job import RANK_ENV, READY, FinetuneJob, RankReport
+from exo_tp.frozen import replace
 from exo_tp.runtime.supervisor import clean_environment
 from exo_tp.transport.ports import free_ports
 from exo_tp.transport.ring import ring_env, write_hostfile
@@ -65,7 +66,7 @@ def run_local(job: FinetuneJob, join_timeout: float = 120.0) -> list[RankReport]
     with tempfile.TemporaryDirectory(prefix="exo-tp-finetune-") as tmp:
         hostfile, jobfile = Path(tmp) / "hostfile.json", Path(tmp) / "job.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(n)])
-        job = job.model_copy(update={"report_dir": tmp})
+        job = replace(job, report_dir=tmp)
         jobfile.write_text(job.model_dump_json())
         ranks: list[_Rank] = []
         try:

@@ -6,12 +6,13 @@ from pydantic import Field, ValidationError
 
 from exo_tp.plan.spec import Frozen
 from exo_tp.security.signing import sign, verify
+from exo_tp.wire.ids import NodeId
 
 SERVICE_TYPE = "_exo-tp._tcp.local."
 
 
 class Announcement(Frozen):
-    node_id: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_-]+$")
+    node_id: NodeId = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_-]+$")
     version: str
     cluster: str
     host: str  # address peers use for the API, control and ring sockets

@@ -25,6 +25,7 @@ import aiohttp
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import replace
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.peers import Peers
 from exo_tp.node.weight_messages import ModelOffer, WeightOrder
@@ -35,6 +36,7 @@ from exo_tp.weights.client import fetch_holding
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import MOUNT
 from exo_tp.weights.transfer import Holding, TransferError, choose_rank_order, plan_transfer
+from exo_tp.wire.errors import PeerRefused
 
 log = logging.getLogger(__name__)
 
@@ -269,12 +271,12 @@ class ClusterModel:
             holding = await fetch_holding(
                 self.weights.session, weights_url(member), self.secret, manifest.identity
             )
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        except (aiohttp.ClientError, TimeoutError, ValueError, PeerRefused) as error:
             log.warning(
                 "weights: holdings of %s unknown (%s): it counts as holding nothing", node_id, error
             )
             return Holding(node=node_id)
-        return holding.model_copy(update={"node": node_id})
+        return replace(holding, node=node_id)
 
     # ---- views -------------------------------------------------------------------------------
 

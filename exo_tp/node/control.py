@@ -8,26 +8,24 @@ epoch). The weight routes (exo_tp.node.weights) are mounted beside them.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeVar
+from typing import Literal
 
-import aiohttp
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 
 from exo_tp.frozen import Frozen
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.runtime.job import Assignment
-from exo_tp.runtime.messages import RankMemory
-from exo_tp.security.signing import control_headers, control_request_ok
+from exo_tp.wire.errors import PeerRefused
+from exo_tp.wire.http import SignedClient, get, post, signed_app
+from exo_tp.wire.ids import Epoch, NodeId
+from exo_tp.wire.runtime import RankMemory
 
 log = logging.getLogger(__name__)
 
-TIMEOUT = aiohttp.ClientTimeout(total=3)
 MAX_BODY = 64 << 20
 
 WorkerState = Literal["none", "starting", "joining", "loading", "ready", "exited"]
@@ -47,10 +45,10 @@ class MachineMemory(Frozen):
 class NodeStatus(Frozen):
     """What a node tells its peers every poll (and the leader tracks epochs with)."""
 
-    node_id: str
-    leader: str | None
-    epoch: int  # the highest epoch this node has seen
-    worker_epoch: int | None = None
+    node_id: NodeId
+    leader: NodeId | None
+    epoch: Epoch  # the highest epoch this node has seen
+    worker_epoch: Epoch | None = None
     worker_state: WorkerState = "none"
     worker_error: str | None = None
     worker_stalled: Stall | None = None
@@ -67,7 +65,7 @@ class NodeStatus(Frozen):
 
 
 class PortsRequest(Frozen):
-    epoch: int  # the epoch the leader is forming
+    epoch: Epoch  # the epoch the leader is forming
 
 
 class Ports(Frozen):
@@ -78,65 +76,39 @@ class Ports(Frozen):
 
 class Assign(Frozen):
     assignment: Assignment
-    leader: str
+    leader: NodeId
     weights: WeightOrder | None = None  # None: load assignment.model from this node's files
 
 
 class Accepted(Frozen):
-    accepted: int
+    accepted: Epoch
 
 
 class Release(Frozen):
-    epoch: int
+    epoch: Epoch
 
 
 class Released(Frozen):
-    released: int
+    released: Epoch
 
 
-class Refused(Frozen):
-    error: str
-
-
-class ControlRefused(Exception):
-    """A peer answered a control request with an error (e.g. a stale epoch)."""
-
-
-R = TypeVar("R", bound=BaseModel)
-B = TypeVar("B", bound=BaseModel)
+# The old name of the one refusal (exo_tp.wire.errors), still raised by the node's handlers.
+ControlRefused = PeerRefused
 
 
 class ControlClient:
     """Signed requests to peers' control servers."""
 
     def __init__(self, secret: str):
-        self._secret = secret
-        self._session: aiohttp.ClientSession | None = None
-
-    async def _call(
-        self, peer: Announcement, path: str, body: BaseModel | None, reply: type[R]
-    ) -> R:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=TIMEOUT)
-        data = body.model_dump_json().encode() if body is not None else b""
-        headers = {"Content-Type": "application/json", **control_headers(self._secret, path, data)}
-        method = "GET" if body is None else "POST"
-        async with self._session.request(
-            method, peer.control_url + path, data=data, headers=headers
-        ) as response:
-            raw = await response.read()
-            if response.status != 200:
-                try:
-                    raise ControlRefused(Refused.model_validate_json(raw).error)
-                except ValidationError:
-                    raise ControlRefused(f"HTTP {response.status}") from None
-            return reply.model_validate_json(raw)
+        self._client = SignedClient(secret)
 
     async def status(self, peer: Announcement) -> NodeStatus:
-        return await self._call(peer, "/control/status", None, NodeStatus)
+        return await self._client.call(peer.control_url, "/control/status", None, NodeStatus)
 
     async def ports(self, peer: Announcement, epoch: int) -> Ports:
-        return await self._call(peer, "/control/ports", PortsRequest(epoch=epoch), Ports)
+        return await self._client.call(
+            peer.control_url, "/control/ports", PortsRequest(epoch=epoch), Ports
+        )
 
     async def assign(
         self,
@@ -145,40 +117,20 @@ class ControlClient:
         leader: str,
         weights: WeightOrder | None = None,
     ) -> Accepted:
-        return await self._call(
-            peer,
+        return await self._client.call(
+            peer.control_url,
             "/control/assign",
             Assign(assignment=assignment, leader=leader, weights=weights),
             Accepted,
         )
 
     async def release(self, peer: Announcement, epoch: int) -> Released:
-        return await self._call(peer, "/control/release", Release(epoch=epoch), Released)
+        return await self._client.call(
+            peer.control_url, "/control/release", Release(epoch=epoch), Released
+        )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
-def _handler(
-    body: type[B] | None,
-    handle: Callable[..., Awaitable[BaseModel]],
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def route(request: web.Request) -> web.Response:
-        try:
-            args = [body.model_validate_json(await request.read())] if body else []
-        except ValidationError as error:
-            return _reply(Refused(error=f"bad body: {error.errors()[0]['msg']}"), 400)
-        try:
-            return _reply(await handle(*args))
-        except ControlRefused as refused:
-            return _reply(Refused(error=str(refused)), 409)
-
-    return route
-
-
-def _reply(body: BaseModel, status: int = 200) -> web.Response:
-    return web.Response(body=body.model_dump_json(), status=status, content_type="application/json")
+        await self._client.close()
 
 
 def control_app(
@@ -189,29 +141,14 @@ def control_app(
     release: Callable[[Release], Awaitable[Released]],
 ) -> web.Application:
     """The control server; every request must carry a valid signature (401 otherwise)."""
-
-    @web.middleware
-    async def signed(
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
-        body = await request.read()
-        if not control_request_ok(secret, request.path, body, dict(request.headers)):
-            return web.Response(
-                body=json.dumps({"error": "bad or missing signature"}),
-                status=401,
-                content_type="application/json",
-            )
-        return await handler(request)
-
-    # Assignments carry a transfer plan, which can pass the default 1 MiB for big models.
-    app = web.Application(middlewares=[signed], client_max_size=MAX_BODY)
-    app.add_routes(
+    return signed_app(
+        secret,
         [
-            web.get("/control/status", _handler(None, status)),
-            web.post("/control/ports", _handler(PortsRequest, ports)),
-            web.post("/control/assign", _handler(Assign, assign)),
-            web.post("/control/release", _handler(Release, release)),
-        ]
+            get("/control/status", status),
+            post("/control/ports", PortsRequest, ports),
+            post("/control/assign", Assign, assign),
+            post("/control/release", Release, release),
+        ],
+        # Assignments carry a transfer plan, which can pass the default 1 MiB for big models.
+        client_max_size=MAX_BODY,
     )
-    return app

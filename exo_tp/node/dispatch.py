@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from exo_tp.api.errors import ApiError
-from exo_tp.runtime.messages import (
+from exo_tp.frozen import replace
+from exo_tp.transport.channel import Channel, Listener
+from exo_tp.wire.runtime import (
     CONDUCTOR_EVENTS,
     Cancel,
     Delta,
@@ -24,7 +26,6 @@ from exo_tp.runtime.messages import (
     Hello,
     RequestFailed,
 )
-from exo_tp.transport.channel import Channel, Listener
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class Dispatcher:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
-        request = request.model_copy(update={"id": f"{request.id}-{next(self._ids)}"})
+        request = replace(request, id=f"{request.id}-{next(self._ids)}")
         stream: asyncio.Queue[Delta | Done | ApiError] = asyncio.Queue()
         conductor = self.conductor
         finished = False

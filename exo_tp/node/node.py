@@ -50,9 +50,9 @@ from exo_tp.node.peers import Peers
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.plan.devices import ProfileSummary
-from exo_tp.runtime.messages import Delta, Done, GenerateRequest
 from exo_tp.transport.ports import free_ports
 from exo_tp.weights.server import MOUNT
+from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 log = logging.getLogger(__name__)
 

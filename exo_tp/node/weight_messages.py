@@ -11,18 +11,18 @@ from __future__ import annotations
 from typing import Literal
 
 from exo_tp.frozen import Frozen
-from exo_tp.weights.client import TransferProgress
-from exo_tp.weights.server import ServedStats
 from exo_tp.weights.transfer import NodeTransfer
+from exo_tp.wire.ids import Epoch, ModelIdentity, ModelKey
+from exo_tp.wire.weights import ServedStats, TransferProgress
 
 FetchState = Literal["fetching", "done", "failed", "cancelled"]
 
 
 class ModelOffer(Frozen):
     name: str  # as the node was given it (a prepared model's name or a folder)
-    key: str
+    key: ModelKey
     files: bool  # the node has the model folder (every byte)
-    identity: str | None = None  # the manifest's, once this node knows it
+    identity: ModelIdentity | None = None  # the manifest's, once this node knows it
     held_bytes: int = 0  # weight bytes it holds (all of them with the files)
     total_bytes: int = 0  # 0 until the manifest is known
 
@@ -30,8 +30,8 @@ class ModelOffer(Frozen):
 class FetchSummary(Frozen):
     """One node's fetch of its shard for one epoch."""
 
-    epoch: int
-    key: str
+    epoch: Epoch
+    key: ModelKey
     name: str
     state: FetchState
     share_bytes: int  # its rank's share
@@ -43,7 +43,7 @@ class FetchSummary(Frozen):
 
 
 class WeightsStatus(Frozen):
-    default: str | None = None  # key of the model it was started with (its first --model)
+    default: ModelKey | None = None  # key of the model it was started with (its first --model)
     offers: tuple[ModelOffer, ...] = ()
     fetch: FetchSummary | None = None  # the latest
     recent: tuple[FetchSummary, ...] = ()  # earlier ones, newest first
@@ -53,9 +53,9 @@ class WeightsStatus(Frozen):
 class WeightOrder(Frozen):
     """The model an epoch serves, as the leader tells one node."""
 
-    key: str
+    key: ModelKey
     name: str
-    identity: str | None = None  # the manifest's, when there is a transfer plan
+    identity: ModelIdentity | None = None  # the manifest's, when there is a transfer plan
     # None: every node of the epoch loads from its own files (no manifest was needed).
     transfer: NodeTransfer | None = None
 

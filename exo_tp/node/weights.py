@@ -11,7 +11,6 @@ node on the same machine and cache gets its own (``<identity>-<node id>``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
@@ -21,31 +20,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-from urllib.parse import urlparse
 
 import aiohttp
 from aiohttp import web
-from pydantic import ValidationError
 
 from exo_tp.errors import ExoTpError
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.node.weight_messages import (
+    FetchState,
     FetchSummary,
     ModelOffer,
     WeightOrder,
     WeightsStatus,
 )
 from exo_tp.paths import cache_home
-from exo_tp.security.signing import control_headers, control_request_ok
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.build import WEIGHT_SUFFIX, manifest_for, read_header
-from exo_tp.weights.client import TransferProgress, fetch_manifest, fetch_transfer
+from exo_tp.weights.client import fetch_manifest, fetch_transfer
 from exo_tp.weights.key import folder_key, manifest_key
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import ServedModel, ServeOptions, WeightServer
 from exo_tp.weights.store import ShardStore, store_root
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
-from exo_tp.weights.wire import WireError
+from exo_tp.wire.errors import PeerRefused, UnsignedReply
+from exo_tp.wire.http import SignedClient, post, signed_app
+from exo_tp.wire.weights import TransferProgress
 
 log = logging.getLogger(__name__)
 
@@ -350,16 +349,16 @@ class NodeWeights:
 
         def progress(update: TransferProgress) -> None:
             if self.fetch is not None and self.fetch.epoch == epoch:
-                self.fetch = self.fetch.model_copy(update={"progress": update})
+                self.fetch = replace(self.fetch, progress=update)
             now = time.monotonic()
             if update.done or now - self._logged >= LOG_EVERY_S:
                 self._logged = now
                 log.info("weights: %s", update.line())
 
-        def finish(state: str, error: str | None = None) -> None:
+        def finish(state: FetchState, error: str | None = None) -> None:
             if self.fetch is not None and self.fetch.epoch == epoch:
-                self.fetch = self.fetch.model_copy(
-                    update={"state": state, "error": error, "seconds": time.monotonic() - started}
+                self.fetch = replace(
+                    self.fetch, state=state, error=error, seconds=time.monotonic() - started
                 )
 
         try:
@@ -400,7 +399,7 @@ class NodeWeights:
         it in this node's status and fails the epoch."""
         if self.fetch is not None and self.fetch.epoch == epoch:
             if self.fetch.state == "fetching":
-                self.fetch = self.fetch.model_copy(update={"state": "failed", "error": error})
+                self.fetch = replace(self.fetch, state="failed", error=error)
             return
         if self.fetch is not None:
             self.recent.appendleft(self.fetch)
@@ -419,43 +418,30 @@ class NodeWeights:
 
     def app(self) -> web.Application:
         """The weight routes (signed), to mount at exo_tp.weights.server.MOUNT."""
-        app = self.server.app()
-        app.router.add_post("/manifest-of", self._manifest_of)
+        routes = [
+            *self.server.routes(),
+            post("/manifest-of", ManifestOf, self._manifest_of, sign_reply=True),
+        ]
         if os.environ.get(TEST_FAULTS_ENV) == "1":
-            app.router.add_post("/test-options", self._test_options)
-        return app
+            routes.append(post("/test-options", ServeOptions, self._test_options))
+        return signed_app(self.secret, routes)
 
-    async def _manifest_of(self, request: web.Request) -> web.StreamResponse:
-        try:
-            ask = ManifestOf.model_validate_json(await request.read())
-        except ValidationError as bad:
-            return _error(400, f"bad request: {bad.errors()[0]['msg']}")
+    async def _manifest_of(self, ask: ManifestOf) -> ModelManifest:
         if ask.key not in self.folders:
-            return _error(404, f"no model folder with key {ask.key[:12]} here")
+            raise PeerRefused(f"no model folder with key {ask.key[:12]} here", 404)
         try:
-            manifest = await asyncio.wait_for(
-                asyncio.shield(self.manifest(ask.key)), MANIFEST_WAIT_S
-            )
+            return await asyncio.wait_for(asyncio.shield(self.manifest(ask.key)), MANIFEST_WAIT_S)
         except TimeoutError:  # 503: ask again later
-            return _error(503, f"{self.node_id} is still computing the weight manifest")
+            raise PeerRefused(
+                f"{self.node_id} is still computing the weight manifest", 503
+            ) from None
         except ExoTpError as error:
-            return _error(409, str(error))
-        body = manifest.model_dump_json().encode()
-        return web.Response(
-            body=body,
-            content_type="application/json",
-            headers=control_headers(self.secret, request.path, body),
-        )
+            raise PeerRefused(str(error)) from None
 
-    async def _test_options(self, request: web.Request) -> web.StreamResponse:
-        options = ServeOptions.model_validate_json(await request.read())
+    async def _test_options(self, options: ServeOptions) -> ServeOptions:
         self.server.configure(options)
         log.warning("weights: test options %s", options.model_dump_json())
-        return web.json_response(options.model_dump())
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response(WireError(error=message).model_dump(), status=status)
+        return options
 
 
 async def manifest_of(
@@ -463,20 +449,16 @@ async def manifest_of(
 ) -> ModelManifest:
     """A peer's manifest of its folder with ``key`` (the peer computes it the first time);
     accepted only if signed with the cluster secret and of that key."""
-    url = f"{weights_url}/manifest-of"
-    body = ManifestOf(key=key).model_dump_json().encode()
-    path = urlparse(url).path
-    headers = {"Content-Type": "application/json", **control_headers(secret, path, body)}
-    async with session.post(url, data=body, headers=headers) as response:
-        data = await response.read()
-        if response.status != 200:
-            with contextlib.suppress(ValueError):
-                data = WireError.model_validate_json(data).error.encode()
-            error = ManifestPending if response.status == 503 else TransferError
-            raise error(f"{weights_url}: {data[:300].decode(errors='replace')}")
-        if not control_request_ok(secret, path, data, dict(response.headers)):
-            raise TransferError(f"{weights_url}: the manifest is not signed with the secret")
-    manifest = ModelManifest.model_validate_json(data)
+    client = SignedClient(secret, session)
+    try:
+        manifest = await client.call(
+            weights_url, "/manifest-of", ManifestOf(key=key), ModelManifest, signed_reply=True
+        )
+    except PeerRefused as refused:
+        error = ManifestPending if refused.status == 503 else TransferError
+        raise error(f"{weights_url}: {refused.error}") from None
+    except UnsignedReply:
+        raise TransferError(f"{weights_url}: the manifest is not signed with the secret") from None
     if manifest_key(manifest) != key:
         raise TransferError(f"{weights_url} sent the manifest of another model")
     return manifest

@@ -10,8 +10,8 @@ from exo_tp.node.control import MachineMemory, Stall, WorkerState
 from exo_tp.node.memory import memory_now
 from exo_tp.plan.devices import LinkProfile
 from exo_tp.runtime.job import Assignment
-from exo_tp.runtime.messages import RankMemory
 from exo_tp.runtime.supervisor import RankStatus, Supervisor
+from exo_tp.wire.runtime import RankMemory
 
 log = logging.getLogger(__name__)
 

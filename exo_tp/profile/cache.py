@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from exo_tp.errors import ExoTpError
+from exo_tp.frozen import replace
 from exo_tp.paths import cache_home
 from exo_tp.plan.devices import DeviceProfile, read_profile
 from exo_tp.profile.device import measure_device
@@ -52,9 +53,7 @@ def save(profile: DeviceProfile, path: Path) -> None:
     """Write atomically (a crash never leaves half a file); links and node id are per run."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(
-        profile.model_copy(update={"links": (), "node_id": ""}).model_dump_json(indent=2)
-    )
+    tmp.write_text(replace(profile, links=(), node_id="").model_dump_json(indent=2))
     tmp.replace(path)
 
 
@@ -72,12 +71,12 @@ def cached_profile(
     if reason is not None:
         log.info("cached profile %s not reused: %s", path, reason)
         return None
-    live = {
-        "hostname": now.hostname,
-        "memory_total": now.memory_total,
-        "memory_available": now.memory_available,
-    }
-    return cached.model_copy(update=live)
+    return replace(
+        cached,
+        hostname=now.hostname,
+        memory_total=now.memory_total,
+        memory_available=now.memory_available,
+    )
 
 
 def device_profile(

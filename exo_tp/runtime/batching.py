@@ -31,8 +31,8 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from exo_tp.runtime.job import ServingOptions
-from exo_tp.runtime.messages import Insert, Remove
 from exo_tp.runtime.prompt_cache import PromptCache
+from exo_tp.wire.runtime import Insert, Remove
 
 log = logging.getLogger(__name__)
 

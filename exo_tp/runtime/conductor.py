@@ -18,7 +18,13 @@ import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.runtime.batching import DivergedError, LockstepBatch, Response, Word
-from exo_tp.runtime.messages import (
+from exo_tp.runtime.detokenizers import Detokenizers
+from exo_tp.runtime.sampling import request_processors, request_sampler, token_logprob
+from exo_tp.runtime.stop_strings import StopMatcher
+from exo_tp.shard.collectives import broadcast_from_first
+from exo_tp.transport.channel import Channel
+from exo_tp.transport.ring import leave
+from exo_tp.wire.runtime import (
     Cancel,
     Delta,
     Done,
@@ -30,11 +36,6 @@ from exo_tp.runtime.messages import (
     RequestFailed,
     Tokens,
 )
-from exo_tp.runtime.sampling import request_processors, request_sampler, token_logprob
-from exo_tp.runtime.stop_strings import StopMatcher
-from exo_tp.shard.collectives import broadcast_from_first
-from exo_tp.transport.channel import Channel
-from exo_tp.transport.ring import leave
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Conductor:
         make_batch: Callable[[Callable[[mx.array], tuple[mx.array, Word]]], LockstepBatch],
     ):
         self.tokenizer, self.group, self.vocab_size = tokenizer, group, vocab_size
+        self._detokenizers = Detokenizers(tokenizer)
         self.source, self.followers, self.earlier = source, followers, earlier_stages
         self.batch = make_batch(self._sample)
         self._closing = False  # the source closed in the middle of a step
@@ -139,13 +141,9 @@ class Conductor:
         """Everything that could fail for this request alone fails here, before it joins."""
         if request.id in self._requests:
             raise ValueError(f"request id {request.id} is already running")
-        if not request.tokens or not all(0 <= t < self.vocab_size for t in request.tokens):
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        # Token ids and top_k were fitted to the model where the request was made
+        # (GenerateRequest.fit: the API, the launch CLI).
         params = request.sampling
-        if params.top_k >= self.vocab_size:
-            raise ValueError(f"top_k must be below the vocabulary size {self.vocab_size}")
-        if params.logit_bias and not all(0 <= t < self.vocab_size for t in params.logit_bias):
-            raise ValueError(f"logit_bias token ids must be in [0, {self.vocab_size})")
         sampler = request_sampler(params, self.tokenizer)
         processors = request_processors(params)
         key = None
@@ -160,7 +158,7 @@ class Conductor:
             uid,
             sampler,
             processors,
-            self.tokenizer.detokenizer,
+            self._detokenizers.new(request.continuation),
             StopMatcher(request.stop),
             key=key,
         )

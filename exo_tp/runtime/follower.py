@@ -8,10 +8,10 @@ from collections import deque
 import mlx.core as mx
 
 from exo_tp.runtime.batching import DivergedError, LockstepBatch, RankSampler, Word
-from exo_tp.runtime.messages import Insert, Remove, Tokens
 from exo_tp.shard.collectives import broadcast_from_first, zeros_after
 from exo_tp.transport.channel import Channel
 from exo_tp.transport.ring import leave
+from exo_tp.wire.runtime import Insert, Remove, Tokens
 
 
 class EpochOver(Exception):

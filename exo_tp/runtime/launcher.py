@@ -22,7 +22,10 @@ from typing import Any
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.runtime.job import Assignment, DType, ServingOptions
-from exo_tp.runtime.messages import (
+from exo_tp.runtime.supervisor import RankStatus, Supervisor
+from exo_tp.transport.channel import Channel, Listener
+from exo_tp.transport.ports import free_ports
+from exo_tp.wire.runtime import (
     CONDUCTOR_EVENTS,
     Delta,
     Done,
@@ -31,9 +34,6 @@ from exo_tp.runtime.messages import (
     Hello,
     RequestFailed,
 )
-from exo_tp.runtime.supervisor import RankStatus, Supervisor
-from exo_tp.transport.channel import Channel, Listener
-from exo_tp.transport.ports import free_ports
 
 log = logging.getLogger(__name__)
 

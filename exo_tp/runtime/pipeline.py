@@ -22,8 +22,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from exo_tp.runtime.messages import Hello, HiddenHeader
 from exo_tp.transport.channel import Channel
+from exo_tp.wire.runtime import Hello, HiddenHeader
 
 HopChannel = Channel[Hello | HiddenHeader]
 

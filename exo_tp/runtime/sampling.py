@@ -9,7 +9,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo_tp.runtime.messages import SamplingParams, TokenLogprob
+from exo_tp.wire.runtime import SamplingParams, TokenLogprob
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]

@@ -27,7 +27,9 @@ from typing import Literal
 import psutil
 
 from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
-from exo_tp.runtime.messages import (
+from exo_tp.transport.channel import Channel, Listener
+from exo_tp.transport.ring import jaccl_env, ring_env, write_hostfile
+from exo_tp.wire.runtime import (
     RANK_EVENTS,
     Heartbeat,
     Joining,
@@ -36,8 +38,6 @@ from exo_tp.runtime.messages import (
     RankMemory,
     Ready,
 )
-from exo_tp.transport.channel import Channel, Listener
-from exo_tp.transport.ring import jaccl_env, ring_env, write_hostfile
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from exo_tp.arch import table_for
 from exo_tp.errors import ExoTpError
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.paths import cache_home
 from exo_tp.plan.spec import load_spec
 from exo_tp.weights.describe import describe
@@ -161,10 +161,8 @@ def build_manifest(folder: Path, threads: int | None = None) -> ModelManifest:
         blocks = pool.map(lambda e: block_digests(folder / e.file, e), entries)
         whole = pool.map(file_digest, [folder / f.name for f in files])
         extra_digests = pool.map(file_digest, extras)
-        entries = [
-            e.model_copy(update={"digests": d}) for e, d in zip(entries, blocks, strict=True)
-        ]
-        files = [f.model_copy(update={"digest": d}) for f, d in zip(files, whole, strict=True)]
+        entries = [replace(e, digests=d) for e, d in zip(entries, blocks, strict=True)]
+        files = [replace(f, digest=d) for f, d in zip(files, whole, strict=True)]
         extra = [
             ExtraFile(name=p.name, size=p.stat().st_size, digest=d)
             for p, d in zip(extras, extra_digests, strict=True)

@@ -18,18 +18,18 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 import aiohttp
 
 from exo_tp.frozen import Frozen
-from exo_tp.security.signing import control_headers, control_request_ok
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.pieces import piece_bytes
 from exo_tp.weights.store import ShardStore
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
-from exo_tp.weights.wire import FileRequest, ModelRequest, Piece, ReadRequest
+from exo_tp.wire.errors import PeerRefused, UnsignedReply
+from exo_tp.wire.http import SignedClient
+from exo_tp.wire.weights import FileRequest, ModelRequest, Piece, ReadRequest, TransferProgress
 
 log = logging.getLogger(__name__)
 
@@ -39,35 +39,6 @@ PER_SOURCE = 2  # concurrent requests per source
 MAX_ATTEMPTS = 3  # of one piece, counting every source
 RATE_WINDOW_S = 5.0
 PROGRESS_EVERY_S = 0.25
-
-
-class TransferProgress(Frozen):
-    node: str
-    model: str
-    bytes_done: int  # verified and written
-    bytes_total: int
-    bytes_refetched: int  # received but fetched again (corrupt, or cut off)
-    corrupt_pieces: int = 0  # pieces whose digests did not match (each fetched again)
-    rate_bytes_s: float  # over the last few seconds
-    eta_s: float | None
-    failed_sources: tuple[str, ...]
-    done: bool
-
-    def line(self) -> str:
-        """One log line: "B: 31.2 / 98.0 MB (32%), 45.1 MB/s, ETA 1.5 s"."""
-        eta = (
-            "done"
-            if self.done
-            else f"ETA {self.eta_s:.1f} s"
-            if self.eta_s is not None
-            else "ETA ?"
-        )
-        share = self.bytes_done / self.bytes_total if self.bytes_total else 1.0
-        failed = f", failed: {', '.join(self.failed_sources)}" if self.failed_sources else ""
-        return (
-            f"{self.node}: {self.bytes_done / 1e6:.1f} / {self.bytes_total / 1e6:.1f} MB "
-            f"({share:.0%}), {self.rate_bytes_s / 1e6:.1f} MB/s, {eta}{failed}"
-        )
 
 
 class FetchReport(Frozen):
@@ -85,14 +56,6 @@ class FetchReport(Frozen):
 ProgressCallback = Callable[[TransferProgress], None]
 
 
-class _SourceFailed(Exception):
-    """The peer is gone or broken: drop it for the rest of this transfer."""
-
-
-class _Refused(Exception):
-    """The peer answered but cannot serve these pieces (does not hold them any more)."""
-
-
 @dataclass(eq=False)
 class _Piece:
     tensor: str
@@ -104,23 +67,23 @@ class _Piece:
     attempts: int = 0
 
 
-def _signed(secret: str, url: str, body: bytes) -> dict[str, str]:
-    return {"Content-Type": "application/json", **control_headers(secret, urlparse(url).path, body)}
-
-
 async def fetch_manifest(
     session: aiohttp.ClientSession, base_url: str, secret: str, model: str
 ) -> ModelManifest:
     """A peer's manifest of ``model``, accepted only if signed with the cluster secret."""
-    url = f"{base_url}/manifest"
-    body = ModelRequest(model=model).model_dump_json().encode()
-    async with session.post(url, data=body, headers=_signed(secret, url, body)) as response:
-        data = await response.read()
-        if response.status != 200:
-            raise TransferError(f"{base_url}: no manifest ({response.status}: {data[:200]!r})")
-        if not control_request_ok(secret, urlparse(url).path, data, dict(response.headers)):
-            raise TransferError(f"{base_url}: the manifest is not signed with the cluster secret")
-    manifest = ModelManifest.model_validate_json(data)
+    client = SignedClient(secret, session)
+    try:
+        manifest = await client.call(
+            base_url, "/manifest", ModelRequest(model=model), ModelManifest, signed_reply=True
+        )
+    except PeerRefused as refused:
+        raise TransferError(
+            f"{base_url}: no manifest ({refused.status}: {refused.error})"
+        ) from None
+    except UnsignedReply:
+        raise TransferError(
+            f"{base_url}: the manifest is not signed with the cluster secret"
+        ) from None
     if manifest.identity != model:
         raise TransferError(f"{base_url} sent the manifest of another model")
     return manifest
@@ -129,11 +92,10 @@ async def fetch_manifest(
 async def fetch_holding(
     session: aiohttp.ClientSession, base_url: str, secret: str, model: str
 ) -> Holding:
-    url = f"{base_url}/holdings"
-    body = ModelRequest(model=model).model_dump_json().encode()
-    async with session.post(url, data=body, headers=_signed(secret, url, body)) as response:
-        response.raise_for_status()
-        return Holding.model_validate_json(await response.read())
+    """What a peer holds of ``model`` (PeerRefused if it answers with an error)."""
+    return await SignedClient(secret, session).call(
+        base_url, "/holdings", ModelRequest(model=model), Holding
+    )
 
 
 def split_fetch(
@@ -165,7 +127,7 @@ class _Fetcher:
         per_source: int,
     ):
         self.transfer, self.manifest, self.store = transfer, manifest, store
-        self.peers, self.secret, self.session = peers, secret, session
+        self.peers, self.client = peers, SignedClient(secret, session)
         self.on_progress, self.request_bytes, self.per_source = (
             on_progress,
             request_bytes,
@@ -249,26 +211,15 @@ class _Fetcher:
                 return
 
     async def _request(self, source: Source, batch: list[_Piece]) -> None:
-        url = f"{self.peers[source.node]}/read"
-        body = (
-            ReadRequest(
-                model=self.manifest.identity,
-                source=source.kind,
-                requester=self.transfer.node,
-                pieces=tuple(Piece(tensor=p.tensor, start=p.start, stop=p.stop) for p in batch),
-            )
-            .model_dump_json()
-            .encode()
+        ask = ReadRequest(
+            model=self.manifest.identity,
+            source=source.kind,
+            requester=self.transfer.node,
+            pieces=tuple(Piece(tensor=p.tensor, start=p.start, stop=p.stop) for p in batch),
         )
         left = list(batch)
         try:
-            async with self.session.post(
-                url, data=body, headers=_signed(self.secret, url, body)
-            ) as response:
-                if response.status in (404, 409):
-                    raise _Refused(await response.text())
-                if response.status != 200:
-                    raise _SourceFailed(f"HTTP {response.status}")
+            async with self.client.stream(self.peers[source.node], "/read", ask) as response:
                 while left:
                     piece = left[0]
                     piece.attempts += 1
@@ -296,8 +247,11 @@ class _Fetcher:
                             self.outstanding -= 1
                             self.cond.notify_all()
                     self._progress()
-        except _Refused as refused:
-            log.warning("weights: %s refused pieces: %s", source.node, refused)
+        except PeerRefused as refused:
+            if refused.status not in (404, 409):  # a server error: the source is broken
+                await self._failed(source, left, f"HTTP {refused.status}")
+                return
+            log.warning("weights: %s refused pieces: %s", source.node, refused.error)
             async with self.cond:
                 for piece in left:
                     piece.tried.add(source.node)
@@ -308,12 +262,14 @@ class _Fetcher:
             asyncio.TimeoutError,
             asyncio.IncompleteReadError,
             ConnectionError,
-            _SourceFailed,
         ) as failure:
-            log.warning("weights: %s failed mid-transfer (%s)", source.node, type(failure).__name__)
-            async with self.cond:
-                self.refetched += sum(p.nbytes for p in left)
-                self._drop(source.node, left)
+            await self._failed(source, left, type(failure).__name__)
+
+    async def _failed(self, source: Source, left: list[_Piece], why: str) -> None:
+        log.warning("weights: %s failed mid-transfer (%s)", source.node, why)
+        async with self.cond:
+            self.refetched += sum(p.nbytes for p in left)
+            self._drop(source.node, left)
 
     # ---- progress ------------------------------------------------------------------------
 
@@ -354,23 +310,14 @@ class _Fetcher:
             for source in self.transfer.file_sources:
                 if source.node in self.dead or source.node not in self.peers:
                     continue
-                url = f"{self.peers[source.node]}/file"
-                body = (
-                    FileRequest(
-                        model=self.manifest.identity, name=extra.name, requester=self.transfer.node
-                    )
-                    .model_dump_json()
-                    .encode()
+                ask = FileRequest(
+                    model=self.manifest.identity, name=extra.name, requester=self.transfer.node
                 )
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with self.session.post(
-                        url, data=body, headers=_signed(self.secret, url, body)
-                    ) as r:
-                        if r.status == 200:
-                            data = await r.read()
-                            if await asyncio.to_thread(self.store.write_file, extra.name, data):
-                                fetched += len(data)
-                                break
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, PeerRefused):
+                    data = await self.client.read(self.peers[source.node], "/file", ask)
+                    if await asyncio.to_thread(self.store.write_file, extra.name, data):
+                        fetched += len(data)
+                        break
             else:
                 raise TransferError(f"no peer could send {extra.name}")
         return fetched

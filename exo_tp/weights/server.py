@@ -11,20 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from exo_tp.frozen import Frozen
-from exo_tp.security.signing import control_headers, control_request_ok
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.pieces import iter_piece, piece_bytes
 from exo_tp.weights.store import ShardStore
 from exo_tp.weights.transfer import Holding
-from exo_tp.weights.wire import FileRequest, ModelRequest, ReadRequest, WireError
+from exo_tp.wire.errors import PeerRefused
+from exo_tp.wire.http import Route, Stream, post, signed_app
+from exo_tp.wire.weights import FileRequest, ModelRequest, ReadRequest, ServedStats
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +57,6 @@ class ServeOptions(Frozen):
     chunk_delay_s: float = 0.0
 
 
-class ServedStats(Frozen):
-    """Bytes this node sent: per source kind, per requesting node, and extra files."""
-
-    bytes_by_source: dict[str, int]
-    bytes_by_requester: dict[str, int]
-    file_bytes: int
-    corrupted_chunks: int
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response(WireError(error=message).model_dump(), status=status)
-
-
 class WeightServer:
     def __init__(self, node: str, secret: str, options: ServeOptions | None = None):
         self.node = node
@@ -97,72 +84,43 @@ class WeightServer:
             corrupted_chunks=self._corrupted,
         )
 
+    def routes(self) -> list[Route]:
+        return [
+            # Signed like a request: the receiver checks every byte against its digests.
+            post("/manifest", ModelRequest, self._manifest, sign_reply=True),
+            post("/holdings", ModelRequest, self._holdings),
+            post("/file", FileRequest, self._file),
+            post("/read", ReadRequest, self._read),
+        ]
+
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._signed])
-        app.add_routes(
-            [
-                web.post("/manifest", self._manifest),
-                web.post("/holdings", self._holdings),
-                web.post("/file", self._file),
-                web.post("/read", self._read),
-            ]
-        )
-        return app
+        return signed_app(self.secret, self.routes())
 
-    @web.middleware
-    async def _signed(self, request: web.Request, handler: object) -> web.StreamResponse:
-        body = await request.read()
-        if not control_request_ok(self.secret, request.path, body, dict(request.headers)):
-            return _error(401, "bad or missing signature")
-        return await handler(request)  # type: ignore[operator]
-
-    def _model(self, identity: str) -> ServedModel | web.Response:
+    def _model(self, identity: str) -> ServedModel:
         model = self.models.get(identity)
-        return model if model is not None else _error(404, f"no model {identity[:12]} here")
+        if model is None:
+            raise PeerRefused(f"no model {identity[:12]} here", 404)
+        return model
 
-    async def _manifest(self, request: web.Request) -> web.StreamResponse:
-        try:
-            ask = ModelRequest.model_validate_json(await request.read())
-        except ValidationError as bad:
-            return _error(400, f"bad request: {bad.errors()[0]['msg']}")
-        model = self._model(ask.model)
-        if isinstance(model, web.Response):
-            return model
-        body = model.manifest.model_dump_json().encode()
-        # Signed like a request: the receiver checks every byte against these digests.
-        return web.Response(
-            body=body,
-            content_type="application/json",
-            headers=control_headers(self.secret, request.path, body),
-        )
+    async def _manifest(self, ask: ModelRequest) -> ModelManifest:
+        return self._model(ask.model).manifest
 
-    async def _holdings(self, request: web.Request) -> web.StreamResponse:
-        try:
-            ask = ModelRequest.model_validate_json(await request.read())
-        except ValidationError as bad:
-            return _error(400, f"bad request: {bad.errors()[0]['msg']}")
+    async def _holdings(self, ask: ModelRequest) -> Holding:
         model = self.models.get(ask.model)
-        holding = model.holding(self.node) if model else Holding(node=self.node)
-        return web.json_response(holding.model_dump(mode="json"))
+        return model.holding(self.node) if model else Holding(node=self.node)
 
-    async def _file(self, request: web.Request) -> web.StreamResponse:
-        try:
-            ask = FileRequest.model_validate_json(await request.read())
-        except ValidationError as bad:
-            return _error(400, f"bad request: {bad.errors()[0]['msg']}")
+    async def _file(self, ask: FileRequest) -> bytes:
         model = self._model(ask.model)
-        if isinstance(model, web.Response):
-            return model
         if ask.name not in {f.name for f in model.manifest.extra_files}:
-            return _error(404, f"{ask.name} is not a file of this model")
+            raise PeerRefused(f"{ask.name} is not a file of this model", 404)
         if model.folder is not None:
             data = await asyncio.to_thread((model.folder / ask.name).read_bytes)
         elif model.store is not None and model.store.has_file(ask.name):
             data = await asyncio.to_thread(model.store.read_file, ask.name)
         else:
-            return _error(409, f"{ask.name} is not here")
+            raise PeerRefused(f"{ask.name} is not here")
         self._file_bytes += len(data)
-        return web.Response(body=data, content_type="application/octet-stream")
+        return data
 
     def _pieces(self, model: ServedModel, ask: ReadRequest) -> list[Iterator[bytes]] | str:
         """An iterator per piece, or why the request cannot be served."""
@@ -195,23 +153,16 @@ class WeightServer:
                 )
         return out
 
-    async def _read(self, request: web.Request) -> web.StreamResponse:
-        try:
-            ask = ReadRequest.model_validate_json(await request.read())
-        except ValidationError as bad:
-            return _error(400, f"bad request: {bad.errors()[0]['msg']}")
+    async def _read(self, ask: ReadRequest) -> Stream:
         model = self._model(ask.model)
-        if isinstance(model, web.Response):
-            return model
         pieces = self._pieces(model, ask)
         if isinstance(pieces, str):
-            return _error(409, pieces)
+            raise PeerRefused(pieces)
         manifest = model.manifest
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        response.content_length = sum(
-            piece_bytes(manifest.tensor(p.tensor), p.start, p.stop) for p in ask.pieces
-        )
-        await response.prepare(request)
+        length = sum(piece_bytes(manifest.tensor(p.tensor), p.start, p.stop) for p in ask.pieces)
+        return Stream(length, self._send(ask, pieces))
+
+    async def _send(self, ask: ReadRequest, pieces: list[Iterator[bytes]]) -> AsyncIterator[bytes]:
         for chunks in pieces:
             while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
                 if self._corrupt_left > 0:
@@ -221,10 +172,8 @@ class WeightServer:
                     flipped[len(flipped) // 2] ^= 0xFF
                     chunk = bytes(flipped)
                     log.warning("corrupting a chunk for %s (test option)", ask.requester)
-                await response.write(chunk)
+                yield chunk
                 self._by_source[ask.source] += len(chunk)
                 self._by_requester[ask.requester] += len(chunk)
                 if self.options.chunk_delay_s:
                     await asyncio.sleep(self.options.chunk_delay_s)
-        await response.write_eof()
-        return response

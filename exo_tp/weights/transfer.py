@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from exo_tp.errors import ExoTpError
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.weights import ranges as R
 from exo_tp.weights.boxes import Boxes, rank_boxes
 from exo_tp.weights.manifest import ModelManifest, TensorEntry
+from exo_tp.wire.ids import ModelIdentity, NodeId, Rank
+from exo_tp.wire.weights import SourceKind
 
-SourceKind = Literal["memory", "files"]
 COST: dict[str, int] = {"memory": 0, "files": 1}  # a peer's page cache before a peer's disk
 # Load is spread over sources in pieces of about this size (whole digest blocks).
 CHUNK_BYTES = 16 << 20
@@ -39,14 +40,14 @@ class TransferError(ExoTpError):
 
 
 class Holding(Frozen):
-    node: str
+    node: NodeId
     files: bool = False  # has the model folder (every byte)
     store: Boxes = Boxes()  # verified boxes in its shard store
     extras: bool = False  # its store holds every extra file (config.json, tokenizer files)
 
 
 class Source(Frozen):
-    node: str
+    node: NodeId
     kind: SourceKind
 
 
@@ -61,8 +62,8 @@ class Fetch(Frozen):
 
 
 class NodeTransfer(Frozen):
-    node: str
-    rank: int
+    node: NodeId
+    rank: Rank
     load_from: Literal["files", "store"]
     share: Boxes  # what its rank reads
     retained: Boxes  # the share it already holds
@@ -79,8 +80,8 @@ class NodeTransfer(Frozen):
 
 
 class TransferPlan(Frozen):
-    model: str  # the manifest's identity
-    order: tuple[str, ...]  # the node at each global rank
+    model: ModelIdentity
+    order: tuple[NodeId, ...]  # the node at each global rank
     nodes: tuple[NodeTransfer, ...]
     moved_bytes: int
     retained_bytes: int
@@ -157,7 +158,7 @@ def _fetches(
                     and last.sources[0] == sources[0]
                     and set(last.sources) == set(sources)
                 ):
-                    out[-1] = last.model_copy(update={"stop": hi})
+                    out[-1] = replace(last, stop=hi)
                 else:
                     out.append(Fetch(tensor=name, start=lo, stop=hi, sources=tuple(sources)))
     return out

@@ -18,8 +18,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.wire.ids import BatchUid, Epoch, Rank, RequestId
 
 # ---- what a request asks for --------------------------------------------------------------
 
@@ -49,11 +50,40 @@ class SamplingParams(Frozen):
 class GenerateRequest(Frozen):
     """One generation: the prompt's token ids and how to continue them."""
 
-    id: str = Field(min_length=1, max_length=200)
+    id: RequestId = Field(min_length=1, max_length=200)
     tokens: tuple[int, ...] = Field(min_length=1)
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()  # stop strings, matched on the streamed text
+    # the text continues the prompt's (completions): a first token's leading space is kept
+    continuation: bool = False
     logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
+
+    def fit(self, vocab_size: int) -> GenerateRequest:
+        """The one check of a request against its model, done where it is made (the API, the
+        launch CLI; the conductor trusts it): every token id inside the vocabulary, and a top_k
+        that keeps every token read as no filter. Raises OutOfVocabulary."""
+        for field, ids in (
+            ("tokens", self.tokens),
+            ("logit_bias", sorted(self.sampling.logit_bias or ())),
+        ):
+            for position, token in enumerate(ids):
+                if not 0 <= token < vocab_size:
+                    raise OutOfVocabulary(field, position, token, vocab_size)
+        if self.sampling.top_k < vocab_size:
+            return self
+        return replace(self, sampling=replace(self.sampling, top_k=0))
+
+
+class OutOfVocabulary(ValueError):
+    """A token id of a request's ``field`` ("tokens" or "logit_bias", at ``position``: in the
+    prompt, or among the sorted bias ids) that the model has no row for."""
+
+    def __init__(self, field: str, position: int, token: int, vocab_size: int):
+        super().__init__(
+            f"token id {token} at position {position} is outside this model's vocabulary "
+            f"(0 to {vocab_size - 1})"
+        )
+        self.field, self.position, self.token = field, position, token
 
 
 # ---- every link ------------------------------------------------------------------------
@@ -63,8 +93,8 @@ class Hello(Frozen):
     """The first message from the connecting end of a link: which epoch and rank it is."""
 
     kind: Literal["hello"] = "hello"
-    epoch: int
-    rank: int
+    epoch: Epoch
+    rank: Rank
 
 
 # ---- request source <-> conductor --------------------------------------------------------
@@ -77,7 +107,7 @@ class Generate(Frozen):
 
 class Cancel(Frozen):
     kind: Literal["cancel"] = "cancel"
-    id: str
+    id: RequestId
 
 
 SourceMessage = Annotated[Generate | Cancel, Field(discriminator="kind")]
@@ -96,7 +126,7 @@ class Delta(Frozen):
     """Newly generated tokens of one request and the text they complete."""
 
     kind: Literal["delta"] = "delta"
-    id: str
+    id: RequestId
     text: str
     tokens: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
@@ -107,7 +137,7 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 class Done(Frozen):
     kind: Literal["done"] = "done"
-    id: str
+    id: RequestId
     finish_reason: FinishReason
     stop_string: str | None = None  # the request's stop string that ended it, if one did
     prompt_tokens: int
@@ -121,7 +151,7 @@ class RequestFailed(Frozen):
     """This request failed (and only it: the ranks keep serving the others)."""
 
     kind: Literal["failed"] = "failed"
-    id: str
+    id: RequestId
     message: str
 
 
@@ -187,7 +217,7 @@ class Insert(Frozen):
     """A request joins the batch (every rank inserts it at the same step)."""
 
     kind: Literal["insert"] = "insert"
-    uid: int  # the batch generator's id: every rank's must agree
+    uid: BatchUid  # the batch generator's id: every rank's must agree
     tokens: tuple[int, ...]
     max_tokens: int
     save_logits: bool = False
@@ -197,7 +227,7 @@ class Remove(Frozen):
     """Requests leave the batch (cancelled, or stopped by a stop string)."""
 
     kind: Literal["remove"] = "remove"
-    uids: tuple[int, ...]
+    uids: tuple[BatchUid, ...]
 
 
 class Tokens(Frozen):

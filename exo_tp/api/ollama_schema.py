@@ -1,0 +1,275 @@
+"""Ollama API request bodies (https://github.com/ollama/ollama/blob/main/docs/api.md), strictly
+typed, and their translation into the chat messages, tools and sampling fields the OpenAI path
+takes. What this cluster cannot honour is refused with a 400 naming it, never ignored."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from exo_tp.api.openai_schema import (
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    PENALTY_LIMIT,
+    SEED_RANGE,
+    FunctionSpec,
+    SamplingFields,
+)
+
+LATEST = ":latest"  # Ollama's default tag: "name" and "name:latest" are the same model
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class _Passed(BaseModel):
+    """Known fields checked; others reach the chat template unchanged."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+
+class Options(_Strict):
+    """The runner options Ollama takes, with the sampling ones mapped onto mlx-lm's sampler."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], lt=SEED_RANGE[1])
+    num_predict: int | None = Field(default=None, ge=-2)  # -1: the server's cap; -2: fill context
+    stop: list[str] | None = None
+    repeat_penalty: float | None = Field(default=None, ge=0.0, le=PENALTY_LIMIT)
+    repeat_last_n: int | None = Field(default=None, ge=-1)  # 0 off, -1 the whole context
+    presence_penalty: float | None = Field(default=None, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
+    frequency_penalty: float | None = Field(default=None, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
+    # how Ollama's runner uses the machine: they change no answer here
+    num_ctx: int | None = Field(default=None, ge=1)
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+    num_thread: int | None = None
+    num_keep: int | None = None
+    numa: bool | None = None
+    low_vram: bool | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    # samplers mlx-lm lacks: accepted only at their "off" values
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    tfs_z: float | None = None
+    typical_p: float | None = None
+
+    @field_validator("mirostat")
+    @classmethod
+    def _no_mirostat(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError("mirostat sampling is not supported by mlx-lm's sampler (use 0)")
+        return value
+
+    @field_validator("tfs_z", "typical_p")
+    @classmethod
+    def _off(cls, value: float | None) -> float | None:
+        if value is not None and value != 1.0:
+            raise ValueError("this sampler is not supported by mlx-lm's (use 1.0: off)")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stops: list[str] | None) -> list[str] | None:
+        if stops and len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences")
+        if stops and any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences are at most {MAX_STOP_CHARS} characters")
+        return stops
+
+    def sampling(self, context_length: int) -> SamplingFields:
+        window = self.repeat_last_n
+        penalty = self.repeat_penalty
+        if window == 0 or penalty == 1.0:  # Ollama: 0 disables the penalty, 1.0 is no penalty
+            penalty = None
+        if window is None:
+            size = 20  # mlx-lm's window
+        else:
+            size = context_length if window in (-1, 0) else min(window, context_length)
+        return SamplingFields(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            repetition_penalty=penalty,
+            repetition_context_size=size,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
+
+    def max_tokens(self, prompt_tokens: int, context_length: int) -> int | None:
+        """num_predict as a token budget (None: the server's default)."""
+        wanted = self.num_predict
+        if wanted is None or wanted == -1:
+            return None
+        if wanted == -2 or wanted == 0:  # fill the context (0 would generate nothing useful)
+            return max(1, context_length - prompt_tokens)
+        return wanted
+
+
+class ToolFunction(_Passed):
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any]
+
+
+class ToolCall(_Passed):
+    function: ToolFunction
+
+
+class Message(_Passed):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    thinking: str | None = None
+    images: list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_name: str | None = None
+
+    @field_validator("images")
+    @classmethod
+    def _no_images(cls, images: list[Any] | None) -> list[Any] | None:
+        if images:
+            raise ValueError("images are not supported: this cluster serves a text-only model")
+        return images
+
+    def for_template(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_name:
+            out["name"] = self.tool_name
+        return out
+
+
+class Tool(_Passed):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class OllamaRequest(_Strict):
+    model: str | None = None
+    stream: bool = True  # Ollama streams unless told not to
+    options: Options | None = None
+    format: str | dict[str, Any] | None = None
+    keep_alive: float | int | str | None = None  # the cluster keeps its model loaded
+    think: bool | Literal["low", "medium", "high"] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    @field_validator("format")
+    @classmethod
+    def _plain_text(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if value:
+            raise ValueError(
+                'structured output ("json" or a JSON schema) is not supported: the '
+                "sampler has no constrained decoding; ask for JSON in the prompt instead"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _no_logprobs(self) -> OllamaRequest:
+        if self.logprobs or self.top_logprobs:
+            raise ValueError("logprobs are not supported on the Ollama API; use /v1/completions")
+        return self
+
+    def served_name(self) -> str | None:
+        """The model's name without Ollama's default tag."""
+        if self.model is None:
+            return None
+        return self.model.removesuffix(LATEST)
+
+    def opts(self) -> Options:
+        return self.options or Options()
+
+    def template_args(self) -> dict[str, Any]:
+        """``think`` as the chat-template switch thinking models take."""
+        if self.think is None:
+            return {}
+        return {"enable_thinking": bool(self.think)}
+
+
+class ChatRequest(OllamaRequest):
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[Tool] | None = None
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [m.for_template() for m in self.messages]
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        if not self.tools:
+            return None
+        return [
+            {"type": "function", "function": t.function.model_dump(exclude_unset=True)}
+            for t in self.tools
+        ]
+
+
+class GenerateRequest(OllamaRequest):
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool = False
+    images: list[Any] | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise ValueError("insertion (suffix) is not supported")
+        return suffix
+
+    @field_validator("template")
+    @classmethod
+    def _no_template(cls, template: str | None) -> str | None:
+        if template:
+            raise ValueError(
+                "custom (Go) prompt templates are not supported: the model's own chat "
+                "template is used; send raw=true with a prompt you formatted yourself"
+            )
+        return template
+
+    @field_validator("context")
+    @classmethod
+    def _no_context(cls, context: list[int] | None) -> list[int] | None:
+        if context:
+            raise ValueError(
+                "the deprecated 'context' is not supported: send the conversation to /api/chat"
+            )
+        return context
+
+    @field_validator("images")
+    @classmethod
+    def _no_images(cls, images: list[Any] | None) -> list[Any] | None:
+        if images:
+            raise ValueError("images are not supported: this cluster serves a text-only model")
+        return images
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        return [*out, {"role": "user", "content": self.prompt}]
+
+
+class ShowRequest(_Strict):
+    model: str | None = None
+    name: str | None = None  # the older spelling of "model"
+    verbose: bool | None = None
+
+    def wanted(self) -> str | None:
+        name = self.model or self.name
+        return None if name is None else name.removesuffix(LATEST)

@@ -1,0 +1,122 @@
+"""Ollama API replies as typed models (the shapes of the official `ollama` client's types): model
+views, chat and generate answers and their NDJSON lines, errors."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: fields left unset (None) are left out, as Ollama leaves them."""
+        return self.model_dump(exclude_none=True)
+
+
+def timestamp(unix: float | None = None) -> str:
+    """RFC 3339 in UTC, as Ollama writes ``created_at``."""
+    moment = datetime.datetime.fromtimestamp(
+        datetime.datetime.now(datetime.UTC).timestamp() if unix is None else unix, datetime.UTC
+    )
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+# ---- model views ---------------------------------------------------------------------------
+
+
+class ModelDetails(_Reply):
+    parent_model: str = ""
+    format: str = "safetensors"
+    family: str = ""
+    families: list[str] | None = None
+    parameter_size: str = ""
+    quantization_level: str = ""
+
+
+class ModelCard(_Reply):
+    name: str
+    model: str
+    modified_at: str
+    size: int = 0  # the cluster holds shards; no one file has the model's size
+    digest: str = ""
+    details: ModelDetails = ModelDetails()
+
+
+class RunningModel(ModelCard):
+    expires_at: str = "2318-01-01T00:00:00Z"  # kept loaded until another model is asked for
+    size_vram: int = 0
+    context_length: int | None = None
+
+
+class Tags(_Reply):
+    models: list[ModelCard]
+
+
+class Running(_Reply):
+    models: list[RunningModel]
+
+
+class Show(_Reply):
+    modelfile: str = ""
+    parameters: str = ""
+    template: str = ""
+    details: ModelDetails = ModelDetails()
+    model_info: dict[str, int] = {}
+    capabilities: list[str]
+    modified_at: str
+
+
+class Version(_Reply):
+    version: str
+    exo_tp: str
+
+
+class Error(_Reply):
+    error: str
+
+
+# ---- answers -------------------------------------------------------------------------------
+
+
+class CallFunction(_Reply):
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolCall(_Reply):
+    function: CallFunction
+
+
+class Message(_Reply):
+    role: Literal["assistant"] = "assistant"
+    content: str = ""
+    thinking: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class _Line(_Reply):
+    """One answer, or one NDJSON line of it; the last has ``done`` and the statistics
+    (durations in nanoseconds)."""
+
+    model: str
+    created_at: str
+    done: bool
+    done_reason: Literal["stop", "length", "load"] | None = None
+    total_duration: int | None = None
+    load_duration: int | None = None
+    prompt_eval_count: int | None = None
+    prompt_eval_duration: int | None = None
+    eval_count: int | None = None
+    eval_duration: int | None = None
+
+
+class ChatLine(_Line):
+    message: Message
+
+
+class GenerateLine(_Line):
+    response: str
