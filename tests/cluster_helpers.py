@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -65,7 +66,10 @@ def wait_ready(
 
 
 def free_port_base(count: int) -> int:
-    for base in range(18000, 30000, 97):
+    # From a random start: test runs side by side (several checkouts on one machine) would
+    # otherwise race for the same first free range.
+    start = 18000 + 97 * random.randrange(100)
+    for base in [*range(start, 30000, 97), *range(18000, start, 97)]:
         if all(port_is_free(base + i) for i in range(count)):
             return base
     raise RuntimeError("no free port range")
@@ -88,8 +92,10 @@ def local_cluster(
     env: dict[str, str] | None = None,
     log: Path | None = None,
     headers: dict[str, str] | None = None,
+    fd_limit: tuple[int, int] | None = None,
 ) -> Iterator[LocalCluster]:
-    """``exo-tp run --local-nodes``. Without weights, --profile or ``bench`` the nodes get
+    """``exo-tp run --local-nodes``. ``fd_limit``: the nodes' open-files limit (soft, hard),
+    as on a machine with a low one. Without weights, --profile or ``bench`` the nodes get
     --no-bench: a test spends ~10 s of CPU on a device measurement only if it asks for one.
     ``env``: variables added to this process's; ``log``: the cluster's stderr goes there;
     ``headers``: sent with the readiness checks (an API key)."""
@@ -97,6 +103,8 @@ def local_cluster(
     # A generous stall timeout: a loaded 2-core box can take long over a batched step; the
     # stall tests set their own.
     stall = () if "--stall-timeout" in extra else ("--stall-timeout", "300")
+    # Unpinned ranks on a shared 2-core box: a test asks for live rebalancing explicitly.
+    stall += () if "--rebalance" in extra else ("--rebalance", "off")
     args = [
         *CLI,
         "run",
@@ -120,6 +128,7 @@ def local_cluster(
         stderr=stderr,
         start_new_session=True,
         env={**os.environ, **env} if env else None,
+        preexec_fn=None if fd_limit is None else lambda: _limit_files(fd_limit),
     )
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
@@ -132,6 +141,12 @@ def local_cluster(
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _limit_files(limit: tuple[int, int]) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, limit)
 
 
 @dataclass
@@ -177,6 +192,8 @@ def loopback_nodes(
                         "--cluster",
                         cluster,
                         *(["--model", model] if model else []),
+                        # a test asks for live rebalancing explicitly (see local_cluster)
+                        *(() if "--rebalance" in extra else ("--rebalance", "off")),
                         *extra,
                     ],
                     stdout=subprocess.DEVNULL,

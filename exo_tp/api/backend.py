@@ -29,8 +29,13 @@ class Backend(Protocol):
     def leader_id(self) -> str | None: ...
 
     def generation_url(self) -> str | None:
-        """The API of the node that runs generation when it is another node (requests are
-        passed through to it); None when this node runs it."""
+        """Where requests go when another node runs generation: that node's cluster
+        listener, under `exo_tp.api.errors.FORWARD_PREFIX` (requests are passed through to
+        it, signed by `forward_headers`); None when this node runs it."""
+
+    def forward_headers(self, path: str, body: bytes) -> dict[str, str]:
+        """Headers proving to the leader's cluster listener that a passed-on request comes
+        from a member (the signature over ``path`` and ``body``)."""
 
     def models_view(self) -> list[dict[str, Any]]:
         """/v1/models' entries: every model some node of the cluster can serve."""

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -21,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exo_tp.api.server_limits import Limits
 from exo_tp.cli.args import (
     int_list,
     json_object,
@@ -28,6 +30,15 @@ from exo_tp.cli.args import (
     non_negative_int,
     positive_int,
     weight_list,
+)
+from exo_tp.cli.lab_args import (
+    add_lab_args,
+    lab_on,
+    local_node_args,
+    node_factor,
+    node_lab_environment,
+    rebalance_setting,
+    scaled_profiles,
 )
 from exo_tp.cli.security_args import (
     add_security_args,
@@ -40,6 +51,7 @@ from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
     from exo_tp.api.defaults import GenerationDefaults
+    from exo_tp.api.server_limits import Limits
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.runtime.job import ServingOptions
     from exo_tp.security.access import ApiAccess
@@ -169,12 +181,128 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds a rank may make no progress before its epoch fails "
         "and the cluster re-plans without it (default 30)",
     )
+    add_connection_args(p)
+    p.add_argument(
+        "--strict-model-names",
+        action="store_true",
+        help="answer 404 to a request naming a model no node has; by default, while the "
+        "cluster lists one model, such a request is served by it (as mlx_lm.server does)",
+    )
     p.add_argument(
         "--local-nodes", type=positive_int, help="run a whole cluster of N nodes on this machine"
     )
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
+    add_lab_args(p, "node")
     add_generation_defaults(p)
     p.set_defaults(handler=run)
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """Bounds on connections, so that no client can exhaust a node (see
+    exo_tp.api.server_limits). The public API and the cluster listener have their own caps."""
+    from exo_tp.api.server_limits import Limits
+
+    default = Limits()
+    group = p.add_argument_group("connections")
+    group.add_argument(
+        "--header-timeout",
+        type=non_negative_float,
+        default=default.header_timeout,
+        help="seconds a new connection has to send its request's headers before it is "
+        f"closed (default {default.header_timeout:g}; 0: no limit)",
+    )
+    group.add_argument(
+        "--body-timeout",
+        type=non_negative_float,
+        default=default.body_timeout,
+        help="seconds a request body has to arrive, else a 408 (default "
+        f"{default.body_timeout:g}; 0: no limit)",
+    )
+    group.add_argument(
+        "--keepalive-timeout",
+        type=non_negative_float,
+        default=default.keepalive_timeout,
+        help=f"seconds an idle keep-alive connection stays open (default "
+        f"{default.keepalive_timeout:g})",
+    )
+    group.add_argument(
+        "--max-connections",
+        type=positive_int,
+        help="open connections to the public API, in total; more are refused at once with "
+        "a 503 (default: a quarter of the open-files limit, at most 4096)",
+    )
+    group.add_argument(
+        "--max-connections-per-address",
+        type=positive_int,
+        default=default.max_per_address,
+        help="open connections to the public API from one client address; more are "
+        f"refused with a 429 (default {default.max_per_address})",
+    )
+    group.add_argument(
+        "--max-header-size",
+        type=positive_int,
+        default=default.max_field_size,
+        help="bytes of the request line and of each header line; longer gets a JSON 400 "
+        f"(default {default.max_field_size})",
+    )
+    group.add_argument(
+        "--cluster-max-connections",
+        type=positive_int,
+        help="open connections to the cluster listener (--control-port: peers' control, "
+        "status polls, weights, passed-on requests), in total (default: an eighth of the "
+        "open-files limit, at most 1024)",
+    )
+    group.add_argument(
+        "--cluster-max-connections-per-address",
+        type=positive_int,
+        default=CLUSTER_PER_ADDRESS,
+        help="open connections to the cluster listener from one address (default "
+        f"{CLUSTER_PER_ADDRESS})",
+    )
+
+
+CLUSTER_PER_ADDRESS = 128
+CONNECTION_FLAGS = (
+    "header_timeout",
+    "body_timeout",
+    "keepalive_timeout",
+    "max_connections",
+    "max_connections_per_address",
+    "max_header_size",
+    "cluster_max_connections",
+    "cluster_max_connections_per_address",
+)
+
+
+def connection_limits(args: argparse.Namespace) -> tuple[Limits, Limits]:
+    """The public API's limits and the cluster listener's, after raising the open-files
+    limit (the default caps follow it)."""
+    from exo_tp.api.server_limits import (
+        Limits,
+        default_api_connections,
+        default_cluster_connections,
+        raise_fd_limit,
+    )
+
+    raise_fd_limit()
+    common = {
+        "header_timeout": args.header_timeout,
+        "body_timeout": args.body_timeout,
+        "keepalive_timeout": args.keepalive_timeout,
+        "max_field_size": args.max_header_size,
+        "max_line_size": args.max_header_size,
+    }
+    api = Limits(
+        max_connections=args.max_connections or default_api_connections(),
+        max_per_address=args.max_connections_per_address,
+        **common,
+    )
+    cluster = Limits(
+        max_connections=args.cluster_max_connections or default_cluster_connections(),
+        max_per_address=args.cluster_max_connections_per_address,
+        **common,
+    )
+    return api, cluster
 
 
 # GenerationDefaults' fields and the `exo-tp run` flags that set them (mlx_lm.server's names)
@@ -315,6 +443,8 @@ def run(args: argparse.Namespace) -> int:
 
         raise ExoTpError("--profiles is for --local-nodes; a single node takes --profile")
     generation_defaults(args)  # a bad value is one readable error before anything starts
+    if not args.local_nodes:
+        node_lab_environment(args)  # likewise a bad --work-factor
     if args.local_nodes:
         return _run_local(args)
     host = args.host or default_host()
@@ -357,7 +487,7 @@ SERVING_FLAGS = (
 def serving_flags(args: argparse.Namespace) -> list[str]:
     """The serving flags as given, for every node of --local-nodes."""
     out = []
-    for name in SERVING_FLAGS:
+    for name in SERVING_FLAGS + CONNECTION_FLAGS:
         value = getattr(args, name)
         if value is not None:
             out += [f"--{name.replace('_', '-')}", str(value)]
@@ -387,8 +517,13 @@ def _run_local(args: argparse.Namespace) -> int:
     extra = ["--backend", args.backend, *serving_flags(args), *generation_flags(args)] + (
         ["--stages", args.stages] if args.stages else []
     )
+    extra += ["--rebalance", rebalance_setting(args)]
+    extra += ["--rebalance-threshold", str(args.rebalance_threshold)]
+    node_args = local_node_args(args, args.local_nodes)
     if args.adapter_path:
         extra += ["--adapter-path", args.adapter_path]
+    if args.strict_model_names:
+        extra.append("--strict-model-names")
     if args.allowed_origins is not None:
         extra += ["--allowed-origins", args.allowed_origins]
     # Secrets reach the nodes through their environment, never their command lines.
@@ -411,11 +546,24 @@ def _run_local(args: argparse.Namespace) -> int:
             env,
             extra,
             profiles=args.profiles,
+            node_args=node_args,
         )
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.
         profile = node_profile(args) if args.profile or not args.weights else None
+        if profile is not None and node_args is not None:  # the lab: each node its own device
+            return run_local_cluster(
+                args.local_nodes,
+                args.weights,
+                local_models(args),
+                args.api_port,
+                args.dtype,
+                env,
+                extra,
+                profiles=scaled_profiles(args, profile, args.local_nodes, tmp),
+                node_args=node_args,
+            )
         if profile is not None:
             path = Path(tmp) / "profile.json"
             path.write_text(profile.model_dump_json())
@@ -430,6 +578,7 @@ def _run_local(args: argparse.Namespace) -> int:
             args.dtype,
             env,
             extra,
+            node_args=node_args,
         )
 
 
@@ -447,10 +596,17 @@ async def _serve(
     from exo_tp.node.weights import NodeWeights
     from exo_tp.profile.system import memory
 
+    api_limits, cluster_limits = connection_limits(args)
     folders = [(name, resolve_model(name)) for name in args.model or []]
     if not folders:
         log.info("no --model: this node receives its shard of the cluster's model from peers")
     profile = node_profile(args)
+    # The lab: this node's ranks get its work factor and cores (they inherit the environment)
+    os.environ.update(node_lab_environment(args))
+    if profile is not None and lab_on(args) and not args.profile:
+        from exo_tp.lab.factor import scaled_profile
+
+        profile = scaled_profile(profile, node_factor(args))
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
         profile = replace(profile, memory_total=total, memory_available=available)
@@ -483,6 +639,11 @@ async def _serve(
         adapter_path=adapter_folder(args.adapter_path),
         stall_timeout=args.stall_timeout,
         defaults=generation_defaults(args),
+        rebalance=rebalance_setting(args) == "on",
+        rebalance_threshold=args.rebalance_threshold,
+        api_limits=api_limits,
+        cluster_limits=cluster_limits,
+        strict_model_names=args.strict_model_names,
     )
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None

@@ -29,6 +29,8 @@ from exo_tp.wire.runtime import (
 
 log = logging.getLogger(__name__)
 
+HOLD_SECONDS = 180.0  # longest a request waits for a planned re-plan before a 503
+
 ConductorChannel = Channel[Hello | Delta | Done | RequestFailed]
 
 
@@ -48,6 +50,9 @@ class Dispatcher:
         self._streams: dict[str, asyncio.Queue[Delta | Done | ApiError]] = {}
         self._ids = itertools.count()
         self.on_conductor_lost: Callable[[int], None] | None = None  # set by the leader
+        # Cleared during a planned re-plan (rebalancing): new requests wait, not 503.
+        self._open = asyncio.Event()
+        self._open.set()
 
     async def start(self) -> int:
         self._loop = asyncio.get_running_loop()
@@ -137,7 +142,45 @@ class Dispatcher:
                 )
             )
 
+    # ---- a planned re-plan ------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """New requests wait (in the queue, up to ``HOLD_SECONDS``) instead of starting; those
+        in flight finish. For a re-plan the leader chose: nothing fails."""
+        self._open.clear()
+
+    def resume(self) -> None:
+        """Let waiting requests go: to the new epoch's conductor, or (if it failed) to a 503."""
+        self._open.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._open.is_set()
+
+    async def _wait_open(self) -> None:
+        if self._open.is_set():
+            return
+        if self._waiting >= self.max_queue:
+            raise self._busy()
+        self._waiting += 1
+        try:
+            await asyncio.wait_for(self._open.wait(), HOLD_SECONDS)
+        except TimeoutError:
+            raise self._unavailable() from None
+        finally:
+            self._waiting -= 1
+
     # ---- requests --------------------------------------------------------------------------
+
+    def _busy(self) -> ApiError:
+        return ApiError(
+            429,
+            f"the cluster is busy: {self.max_concurrency} requests "
+            f"running and {self._waiting} waiting; retry later",
+            kind="server_error",
+            code="queue_full",
+            retry_after=max(1, self._waiting // self.max_concurrency),
+        )
 
     def _unavailable(self) -> ApiError:
         return ApiError(
@@ -150,17 +193,11 @@ class Dispatcher:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         """Events of one generation; closing the iterator early cancels it on every rank."""
+        await self._wait_open()
         if self.conductor is None:
             raise self._unavailable()
         if self._slots.locked() and self._waiting >= self.max_queue:
-            raise ApiError(
-                429,
-                f"the cluster is busy: {self.max_concurrency} requests "
-                f"running and {self._waiting} waiting; retry later",
-                kind="server_error",
-                code="queue_full",
-                retry_after=max(1, self._waiting // self.max_concurrency),
-            )
+            raise self._busy()
         self._waiting += 1
         try:
             await self._slots.acquire()

@@ -39,11 +39,13 @@ from exo_tp.node.control import ControlClient, ControlRefused, EpochState, NodeS
 from exo_tp.node.dispatch import Dispatcher
 from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.node.planning import cluster_from_members
+from exo_tp.node.rebalance import LiveBalance
 from exo_tp.plan import ModelSpec, plan_tensor_parallel
 from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
 from exo_tp.plan.predict import Prediction
+from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
 from exo_tp.plan.render_choice import describe_candidate
 from exo_tp.plan.search import choose_plan
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 240.0
 QUARANTINE_MIN = 60.0
+CONDUCTOR_GRACE = 4.0  # seconds to learn which rank broke the conductor's link, from statuses
 
 
 @dataclass
@@ -68,6 +71,19 @@ class Epoch:
     state: EpochState = "loading"
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
+    conductor_lost: float | None = None  # monotonic time the conductor's link dropped
+
+    def conductor_rank(self) -> int | None:
+        if self.plan is None or self.plan.stages[-1].ranks[0] >= len(self.nodes):
+            return None
+        return self.plan.stages[-1].ranks[0]
+
+
+def _rank_name(led: Epoch, node_id: str) -> str:
+    """ "rank 2 on node local-2" (several ranks on one node are all named)."""
+    ranks = [str(r) for r, n in enumerate(led.nodes) if n == node_id]
+    which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
+    return f"{which} on node {node_id}"
 
 
 def node_weights(
@@ -117,6 +133,9 @@ class Leader:
         self._failures = 0
         self._quarantine: dict[str, float] = {}  # node id -> until (monotonic)
         dispatcher.on_conductor_lost = self._conductor_lost
+        self.balance = LiveBalance(
+            RebalancePolicy(threshold=config.rebalance_threshold), config.rebalance
+        )
 
     @property
     def me(self) -> str:
@@ -161,6 +180,8 @@ class Leader:
         same = led is not None and led.members == nodes and led.model == model
         if same and led.state != "failed":
             self._track(led)
+            if led.state == "ready" and model is not None:
+                await self._rebalance(led, members, model)
             return
         if time.monotonic() - self.peers.changed_at < self.config.settle:
             return
@@ -189,15 +210,22 @@ class Leader:
             self._retry_at = time.monotonic() + min(30.0, 2.0**self._failures)
             self._failures += 1
         self._dispatcher.detach(reason)
+        self.balance.draining_since = None
+        self._dispatcher.resume()  # requests held for a planned re-plan get the 503 now
 
     def _conductor_lost(self, epoch: int) -> None:
-        if self.led is not None and self.led.number == epoch:
-            self._fail("the conductor (last stage's first rank) went away")
+        """The conductor's link dropped: a rank died or stalled. Its node's status names it
+        within a poll or two (`_track` fails the epoch then, naming node, rank and what
+        happened); only if none does within CONDUCTOR_GRACE the conductor itself is named."""
+        led = self.led
+        if led is not None and led.number == epoch and led.conductor_lost is None:
+            led.conductor_lost = time.monotonic()
 
     def _track(self, led: Epoch) -> None:
         """Follow an epoch's workers: ready once all are, failed when one exits or stalls, or
         when a node could not fetch its shard."""
         statuses: dict[str, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
+        failures: list[tuple[int, str]] = []  # (how telling, reason): the culprit first
         for node_id, status in statuses.items():
             fetch = status.weights.fetch if status else None
             if fetch is not None and fetch.epoch == led.number:
@@ -208,16 +236,33 @@ class Leader:
                     led.started = time.monotonic()
             if status is None or status.worker_epoch != led.number:
                 continue
+            who = _rank_name(led, node_id)
             if status.worker_stalled is not None:
                 if status.worker_stalled == "frozen":  # re-plan without it for a while
                     self._quarantine[node_id] = time.monotonic() + max(
                         QUARANTINE_MIN, 4 * self.config.stall_timeout
                     )
-                self._fail(f"the worker on {node_id} {status.worker_error}")
-                return
-            if status.worker_state == "exited":
-                self._fail(f"the worker on {node_id} stopped: {status.worker_error}")
-                return
+                telling = 2 if status.worker_stalled == "frozen" else 0
+                failures.append((telling, f"{who} {status.worker_error}"))
+            elif status.worker_state == "exited":
+                error = status.worker_error or "stopped"
+                # a killed rank is the cause; its peers then exit on the broken link
+                telling = 3 if "signal" in error else 1
+                failures.append((telling, f"{who} stopped: {error}"))
+        if failures:
+            self._fail(max(failures)[1])
+            return
+        lost = led.conductor_lost
+        if lost is not None and time.monotonic() - lost > CONDUCTOR_GRACE:
+            conductor = led.conductor_rank()
+            self._fail(
+                f"the conductor ({_rank_name(led, led.nodes[conductor])}, the last stage's "
+                f"first rank) lost its link to the leader; no rank reported why within "
+                f"{CONDUCTOR_GRACE:g} s"
+                if conductor is not None
+                else "the conductor lost its link to the leader"
+            )
+            return
         if led.state != "loading":
             return
         ready = all(
@@ -226,6 +271,7 @@ class Leader:
         )
         if ready and self._dispatcher.attach(led.number):
             led.state, self._failures = "ready", 0
+            self._dispatcher.resume()  # requests held during a planned re-plan go now
             log.info("epoch %d ready: %d ranks", led.number, len(led.nodes))
         elif time.monotonic() - led.started > LOAD_TIMEOUT:
             self._fail(f"workers not ready after {LOAD_TIMEOUT:.0f}s")
@@ -251,6 +297,9 @@ class Leader:
                 own_profile if a.node_id == self.me else (status.profile if status else None)
             )
         weights = node_weights(members, profiles, weight_format(spec))
+        live = self.balance.live_weights([a.node_id for a in members])
+        if live:  # rebalanced: the ranks' live speeds (on the profiles' scale)
+            weights = [live.get(a.node_id, w) for a, w in zip(members, weights, strict=True)]
         stages = self.config.stages
         if stages and sum(stages) == len(members):
             groups, start = [], 0
@@ -340,12 +389,51 @@ class Leader:
                 prediction=prediction,
                 serving=self.config.serving,
                 adapter_path=self.config.adapter_path,
+                speed_probe=self.config.rebalance and len(plan.stages) == 1 and len(members) > 1,
             )
             await self._control.assign(member, assignment, self.me, weights[member.node_id])
         self.led.started = time.monotonic()
         if previous is not None:  # members dropped from the cluster let their workers go
             dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
             await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
+
+    async def _rebalance(self, led: Epoch, members: list[Announcement], model: str) -> None:
+        """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
+        let those in flight finish, and re-plan the shares (exo_tp.node.rebalance)."""
+        balance = self.balance
+        if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
+            return
+        if balance.draining_since is None:
+            statuses = {n: self.peers.status(n) for n in led.nodes}
+            if not balance.observe(led, statuses, time.monotonic()):
+                return
+            profiles: dict[str, ProfileSummary | None] = {
+                n: s.profile if s else None for n, s in statuses.items()
+            }
+            announced = [m for m in members if m.node_id in statuses]
+            assert led.plan is not None
+            fmt = weight_format(led.plan.stages[0].tp.spec)
+            weights = dict(
+                zip(
+                    [a.node_id for a in announced],
+                    node_weights(announced, profiles, fmt),
+                    strict=True,
+                )
+            )
+            balance.begin(led, [m.node_id for m in members], weights)
+            me = self.peers.status(self.me)
+            spec = led.plan.stages[0].tp.spec
+            candidate, chosen, _ = self._plan(spec, members, me.profile if me else None)
+            gain = replan_gain(
+                led.plan, led.nodes, candidate, [m.node_id for m in chosen], balance.speeds()
+            )
+            if gain is not None and gain <= balance.policy.threshold / 2:
+                balance.cancel(f"the best split is only {100 * gain:.0f}% faster")
+                return
+            self._dispatcher.hold()
+            return
+        if balance.drained(self._dispatcher.in_flight):
+            await self._form(members, model)
 
     async def _release(self, peer: Announcement, epoch: int) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):

@@ -109,6 +109,7 @@ def run_local_cluster(
     env: Mapping[str, str],
     extra: Sequence[str] = (),
     profiles: Sequence[Path] | None = None,
+    node_args: Sequence[Sequence[str]] | None = None,
 ) -> int:
     """Run and supervise the nodes until interrupted. ``env``: added to each node's
     environment (the cluster secret and API key go there, never on a command line)."""
@@ -143,6 +144,8 @@ def run_local_cluster(
             args += ["--weight", str(weights[i])]
         if profiles is not None:
             args += ["--profile", str(profiles[i])]
+        if node_args is not None:  # per node (the lab's work factors)
+            args += node_args[i]
         nodes.append(LocalNode(i, port, args))
     try:
         for node in nodes:

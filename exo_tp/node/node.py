@@ -24,7 +24,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp import __version__
 from exo_tp.api.defaults import GenerationDefaults
-from exo_tp.api.errors import ApiError
+from exo_tp.api.errors import FORWARD_PREFIX, ApiError
 from exo_tp.api.routes import build_public_app
 from exo_tp.api.views import plan_view
 from exo_tp.errors import ExoTpError
@@ -45,11 +45,13 @@ from exo_tp.node.control import (
 )
 from exo_tp.node.dispatch import Dispatcher
 from exo_tp.node.formation import Leader
+from exo_tp.node.listeners import Listeners, guard_cluster_app, mount_forwarded_api
 from exo_tp.node.memory import memory_now
 from exo_tp.node.peers import Peers
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.plan.devices import ProfileSummary
+from exo_tp.security.signing import control_headers
 from exo_tp.transport.ports import free_ports
 from exo_tp.weights.server import MOUNT
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
@@ -79,7 +81,7 @@ class Node:
         self.models: ClusterModel | None = None
         self._loading: asyncio.Task[None] | None = None  # fetch, then start the worker
         self._assigned_key: str | None = None  # the model of the latest assignment
-        self._runners: list[web.AppRunner] = []
+        self.listeners = Listeners()  # the public API's and the cluster's, apart
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -91,11 +93,22 @@ class Node:
             self.config.secret, self._status, self._ports, self._assign, self._release
         )
         control.add_subapp(MOUNT, self.weights.app())
-        control_port = await self._serve(control, self.config.control_port)
+        api_limits, cluster_limits = self.config.api_limits, self.config.cluster_limits
+        forwarded = build_public_app(
+            self, web.RouteTableDef(), self.config.access, cluster_limits.body_timeout
+        )
+        mount_forwarded_api(control, forwarded)
+        guard_cluster_app(control, cluster_limits)
+        host = self.config.listen_host
+        control_port = await self.listeners.serve_cluster(
+            control, host, self.config.control_port, cluster_limits
+        )
         requests_port = await self.dispatcher.start()
-        await self._serve(
-            build_public_app(self, public_routes, self.config.access),
+        await self.listeners.serve_api(
+            build_public_app(self, public_routes, self.config.access, api_limits.body_timeout),
+            host,
             self.config.api_port,
+            api_limits,
             handler_cancellation=True,
         )
         me = self._announcement(control_port)
@@ -123,13 +136,6 @@ class Node:
             self.config.cluster,
         )
 
-    async def _serve(self, app: web.Application, port: int, **kwargs: Any) -> int:
-        runner = web.AppRunner(app, access_log=None, **kwargs)
-        await runner.setup()
-        await web.TCPSite(runner, self.config.listen_host, port).start()
-        self._runners.append(runner)
-        return runner.addresses[0][1]
-
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -140,8 +146,7 @@ class Node:
         self.dispatcher.stop()
         if self.peers is not None:
             await self.peers.stop()
-        for runner in self._runners:
-            await runner.cleanup()
+        await self.listeners.close()
         await self.control.close()
         if self._session is not None:
             await self._session.close()
@@ -208,6 +213,7 @@ class Node:
             rank_memory=worker.rank_memory,
             links=worker.links,
             weights=self.weights.status(),
+            speed=worker.speed,
         )
 
     async def _status(self) -> NodeStatus:
@@ -347,8 +353,11 @@ class Node:
         listed model is served, which makes the leader load this one."""
         assert self.models is not None
         key = self.models.key_of(name)
+        listing = self.models.listing()
+        if key is None and not self.config.strict_model_names and len(listing) == 1:
+            key = listing[0][1]  # one model: it serves any name, as mlx_lm.server does
         if key is None:
-            listed = ", ".join(f"'{n}'" for n, _ in self.models.listing()) or "none yet"
+            listed = ", ".join(f"'{n}'" for n, _ in listing) or "none yet"
             raise ApiError(
                 404,
                 f"The model '{name}' does not exist; this cluster serves: {listed}.",
@@ -382,7 +391,10 @@ class Node:
             raise ApiError(
                 503, "cluster not ready: no leader", kind="server_error", code="cluster_not_ready"
             )
-        return leader.api_url
+        return leader.control_url + FORWARD_PREFIX
+
+    def forward_headers(self, path: str, body: bytes) -> dict[str, str]:
+        return control_headers(self.config.secret, path, body)
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         return self.dispatcher.generate(request)
@@ -404,6 +416,7 @@ class Node:
                 "stalled": worker.stalled,
                 "error": worker.error,
             },
+            "connections": self.listeners.view(),
         }
 
     def serving_state(self) -> str:
@@ -428,9 +441,12 @@ class Node:
             # A node the planner left out holds no rank but still shows the cluster's plan.
             leader = self.peers.get(self.peers.leader_id()) if self.peers else None
             if leader is not None and not self._leads() and self._session is not None:
+                # over the leader's cluster listener: a flood of its public API cannot block it
+                path = FORWARD_PREFIX + "/v1/plan"
+                headers = {**self.config.access.auth_headers(), **self.forward_headers(path, b"")}
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                     async with self._session.get(
-                        leader.api_url + "/v1/plan", headers=self.config.access.auth_headers()
+                        leader.control_url + path, headers=headers
                     ) as upstream:
                         view = await upstream.json()
                         if view.get("nodes"):
@@ -442,6 +458,7 @@ class Node:
             "model": assignment.model,
             "nodes": list(assignment.nodes),
             **plan_view(assignment.plan, assignment.prediction),
+            "balance": self.balance_view(),
         }
 
     def cluster_view(self) -> dict[str, Any]:
@@ -489,11 +506,16 @@ class Node:
             "nodes": nodes,
             "ranks": list(assignment.nodes) if assignment else [],
             "links": self._links_view(),
+            "balance": self.balance_view(),
             "serving": {
                 "max_concurrency": self.config.serving.max_concurrency,
                 "in_flight": self.dispatcher.in_flight,
             },
         }
+
+    def balance_view(self) -> dict[str, Any] | None:
+        """Live rank speeds, shares and imbalance (the leader's; exo_tp.node.rebalance)."""
+        return self.leader.balance.view(self.leader.led) if self._leads() and self.leader else None
 
     def _links_view(self) -> list[dict[str, Any]]:
         """Links measured by the workers of the current epoch (each once)."""

@@ -9,6 +9,7 @@ import logging
 from exo_tp.node.control import MachineMemory, Stall, WorkerState
 from exo_tp.node.memory import memory_now
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.runtime.job import Assignment
 from exo_tp.runtime.supervisor import RankStatus, Supervisor
 from exo_tp.wire.runtime import RankMemory
@@ -87,6 +88,11 @@ class NodeWorker:
     def links(self) -> tuple[LinkProfile, ...]:
         ready = self.rank.ready if self.rank and self.rank.state == "ready" else None
         return ready.links if ready else ()
+
+    @property
+    def speed(self) -> RankSpeed | None:
+        """The rank's latest live speed sample (rebalancing)."""
+        return self.rank.speed if self.rank and self.rank.state == "ready" else None
 
     @property
     def rank_memory(self) -> RankMemory | None:

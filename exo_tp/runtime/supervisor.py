@@ -14,18 +14,20 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import psutil
 
+from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
 from exo_tp.transport.channel import Channel, Listener
 from exo_tp.transport.ring import jaccl_env, ring_env, write_hostfile
@@ -105,6 +107,7 @@ class RankStatus:
     busy: bool = False
     progressed: float = field(default_factory=time.monotonic)  # when ``steps`` last grew
     stalled: Stall | None = None
+    speed: RankSpeed | None = None  # its latest live speed sample, if it probes
     stopping: bool = False  # stopped on purpose: its exit is no news
     channel: Channel[Joining | Loading | Ready | Heartbeat | RankFailed] | None = None
 
@@ -127,14 +130,14 @@ class Supervisor:
     def address(self) -> str:
         return f"127.0.0.1:{self._listener.port}"
 
-    def start(self, job: Assignment) -> RankStatus:
+    def start(self, job: Assignment, extra_env: Mapping[str, str] | None = None) -> RankStatus:
         folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         jobfile = folder / "job.json"
         jobfile.write_text(job.model_dump_json())
         # Ranks never write to stdout (`exo-tp launch` prints only the text there).
         process = subprocess.Popen(
             [sys.executable, "-m", "exo_tp.runtime.rank", str(jobfile), self.address],
-            env=rank_environment(job, folder, self._key),
+            env={**rank_environment(job, folder, self._key), **(extra_env or {})},
             stdout=sys.stderr.fileno(),
         )
         status = RankStatus(job, process, folder)
@@ -167,6 +170,7 @@ class Supervisor:
                 self._update(status, "ready")
             elif isinstance(event, Heartbeat):
                 status.memory, status.busy = event.memory, event.busy
+                status.speed = event.speed or status.speed
                 if event.steps != status.steps or not event.busy:
                     status.steps, status.progressed = event.steps, time.monotonic()
             elif isinstance(event, RankFailed):
@@ -181,7 +185,7 @@ class Supervisor:
         code = status.process.wait()
         if status.stopping:
             return
-        status.error = status.error or f"exited with code {code}"
+        status.error = status.error or exit_text(code)
         status.state = "exited"
         self._on_change(status)
 
@@ -228,3 +232,14 @@ class Supervisor:
         for status in ranks:
             self.stop(status)
         self._listener.close()
+
+
+def exit_text(code: int) -> str:
+    """A rank's end, as the leader tells every stream: its signal's name, or its exit code."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"was killed by signal {name}"
+    return f"exited with code {code}"

@@ -20,6 +20,7 @@ from pydantic import Field, TypeAdapter
 
 from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.wire.ids import BatchUid, Epoch, Rank, RequestId
 
 # ---- what a request asks for --------------------------------------------------------------
@@ -198,6 +199,7 @@ class Heartbeat(Frozen):
     steps: int  # batch steps completed so far
     busy: bool  # requests in flight
     memory: RankMemory = RankMemory()
+    speed: RankSpeed | None = None  # its latest live speed sample (exo_tp.runtime.speed_probe)
 
 
 class RankFailed(Frozen):
