@@ -425,12 +425,6 @@ def test_leader_death_gives_a_proxied_request_a_503(cluster: LocalCluster) -> No
         30,
         "the request never reached the leader",
     )
-    # killed while the leader is generating it, not while it is still parsing it
-    _until(
-        lambda: http_json(f"{cluster.urls[0]}/v1/cluster", headers=AUTH)[1]["serving"]["in_flight"],
-        30,
-        "the leader never started the request",
-    )
     _kill_leader_node(cluster)
     thread.join(timeout=30)
     assert not thread.is_alive(), "the proxied request hung"
