@@ -15,6 +15,7 @@ from pathlib import Path
 import node_views
 import psutil
 from cluster_helpers import CLI, free_port_base, local_cluster, wait_ready
+from helpers import wait_gone
 from openai import APIError, OpenAI
 
 MODEL = "smollm2-135m"
@@ -124,9 +125,11 @@ def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
         wait_ready([url], nodes=1)
         folders = _rank_folders(node.pid)
         assert folders and all(f.is_dir() for f in folders)
+        tree = [p.pid for p in psutil.Process(node.pid).children(recursive=True)]
         os.killpg(node.pid, signal.SIGKILL)  # no clean-up runs
         node.wait()
-        time.sleep(0.5)
+        # every process that could clean up is gone, so the folders stay for good
+        assert not wait_gone(tree, timeout=10)
         assert all(f.is_dir() for f in folders)
         node = start()
         wait_ready([url], nodes=1)
