@@ -1,26 +1,28 @@
-"""Heterogeneous lab: two unequal "devices" on this machine, measured vs predicted.
+"""Heterogeneous lab: a fast and an emulated slow device on this machine, measured vs predicted.
 
-As root, the lab makes two devices out of this machine's cores with cgroups v1: device 0 is a
-whole core, device 1 another core under a CPU quota (`cpu.cfs_quota_us`, default 40%) or,
-with `--slow-by busy`, shared with a busy process (a steadier ~2x slower device). It
-profiles both at once with `exo-tp bench` run inside their cgroups (they share the memory
-bus when they run together, unlike separate machines), measures the link between them with
-the bench's 2-rank MLX ring probe, then runs SmolLM2 decoding with `exo-tp launch` under five
-plans, every rank moved into its device's cgroups as soon as it starts:
+Device 0 is a core at full speed; device 1 another core whose every matmul does s times the
+real work (the lab's work factor, exo_tp.lab: slow at every instant, like a slower machine,
+not a time-sliced core). Each rank is pinned to its own core. No root, no cgroups.
 
-- the fast device alone, even TP (shares 1:1), proportional uneven TP (shares = measured
-  decode speeds),
-- pure pipeline (one device per stage, layers in proportion to speed),
-- the planner's choice (`exo_tp.plan.search.choose_plan` on the measured profiles and link),
+Modes:
+- ``plans`` (default): for each s in --factors, profile both devices with `exo-tp bench`
+  (the slow one with --work-factor s), measure the link between them, then decode SmolLM2
+  (float32) with `exo-tp launch` under: the fast device alone, even TP, uneven TP with shares
+  from the measured bench scores, pipeline (layers in proportion to the scores) and the
+  planner's choice (`choose_plan`). Each is measured (median of --rounds alternating rounds)
+  and predicted by the cost model. Per s: uneven/even gain against the ideal (1+s)/2, the
+  planner's rank among the measured plans, measured/predicted of every plan.
+- ``validate``: one rank alone at factor 1 and at each s, alternating: the decode slowdown
+  should be s (within 10%).
+- ``rebalance``: a 2-node `exo-tp run --local-nodes 2` cluster under 8 greedy streams; the
+  second node's factor goes 1 -> s at run time. Tokens/s before the change, after it (before
+  re-planning), after the re-plan, and the seconds the re-plan took.
 
-and prints each plan's measured decode tokens/s next to the cost model's prediction. With
-`--delay-ms` (and `--rate-mbit`) the whole lab runs inside a network namespace of its own whose
-loopback has a `tc netem` delay (and rate limit), so every link between the ranks is slow.
-Everything it creates (cgroups, namespace) is removed on exit.
+    python bench/hetero_lab.py [--mode plans|validate|rebalance] [--factors 1.5,2,3]
+        [--tokens 48] [--rounds 3] [--quick]
 
-    sudo python bench/hetero_lab.py [--quota 0.4] [--tokens 48] [--delay-ms 2 --rate-mbit 1000]
-
-The last line of stdout is one JSON object.
+The last line of stdout is one JSON object. ``--quick``: one factor (2), few tokens, one round,
+quick profiles: checks the lab runs, measures nothing worth reporting.
 """
 
 from __future__ import annotations
@@ -29,19 +31,21 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import urllib.request
 from pathlib import Path
 
-from _common import ROOT, env, generation_tps, launch_command, resolve
+from _common import ROOT, env, generation_tps, launch_command
 
 sys.path.insert(0, str(ROOT))
 
+from exo_tp.lab.factor import write_factor_file  # noqa: E402
+from exo_tp.models.registry import resolve_model  # noqa: E402
 from exo_tp.plan import load_spec, plan_tensor_parallel  # noqa: E402
 from exo_tp.plan.cluster import Cluster, Link, cluster_from_profiles  # noqa: E402
 from exo_tp.plan.cost import LinkCost  # noqa: E402
@@ -49,106 +53,31 @@ from exo_tp.plan.devices import DeviceProfile  # noqa: E402
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage, split_layers  # noqa: E402,E501
 from exo_tp.plan.predict import predict  # noqa: E402
 from exo_tp.plan.search import choose_plan  # noqa: E402
-from exo_tp.runtime.job import Assignment  # noqa: E402
 
-CGROUPS = Path("/sys/fs/cgroup")
-PERIOD_US = 10_000  # short CFS periods: a quota throttles in small slices, not 100 ms stalls
+CORES = sorted(os.sched_getaffinity(0))
 
 
-class Device:
-    """A core (cpuset cgroup) with an optional CPU quota (cpu cgroup) or busy competitors."""
-
-    def __init__(self, name: str, core: int, quota: float | None, competitors: int = 0):
-        self.name, self.core, self.quota, self.competitors = name, core, quota, competitors
-        self.dirs = [
-            CGROUPS / kind / f"exo-tp-lab-{os.getpid()}-{name}" for kind in ("cpu", "cpuset")
-        ]
-        self._busy: list[subprocess.Popen[bytes]] = []
-
-    def create(self) -> None:
-        cpu, cpuset = self.dirs
-        for d in self.dirs:
-            d.mkdir()
-        (cpu / "cpu.shares").write_text("262144")  # other processes cannot take the core
-        (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        quota = -1 if self.quota is None else int(self.quota * PERIOD_US)
-        (cpu / "cpu.cfs_quota_us").write_text(str(quota))
-        (cpuset / "cpuset.cpus").write_text(str(self.core))
-        (cpuset / "cpuset.mems").write_text((CGROUPS / "cpuset" / "cpuset.mems").read_text())
-        for _ in range(self.competitors):  # busy loops sharing the core fairly with the rank
-            self._busy.append(
-                subprocess.Popen([*self.prefix(), sys.executable, "-c", "while True: pass"])
-            )
-
-    def enter(self, pid: int) -> None:
-        for d in self.dirs:
-            (d / "cgroup.procs").write_text(str(pid))
-
-    def prefix(self) -> list[str]:
-        """A command prefix that runs the command inside this device."""
-        writes = " && ".join(f'echo $$ > "{d / "cgroup.procs"}"' for d in self.dirs)
-        return ["sh", "-c", f'{writes} && exec "$@"', "sh"]
-
-    def remove(self) -> None:
-        for busy in self._busy:
-            busy.kill()
-            busy.wait()
-        for d in self.dirs:
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:  # a dying task is still inside
-                    for pid in (d / "cgroup.procs").read_text().split():
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(int(pid), 9)
-                    time.sleep(0.1)
+def _pinned(core: int):  # noqa: ANN202 (a preexec_fn)
+    return lambda: os.sched_setaffinity(0, [core])
 
 
-@contextlib.contextmanager
-def devices(slow_by: str, quota: float) -> Iterator[list[Device]]:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        raise SystemExit("the lab needs two cores")
-    slow = (
-        Device("slow", cores[1], quota)
-        if slow_by == "quota"
-        else Device("slow", cores[1], None, competitors=1)
-    )
-    made = [Device("fast", cores[0], None), slow]
-    try:
-        for d in made:
-            d.create()
-        yield made
-    finally:
-        for d in made:
-            d.remove()
-
-
-def profile(device: Device, home: Path, full: bool) -> DeviceProfile:
-    command = [
-        *device.prefix(),
-        sys.executable,
-        "-m",
-        "exo_tp",
-        "bench",
-        "--refresh",
-        "--json",
-        *([] if full else ["--quick"]),
-    ]
+def profile(factor: float, core: int, home: Path, quick: bool) -> DeviceProfile:
+    """`exo-tp bench` of a device pinned to ``core`` at ``factor``."""
+    command = [sys.executable, "-m", "exo_tp", "bench", "--refresh", "--json"]
+    command += ["--work-factor", f"{factor:g}"] + (["--quick"] if quick else [])
     out = subprocess.run(
         command,
         capture_output=True,
         text=True,
         check=True,
-        env={**env(), "EXO_TP_HOME": str(home / device.name)},
+        env={**env(), "EXO_TP_HOME": str(home)},
+        preexec_fn=_pinned(core),
     )
     return DeviceProfile.model_validate_json(out.stdout.strip().splitlines()[-1])
 
 
-def measure_link(pair: Sequence[Device]) -> LinkCost:
+def measure_link() -> LinkCost:
+    """The bench's 2-rank ring probe, one rank per core (jobs of the one supervisor)."""
     from exo_tp.profile.link_probe import LinkMeasurement
     from exo_tp.profile.links import measure_pair, probe_job
     from exo_tp.transport.ports import free_ports
@@ -158,13 +87,19 @@ def measure_link(pair: Sequence[Device]) -> LinkCost:
         hostfile = Path(tmp) / "hosts.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(2)])
         jobs = [
-            probe_job(f"probe {d.name}", rank, hostfile, False, d.prefix(), env())
-            for rank, d in enumerate(pair)
+            probe_job(
+                f"probe {rank}",
+                rank,
+                hostfile,
+                False,
+                base_env=env(),
+                cores=(CORES[rank % len(CORES)],),
+            )
+            for rank in range(2)
         ]
         result = measure_pair(jobs, timeout=120)[0]
     if not isinstance(result, LinkMeasurement):
         raise RuntimeError(f"link probe failed: {result.message}")
-    # As `cluster_from_profiles` prices a measured link: what an all_sum costs in a forward pass.
     return LinkCost(
         latency=max(result.all_sum_latency, result.all_sum_in_graph),
         bandwidth=result.all_sum_bandwidth,
@@ -172,34 +107,7 @@ def measure_link(pair: Sequence[Device]) -> LinkCost:
     )
 
 
-def _place(
-    launcher: subprocess.Popen[str], placement: Sequence[Device], stop: threading.Event
-) -> None:
-    """Move every rank of ``launcher`` into its device as soon as it appears."""
-    import psutil
-
-    placed: set[int] = set()
-    parent = psutil.Process(launcher.pid)
-    while not stop.is_set():
-        with contextlib.suppress(psutil.Error):
-            for child in parent.children(recursive=True):
-                if child.pid in placed:
-                    continue
-                with contextlib.suppress(psutil.Error, ValueError, OSError):
-                    rank = rank_of(child.cmdline())
-                    placement[rank].enter(child.pid)
-                    placed.add(child.pid)
-        time.sleep(0.02)
-
-
-def rank_of(cmdline: list[str]) -> int:
-    """The global rank of a rank process (`python -m exo_tp.runtime.rank JOB.json ...`)."""
-    job = cmdline[cmdline.index("exo_tp.runtime.rank") + 1]
-    return Assignment.model_validate_json(Path(job).read_text()).rank
-
-
 def stage_args(plan: PipelinePlan) -> list[str]:
-    """`exo-tp launch` options that lay out ``plan``'s stages (none for plain TP)."""
     if len(plan.stages) == 1:
         return []
     return [
@@ -210,163 +118,290 @@ def stage_args(plan: PipelinePlan) -> list[str]:
     ]
 
 
-def decode_tps(model: Path, plan: PipelinePlan, placement: Sequence[Device], tokens: int) -> float:
+def decode_tps(model: Path, plan: PipelinePlan, factors: list[float], tokens: int) -> float:
+    """`exo-tp launch` of ``plan``, global rank i at ``factors[i]`` on core i."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         weights = [round(w, 6) for s in plan.stages for w in s.tp.weights]
         command = launch_command(model, weights, tokens, report, *stage_args(plan))
-        launcher = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env()
-        )
-        stop = threading.Event()
-        placer = threading.Thread(target=_place, args=(launcher, placement, stop), daemon=True)
-        placer.start()
-        _, err = launcher.communicate(timeout=900)
-        stop.set()
-        placer.join()
-        if launcher.returncode:
-            raise SystemExit(f"launch failed: {err[-2000:]}")
+        command += ["--work-factor", ",".join(f"{f:g}" for f in factors)]
+        result = subprocess.run(command, capture_output=True, text=True, env=env(), check=False)
+        if result.returncode:
+            raise SystemExit(f"launch failed: {result.stderr[-2000:]}")
         return generation_tps(report)
 
 
-def run_lab(args: argparse.Namespace) -> dict[str, object]:
-    model = resolve(args.model)
+def alternating(runs: dict[str, object], rounds: int) -> dict[str, float]:
+    """Median of ``rounds`` rounds of every run, the order reversed each round (drift in the
+    machine's state hits every run alike)."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            samples[name].append(runs[name]())  # type: ignore[operator]
+            print(f"  round {r + 1} {name}: {samples[name][-1]:.3f}", file=sys.stderr, flush=True)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def plans_for(
+    model: Path, factor: float, args: argparse.Namespace, fast: DeviceProfile, link: LinkCost
+) -> dict[str, object]:  # noqa: E501
     spec = load_spec(model)
-    with devices(args.slow_by, args.quota) as pair, tempfile.TemporaryDirectory() as home:
-        # Both at once: the devices share this machine's memory bus when they run together.
-        with ThreadPoolExecutor(2) as pool:
-            profiles = list(pool.map(lambda d: profile(d, Path(home), args.full_bench), pair))
-        link = measure_link(pair)
-        base = cluster_from_profiles(spec, profiles)
-        cluster = Cluster(
-            devices=base.devices, links=(Link(a=0, b=1, cost=link),), default_link=link
-        )
-        speeds = [d.speed for d in cluster.devices]
-        choice = choose_plan(spec, cluster, context_tokens=args.tokens + 64, prompt_tokens=16)
-        plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]] = {
-            "fast_alone": (single_stage(plan_tensor_parallel(spec, [1])), (0,)),
-            "even_tp": (single_stage(plan_tensor_parallel(spec, [1, 1])), (0, 1)),
-            "uneven_tp": (single_stage(plan_tensor_parallel(spec, speeds)), (0, 1)),
-            "pipeline": (
-                plan_pipeline(spec, [[1], [1]], split_layers(spec.num_layers, speeds)),
-                (0, 1),
-            ),
-            "planner": (choice.best.plan, choice.best.devices),
-        }
-        results: dict[str, dict[str, float]] = {}
-        for name, (plan, on) in plans.items():
-            predicted = predict(plan, on, cluster, args.tokens + 64, 16).tokens_per_second
-            measured = decode_tps(model, plan, [pair[d] for d in on], args.tokens)
-            results[name] = {
-                "measured": round(measured, 3),
-                "predicted": round(predicted, 3),
-                "measured_over_predicted": round(measured / predicted, 3),
-            }
-            print(
-                f"{name:>10}: measured {measured:6.2f} tok/s, predicted {predicted:6.2f} "
-                f"tok/s ({measured / predicted:.2f}x)",
-                file=sys.stderr,
-                flush=True,
+    with tempfile.TemporaryDirectory() as home:
+        slow = profile(factor, CORES[1 % len(CORES)], Path(home), args.quick)
+    base = cluster_from_profiles(spec, [fast, slow])
+    cluster = Cluster(devices=base.devices, links=(Link(a=0, b=1, cost=link),), default_link=link)
+    speeds = [d.speed for d in cluster.devices]
+    context, prompt = args.tokens + 64, 16
+    choice = choose_plan(spec, cluster, context_tokens=context, prompt_tokens=prompt)
+    device_factor = [1.0, factor]
+    plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]] = {
+        "fast_alone": (single_stage(plan_tensor_parallel(spec, [1])), (0,)),
+        "even_tp": (single_stage(plan_tensor_parallel(spec, [1, 1])), (0, 1)),
+        "uneven_tp": (single_stage(plan_tensor_parallel(spec, speeds)), (0, 1)),
+        "pipeline": (
+            plan_pipeline(spec, [[1], [1]], split_layers(spec.num_layers, speeds)),
+            (0, 1),
+        ),
+        "planner": (choice.best.plan, tuple(choice.best.devices)),
+    }
+    predicted = {
+        name: predict(plan, on, cluster, context, prompt).tokens_per_second
+        for name, (plan, on) in plans.items()
+    }
+    runs = {
+        name: (
+            lambda plan=plan, on=on: decode_tps(
+                model, plan, [device_factor[d] for d in on], args.tokens
             )
-    names = [d.name for d in pair]
-    slowed = (
-        f"at {args.quota:.0%} quota" if args.slow_by == "quota" else "shared with a busy process"
-    )
-    print(
-        f"devices: {names[0]} = core {pair[0].core}, {names[1]} = core {pair[1].core} "
-        f"{slowed}; decode speeds {speeds[0] / 1e9:.2f} / "
-        f"{speeds[1] / 1e9:.2f} GB/s; link: all_sum in a forward pass "
-        f"{link.latency * 1e6:.0f} µs, "
-        f"{link.bandwidth / 1e9:.2f} GB/s"
-        + (f"; netem delay {args.delay_ms} ms" if args.delay_ms else "")
-    )
-    print(
-        f"planner's choice: {choice.best.kind} on devices "
-        f"{[[names[d] for d in g] for g in choice.best.groups]}"
-    )
-    print(f"{'plan':>10} {'measured':>9} {'predicted':>9} {'ratio':>6}")
-    for name, r in results.items():
-        print(
-            f"{name:>10} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
-            f"{r['measured_over_predicted']:>6.2f}"
         )
-    best = max(results, key=lambda n: results[n]["measured"])
+        for name, (plan, on) in plans.items()
+    }
+    measured = alternating(runs, args.rounds)
+    ideal = (1 + factor) / 2
+    gain = measured["uneven_tp"] / measured["even_tp"]
+    ranking = sorted(measured, key=lambda n: -measured[n])
     return {
-        "plans": results,
+        "bench_speed_ratio": speeds[0] / speeds[1],
         "planner_choice": choice.best.kind,
-        "planner_over_even_measured": round(
-            results["planner"]["measured"] / results["even_tp"]["measured"], 3
-        ),
-        "planner_over_best_measured": round(
-            results["planner"]["measured"] / results[best]["measured"], 3
-        ),
-        "uneven_over_even_measured": round(
-            results["uneven_tp"]["measured"] / results["even_tp"]["measured"], 3
-        ),
-        "uneven_over_even_predicted": round(
-            results["uneven_tp"]["predicted"] / results["even_tp"]["predicted"], 3
-        ),
-        "fastest_measured": best,
-        "slow_by": args.slow_by,
-        "quota": args.quota if args.slow_by == "quota" else None,
-        "delay_ms": args.delay_ms,
+        "plans": {
+            n: {
+                "measured": round(measured[n], 3),
+                "predicted": round(predicted[n], 3),
+                "measured_over_predicted": round(measured[n] / predicted[n], 3),
+            }
+            for n in plans
+        },
+        "uneven_over_even": round(gain, 3),
+        "ideal_uneven_over_even": ideal,
+        "fraction_of_ideal_gain": round((gain - 1) / (ideal - 1), 3),
+        "planner_rank": ranking.index("planner") + 1,
+        "planner_over_best": round(measured["planner"] / measured[ranking[0]], 3),
     }
 
 
-@contextlib.contextmanager
-def netem_namespace(delay_ms: float, rate_mbit: float | None) -> Iterator[str]:
-    name = f"exotp-lab-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+def run_plans(args: argparse.Namespace) -> dict[str, object]:
+    model = resolve_model(args.model)
+    with tempfile.TemporaryDirectory() as home:
+        fast = profile(1.0, CORES[0], Path(home), args.quick)
+    link = measure_link()
+    out: dict[str, object] = {}
+    for factor in args.factors:
+        print(f"s = {factor:g}", file=sys.stderr, flush=True)
+        result = plans_for(model, factor, args, fast, link)
+        out[f"{factor:g}"] = result
+        print(
+            f"s = {factor:g}: bench ratio {result['bench_speed_ratio']:.2f}, planner chose "
+            f"{result['planner_choice']} (rank {result['planner_rank']})"
+        )
+        print(f"  {'plan':>10} {'measured':>9} {'predicted':>9} {'ratio':>6}")
+        for name, r in result["plans"].items():  # type: ignore[union-attr]
+            print(
+                f"  {name:>10} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
+                f"{r['measured_over_predicted']:>6.2f}"
+            )
+        print(
+            f"  uneven/even {result['uneven_over_even']:.2f} (ideal "
+            f"{result['ideal_uneven_over_even']:.2f}: {result['fraction_of_ideal_gain']:.0%} "
+            f"of the ideal gain)"
+        )
+    return {
+        "mode": "plans",
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "factors": out,
+        "link_latency_us": round(link.latency * 1e6, 1),
+    }
 
-        def inside(*command: str) -> None:
-            subprocess.run(["ip", "netns", "exec", name, *command], check=True, capture_output=True)
 
-        inside("ip", "link", "set", "lo", "up")
-        netem = ["delay", f"{delay_ms}ms"] + (["rate", f"{rate_mbit}mbit"] if rate_mbit else [])
+def run_validate(args: argparse.Namespace) -> dict[str, object]:
+    model = resolve_model(args.model)
+    spec = load_spec(model)
+    alone = single_stage(plan_tensor_parallel(spec, [1]))
+    out = {}
+    for factor in args.factors:
+        ratios = []
+        for _ in range(args.rounds):
+            base = decode_tps(model, alone, [1.0], args.tokens)
+            slow = decode_tps(model, alone, [factor], args.tokens)
+            ratios.append(base / slow)
+        ratio = statistics.median(ratios)
+        out[f"{factor:g}"] = {
+            "slowdown": round(ratio, 3),
+            "within_10_percent": abs(ratio / factor - 1) <= 0.1,
+        }
+        print(
+            f"s = {factor:g}: decode {ratio:.2f}x slower (rounds {[round(r, 2) for r in ratios]})"
+        )
+    return {"mode": "validate", "tokens": args.tokens, "factors": out}
+
+
+def _stream_load(
+    url: str, stop: threading.Event, tokens: list[tuple[float, int]], errors: list[str]
+) -> None:  # noqa: E501
+    body = json.dumps(
+        {
+            "model": "smollm2-135m",
+            "temperature": 0,
+            "max_tokens": 24,
+            "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        }
+    ).encode()
+    while not stop.is_set():
+        request = urllib.request.Request(
+            url + "/v1/chat/completions", body, {"Content-Type": "application/json"}
+        )
         try:
-            inside("tc", "qdisc", "add", "dev", "lo", "root", "netem", *netem)
-        except subprocess.CalledProcessError:
-            raise SystemExit(
-                "tc netem is not available (this kernel lacks sch_netem): run the "
-                "lab without --delay-ms"
-            ) from None
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=False)
+            with urllib.request.urlopen(request, timeout=600) as response:
+                usage = json.loads(response.read())["usage"]
+            tokens.append((time.monotonic(), usage["completion_tokens"]))
+        except OSError as error:
+            errors.append(str(error))
+
+
+def _tps(tokens: list[tuple[float, int]], start: float, stop: float) -> float:
+    return sum(n for at, n in tokens if start < at <= stop) / (stop - start)
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
+    factor = args.factors[-1]
+    window = 20.0 if args.quick else 60.0
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        files = [Path(tmp) / "f0", Path(tmp) / "f1"]
+        for f in files:
+            write_factor_file(f, 1.0)
+        port = 24000 + os.getpid() % 2000
+        log_path = Path(tempfile.gettempdir()) / f"hetero-lab-rebalance-{os.getpid()}.log"
+        print(f"cluster log: {log_path}", file=sys.stderr, flush=True)
+        log = stack.enter_context(log_path.open("w"))
+        cluster = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "exo_tp",
+                "run",
+                "--local-nodes",
+                "2",
+                "--api-port",
+                str(port),
+                "--model",
+                args.model,
+                "--no-bench",
+                "--stages",
+                "2",
+                "--rebalance",
+                "on",
+                "--stall-timeout",  # pinned ranks on a busy machine can starve for a minute
+                "300",
+                "--work-factor-file",
+                ",".join(map(str, files)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=env(),
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if _get(url + "/health")["state"] == "ready":
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit("the cluster did not become ready")
+                time.sleep(1)
+            epoch0 = _get(url + "/v1/plan")["epoch"]
+            stop, tokens, errors = threading.Event(), [], []
+            threads = [
+                threading.Thread(target=_stream_load, args=(url, stop, tokens, errors))
+                for _ in range(8)
+            ]
+            for t in threads:
+                t.start()
+            t0 = time.monotonic()
+            time.sleep(window)  # a bench: measuring a window of throughput, not waiting on state
+            before = _tps(tokens, t0, t0 + window)
+            write_factor_file(files[1], factor)
+            changed = time.monotonic()
+            replanned = None
+            while time.monotonic() - changed < 600:
+                plan = _get(url + "/v1/plan")
+                if plan["epoch"] != epoch0 and plan["state"] == "ready":
+                    replanned = time.monotonic()
+                    break
+                time.sleep(0.5)
+            slowed = _tps(tokens, changed, replanned or time.monotonic())
+            time.sleep(window)
+            after = _tps(tokens, replanned or changed, time.monotonic())
+            stop.set()
+            for t in threads:
+                t.join(timeout=600)
+            shares = _get(url + "/v1/plan")["plan"]["weights"]
+        finally:
+            os.killpg(cluster.pid, 15)
+            cluster.wait(timeout=30)
+    result = {
+        "mode": "rebalance",
+        "factor": factor,
+        "tokens_per_second_before": round(before, 3),
+        "tokens_per_second_slowed": round(slowed, 3),
+        "tokens_per_second_after_replan": round(after, 3),
+        "replan_seconds": round(replanned - changed, 1) if replanned else None,
+        "shares_after": shares,
+        "failed_requests": len(errors),
+        "failures": errors[:3],
+    }
+    print(
+        f"s 1 -> {factor:g}: {before:.2f} tok/s before, {slowed:.2f} slowed, {after:.2f} after "
+        f"re-planning in {result['replan_seconds']} s; shares {shares}; {len(errors)} failed"
+    )
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("plans", "validate", "rebalance"), default="plans")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument(
-        "--slow-by",
-        choices=("quota", "busy"),
-        default="quota",
-        help="slow device 1 by a CFS quota, or by a busy process on its core",
-    )
-    parser.add_argument("--quota", type=float, default=0.4, help="CPU quota of device 1")
+    parser.add_argument("--factors", default="1.5,2,3")
     parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--full-bench", action="store_true", help="full (not --quick) profiles")
-    parser.add_argument(
-        "--delay-ms",
-        type=float,
-        default=0.0,
-        help="run in a network namespace whose loopback delays every packet",
-    )
-    parser.add_argument("--rate-mbit", type=float, help="and limits its rate")
-    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="check the lab runs (tiny settings)")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("the lab needs root (cgroups, network namespaces)")
-    if args.delay_ms and not args.inside:
-        with netem_namespace(args.delay_ms, args.rate_mbit) as name:
-            result = subprocess.run(
-                ["ip", "netns", "exec", name, sys.executable, __file__, *sys.argv[1:], "--inside"],
-                check=False,
-            )
-        raise SystemExit(result.returncode)
-    print(json.dumps(run_lab(args)))
+    args.factors = [float(f) for f in args.factors.split(",")]
+    if args.quick:
+        args.factors, args.tokens, args.rounds = [2.0], 6, 1
+    if len(CORES) < 2:
+        raise SystemExit("the lab needs two cores")
+    run = {"plans": run_plans, "validate": run_validate, "rebalance": run_rebalance}[args.mode]
+    print(json.dumps(run(args)))
 
 
 if __name__ == "__main__":

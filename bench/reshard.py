@@ -40,9 +40,10 @@ sys.path.insert(0, str(ROOT))
 
 from exo_tp.cli.run import options_from_flags  # noqa: E402
 from exo_tp.node.local_cluster import LocalCluster, node_job  # noqa: E402
+from exo_tp.node.views import ClusterView, HealthView, PlanView  # noqa: E402
+from exo_tp.node.weight_messages import WeightsStatus  # noqa: E402
 from exo_tp.plan import plan_tensor_parallel  # noqa: E402
-from exo_tp.plan.pipeline import PipelinePlan, Stage, single_stage  # noqa: E402
-from exo_tp.plan.shard_plan import ShardPlan, Span  # noqa: E402
+from exo_tp.plan.pipeline import PipelinePlan, single_stage  # noqa: E402
 from exo_tp.transport.ports import port_is_free  # noqa: E402
 from exo_tp.weights.boxes import rank_boxes  # noqa: E402
 from exo_tp.weights.build import manifest_for  # noqa: E402
@@ -105,41 +106,39 @@ class Nodes:
         started = time.monotonic()
         while time.monotonic() - started < self.timeout:
             try:
-                ready = all(get(f"{self.url(n)}/health")["state"] == "ready" for n in nodes)
-                plan = get(f"{self.url(nodes[0])}/v1/plan")
-                if ready and sorted(plan["nodes"]) == sorted(nodes):
+                ready = all(
+                    HealthView.model_validate(get(f"{self.url(n)}/health")).state == "ready"
+                    for n in nodes
+                )
+                plan = PlanView.model_validate(get(f"{self.url(nodes[0])}/v1/plan"))
+                if ready and sorted(plan.nodes) == sorted(nodes):
                     return time.monotonic()
-            except (OSError, KeyError, ValueError):
+            except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"{nodes} not ready after {self.timeout} s; logs in {self.tmp}")
 
-    def me(self, node: str) -> dict[str, Any]:
-        view = get(f"{self.url(node)}/v1/cluster")
-        return next(n for n in view["nodes"] if n["node_id"] == node)
+    def me(self, node: str) -> WeightsStatus:
+        """The node's weights status, as it reports it in its own /v1/cluster."""
+        view = ClusterView.model_validate(get(f"{self.url(node)}/v1/cluster"))
+        weights = view.node(node).weights
+        assert weights is not None, f"{node} reports no status"
+        return weights.status
 
     def sent(self, nodes: list[str]) -> int:
-        return sum(
-            sum(self.me(n)["weights"]["status"]["served"]["bytes_by_source"].values())
-            for n in nodes
-        )
+        served = [self.me(n).served for n in nodes]
+        return sum(sum(s.bytes_by_source.values()) for s in served if s)
 
     def fetch_seconds(self, nodes: list[str]) -> float:
         """The longest fetch of the latest epoch (the fetches run side by side)."""
-        fetches = [self.me(n)["weights"]["status"]["fetch"] for n in nodes]
-        return max((f["seconds"] for f in fetches if f), default=0.0)
+        fetches = [self.me(n).fetch for n in nodes]
+        return max((f.seconds for f in fetches if f), default=0.0)
 
     def plan(self) -> tuple[list[str], PipelinePlan]:
-        view = get(f"{self.url('n0')}/v1/plan")
-        stages = tuple(
-            Stage(
-                ranks=tuple(s["ranks"]),
-                layers=Span(**s["layers"]),
-                tp=ShardPlan.model_validate(s["plan"]),
-            )
-            for s in view["stages"]
-        )
-        return view["nodes"], PipelinePlan(spec=stages[0].tp.spec, stages=stages)
+        view = PlanView.model_validate(get(f"{self.url('n0')}/v1/plan"))
+        plan = view.pipeline()
+        assert plan is not None, view
+        return list(view.nodes), plan
 
     def stop(self) -> None:
         self.processes.close()

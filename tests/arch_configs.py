@@ -81,7 +81,8 @@ ARCHS: dict[str, dict[str, Any]] = {
         query_pre_attn_scalar=64,
     ),
     # One KV head for 5 query heads (KV replicated on every rank), sliding window 8 on every
-    # other layer, q/k norms, untied head (the checkpoint has lm_head).
+    # other layer, q/k norms, tied head as Google ships Gemma 3 (the file has no lm_head:
+    # mlx-lm's sanitize removes the model's lm_head module then).
     "gemma3_text": dict(
         model_type="gemma3_text",
         hidden_size=640,
@@ -93,6 +94,7 @@ ARCHS: dict[str, dict[str, Any]] = {
         sliding_window_pattern=2,
         query_pre_attn_scalar=128,
         rope_local_base_freq=10000.0,
+        tie_word_embeddings=True,
     ),
     # Packed q|k|v and gate|up; head_dim = hidden / heads = 64.
     "phi3": dict(
@@ -163,6 +165,7 @@ ARCHS: dict[str, dict[str, Any]] = {
         first_k_dense_replace=1,
         topk_method="greedy",
         rope_scaling={"factor": 1.0, "original_max_position_embeddings": 512},
+        tie_word_embeddings=False,
     ),
     # MLA with q compression (q_a/q_b), latent cache, embed_q/unembed_out stacks; 6 heads.
     "deepseek_v3": dict(
@@ -183,6 +186,7 @@ ARCHS: dict[str, dict[str, Any]] = {
         first_k_dense_replace=1,
         n_group=1,
         topk_group=1,
+        tie_word_embeddings=False,
     ),
     # Attention sinks, biased q/k/v/o and experts, alternating sliding (window 8) / full;
     # 4 experts (top 2) of FFN 200.
@@ -196,6 +200,7 @@ ARCHS: dict[str, dict[str, Any]] = {
         num_local_experts=4,
         num_experts_per_tok=2,
         sliding_window=8,
+        tie_word_embeddings=False,
     ),
 }
 

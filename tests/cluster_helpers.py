@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -18,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from exo_tp.cli.run import options_from_flags
 from exo_tp.node.local_cluster import LocalCluster as SupervisedNodes
 from exo_tp.node.local_cluster import node_job
+from exo_tp.node.views import HealthView, PlanView
 from exo_tp.transport.ports import port_is_free
 
 CLI = [sys.executable, "-m", "exo_tp"]
@@ -54,21 +58,30 @@ def wait_ready(
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            states = [http_json(f"{u}/health", timeout=2)[1]["state"] for u in urls]
-            plans = [http_json(f"{u}/v1/plan", timeout=2, headers=headers)[1] for u in urls]
-            last = (states, [p["nodes"] for p in plans])
+            states = [
+                HealthView.model_validate(http_json(f"{u}/health", timeout=2)[1]).state
+                for u in urls
+            ]
+            plans = [
+                PlanView.model_validate(http_json(f"{u}/v1/plan", timeout=2, headers=headers)[1])
+                for u in urls
+            ]
+            last = (states, [p.nodes for p in plans])
             if all(s == "ready" for s in states) and (
-                nodes is None or all(len(p["nodes"]) == nodes for p in plans)
+                nodes is None or all(len(p.nodes) == nodes for p in plans)
             ):
                 return
-        except (OSError, KeyError, json.JSONDecodeError) as error:
+        except (OSError, ValidationError, json.JSONDecodeError) as error:
             last = error
         time.sleep(0.5)
     raise TimeoutError(f"cluster not ready after {timeout}s: {last}")
 
 
 def free_port_base(count: int) -> int:
-    for base in range(18000, 30000, 97):
+    # From a random start: test runs side by side (several checkouts on one machine) would
+    # otherwise race for the same first free range.
+    start = 18000 + 97 * random.randrange(100)
+    for base in [*range(start, 30000, 97), *range(18000, start, 97)]:
         if all(port_is_free(base + i) for i in range(count)):
             return base
     raise RuntimeError("no free port range")
@@ -93,8 +106,10 @@ def local_cluster(
     env: dict[str, str] | None = None,
     log: Path | None = None,
     headers: dict[str, str] | None = None,
+    fd_limit: tuple[int, int] | None = None,
 ) -> Iterator[LocalCluster]:
-    """``exo-tp run --local-nodes``. Without weights, --profile or ``bench`` the nodes get
+    """``exo-tp run --local-nodes``. ``fd_limit``: the nodes' open-files limit (soft, hard),
+    as on a machine with a low one. Without weights, --profile or ``bench`` the nodes get
     --no-bench: a test spends ~10 s of CPU on a device measurement only if it asks for one.
     ``env``: variables added to this process's; ``log``: the cluster's stderr goes there;
     ``headers``: sent with the readiness checks (an API key)."""
@@ -102,6 +117,8 @@ def local_cluster(
     # A generous stall timeout: a loaded 2-core box can take long over a batched step; the
     # stall tests set their own.
     stall = () if "--stall-timeout" in extra else ("--stall-timeout", "300")
+    # Unpinned ranks on a shared 2-core box: a test asks for live rebalancing explicitly.
+    stall += () if "--rebalance" in extra else ("--rebalance", "off")
     args = [
         *CLI,
         "run",
@@ -125,6 +142,7 @@ def local_cluster(
         stderr=stderr,
         start_new_session=True,
         env={**os.environ, **env} if env else None,
+        preexec_fn=None if fd_limit is None else lambda: _limit_files(fd_limit),
     )
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
@@ -137,6 +155,12 @@ def local_cluster(
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _limit_files(limit: tuple[int, int]) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, limit)
 
 
 @dataclass
@@ -169,7 +193,9 @@ def loopback_nodes(
     with SupervisedNodes() as nodes:
         for i, extra in enumerate(node_args):
             flags = ["--host", "127.0.0.1", "--api-port", str(base + i), "--node-id", f"n{i}"]
-            flags += ["--cluster", cluster, *(["--model", model] if model else []), *extra]
+            flags += ["--cluster", cluster, *(["--model", model] if model else [])]
+            # a test asks for live rebalancing explicitly (see local_cluster)
+            flags += [*(() if "--rebalance" in extra else ("--rebalance", "off")), *extra]
             own = node_env[i] if node_env else {}
             variables = {"EXO_TP_SECRET": secret, **(env or {}), **own}
             nodes.start(node_job(i, options_from_flags(flags), variables, logs / f"n{i}.log"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -16,8 +17,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 CLI = [sys.executable, "-m", "exo_tp"]
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie: an exited process whose new parent (an init that may never reap,
+    as in some containers) has not reaped it is dead for every purpose here."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait until every process in ``pids`` has exited (zombies count as exited); returns the
+    pids still running after ``timeout`` seconds, so the caller asserts on what it waited for."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    deadline = time.monotonic() + timeout
+    while True:
+        _, alive = psutil.wait_procs(procs, timeout=0.1)
+        procs = [p for p in alive if _running(p)]
+        if not procs or time.monotonic() > deadline:
+            return [p.pid for p in procs]
 
 
 def run_cli(

@@ -18,6 +18,7 @@ import pytest
 from cluster_helpers import LocalCluster, http_json, local_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from node_views import cluster_view
 
 MODEL = "smollm2-135m"
 VOCAB = 49152
@@ -32,7 +33,7 @@ def cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def epoch(cluster: LocalCluster) -> int:
-    return http_json(f"{cluster.urls[0]}/v1/cluster")[1]["epoch"]
+    return cluster_view(cluster.urls[0]).epoch
 
 
 def _post(url: str, path: str, body: bytes) -> tuple[int, bytes]:
@@ -56,8 +57,8 @@ def _still_serving(cluster: LocalCluster, epoch: int, what: str) -> None:
         timeout=120,
     )
     assert code == 200 and reply["usage"]["completion_tokens"] == 1, (what, reply)
-    view = http_json(f"{cluster.urls[0]}/v1/cluster")[1]
-    assert (view["epoch"], view["state"]) == (epoch, "ready"), (what, view)
+    view = cluster_view(cluster.urls[0])
+    assert (view.epoch, view.state) == (epoch, "ready"), (what, view)
 
 
 def _check(cluster: LocalCluster, epoch: int, path: str, body: Any, node: int = 0) -> int:

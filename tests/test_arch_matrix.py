@@ -1,13 +1,16 @@
 """Every supported architecture, float and quantized, on 1 to 6 ranks equals single-device mlx-lm.
 
 Each case writes a tiny random checkpoint of the architecture (tests/arch_configs.py: awkward
-head, KV-head and FFN counts), starts real ranks on the MLX ring through `exo-tp launch` with
-random shares, and compares with mlx-lm run whole in this process: prompt logits in fp32
-within 1e-4 (absolute; the tiny models' |logits| stay below ~18) and greedy tokens identical, for
-float and quantized variants alike (quantized slices are bit-exact, so both checks hold).
+head, KV-head and FFN counts) laid out the way real checkpoints are shipped (tests/tiny_models.py:
+Hugging Face names, tied heads omitted, quantized variants through mlx-lm's converter), starts
+real ranks on the MLX ring through `exo-tp launch` with random shares, and compares with mlx-lm
+run whole in this process on the same folder: prompt logits in fp32 within 1e-4 (absolute; the
+tiny models' |logits| stay below ~18) and greedy tokens identical, for float and quantized
+variants alike (quantized slices are bit-exact, so both checks hold).
 
 The default run is a deterministic sample (SAMPLE); `--full-matrix` runs every architecture x
-ranks 1..6 x {float, 4/8-bit at group 32/64/128} (and gpt_oss in MX-FP4).
+ranks 1..6 x {float, 4/8-bit at group 32/64/128} (and gpt_oss in MX-FP4, converted by mlx-lm
+and as OpenAI ships it).
 """
 
 from __future__ import annotations
@@ -38,9 +41,13 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
         for group in (32, 64, 128)
     },
 }
-# gpt-oss ships MX-FP4 experts (scales per 32, no biases): one more variant for it.
+# gpt-oss in MX-FP4 (scales per 32, no biases): every linear, as mlx-lm's converter makes it,
+# and OpenAI's own checkpoint (MX-FP4 experts in their Hugging Face layout, the rest float).
 ARCH_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
-    "gpt_oss": {"mxfp4": {"bits": 4, "group_size": 32, "mode": "mxfp4"}}
+    "gpt_oss": {
+        "mxfp4": {"bits": 4, "group_size": 32, "mode": "mxfp4"},
+        "openai": {"openai_mxfp4": True},
+    }
 }
 
 
@@ -86,8 +93,8 @@ def case(arch: str, variant: str, n: int, zero_rank: int | None = None) -> Case:
 # Each architecture twice with different rank counts: float with more ranks than KV heads
 # (query-head units, KV heads replicated; deepseek_v3 instead has a zero-weight rank), and one
 # quantized variant (all six bit/group combinations appear) with a zero-weight rank in most;
-# N from 1 to 6. deepseek_v3 runs float only here, to keep CI short (its quantized variants
-# run with `--full-matrix`).
+# N from 1 to 6. To keep CI short, gpt_oss runs OpenAI's MX-FP4 form instead of float and
+# deepseek_v3 float only (the others run with `--full-matrix`).
 SAMPLE = [
     case("llama", "float", 4),
     case("llama", "q4g128", 5, zero_rank=2),
@@ -112,7 +119,7 @@ SAMPLE = [
     case("deepseek_v2", "float", 6),
     case("deepseek_v2", "q8g32", 3, zero_rank=1),
     case("deepseek_v3", "float", 4, zero_rank=2),
-    case("gpt_oss", "float", 3),
+    case("gpt_oss", "openai", 3),
     case("gpt_oss", "q8g64", 5, zero_rank=4),
     # MX-FP4 embeddings look up bfloat16: the rank without vocab rows must send bfloat16 zeros
     case("gpt_oss", "mxfp4", 3, zero_rank=1),
@@ -180,3 +187,41 @@ def test_equals_single_device_mlx_lm(tmp_path: Path, tiny: TinyModels, matrix_ca
     ours = launch(tmp_path, tiny.model(c.arch, c.variant), list(c.weights), PROMPT, TOKENS)
     assert_logits_close(ours.logits, reference.logits, atol=1e-4)
     assert ours.report["tokens"] == reference.tokens
+
+
+def test_tied_gemma3_without_lm_head_on_uneven_ranks(tmp_path: Path, tiny: TinyModels) -> None:
+    """Gemma 3 as Google ships it: tied embeddings, so the file has no lm_head.weight (mlx-lm's
+    sanitize then removes the model's lm_head module); 3 uneven ranks equal single-device."""
+    folder = tiny.model("gemma3_text", "float")
+    stored = mx.load(str(folder / "model.safetensors"))
+    assert "lm_head.weight" not in stored and "model.embed_tokens.weight" in stored
+    reference = tiny.reference("gemma3_text", "float")
+    assert min(reference.margins) >= MIN_MARGIN and len(reference.tokens) == TOKENS
+    ours = launch(tmp_path, folder, [0.5, 0.2, 0.3], PROMPT, TOKENS)
+    assert_logits_close(ours.logits, reference.logits, atol=1e-4)
+    assert ours.report["tokens"] == reference.tokens
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_shipped_layout_is_what_mlx_lm_sanitizes(
+    tmp_path: Path, default_models: dict[str, Path], arch: str
+) -> None:
+    """The matrix's checkpoints are in the family's shipped layout, not mlx-lm's: mlx-lm reads
+    them (strictly) into exactly the parameters written in its own layout from the same seed."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+
+    config = tiny_config(arch)
+    tokenizer = default_models["smollm2-135m"]
+    shipped = write_tiny_model(tmp_path / "shipped", config, tokenizer, seed=SEEDS.get(arch, 0))
+    held = write_tiny_model(
+        tmp_path / "mlx", config, tokenizer, seed=SEEDS.get(arch, 0), form="mlx"
+    )
+    model, _ = load_model(shipped, lazy=True)
+    want = mx.load(str(held / "model.safetensors"))
+    if arch == "gemma3_text":  # written in mlx-lm's layout before sanitize drops the tied head
+        want = {k: v for k, v in want.items() if not k.startswith("lm_head.")}
+    got = dict(tree_flatten(model.parameters()))
+    assert got.keys() == want.keys()
+    for name, value in got.items():
+        assert mx.array_equal(value, want[name]), name

@@ -68,21 +68,19 @@ def test_a_split_outside_every_reducing_branch_is_refused() -> None:
 def test_a_module_the_table_misses_is_an_error_not_a_wrong_split(
     tmp_path: Path, default_models: dict[str, Path], table: ArchTable, missing: str
 ) -> None:
-    from mlx_lm.utils import load_model
-
     from exo_tp.plan import load_spec, plan_tensor_parallel
     from exo_tp.plan.slices import RankSelector
     from exo_tp.shard.blocks import BlockSharder
-    from exo_tp.shard.slicing import WeightSlicer
+    from exo_tp.shard.slicing import load_lazily
 
     folder = write_tiny_model(
         tmp_path / "m", tiny_config("qwen3_moe"), default_models["smollm2-135m"]
     )
     plan = plan_tensor_parallel(load_spec(folder), [1])
-    model, _ = load_model(folder, lazy=True)
+    model, _, slicer = load_lazily(folder)
     sharder = BlockSharder(
         table,
-        WeightSlicer(folder, model),
+        slicer,
         [RankSelector(plan, 0)],
         0,
         plan.spec.hidden_size,

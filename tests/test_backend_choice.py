@@ -49,19 +49,20 @@ def test_unmet_jaccl_request_fails_the_cluster_with_a_reason(default_models: dic
     import time
 
     from cluster_helpers import http_json, local_cluster
+    from node_views import cluster_view
 
     with local_cluster(2, extra=("--backend", "jaccl"), ready=False) as cluster:
-        deadline, view = time.monotonic() + 90, {}
+        deadline, view = time.monotonic() + 90, None
         while time.monotonic() < deadline:
             try:
-                view = http_json(f"{cluster.urls[1]}/v1/cluster", timeout=2)[1]
-                if view.get("state") == "failed":
+                view = cluster_view(cluster.urls[1], timeout=2)
+                if view.state == "failed":
                     break
             except OSError:
                 pass
             time.sleep(0.5)
-        assert view.get("state") == "failed", view
-        assert "jaccl" in view["state_reason"]
+        assert view is not None and view.state == "failed", view
+        assert "jaccl" in view.state_reason
         code, reply = http_json(
             f"{cluster.urls[0]}/v1/chat/completions",
             {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}]},

@@ -41,7 +41,7 @@ def _skip_reason() -> str | None:
     return None
 
 
-# Slow (~30 s of three benches); bench/hetero_lab.py profiles a device under a CPU quota too.
+# Slow (~30 s of three benches): run it with --run-slow.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,

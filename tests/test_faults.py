@@ -12,8 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+import node_views
 import psutil
-from cluster_helpers import CLI, free_port_base, http_json, local_cluster, wait_ready
+from cluster_helpers import CLI, free_port_base, local_cluster, wait_ready
+from helpers import wait_gone
 from openai import APIError, OpenAI
 
 MODEL = "smollm2-135m"
@@ -60,20 +62,19 @@ def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
         frozen.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
-            health = {}
+            health = node_views.health(cluster.urls[2])
             while time.monotonic() - stopped_at < 60:  # the frozen node's /health says so
-                health = http_json(cluster.urls[2] + "/health")[1]
-                if health["status"] == "stalled":
+                health = node_views.health(cluster.urls[2])
+                if health.status == "stalled":
                     break
                 time.sleep(0.5)
-            assert health["status"] == "stalled", health
-            assert health["worker"]["stalled"] == "frozen"
+            assert health.status == "stalled", health
+            assert health.worker.stalled == "frozen"
             client.join(60)
             assert not client.is_alive()
             assert len(errors) == 1 and "no progress" in errors[0], errors
             wait_ready(cluster.urls[:2], nodes=2, timeout=120)  # re-planned without it
-            plan = http_json(leader_url + "/v1/plan")[1]
-            assert victim_node not in plan["nodes"]
+            assert victim_node not in node_views.plan_view(leader_url).nodes
             reply = OpenAI(base_url=leader_url + "/v1", api_key="none").chat.completions.create(
                 model=MODEL,
                 messages=[{"role": "user", "content": "Say hi."}],
@@ -124,9 +125,11 @@ def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
         wait_ready([url], nodes=1)
         folders = _rank_folders(node.pid)
         assert folders and all(f.is_dir() for f in folders)
+        tree = [p.pid for p in psutil.Process(node.pid).children(recursive=True)]
         os.killpg(node.pid, signal.SIGKILL)  # no clean-up runs
         node.wait()
-        time.sleep(0.5)
+        # every process that could clean up is gone, so the folders stay for good
+        assert not wait_gone(tree, timeout=10)
         assert all(f.is_dir() for f in folders)
         node = start()
         wait_ready([url], nodes=1)

@@ -18,6 +18,7 @@ from arch_configs import tiny_config
 from cluster_helpers import http_json, loopback_nodes
 from helpers import CLI, launch, mlx_lm_reference, run_cli
 from hub_standin import Repo, StandInHub
+from node_views import plan_view
 from tiny_models import write_tiny_model
 
 REPO = "tiny-org/tiny-llama"
@@ -202,8 +203,7 @@ def test_cluster_one_node_downloads_peers_get_shards(
                 timeout=300,
             )
             assert status == 200, answer
-            status, plan = http_json(f"{nodes.urls[0]}/v1/plan")
-            assert len(plan["nodes"]) == 3
+            assert len(plan_view(nodes.urls[0]).nodes) == 3
         assert trap.requests == []
         assert all(hub.served[shard] == len(hub.repos[REPO].files[shard]) for shard in SHARDS)
         reference = mlx_lm_reference(

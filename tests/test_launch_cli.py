@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import CLI, run_cli
+from helpers import CLI, run_cli, wait_gone
 
 
 def _one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -129,9 +129,5 @@ def test_dead_rank_stops_the_job_with_a_clear_error(default_models: dict[str, Pa
     assert launcher.returncode != 0
     assert "Traceback" not in stderr.splitlines()[-1]
     assert "exo-tp: error: rank 1 exited" in stderr
-    time.sleep(0.5)
-    assert not [
-        pid
-        for pid in workers
-        if Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
-    ]
+    # The ranks die with the launcher (PR_SET_PDEATHSIG): wait for exactly that, a bounded time.
+    assert not wait_gone(workers, timeout=10), "ranks outlived the launcher"

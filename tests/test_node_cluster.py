@@ -16,11 +16,11 @@ from cluster_helpers import (
     Host,
     NamespaceLab,
     can_make_namespaces,
-    http_json,
     wait_ready,
     worker_pids,
 )
 from helpers import mlx_lm_reference
+from node_views import cluster_view, plan_view
 from openai import APIError, OpenAI
 
 pytestmark = pytest.mark.skipif(
@@ -79,19 +79,19 @@ def reference(default_models: dict[str, Path]) -> str:
 
 
 def test_nodes_discover_each_other_and_agree_on_a_leader(lab: Lab) -> None:
-    views = [http_json(f"{url}/v1/cluster")[1] for url in lab.urls]
+    views = [cluster_view(url) for url in lab.urls]
     for view in views:
-        assert sorted(n["node_id"] for n in view["nodes"] if n["alive"]) == [
+        assert sorted(n.node_id for n in view.nodes if n.alive) == [
             "node-0",
             "node-1",
             "node-2",
         ]
-        assert view["leader"] == "node-0"
-    hosts = {n["node_id"]: n["host"] for n in views[2]["nodes"]}
+        assert view.leader == "node-0"
+    hosts = {n.node_id: n.host for n in views[2].nodes}
     assert hosts == {f"node-{i}": h.ip for i, h in enumerate(lab.hosts)}
-    plan = http_json(f"{lab.urls[1]}/v1/plan")[1]
-    assert plan["nodes"] == ["node-0", "node-1", "node-2"]
-    assert plan["plan"]["weights"] == pytest.approx([0.5, 0.3, 0.2])
+    plan = plan_view(lab.urls[1])
+    assert plan.nodes == ("node-0", "node-1", "node-2") and plan.plan is not None
+    assert plan.plan.weights == pytest.approx([0.5, 0.3, 0.2])
 
 
 def test_openai_client_matches_single_device(lab: Lab, reference: str) -> None:
@@ -122,21 +122,24 @@ def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
         env={"EXO_TP_SECRET": secrets.token_hex(16)},
     )  # not the cluster's
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the intruder is up and announcing
-            try:
-                if http_json(f"{intruder.url}/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
-        time.sleep(6)  # several announcement rounds
+        # Wait for the event that decides admission: every member has resolved the intruder's
+        # announcement and refused it, and the intruder has refused every member's. Only then
+        # is "not admitted" a fact rather than "not yet".
+        def refused(host: Host, names: list[str]) -> bool:
+            text = host.log.read_text() if host.log and host.log.exists() else ""
+            return all(f"ignored announcement {name}-" in text for name in names)
+
+        members = [f"node-{i}" for i in range(len(lab.hosts))]
+        deadline = time.monotonic() + 90
+        while not (all(refused(h, ["intruder"]) for h in lab.hosts) and refused(intruder, members)):
+            assert time.monotonic() < deadline, "an announcement was never refused"
+            time.sleep(0.5)
         for url in lab.urls:
-            ids = [n["node_id"] for n in http_json(f"{url}/v1/cluster")[1]["nodes"]]
+            ids = [n.node_id for n in cluster_view(url).nodes]
             assert "intruder" not in ids
-        intruder_view = http_json(f"{intruder.url}/v1/cluster")[1]
-        assert [n["node_id"] for n in intruder_view["nodes"]] == ["intruder"]
-        assert "ignored announcement" in lab.hosts[0].log.read_text()  # type: ignore[union-attr]
-        assert http_json(f"{lab.urls[0]}/v1/plan")[1]["nodes"] == ["node-0", "node-1", "node-2"]
+        intruder_view = cluster_view(intruder.url)
+        assert [n.node_id for n in intruder_view.nodes] == ["intruder"]
+        assert plan_view(lab.urls[0]).nodes == ("node-0", "node-1", "node-2")
     finally:
         lab.lab.stop_node(intruder)
 
@@ -144,7 +147,8 @@ def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
 def test_killed_worker_fails_the_request_fast_then_cluster_recovers(
     lab: Lab, reference: str
 ) -> None:
-    epoch = http_json(f"{lab.urls[0]}/v1/plan")[1]["epoch"]
+    epoch = plan_view(lab.urls[0]).epoch
+    assert epoch is not None
     outcome: dict[str, object] = {}
     first_token = threading.Event()
 
@@ -178,7 +182,7 @@ def test_killed_worker_fails_the_request_fast_then_cluster_recovers(
     assert float(outcome["at"]) - killed < 10  # type: ignore[arg-type]
 
     wait_ready(lab.urls, nodes=3, timeout=180)
-    assert http_json(f"{lab.urls[0]}/v1/plan")[1]["epoch"] > epoch
+    assert (plan_view(lab.urls[0]).epoch or 0) > epoch
     again = lab.client(2).chat.completions.create(
         model=MODEL, temperature=0, max_tokens=24, messages=[{"role": "user", "content": QUESTION}]
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import http_json, local_cluster, wait_ready
 from helpers import mlx_lm_reference
+from node_views import cluster_view, plan_view
 
 from exo_tp.plan.devices import DeviceProfile
 
@@ -40,12 +41,12 @@ def test_planner_leaves_a_slow_node_out(tmp_path: Path, default_models: dict[str
     extra = ("--profiles", ",".join(map(str, profiles)))
     with local_cluster(3, ready=False, extra=extra) as cluster:
         wait_ready(cluster.urls, nodes=2)  # every node, the left-out one too, shows 2 ranks
-        code, plan = http_json(f"{cluster.urls[2]}/v1/plan")
-        assert code == 200 and plan["nodes"] == ["local-0", "local-1"], plan
-        assert plan["plan"]["weights"] == pytest.approx([0.5, 0.5])
-        assert plan["predicted"]["tokens_per_second"] > 0
-        code, view = http_json(f"{cluster.urls[0]}/v1/cluster")
-        assert sorted(n["node_id"] for n in view["nodes"]) == ["local-0", "local-1", "local-2"]
+        plan = plan_view(cluster.urls[2])
+        assert plan.nodes == ("local-0", "local-1") and plan.plan is not None, plan
+        assert plan.plan.weights == pytest.approx([0.5, 0.5])
+        assert plan.predicted is not None and plan.predicted.tokens_per_second > 0
+        view = cluster_view(cluster.urls[0])
+        assert sorted(n.node_id for n in view.nodes) == ["local-0", "local-1", "local-2"]
         # The left-out node still answers, through the leader.
         code, answer = http_json(
             f"{cluster.urls[2]}/v1/chat/completions",

@@ -7,11 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import http_json, local_cluster, loopback_nodes
+from cluster_helpers import local_cluster, loopback_nodes
 from helpers import tcp_loopback_reference
+from node_views import cluster_view, plan_view
 
 from exo_tp.node.announcement import SERVICE_TYPE, Announcement
 from exo_tp.node.formation import node_weights
+from exo_tp.node.views import ClusterView
 from exo_tp.plan.devices import DeviceProfile, MatmulScore, ProfileSummary, read_profile
 from exo_tp.profile.system import system_info
 
@@ -141,11 +143,11 @@ def _announcements(
     return found
 
 
-def _wait_links(url: str, count: int, timeout: float = 10) -> dict:
+def _wait_links(url: str, count: int, timeout: float = 10) -> ClusterView:
     deadline = time.monotonic() + timeout
     while True:
-        view = http_json(url + "/v1/cluster")[1]
-        if len(view["links"]) >= count or time.monotonic() > deadline:
+        view = cluster_view(url)
+        if len(view.links) >= count or time.monotonic() > deadline:
             return view
         time.sleep(0.3)
 
@@ -165,7 +167,7 @@ def test_nodes_announce_their_scores_plan_with_them_and_show_measured_links(
     with loopback_nodes([["--profile", str(f)] for f in files], Q4_MODEL, tmp_path) as nodes:
         txt = _announcements(nodes.cluster, nodes.secret, 2)
         view = _wait_links(nodes.urls[1], 1)
-        plan = http_json(nodes.urls[1] + "/v1/plan")[1]
+        plan = plan_view(nodes.urls[1])
     one_way, rate = tcp_loopback_reference()
 
     for i, profile in enumerate(profiles):
@@ -177,29 +179,28 @@ def test_nodes_announce_their_scores_plan_with_them_and_show_measured_links(
         # a few numbers, not the kernel table (mDNS packets are small)
         assert sum(len(k) + len(v or b"") + 1 for k, v in record.items()) < 600, record
 
-    assert plan["nodes"] == ["n0", "n1"]
-    assert plan["plan"]["weights"] == pytest.approx([0.75, 0.25])
+    assert plan.nodes == ("n0", "n1") and plan.plan is not None
+    assert plan.plan.weights == pytest.approx([0.75, 0.25])
 
-    nodes_seen = {n["node_id"]: n for n in view["nodes"]}
     for i, profile in enumerate(profiles):
-        shown = nodes_seen[f"n{i}"]
-        assert shown["decode_seconds_per_byte"] == profile.decode_seconds_per_byte
-        summary = shown["profile"]
+        shown = view.node(f"n{i}")
+        assert shown.decode_seconds_per_byte == profile.decode_seconds_per_byte
+        summary = shown.profile
+        assert summary is not None
         for field in set(SUMMARY_FIELDS) - {"memory_total", "memory_available", "backends"}:
-            assert summary[field] == getattr(profile, field), field
-        assert summary["backends"] == list(profile.backends)
-        assert summary["memory_total"] == _meminfo_total()  # read when the node started
-        assert summary["seconds_per_byte"]["q4g32"] == pytest.approx(
-            profile.seconds_per_byte("q4g32")
-        )
+            assert getattr(summary, field) == getattr(profile, field), field
+        assert summary.backends == profile.backends
+        assert summary.memory_total == _meminfo_total()  # read when the node started
+        assert summary.seconds_per_byte["q4g32"] == pytest.approx(profile.seconds_per_byte("q4g32"))
 
-    (link,) = view["links"]
-    assert {link["a"], link["b"]} == {"n0", "n1"}
-    assert link["up"] and link["group_size"] == 2
+    (link,) = view.links
+    assert {link.a, link.b} == {"n0", "n1"}
+    assert link.up and link.group_size == 2
+    assert link.send_recv_latency and link.all_sum_latency and link.all_sum_bandwidth, link
     # same order of magnitude as plain TCP on the same loopback: catches unit mistakes
-    assert one_way / 10 < link["send_recv_latency"] < one_way * 100, (link, one_way)
-    assert link["send_recv_latency"] < link["all_sum_latency"] * 5, link
-    assert rate / 100 < link["all_sum_bandwidth"] < rate * 4, (link, rate)
+    assert one_way / 10 < link.send_recv_latency < one_way * 100, (link, one_way)
+    assert link.send_recv_latency < link.all_sum_latency * 5, link
+    assert rate / 100 < link.all_sum_bandwidth < rate * 4, (link, rate)
 
 
 def test_first_start_measures_one_quick_profile_for_a_local_cluster(
@@ -215,15 +216,16 @@ def test_first_start_measures_one_quick_profile_for_a_local_cluster(
         env={"EXO_TP_HOME": str(home)},
         log=log,
     ) as cluster:
-        view = http_json(cluster.urls[1] + "/v1/cluster")[1]
-        plan = http_json(cluster.urls[1] + "/v1/plan")[1]
+        view = cluster_view(cluster.urls[1])
+        plan = plan_view(cluster.urls[1])
     cached = read_profile(home / "profile.json")
     assert cached.quick and cached.kernels
     assert log.read_text().count("measuring a quick one") == 1, log.read_text()[-3000:]
-    for node in view["nodes"]:
-        assert node["profile"]["decode_seconds_per_byte"] == cached.decode_seconds_per_byte
-        assert node["profile"]["chip"] == cached.chip
-    assert plan["plan"]["weights"] == pytest.approx([0.5, 0.5])
+    for node in view.nodes:
+        assert node.profile is not None
+        assert node.profile.decode_seconds_per_byte == cached.decode_seconds_per_byte
+        assert node.profile.chip == cached.chip
+    assert plan.plan is not None and plan.plan.weights == pytest.approx([0.5, 0.5])
 
 
 def test_manual_weight_measures_nothing(tmp_path: Path, default_models: dict[str, Path]) -> None:
@@ -236,12 +238,12 @@ def test_manual_weight_measures_nothing(tmp_path: Path, default_models: dict[str
             deadline = time.monotonic() + 30
             while True:  # the API is up once the node has its profile (or none)
                 try:
-                    view = http_json(nodes.urls[0] + "/v1/cluster", timeout=2)[1]
+                    view = cluster_view(nodes.urls[0], timeout=2)
                     break
                 except OSError:
                     assert time.monotonic() < deadline, "node never came up"
                     time.sleep(0.3)
     assert list(home.iterdir()) == []  # nothing measured, nothing cached
-    (node,) = view["nodes"]
-    assert node["weight"] == 2 and node["decode_seconds_per_byte"] == 0
+    (node,) = view.nodes
+    assert node.weight == 2 and node.decode_seconds_per_byte == 0
     assert "measuring" not in (tmp_path / "n0.log").read_text()

@@ -104,16 +104,17 @@ def test_architectures_without_stage_support_are_refused() -> None:
 def test_cluster_serves_a_hybrid_plan(default_models: dict[str, Path]) -> None:
     """`exo-tp run --local-nodes 3 --stages 2,1`: the leader's stage runs the first layers, the
     last node the rest; requests reach that node's conductor over the leader's channel."""
-    from cluster_helpers import http_json, local_cluster
+    from cluster_helpers import local_cluster
+    from node_views import plan_view
     from openai import OpenAI
 
     question = "What is the capital of France?"
     reference = mlx_lm_reference(default_models["smollm2-135m"], question, 24).text
     with local_cluster(3, weights=[5, 3, 2], extra=("--stages", "2,1")) as cluster:
-        plan = http_json(f"{cluster.urls[1]}/v1/plan")[1]
-        assert [s["ranks"] for s in plan["stages"]] == [[0, 1], [2]]
-        assert [s["layers"]["stop"] - s["layers"]["start"] for s in plan["stages"]] == [24, 6]
-        assert plan["stages"][0]["plan"]["weights"] == pytest.approx([5 / 8, 3 / 8])
+        plan = plan_view(cluster.urls[1])
+        assert [s.ranks for s in plan.stages] == [(0, 1), (2,)]
+        assert [s.layers.stop - s.layers.start for s in plan.stages] == [24, 6]
+        assert plan.stages[0].plan.weights == pytest.approx([5 / 8, 3 / 8])
         for url in (cluster.urls[0], cluster.urls[2]):
             client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
             reply = client.chat.completions.create(

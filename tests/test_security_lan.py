@@ -24,7 +24,10 @@ from pathlib import Path
 import pytest
 from cluster_helpers import CLI, Host, NamespaceLab, can_make_namespaces, http_json, wait_ready
 from helpers import mlx_lm_reference
+from node_views import plan_view
 from openai import AuthenticationError, OpenAI
+
+from exo_tp.node.views import ClusterView
 
 pytestmark = pytest.mark.skipif(
     can_make_namespaces() is not None, reason=str(can_make_namespaces())
@@ -149,7 +152,7 @@ def _control_port(log: str) -> int:
 
 
 def test_stranger_signing_with_the_empty_or_a_wrong_key_gets_nothing_done(lab: Lab) -> None:
-    before = http_json(f"{lab.urls[0]}/v1/plan", headers=AUTH)[1]
+    before = plan_view(lab.urls[0], headers=AUTH)
     controls = [f"{h.ip}:{_control_port(lab.log(i))}" for i, h in enumerate(lab.nodes)]
     wrong = secrets.token_hex(16)
     result = lab.in_stranger(
@@ -172,15 +175,11 @@ def test_stranger_signing_with_the_empty_or_a_wrong_key_gets_nothing_done(lab: L
     assert len(statuses) == 2 * 2 * 4
     assert set(statuses.values()) == {401}, statuses
     for i, url in enumerate(lab.urls):  # the forged announcement did not make a member
-        view = http_json(f"{url}/v1/cluster", headers=AUTH)[1]
-        assert sorted(n["node_id"] for n in view["nodes"]) == ["node-a", "node-b"]
+        view = ClusterView.model_validate(http_json(f"{url}/v1/cluster", headers=AUTH)[1])
+        assert sorted(n.node_id for n in view.nodes) == ["node-a", "node-b"]
         assert "ignored announcement intruder" in lab.log(i)
-    after = http_json(f"{lab.urls[1]}/v1/plan", headers=AUTH)[1]
-    assert (after["epoch"], after["state"], after["nodes"]) == (
-        before["epoch"],
-        "ready",
-        ["node-a", "node-b"],
-    )
+    after = plan_view(lab.urls[1], headers=AUTH)
+    assert (after.epoch, after.state, after.nodes) == (before.epoch, "ready", ("node-a", "node-b"))
 
 
 def test_lan_client_needs_the_api_key(lab: Lab, reference: str) -> None:

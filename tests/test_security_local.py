@@ -232,6 +232,8 @@ CHROME_FLAGS = (
 DIALOG = """const d = document.getElementById('key-dialog');
 return {open: d.open, message: document.getElementById('key-message').textContent,
         epoch: document.body.dataset.planEpoch || ''};"""
+POLLS = """return performance.getEntriesByType('resource')
+  .filter((e) => new URL(e.name).pathname === '/v1/cluster').length;"""
 LAST_ANSWER = """const all = document.querySelectorAll('#messages .message.assistant');
 const last = all[all.length - 1];
 return last ? [last.dataset.state, last.querySelector('.content').textContent] : null;"""
@@ -302,7 +304,10 @@ def test_web_ui_asks_for_the_key_once_and_keeps_it(
         "the page did not load the cluster with the key",
     )
     assert browser.execute_script("return localStorage.getItem('exo-tp-api-key')") == KEY
-    time.sleep(2.5)  # a poll round later: asked once, not again
+    # Asked once, not again: wait until two more /v1/cluster polls have completed (the page
+    # starts the next poll only after handling the last one), then the dialog must be shut.
+    polls = browser.execute_script(POLLS)
+    _until(lambda: browser.execute_script(POLLS) >= polls + 2, 20, "the page stopped polling")
     assert not browser.execute_script(DIALOG)["open"]
 
     for element_id, value in (
@@ -407,19 +412,19 @@ def test_leader_death_gives_a_proxied_request_a_503(cluster: LocalCluster) -> No
             body.encode(),
         )
 
-    leader = _node(cluster, 0)
-    port = urlparse(cluster.urls[0]).port
     thread = threading.Thread(target=long_request)
     thread.start()
+    # passed on over the leader's cluster listener: its dispatcher shows the request
     _until(
-        lambda: any(
-            c.laddr.port == port and c.status == "ESTABLISHED"
-            for c in leader.net_connections("tcp")
+        lambda: (
+            http_json(f"{cluster.urls[0]}/v1/cluster", headers=AUTH, timeout=2)[1]["serving"][
+                "in_flight"
+            ]
+            > 0
         ),
         30,
         "the request never reached the leader",
     )
-    time.sleep(1)
     _kill_leader_node(cluster)
     thread.join(timeout=30)
     assert not thread.is_alive(), "the proxied request hung"

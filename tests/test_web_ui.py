@@ -21,7 +21,7 @@ import psutil
 import pytest
 from cluster_helpers import LocalCluster, http_json, local_cluster
 
-from exo_tp.api.views import plan_view
+from exo_tp.node.views import plan_view
 from exo_tp.plan import load_spec
 from exo_tp.plan.cluster import Cluster, DeviceCost
 from exo_tp.plan.pipeline import plan_pipeline
@@ -253,9 +253,14 @@ def test_page_shows_three_devices_and_the_plan(cluster: LocalCluster, page: Any)
 
     # exact counts on hover
     target = page.find_element(By.CSS_SELECTOR, '#layout [data-kind="vocab_padding"]')
-    # scroll first: a scroll event hides the tooltip, and would race the hover
-    page.execute_script("arguments[0].scrollIntoView({block: 'center'})", target)
-    time.sleep(0.3)
+    # scroll first: a scroll event hides the tooltip, and would race the hover. A frame's scroll
+    # events are dispatched before its animation-frame callbacks, so two frames later they are done.
+    page.execute_async_script(
+        """const [element, done] = arguments;
+        element.scrollIntoView({block: 'center'});
+        requestAnimationFrame(() => requestAnimationFrame(() => done()));""",
+        target,
+    )
     ActionChains(page).move_to_element(target).perform()
     tip = page.find_element(By.ID, "tooltip")
     wait(page, lambda d: tip.is_displayed(), 5, "no tooltip on hover")
@@ -385,13 +390,9 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
         )
     )
     prediction = predict(pipeline, range(5), devices)
-    response = {
-        "epoch": 9,
-        "state": "ready",
-        "model": MODEL,
-        "nodes": nodes,
-        **plan_view(pipeline, prediction),
-    }
+    response = plan_view(
+        pipeline, prediction, epoch=9, state="ready", model=MODEL, nodes=tuple(nodes)
+    ).model_dump(mode="json")
     local = [
         (stage.ranks[i], shard)
         for stage in pipeline.stages

@@ -28,7 +28,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -37,9 +36,10 @@ from helpers import mlx_lm_reference
 from openai import OpenAI
 from safetensors import safe_open
 
+from exo_tp.node.views import ClusterView, NodeWeightsView, PlanView
+from exo_tp.node.weight_messages import FetchSummary
 from exo_tp.plan import plan_tensor_parallel
-from exo_tp.plan.pipeline import PipelinePlan, Stage, single_stage
-from exo_tp.plan.shard_plan import ShardPlan, Span
+from exo_tp.plan.pipeline import PipelinePlan, single_stage
 from exo_tp.security.signing import control_headers
 from exo_tp.weights.boxes import Boxes, rank_boxes
 from exo_tp.weights.build import manifest_for
@@ -88,17 +88,21 @@ class Cluster:
     def url(self, i: int) -> str:
         return self.hosts[i].url
 
-    def me(self, i: int) -> dict[str, Any]:
-        """node-i's own entry in its /v1/cluster (its status as it reports it)."""
-        view = http_json(f"{self.url(i)}/v1/cluster")[1]
-        return next(n for n in view["nodes"] if n["node_id"] == f"node-{i}")
+    def me(self, i: int) -> NodeWeightsView:
+        """node-i's weights in its own /v1/cluster (its status as it reports it)."""
+        view = ClusterView.model_validate(http_json(f"{self.url(i)}/v1/cluster")[1])
+        weights = view.node(f"node-{i}").weights
+        assert weights is not None
+        return weights
 
     def served(self, i: int) -> ServedStats:
-        return ServedStats.model_validate(self.me(i)["weights"]["status"]["served"])
+        served = self.me(i).status.served
+        assert served is not None
+        return served
 
-    def fetches(self, i: int) -> list[dict[str, Any]]:
-        status = self.me(i)["weights"]["status"]
-        return [f for f in [status["fetch"], *status["recent"]] if f]
+    def fetches(self, i: int) -> list[FetchSummary]:
+        status = self.me(i).status
+        return [f for f in [status.fetch, *status.recent] if f]
 
     def fault(self, i: int, options: ServeOptions) -> None:
         path = "/weights/test-options"
@@ -132,16 +136,10 @@ class Cluster:
 
 def served_plan(url: str) -> tuple[list[str], PipelinePlan]:
     """The node per rank and the plan the cluster runs, from /v1/plan."""
-    view = http_json(f"{url}/v1/plan")[1]
-    stages = tuple(
-        Stage(
-            ranks=tuple(s["ranks"]),
-            layers=Span(**s["layers"]),
-            tp=ShardPlan.model_validate(s["plan"]),
-        )
-        for s in view["stages"]
-    )
-    return view["nodes"], PipelinePlan(spec=stages[0].tp.spec, stages=stages)
+    view = PlanView.model_validate(http_json(f"{url}/v1/plan")[1])
+    plan = view.pipeline()
+    assert plan is not None, view
+    return list(view.nodes), plan
 
 
 def assert_store_is_the_file(
@@ -203,9 +201,10 @@ def test_one_copy_serves_like_mlx_lm(
         share = rank_boxes(q4, plan, nodes.index(f"node-{i}"))
         shares[i] = share.nbytes(q4)
         assert source.bytes_by_requester[f"node-{i}"] == shares[i]  # counted by node-2
-        weights = cluster.me(i)["weights"]
-        assert weights["holds"] == "store" and weights["held_bytes"] == shares[i]
-        assert weights["fetch"]["progress"]["bytes_done"] == shares[i]
+        weights = cluster.me(i)
+        assert weights.holds == "store" and weights.held_bytes == shares[i]
+        assert weights.fetch is not None and weights.fetch.progress is not None
+        assert weights.fetch.progress.bytes_done == shares[i]
         assert_store_is_the_file(cluster.store(i, q4), default_models[Q4], q4, share)
         assert not (cluster.home(i) / "models").exists()  # no model folder, ever
         assert "files" not in cluster.served(i).bytes_by_source
@@ -293,10 +292,10 @@ def test_another_model_loads_through_a_flipped_byte_and_a_killed_source(
     assert {m["id"]: m["loaded"] for m in models} == {FLOAT: True, Q4: False}
 
     assert cluster.served(2).corrupted_chunks == 1
-    fetches = [f for i in (0, 1) for f in cluster.fetches(i) if f["name"] == FLOAT]
-    progress = [f["progress"] for f in fetches if f["progress"]]
-    assert sum(p["corrupt_pieces"] for p in progress) >= 1  # caught, fetched again
-    assert any("node-3" in p["failed_sources"] for p in progress)  # fell back to node-2
+    fetches = [f for i in (0, 1) for f in cluster.fetches(i) if f.name == FLOAT]
+    progress = [f.progress for f in fetches if f.progress]
+    assert sum(p.corrupt_pieces for p in progress) >= 1  # caught, fetched again
+    assert any("node-3" in p.failed_sources for p in progress)  # fell back to node-2
     manifest = manifest_for(default_models[FLOAT])
     nodes, plan = served_plan(cluster.url(0))
     for rank, node in enumerate(nodes):

@@ -1,15 +1,36 @@
-"""Tiny random mlx-lm checkpoints with awkward shapes, written with mlx-lm's own classes."""
+"""Tiny random checkpoints with awkward shapes, laid out the way real ones are shipped.
+
+The random weights come from mlx-lm's own classes; the file is then what a user downloads:
+
+- float checkpoints in the family's Hugging Face layout: a tied LM head is omitted, MoE experts
+  are stored one by one, DeepSeek V3 stores kv_b_proj (mlx-lm splits it into embed_q and
+  unembed_out), and Llama/Qwen2 keep the rotary ``inv_freq`` buffers old exports carry; mlx-lm's
+  ``sanitize`` turns each of these into the model's parameters at load time;
+- quantized checkpoints made from that float checkpoint by mlx-lm's own converter
+  (``mlx_lm.convert -q``), so the layout and the per-layer ``quantization`` config are what
+  mlx-lm writes;
+- gpt-oss as OpenAI ships it (``openai_mxfp4``): MX-FP4 experts as ``*_blocks``/``*_scales``
+  with gate and up interleaved, everything else float, and a ``quantization_config``.
+
+``form="mlx"`` writes the parameters as mlx-lm holds them instead (an already converted model).
+"""
 
 from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+from contextlib import redirect_stdout
+from io import StringIO
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.convert import convert
 from mlx_lm.utils import _get_classes, quantize_model
+
+Form = Literal["shipped", "mlx"]
 
 
 def write_tiny_model(
@@ -19,37 +40,78 @@ def write_tiny_model(
     dtype: mx.Dtype = mx.float32,
     seed: int = 0,
     quantize: dict[str, Any] | None = None,
+    form: Form = "shipped",
 ) -> Path:
     """Random weights for ``config`` (scaled so activations stay O(1)), plus a real tokenizer.
 
-    ``quantize`` ({"group_size": g, "bits": b, optional "mode"}) quantizes with mlx-lm's own
-    quantize_model, so per-layer choices (e.g. 8-bit group-64 MoE routers) and the config are
-    what mlx-lm writes; modules whose input width is not a multiple of g stay float.
+    ``quantize`` ({"group_size": g, "bits": b, optional "mode"}) quantizes with mlx-lm's
+    converter (modules whose input width is not a multiple of g stay float);
+    ``{"openai_mxfp4": True}`` writes gpt-oss's own MX-FP4 layout instead.
     """
     folder.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
+    args = args_class.from_dict(config)
+    model = model_class(args)
     params = {}
     for name, value in tree_flatten(model.parameters()):
         if name.endswith("norm.weight"):
             params[name] = 1.0 + 0.1 * mx.random.normal(value.shape)
         else:
             params[name] = 0.08 * mx.random.normal(value.shape)
-    model.load_weights(list(params.items()))
-    if quantize:
-        model, config = quantize_model(
-            model,
-            config,
-            quantize["group_size"],
-            quantize["bits"],
-            mode=quantize.get("mode", "affine"),
-        )
-    weights = {
-        k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-        for k, v in tree_flatten(model.parameters())
-    }
-    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    if quantize and quantize.get("openai_mxfp4"):
+        weights, config = _openai_mxfp4(params, config, dtype)
+        _write(folder, weights, config, tokenizer_from)
+        return folder
+    if form == "mlx":
+        model.load_weights(list(params.items()))
+        if quantize:
+            model, config = quantize_model(
+                model,
+                config,
+                quantize["group_size"],
+                quantize["bits"],
+                mode=quantize.get("mode", "affine"),
+            )
+        weights = dict(tree_flatten(model.parameters()))
+        _write(folder, weights, config, tokenizer_from, dtype, layout="mlx")
+        return folder
+    if not quantize:
+        _write(folder, _shipped(params, config, args), config, tokenizer_from, dtype)
+        return folder
+    # Quantized: the float checkpoint as shipped, through mlx-lm's converter (into a fresh
+    # folder: convert refuses an existing one).
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        source = Path(tmp) / "hf"
+        _write(source, _shipped(params, config, args), config, tokenizer_from, dtype)
+        shutil.rmtree(folder)
+        with redirect_stdout(StringIO()):
+            convert(
+                str(source),
+                str(folder),
+                quantize=True,
+                q_group_size=quantize["group_size"],
+                q_bits=quantize["bits"],
+                q_mode=quantize.get("mode", "affine"),
+            )
+    return folder
+
+
+def _write(
+    folder: Path,
+    weights: dict[str, mx.array],
+    config: dict[str, Any],
+    tokenizer_from: Path,
+    dtype: mx.Dtype | None = None,
+    layout: str = "pt",
+) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if dtype is not None:
+        weights = {
+            k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+            for k, v in weights.items()
+        }
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": layout})
     (folder / "config.json").write_text(json.dumps(config))
     shutil.copy(tokenizer_from / "tokenizer_config.json", folder / "tokenizer_config.json")
     write_tokenizer(
@@ -57,7 +119,101 @@ def write_tiny_model(
         tokenizer_from / "tokenizer.json",
         config.get("vocab_size") or config["text_config"]["vocab_size"],
     )
-    return folder
+
+
+def tied(config: dict[str, Any], args: Any) -> bool:
+    """Whether the checkpoint ties its LM head: config.json says so, or else mlx-lm's default
+    for the family (families without the setting keep their head)."""
+    return bool(config.get("tie_word_embeddings", getattr(args, "tie_word_embeddings", False)))
+
+
+# Per-expert names in the Hugging Face checkpoints: (stacked module, per-expert module format,
+# {stacked projection: per-expert projection}).
+_GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
+_EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "mixtral": (
+        "block_sparse_moe.switch_mlp",
+        "block_sparse_moe.experts.{e}",
+        {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
+    ),
+    "qwen3_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "qwen2_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "deepseek_v2": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "deepseek_v3": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+}
+# Families whose Hugging Face exports may carry rotary inv_freq buffers (mlx-lm drops them).
+_INV_FREQ = {"llama", "mistral", "qwen2"}
+
+
+def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> dict[str, mx.array]:
+    """mlx-lm's parameters in the family's Hugging Face checkpoint layout (what mlx-lm's
+    ``sanitize`` undoes)."""
+    arch = config["model_type"]
+    out: dict[str, mx.array] = {}
+    for name, value in params.items():
+        if name.startswith("lm_head.") and tied(config, args):
+            continue  # a tied head is not stored
+        out[name] = value
+    if arch in _EXPERTS:
+        stacked, single, names = _EXPERTS[arch]
+        for name in [n for n in out if f".{stacked}." in n]:
+            layer, _, rest = name.partition(f".{stacked}.")
+            proj, _, part = rest.partition(".")
+            value = out.pop(name)
+            for e in range(value.shape[0]):
+                out[f"{layer}.{single.format(e=e)}.{names[proj]}.{part}"] = value[e]
+    if arch == "deepseek_v3":
+        # kv_b_proj: per head, nope rows of keys then v_head_dim rows of values, over the latent.
+        for name in [n for n in out if n.endswith(".self_attn.embed_q.weight")]:
+            prefix = name.removesuffix(".embed_q.weight")
+            wk = out.pop(name).swapaxes(-1, -2)  # (heads, nope, latent)
+            wv = out.pop(f"{prefix}.unembed_out.weight")  # (heads, v, latent)
+            kv_b = mx.concatenate([wk, wv], axis=1)
+            out[f"{prefix}.kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    if arch in _INV_FREQ:
+        dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        theta = config.get("rope_theta", 10000.0)
+        inv_freq = 1.0 / (theta ** (mx.arange(0, dim, 2, dtype=mx.float32) / dim))
+        for i in range(config["num_hidden_layers"]):
+            out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = inv_freq
+    return out
+
+
+def _openai_mxfp4(
+    params: dict[str, mx.array], config: dict[str, Any], dtype: mx.Dtype
+) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    """gpt-oss as OpenAI ships it: experts in MX-FP4 (uint8 blocks of 16 bytes and uint8
+    scales per 32 inputs), gate and up interleaved row by row in one gate_up_proj."""
+    out: dict[str, mx.array] = {}
+    experts: dict[str, dict[str, mx.array]] = {}
+    for name, value in params.items():
+        if ".mlp.experts." in name:
+            prefix, _, rest = name.partition(".mlp.experts.")
+            experts.setdefault(f"{prefix}.mlp.experts", {})[rest] = value
+        else:
+            out[name] = value.astype(dtype)
+
+    def blocks(w: mx.array, key: str) -> None:
+        q, scales = mx.quantize(w, group_size=32, bits=4, mode="mxfp4")
+        out[f"{key}_blocks"] = q.view(mx.uint8).reshape(*w.shape[:-1], w.shape[-1] // 32, 16)
+        out[f"{key}_scales"] = scales
+
+    for prefix, p in experts.items():
+        gate, up = p["gate_proj.weight"], p["up_proj.weight"]
+        gate_up = mx.stack([gate, up], axis=-2).reshape(gate.shape[0], -1, gate.shape[-1])
+        blocks(gate_up, f"{prefix}.gate_up_proj")
+        bias = mx.stack([p["gate_proj.bias"], p["up_proj.bias"]], axis=-1)
+        out[f"{prefix}.gate_up_proj_bias"] = bias.reshape(bias.shape[0], -1).astype(dtype)
+        blocks(p["down_proj.weight"], f"{prefix}.down_proj")
+        out[f"{prefix}.down_proj_bias"] = p["down_proj.bias"].astype(dtype)
+    config = {
+        **config,
+        "quantization_config": {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router"],
+        },
+    }
+    return out, config
 
 
 def write_tokenizer(path: Path, source: Path, vocab_size: int) -> None:

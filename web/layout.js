@@ -58,7 +58,7 @@ export function normalizePlan(response) {
 // Pipeline stages when the plan has several; else one group of every rank (pure TP).
 function stageGroups(response) {
   const plan = response.plan;
-  const stages = response.stages ?? plan.stages;
+  const stages = response.stages;
   const layers = { start: 0, stop: plan.spec.num_layers };
   if (!Array.isArray(stages) || stages.length <= 1) {
     return [{ index: 0, ranks: plan.ranks.map((r) => r.rank), layers }];
@@ -265,7 +265,7 @@ export function specLine(spec) {
 }
 
 export function predictedView(response) {
-  const predicted = response.predicted ?? response.plan?.predicted;
+  const predicted = response.predicted;
   if (!predicted || !(predicted.tokens_per_second > 0)) {
     return h("div", { class: "predicted-none", dataset: { predicted: "" } },
       `predicted tokens/s: ${NOT_MEASURED}`);

@@ -44,8 +44,6 @@ from exo_tp.api.openai_schema import SamplingFields
 from exo_tp.frozen import replace
 from exo_tp.wire.runtime import Delta, Done
 
-ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
-
 
 def _prompt(node: Backend, parsed: CountTokensRequest | MessagesRequest) -> Prompt:
     use = choose_tools(parsed.chat_tools(), parsed.chat_tool_choice(), node.tokenizer)
@@ -199,7 +197,3 @@ async def _stream(
     finally:
         await events.aclose()
     return await stream.close()
-
-
-def anthropic_error(error: ApiError) -> web.Response:
-    return web.json_response(error.anthropic_body(), status=error.status)

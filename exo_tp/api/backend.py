@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from pydantic import BaseModel
 
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
@@ -20,8 +21,9 @@ class Backend(Protocol):
     defaults: GenerationDefaults  # what a request that omits a field gets
     started: float  # unix time the node started
 
-    def health(self) -> dict[str, Any]:
-        """/health: this node's state and its worker's (incl. a stall)."""
+    def health(self) -> BaseModel:
+        """/health: this node's state and its worker's (incl. a stall), as a typed view (the
+        API sends its JSON; the node defines its shape)."""
 
     def serving_state(self) -> str:
         """forming, loading, ready, failed or unknown."""
@@ -29,8 +31,13 @@ class Backend(Protocol):
     def leader_id(self) -> str | None: ...
 
     def generation_url(self) -> str | None:
-        """The API of the node that runs generation when it is another node (requests are
-        passed through to it); None when this node runs it."""
+        """Where requests go when another node runs generation: that node's cluster
+        listener, under `exo_tp.api.errors.FORWARD_PREFIX` (requests are passed through to
+        it, signed by `forward_headers`); None when this node runs it."""
+
+    def forward_headers(self, path: str, body: bytes) -> dict[str, str]:
+        """Headers proving to the leader's cluster listener that a passed-on request comes
+        from a member (the signature over ``path`` and ``body``)."""
 
     def models_view(self) -> list[dict[str, Any]]:
         """/v1/models' entries: every model some node of the cluster can serve."""
@@ -39,9 +46,11 @@ class Backend(Protocol):
         """Raise `ApiError` unless requests for ``name`` can run now: 404 for a model no node
         has, 503 with Retry-After while another model is served (the cluster loads it)."""
 
-    def cluster_view(self) -> dict[str, Any]: ...
+    def cluster_view(self) -> BaseModel:
+        """/v1/cluster: the members, the model served, the epoch's ranks and links."""
 
-    async def plan_view(self) -> dict[str, Any]: ...
+    async def plan_view(self) -> BaseModel:
+        """/v1/plan: the epoch's plan and the cost model's prediction."""
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         """The events of one generation; raises `ApiError` (503 while the cluster is not

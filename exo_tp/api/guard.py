@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exo_tp.api.errors import ApiError
+from exo_tp.api.errors import ApiError, shaped_body
 from exo_tp.security.access import ANY_ORIGIN, ApiAccess
 
 # Routes anyone may read: liveness, and the UI's page and files (the page asks for the key).
@@ -140,8 +140,11 @@ def require_api_key(access: ApiAccess) -> Any:
             f"Bearer KEY' (OpenAI clients' api_key) or 'x-api-key: KEY'.",
             code="invalid_api_key",
         )
+        # Anthropic's shape on its routes: its SDK raises AuthenticationError from it
         return web.json_response(
-            error.body(), status=401, headers={"WWW-Authenticate": 'Bearer realm="exo-tp"'}
+            shaped_body(request.path, error),
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="exo-tp"'},
         )
 
     return middleware

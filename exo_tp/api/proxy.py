@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -47,15 +46,17 @@ def _headers_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
 
 
 async def pass_through(
-    request: web.Request, url: str, body: Any, extra_headers: dict[str, str] | None = None
+    request: web.Request, url: str, body: bytes, extra_headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
-    """POST ``body`` to ``url`` (the leader's same endpoint) and answer with its response."""
+    """POST ``body`` (JSON) to ``url`` (the leader's same endpoint) and answer with its
+    response."""
     headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
     headers.update(extra_headers or {})
+    headers["Content-Type"] = "application/json"
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=3)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
-            upstream = await session.post(url, json=body, headers=headers)
+            upstream = await session.post(url, data=body, headers=headers)
         except (aiohttp.ClientConnectorError, TimeoutError):
             raise ApiError(
                 503,

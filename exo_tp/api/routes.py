@@ -8,6 +8,7 @@ an ``x-request-id`` (the client's own, when it sent a usable one).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -15,13 +16,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel
+from yarl import URL
 
 from exo_tp.api import anthropic_api, ollama_api, openai_api, responses_api
 from exo_tp.api.backend import Backend
-from exo_tp.api.errors import ApiError
+from exo_tp.api.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
 from exo_tp.api.guard import install_guard
 from exo_tp.api.http_io import MAX_BODY, read_body
 from exo_tp.api.proxy import pass_through
+from exo_tp.api.server_limits import body_deadline
 from exo_tp.security.access import ApiAccess
 
 log = logging.getLogger(__name__)
@@ -32,13 +36,10 @@ _USABLE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def error_response(error: ApiError, request: web.Request | None = None) -> web.Response:
-    if request is not None and request.path in anthropic_api.ANTHROPIC_PATHS:
-        response = anthropic_api.anthropic_error(error)
-        response.headers.update(error.headers())
-        return response
-    if request is not None and request.path.startswith(ollama_api.OLLAMA_PREFIX):
+    if request is not None and api_path(request.path).startswith(ollama_api.OLLAMA_PREFIX):
         return ollama_api.ollama_error(error)
-    return web.json_response(error.body(), status=error.status, headers=error.headers())
+    body = shaped_body(request.path, error) if request is not None else error.body()
+    return web.json_response(body, status=error.status, headers=error.headers())
 
 
 @web.middleware
@@ -52,7 +53,12 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except web.HTTPException as http:
         if http.status < 400:
             raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        code = {
+            404: "not_found",
+            405: "method_not_allowed",
+            408: "request_timeout",
+            413: "request_too_large",
+        }
         return error_response(
             ApiError(http.status, http.reason or "error", code=code.get(http.status)), request
         )
@@ -74,15 +80,25 @@ def request_id(request: web.Request) -> str:
 async def _tag_response(request: web.Request, response: web.StreamResponse) -> None:
     if REQUEST_ID not in response.headers:  # a leader's answer passed through keeps its own
         response.headers[REQUEST_ID] = request_id(request)
-    if request.path in anthropic_api.ANTHROPIC_PATHS and "request-id" not in response.headers:
+    if api_path(request.path) in ANTHROPIC_PATHS and "request-id" not in response.headers:
         response.headers["request-id"] = response.headers[REQUEST_ID]
 
 
+def _too_large() -> ApiError:
+    return ApiError(413, f"request body larger than {MAX_BODY} bytes", code="request_too_large")
+
+
 def build_public_app(
-    backend: Backend, extra_routes: web.RouteTableDef, access: ApiAccess | None = None
+    backend: Backend,
+    extra_routes: web.RouteTableDef,
+    access: ApiAccess | None = None,
+    body_timeout: float = 0.0,
 ) -> web.Application:
+    """The public API. ``body_timeout``: seconds a request body may take to arrive (0: no
+    limit); it is read after the API key is checked, so no anonymous body is ever waited for."""
     app = web.Application(client_max_size=MAX_BODY, middlewares=[json_errors])
     install_guard(app, access or ApiAccess())
+    app.middlewares.append(body_deadline(body_timeout, _too_large))
     app[BACKEND_KEY] = backend
     app.on_response_prepare.append(_tag_response)
     app.add_routes(ROUTES)
@@ -94,12 +110,16 @@ def _node(request: web.Request) -> Backend:
     return request.app[BACKEND_KEY]  # type: ignore[return-value]
 
 
+def _view(view: BaseModel) -> web.Response:
+    return web.json_response(view.model_dump(mode="json"))
+
+
 ROUTES = web.RouteTableDef()
 
 
 @ROUTES.get("/health")
 async def health(request: web.Request) -> web.Response:
-    return web.json_response(_node(request).health())
+    return _view(_node(request).health())
 
 
 @ROUTES.get("/v1/models")
@@ -127,12 +147,12 @@ async def model(request: web.Request) -> web.Response:
 
 @ROUTES.get("/v1/cluster")
 async def cluster(request: web.Request) -> web.Response:
-    return web.json_response(_node(request).cluster_view())
+    return _view(_node(request).cluster_view())
 
 
 @ROUTES.get("/v1/plan")
 async def plan(request: web.Request) -> web.Response:
-    return web.json_response(await _node(request).plan_view())
+    return _view(await _node(request).plan_view())
 
 
 Generation = Callable[[Backend, web.Request], Awaitable[web.StreamResponse]]
@@ -210,6 +230,11 @@ async def ollama_generate(request: web.Request) -> web.StreamResponse:
 
 async def _pass_to_leader(request: web.Request, upstream_url: str) -> web.StreamResponse:
     body = await read_body(request)  # malformed bodies are refused here already
-    return await pass_through(
-        request, upstream_url + request.path, body, {REQUEST_ID: request_id(request)}
-    )
+    url = upstream_url + api_path(request.path)
+    data = json.dumps(body).encode()
+    # Signed for the leader's cluster listener: public clients can never crowd it out.
+    headers = {
+        REQUEST_ID: request_id(request),
+        **_node(request).forward_headers(URL(url).path, data),
+    }
+    return await pass_through(request, url, data, headers)

@@ -46,6 +46,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=10.0,
         help="seconds to wait for a peer, and for each link (default 10)",
     )
+    p.add_argument(
+        "--work-factor",
+        type=float,
+        default=1.0,
+        help="lab: measure as an emulated device this many times slower (every matmul does "
+        "s times the work; cached apart from the real profile)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -67,16 +74,23 @@ def _peers(args: argparse.Namespace) -> Peers | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from exo_tp.lab.factor import check_factor
     from exo_tp.profile.cache import device_profile
     from exo_tp.profile.links import measure_links
     from exo_tp.profile.progress import Progress
     from exo_tp.profile.report import render_profile
 
+    check_factor(args.work_factor, "--work-factor")
     peers = _peers(args)
     with Progress() as progress:
         # Links first: nodes started together are still in step (device runs take unequal time).
         links = measure_links(peers, args.link_timeout, args.quick, progress) if peers else ()
-        profile, cached = device_profile(refresh=args.refresh, quick=args.quick, progress=progress)
+        profile, cached = device_profile(
+            refresh=args.refresh,
+            quick=args.quick,
+            progress=progress,
+            work_factor=args.work_factor,
+        )
     if peers:
         profile = replace(profile, node_id=peers.label(peers.rank), links=links)
     print(render_profile(profile, cached=cached))

@@ -13,6 +13,7 @@ from exo_tp.cli.args import (
     positive_int,
     weight_list,
 )
+from exo_tp.cli.lab_args import add_lab_args, lab_environments
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an mlx-lm LoRA adapter folder (e.g. from exo-tp "
         "finetune), applied to every rank's shard",
     )
+    add_lab_args(p, "rank", rebalance=False)
     p.set_defaults(handler=run)
 
 
@@ -119,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         args.report_out,
         join_timeout=args.join_timeout,
         adapter_path=adapter_folder(args.adapter_path),
+        rank_env=lab_environments(args, plan.size),
     )
     return 0
 

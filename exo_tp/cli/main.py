@@ -7,7 +7,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from exo_tp import __version__
+from exo_tp import __version__, log_flood
+from exo_tp.api.server_limits import remember_fd_limit
 from exo_tp.cli import bench, finetune, launch, model, plan, run
 from exo_tp.errors import ExoTpError
 from exo_tp.process.lifecycle import exit_on_sigterm
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    remember_fd_limit()  # before mlx_lm's import lowers it (see raise_fd_limit)
     args = build_parser().parse_args(argv)
     exit_on_sigterm()
     logging.basicConfig(
@@ -38,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(levelname)s %(message)s",
     )
+    log_flood.install()  # a flood of one error (a failing accept()) is summarised, not copied
     if not args.verbose:
         # One line per HTTP request (huggingface_hub talks through httpx): noise, not news.
         for name in ("httpx", "httpx2", "httpcore", "huggingface_hub"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exo_tp.api.server_limits import Limits
 from exo_tp.cli.args import (
     int_list,
     json_object,
@@ -28,6 +30,15 @@ from exo_tp.cli.args import (
     non_negative_int,
     positive_int,
     weight_list,
+)
+from exo_tp.cli.lab_args import (
+    add_lab_args,
+    lab_factor,
+    lab_variables,
+    local_node_labs,
+    node_lab,
+    rebalance_setting,
+    scaled_profiles,
 )
 from exo_tp.cli.security_args import (
     add_security_args,
@@ -40,7 +51,7 @@ from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
     from exo_tp.api.defaults import GenerationDefaults
-    from exo_tp.node.options import NodeOptions
+    from exo_tp.node.options import ConnectionOptions, NodeLab, NodeOptions
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.runtime.job import ServingOptions
     from exo_tp.security.access import ApiAccess
@@ -170,12 +181,134 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds a rank may make no progress before its epoch fails "
         "and the cluster re-plans without it (default 30)",
     )
+    add_connection_args(p)
+    p.add_argument(
+        "--strict-model-names",
+        action="store_true",
+        help="answer 404 to a request naming a model no node has; by default, while the "
+        "cluster lists one model, such a request is served by it (as mlx_lm.server does)",
+    )
     p.add_argument(
         "--local-nodes", type=positive_int, help="run a whole cluster of N nodes on this machine"
     )
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
+    add_lab_args(p, "node")
     add_generation_defaults(p)
     p.set_defaults(handler=run)
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """Bounds on connections, so that no client can exhaust a node (see
+    exo_tp.api.server_limits). The public API and the cluster listener have their own caps."""
+    from exo_tp.api.server_limits import Limits
+
+    default = Limits()
+    group = p.add_argument_group("connections")
+    group.add_argument(
+        "--header-timeout",
+        type=non_negative_float,
+        default=default.header_timeout,
+        help="seconds a new connection has to send its request's headers before it is "
+        f"closed (default {default.header_timeout:g}; 0: no limit)",
+    )
+    group.add_argument(
+        "--body-timeout",
+        type=non_negative_float,
+        default=default.body_timeout,
+        help="seconds a request body has to arrive, else a 408 (default "
+        f"{default.body_timeout:g}; 0: no limit)",
+    )
+    group.add_argument(
+        "--keepalive-timeout",
+        type=non_negative_float,
+        default=default.keepalive_timeout,
+        help=f"seconds an idle keep-alive connection stays open (default "
+        f"{default.keepalive_timeout:g})",
+    )
+    group.add_argument(
+        "--max-connections",
+        type=positive_int,
+        help="open connections to the public API, in total; more are refused at once with "
+        "a 503 (default: a quarter of the open-files limit, at most 4096)",
+    )
+    group.add_argument(
+        "--max-connections-per-address",
+        type=positive_int,
+        default=default.max_per_address,
+        help="open connections to the public API from one client address; more are "
+        f"refused with a 429 (default {default.max_per_address})",
+    )
+    group.add_argument(
+        "--max-header-size",
+        type=positive_int,
+        default=default.max_field_size,
+        help="bytes of the request line and of each header line; longer gets a JSON 400 "
+        f"(default {default.max_field_size})",
+    )
+    group.add_argument(
+        "--cluster-max-connections",
+        type=positive_int,
+        help="open connections to the cluster listener (--control-port: peers' control, "
+        "status polls, weights, passed-on requests), in total (default: an eighth of the "
+        "open-files limit, at most 1024)",
+    )
+    group.add_argument(
+        "--cluster-max-connections-per-address",
+        type=positive_int,
+        default=CLUSTER_PER_ADDRESS,
+        help="open connections to the cluster listener from one address (default "
+        f"{CLUSTER_PER_ADDRESS})",
+    )
+
+
+CLUSTER_PER_ADDRESS = 128
+CONNECTION_FLAGS = (
+    "header_timeout",
+    "body_timeout",
+    "keepalive_timeout",
+    "max_connections",
+    "max_connections_per_address",
+    "max_header_size",
+    "cluster_max_connections",
+    "cluster_max_connections_per_address",
+)
+
+
+def connection_options(args: argparse.Namespace) -> ConnectionOptions:
+    from exo_tp.node.options import ConnectionOptions
+
+    return ConnectionOptions(**{name: getattr(args, name) for name in CONNECTION_FLAGS})
+
+
+def connection_limits(flags: ConnectionOptions) -> tuple[Limits, Limits]:
+    """The public API's limits and the cluster listener's, after raising the open-files
+    limit (the default caps follow it)."""
+    from exo_tp.api.server_limits import (
+        Limits,
+        default_api_connections,
+        default_cluster_connections,
+        raise_fd_limit,
+    )
+
+    raise_fd_limit()
+    common = {
+        "header_timeout": flags.header_timeout,
+        "body_timeout": flags.body_timeout,
+        "keepalive_timeout": flags.keepalive_timeout,
+        "max_field_size": flags.max_header_size,
+        "max_line_size": flags.max_header_size,
+    }
+    api = Limits(
+        max_connections=flags.max_connections or default_api_connections(),
+        max_per_address=flags.max_connections_per_address,
+        **common,
+    )
+    cluster = Limits(
+        max_connections=flags.cluster_max_connections or default_cluster_connections(),
+        max_per_address=flags.cluster_max_connections_per_address,
+        **common,
+    )
+    return api, cluster
 
 
 # GenerationDefaults' fields and the `exo-tp run` flags that set them (mlx_lm.server's names)
@@ -373,6 +506,11 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
         max_queue=args.max_queue,
         stall_timeout=args.stall_timeout,
         defaults=generation_defaults(args),
+        connections=connection_options(args),
+        strict_model_names=args.strict_model_names,
+        rebalance=rebalance_setting(args) == "on",
+        rebalance_threshold=args.rebalance_threshold,
+        lab=None if args.local_nodes else node_lab(args),
     )
 
 
@@ -406,6 +544,7 @@ def _run_local(args: argparse.Namespace, options: NodeOptions) -> int:
     count = args.local_nodes
     if args.weights is not None and len(args.weights) != count:
         raise ExoTpError(f"--weights has {len(args.weights)} values for {count} local nodes")
+    labs = local_node_labs(args, count)  # each node's own device (None: the lab is off)
     # Secrets reach the nodes through their environment, never their options or command lines.
     env = {SECRET_ENV: local_cluster_secret(args)}
     if (key := read_api_key(args.api_key, args.api_key_file)) is not None:
@@ -428,24 +567,28 @@ def _run_local(args: argparse.Namespace, options: NodeOptions) -> int:
         for path in args.profiles:
             read_profile(path)  # a bad file is one readable error here, not a dead node later
         profiles: list[str | None] = [str(path) for path in args.profiles]
-        return _local_cluster(args, shared, profiles, no_bench=False, env=env)
+        return _local_cluster(args, shared, profiles, labs, no_bench=False, env=env)
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.
         profile = node_profile(options) if args.profile or not args.weights else None
+        if profile is not None and labs is not None:  # the lab: each node its own device
+            scaled = [str(p) for p in scaled_profiles(args, profile, count, tmp)]
+            return _local_cluster(args, shared, list(scaled), labs, no_bench=False, env=env)
         path = None
         if profile is not None:
             path = Path(tmp) / "profile.json"
             path.write_text(profile.model_dump_json())
         no_bench = profile is None and not args.weights
         same = [str(path) if path else None] * count
-        return _local_cluster(args, shared, same, no_bench=no_bench, env=env)
+        return _local_cluster(args, shared, same, labs, no_bench=no_bench, env=env)
 
 
 def _local_cluster(
     args: argparse.Namespace,
     shared: NodeOptions,
     profiles: list[str | None],
+    labs: list[NodeLab] | None,
     no_bench: bool,
     env: dict[str, str],
 ) -> int:
@@ -462,6 +605,7 @@ def _local_cluster(
             weight=args.weights[i] if args.weights else 0.0,
             profile=profile,
             no_bench=no_bench,
+            lab=labs[i] if labs else None,
         )
         for i, profile in enumerate(profiles)
     ]
@@ -487,10 +631,17 @@ async def _serve(
     from exo_tp.node.weights import NodeWeights
     from exo_tp.profile.system import memory
 
+    api_limits, cluster_limits = connection_limits(options.connections)
     folders = [(name, resolve_model(name)) for name in options.models]
     if not folders:
         log.info("no --model: this node receives its shard of the cluster's model from peers")
     profile = node_profile(options)
+    # The lab: this node's ranks get its work factor and cores (they inherit the environment)
+    os.environ.update(lab_variables(options.lab))
+    if profile is not None and options.lab is not None and not options.profile:
+        from exo_tp.lab.factor import scaled_profile
+
+        profile = scaled_profile(profile, lab_factor(options.lab))
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
         profile = replace(profile, memory_total=total, memory_available=available)
@@ -523,6 +674,11 @@ async def _serve(
         adapter_path=adapter_folder(options.adapter_path),
         stall_timeout=options.stall_timeout,
         defaults=options.defaults,
+        rebalance=options.rebalance,
+        rebalance_threshold=options.rebalance_threshold,
+        api_limits=api_limits,
+        cluster_limits=cluster_limits,
+        strict_model_names=options.strict_model_names,
     )
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None

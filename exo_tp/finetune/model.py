@@ -16,7 +16,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.tuner.utils import linear_to_lora_layers
-from mlx_lm.utils import load_model
 
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.gather import GatherChain
@@ -30,7 +29,7 @@ from exo_tp.finetune.sharded import (
     ShardedLinear,
     quantization_of,
 )
-from exo_tp.shard.slicing import WeightSlicer
+from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import set_path
 
 BASES = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
@@ -58,8 +57,7 @@ def build_model(
     rank: int,
     chain: GatherChain,
 ) -> tuple[nn.Module, Footprint]:
-    model, _ = load_model(Path(model_dir), lazy=True)
-    slicer = WeightSlicer(Path(model_dir), model)
+    model, _, slicer = load_lazily(Path(model_dir))
     stored = {id(m): path for path, m in model.named_modules() if isinstance(m, BASES)}
     base_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     layers = len(model.layers)

@@ -6,9 +6,9 @@ one it serves now, else its own first ``--model``, else the first ``--model`` of
 the smallest id. To form an epoch it prepares the model (config and tokenizer on this node:
 its files, else a store whose extra files it fetches from a holder), and gives each node a
 WeightOrder: when every node of the plan has the files, only the model's key; otherwise every
-holder computes (once) the manifest, the leader gathers every member's holdings, picks the rank
-order that moves the fewest bytes (single-stage plans; shares follow the nodes) and the
-transfer plan (exo_tp.weights.transfer), and each node gets its part.
+holder computes (once) the manifest and the leader gathers every member's holdings, which
+placement (exo_tp.node.placement) turns into the rank order and the transfer plan; each node
+gets its part.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -28,14 +27,14 @@ from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.peers import Peers
+from exo_tp.node.placement import Holdings, Placement
 from exo_tp.node.weight_messages import ModelOffer, WeightOrder
 from exo_tp.node.weights import ManifestPending, NodeWeights, manifest_of
-from exo_tp.plan import ModelSpec, load_spec, plan_tensor_parallel
-from exo_tp.plan.pipeline import PipelinePlan, single_stage
+from exo_tp.plan import ModelSpec, load_spec
 from exo_tp.weights.client import fetch_holding
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import MOUNT
-from exo_tp.weights.transfer import Holding, TransferError, choose_rank_order, plan_transfer
+from exo_tp.weights.transfer import Holding, TransferError
 from exo_tp.wire.errors import PeerRefused
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,6 @@ def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper]:
 class ClusterModel:
     def __init__(self, me: str, weights: NodeWeights, peers: Peers, secret: str):
         self.me, self.weights, self.peers, self.secret = me, weights, peers, secret
-        self.wanted: str | None = None  # key a request asked for
         self.current: Prepared | None = None  # of the latest epoch this node formed
         self._prepared: dict[str, Prepared] = {}
 
@@ -102,8 +100,9 @@ class ClusterModel:
         offers = self.offers()
         return sorted((self.name_of(key, offers), key) for key in offers)
 
-    def target(self, members: Sequence[str], serving: str | None) -> str | None:
-        """The model to serve with these members."""
+    def target(self, members: Sequence[str], serving: str | None, wanted: str | None) -> str | None:
+        """The model to serve with these members: the one a request asked for (``wanted``),
+        the one served now, the members' defaults, else any."""
         offers = self.offers()
         available = {k for k, hs in offers.items() if any(n in members for n, _ in hs)}
         defaults = []
@@ -111,7 +110,7 @@ class ClusterModel:
             status = self.peers.status(node_id)
             if status is not None and status.weights.default is not None:
                 defaults.append(status.weights.default)
-        for key in (self.wanted, serving, *defaults):
+        for key in (wanted, serving, *defaults):
             if key is not None and key in available:
                 return key
         return min(available) if available else None
@@ -165,25 +164,15 @@ class ClusterModel:
 
     # ---- the weights of an epoch -------------------------------------------------------------
 
-    async def orders(
-        self,
-        model: Prepared,
-        plan: PipelinePlan,
-        members: Sequence[Announcement],
-        eligible: Sequence[Announcement],
-    ) -> tuple[list[Announcement], PipelinePlan, dict[str, WeightOrder]]:
-        """Each chosen member's WeightOrder, and the members and plan in the rank order that
-        moves the fewest bytes."""
+    async def holdings(self, model: Prepared, eligible: Sequence[Announcement]) -> Holdings:
+        """What the eligible members hold of the model: who has the files and, when some
+        member lacks them, the manifest and each member's files or shard store."""
         offers = self.offers()
         eligible_ids = {m.node_id for m in eligible}
         holders = sorted(n for n, _ in offers.get(model.key, []) if n in eligible_ids)
-        chosen = [m.node_id for m in members]
-        if all(n in holders for n in chosen):
-            return (
-                list(members),
-                plan,
-                {n: WeightOrder(key=model.key, name=model.name) for n in chosen},
-            )
+        files = frozenset(holders)
+        if eligible_ids <= files:
+            return Holdings(files=files)
         manifests = await asyncio.gather(
             *(self._manifest_from(n, model.key) for n in holders), return_exceptions=True
         )
@@ -207,28 +196,20 @@ class ClusterModel:
                 + "; ".join(f"{n}: {m}" for n, m in zip(holders, manifests, strict=True))
             )
         manifest = next((m for n, m in good if n == self.me), good[0][1])
-        holdings = [
+        held = [
             Holding(node=n, files=True, extras=True)
             for n, m in good
             if m.identity == manifest.identity
         ]
-        others = [m for m in eligible if m.node_id not in {h.node for h in holdings}]
-        holdings += await asyncio.gather(*(self._holding(m, manifest) for m in others))
-        order = tuple(chosen)
-        if len(plan.stages) == 1:
-            weight_of = dict(zip(order, plan.stages[0].tp.weights, strict=True))
+        others = [m for m in eligible if m.node_id not in {h.node for h in held}]
+        held += await asyncio.gather(*(self._holding(m, manifest) for m in others))
+        return Holdings(files=files, manifest=manifest, held=tuple(held))
 
-            def plan_for(candidate: tuple[str, ...]) -> PipelinePlan:
-                if candidate == order:
-                    return plan
-                return single_stage(
-                    plan_tensor_parallel(plan.spec, [weight_of[n] for n in candidate])
-                )
-
-            order, plan = await asyncio.to_thread(
-                choose_rank_order, manifest, order, plan_for, holdings
-            )
-        transfer = await asyncio.to_thread(plan_transfer, manifest, plan, order, holdings)
+    def orders(self, model: Prepared, placement: Placement) -> dict[str, WeightOrder]:
+        """Each chosen member's WeightOrder: the model, and its part of the transfers."""
+        transfer = placement.transfers
+        if transfer is None:  # every chosen member loads from its own files
+            return {n: WeightOrder(key=model.key, name=model.name) for n in placement.rank_order}
         log.info(
             "weights of %s: %.1f MB move (%s); %.1f MB of the shares are on their nodes "
             "already (files or stores); rank order %s",
@@ -239,22 +220,17 @@ class ClusterModel:
             )
             or "nothing",
             transfer.retained_bytes / 1e6,
-            list(order),
+            list(placement.rank_order),
         )
-        by_id = {m.node_id: m for m in members}
-        return (
-            [by_id[n] for n in order],
-            plan,
-            {
-                n: WeightOrder(
-                    key=model.key,
-                    name=model.name,
-                    identity=manifest.identity,
-                    transfer=transfer.node(n),
-                )
-                for n in order
-            },
-        )
+        return {
+            n: WeightOrder(
+                key=model.key,
+                name=model.name,
+                identity=transfer.model,
+                transfer=transfer.node(n),
+            )
+            for n in placement.rank_order
+        }
 
     async def _holding(self, member: Announcement, manifest: ModelManifest) -> Holding:
         """What a member without the files holds of the model (its store, asked over HTTP)."""
@@ -277,17 +253,3 @@ class ClusterModel:
             )
             return Holding(node=node_id)
         return replace(holding, node=node_id)
-
-    # ---- views -------------------------------------------------------------------------------
-
-    def view(self, key: str | None) -> dict[str, Any] | None:
-        if key is None:
-            return None
-        offers = self.offers()
-        totals = [o.total_bytes for _, o in offers.get(key, []) if o.total_bytes]
-        return {
-            "name": self.name_of(key, offers),
-            "key": key,
-            "total_bytes": max(totals, default=0),
-            "holders": sorted(n for n, _ in offers.get(key, [])),
-        }

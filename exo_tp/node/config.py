@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exo_tp.api.defaults import GenerationDefaults
+from exo_tp.api.server_limits import Limits
 from exo_tp.node.backend_choice import Requested
 from exo_tp.runtime.job import DType, ServingOptions
 from exo_tp.security.access import ApiAccess
@@ -33,6 +34,12 @@ class NodeConfig:
     adapter_path: str | None = None  # an mlx-lm LoRA adapter applied to every shard
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # API defaults
     access: ApiAccess = field(default_factory=ApiAccess)  # public API key and CORS origins
+    rebalance: bool = True  # leader: re-plan shares when the measured rank speeds drift
+    rebalance_threshold: float = 0.10  # the slowest rank's cost over a balanced split
+    api_limits: Limits = Limits()  # the public API listener's connection caps and timeouts
+    cluster_limits: Limits = Limits()  # the cluster listener's (control, weights, forwards)
+    # False: with one model listed, a request naming another is served by it (mlx_lm.server)
+    strict_model_names: bool = False
 
     @property
     def listen_host(self) -> str:

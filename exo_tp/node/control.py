@@ -18,6 +18,7 @@ from exo_tp.frozen import Frozen
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
+from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.runtime.job import Assignment
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.http import SignedClient, get, post, signed_app
@@ -62,6 +63,7 @@ class NodeStatus(Frozen):
     rank_memory: RankMemory | None = None
     links: tuple[LinkProfile, ...] = ()  # its worker's stage links, timed as the group formed
     weights: WeightsStatus = WeightsStatus()  # models it offers, its fetch, bytes it served
+    speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
 
 
 class PortsRequest(Frozen):

@@ -1,7 +1,10 @@
 """The leader's request source: the epoch's conductor connects here; requests go out as they
 arrive (the conductor batches them, up to ``max_concurrency`` at once) and their events come
 back. Beyond the batch, requests wait here in arrival order; beyond ``max_queue`` waiting they
-get a 429 with Retry-After. A client that goes away cancels its request on every rank.
+are refused (`QueueFull`). A client that goes away cancels its request on every rank.
+
+Failures are domain errors (`DispatchError`); the node's API backend (exo_tp.node.backend) is
+the one place that turns them into HTTP errors.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from exo_tp.api.errors import ApiError
 from exo_tp.frozen import replace
 from exo_tp.transport.channel import Channel, Listener
 from exo_tp.wire.runtime import (
@@ -29,7 +31,50 @@ from exo_tp.wire.runtime import (
 
 log = logging.getLogger(__name__)
 
+HOLD_SECONDS = 180.0  # longest a request waits for a planned re-plan before a 503
+
 ConductorChannel = Channel[Hello | Delta | Done | RequestFailed]
+
+
+class DispatchError(Exception):
+    """A request the dispatcher cannot run or finish."""
+
+
+class NotReady(DispatchError):
+    """No conductor serves requests now (the cluster forms, loads or failed)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class QueueFull(DispatchError):
+    """``max_queue`` requests already wait beyond the batch."""
+
+    def __init__(self, running: int, waiting: int):
+        super().__init__(f"{running} running and {waiting} waiting")
+        self.running, self.waiting = running, waiting
+
+    @property
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free (a batch's worth of waiters per second)."""
+        return max(1, self.waiting // self.running)
+
+
+class GenerationFailed(DispatchError):
+    """The ranks reported a failure of this request."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class ClusterLost(DispatchError):
+    """The epoch serving this request ended (``reason``) before the request did."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Dispatcher:
@@ -45,9 +90,12 @@ class Dispatcher:
         self.unavailable_reason = "the cluster is forming"
         self._slots = asyncio.Semaphore(max_concurrency)
         self._waiting = 0
-        self._streams: dict[str, asyncio.Queue[Delta | Done | ApiError]] = {}
+        self._streams: dict[str, asyncio.Queue[Delta | Done | DispatchError]] = {}
         self._ids = itertools.count()
         self.on_conductor_lost: Callable[[int], None] | None = None  # set by the leader
+        # Cleared during a planned re-plan (rebalancing): new requests wait, not 503.
+        self._open = asyncio.Event()
+        self._open.set()
 
     async def start(self) -> int:
         self._loop = asyncio.get_running_loop()
@@ -113,14 +161,7 @@ class Dispatcher:
         if stream is None:
             return
         if isinstance(event, RequestFailed):
-            stream.put_nowait(
-                ApiError(
-                    500,
-                    f"generation failed: {event.message}",
-                    kind="server_error",
-                    code="generation_failed",
-                )
-            )
+            stream.put_nowait(GenerationFailed(event.message))
         else:
             stream.put_nowait(event)
 
@@ -131,53 +172,63 @@ class Dispatcher:
         self.conductor = None
         self.unavailable_reason = reason
         for stream in self._streams.values():
-            stream.put_nowait(
-                ApiError(
-                    503, f"generation failed: {reason}", kind="server_error", code="cluster_failure"
-                )
-            )
+            stream.put_nowait(ClusterLost(reason))
+
+    # ---- a planned re-plan ------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """New requests wait (in the queue, up to ``HOLD_SECONDS``) instead of starting; those
+        in flight finish. For a re-plan the leader chose: nothing fails."""
+        self._open.clear()
+
+    def resume(self) -> None:
+        """Let waiting requests go: to the new epoch's conductor, or (if it failed) to a 503."""
+        self._open.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._open.is_set()
+
+    async def _wait_open(self) -> None:
+        if self._open.is_set():
+            return
+        if self._waiting >= self.max_queue:
+            raise QueueFull(self.max_concurrency, self._waiting)
+        self._waiting += 1
+        try:
+            await asyncio.wait_for(self._open.wait(), HOLD_SECONDS)
+        except TimeoutError:
+            raise NotReady(self.unavailable_reason) from None
+        finally:
+            self._waiting -= 1
 
     # ---- requests --------------------------------------------------------------------------
 
-    def _unavailable(self) -> ApiError:
-        return ApiError(
-            503,
-            f"cluster not ready: {self.unavailable_reason}",
-            kind="server_error",
-            code="cluster_not_ready",
-            retry_after=5,
-        )
-
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
-        """Events of one generation; closing the iterator early cancels it on every rank."""
+        """Events of one generation; closing the iterator early cancels it on every rank.
+        Raises `NotReady`, `QueueFull`, `GenerationFailed` or `ClusterLost`."""
+        await self._wait_open()
         if self.conductor is None:
-            raise self._unavailable()
+            raise NotReady(self.unavailable_reason)
         if self._slots.locked() and self._waiting >= self.max_queue:
-            raise ApiError(
-                429,
-                f"the cluster is busy: {self.max_concurrency} requests "
-                f"running and {self._waiting} waiting; retry later",
-                kind="server_error",
-                code="queue_full",
-                retry_after=max(1, self._waiting // self.max_concurrency),
-            )
+            raise QueueFull(self.max_concurrency, self._waiting)
         self._waiting += 1
         try:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
         request = replace(request, id=f"{request.id}-{next(self._ids)}")
-        stream: asyncio.Queue[Delta | Done | ApiError] = asyncio.Queue()
+        stream: asyncio.Queue[Delta | Done | DispatchError] = asyncio.Queue()
         conductor = self.conductor
         finished = False
         try:
             if conductor is None:
-                raise self._unavailable()
+                raise NotReady(self.unavailable_reason)
             self._streams[request.id] = stream
             conductor.send(Generate(request=request))
             while True:
                 event = await stream.get()
-                if isinstance(event, ApiError):
+                if isinstance(event, DispatchError):
                     finished = True
                     raise event
                 yield event

@@ -5,11 +5,11 @@ Formation:
 1. the eligible membership (alive, not quarantined) has been stable for ``settle`` seconds and
    every member's last status names this node as leader (so two nodes never assign ranks at
    once);
-2. choose the model (exo_tp.node.cluster_model: one asked for, the one served, a default) and
-   prepare it here (config and tokenizer, fetched from a holder if this node has no files);
-3. plan the model over the members (forced stages, manual weights, or the planner's search over
-   measured profiles, which may leave slow members out); when some chosen member lacks the
-   files, choose the rank order that moves the fewest bytes and plan who fetches what;
+2. choose the model (exo_tp.node.cluster_model: one a request asked for through
+   `ModelRequests`, the one served, a default) and prepare it here (config and tokenizer,
+   fetched from a holder if this node has no files);
+3. gather the facts (members' share weights, what each holds of the model's weights) and place
+   the model once (exo_tp.node.placement: plan, rank order, transfers, prediction);
 4. ask every chosen member for fresh ports, send each its Assignment of a new, higher epoch and
    its weight order; each node fetches its shard if it must, then replaces its worker;
 5. once every worker is ready and the conductor joined the dispatcher, requests flow.
@@ -32,27 +32,29 @@ import aiohttp
 
 from exo_tp.errors import ExoTpError, PlanError
 from exo_tp.node.announcement import Announcement
-from exo_tp.node.backend_choice import choose_backend
+from exo_tp.node.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.cluster_model import ClusterModel
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, ControlRefused, EpochState, NodeStatus
 from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.model_requests import ModelRequests
 from exo_tp.node.peers import POLL_SECONDS, Peers
-from exo_tp.node.planning import cluster_from_members
-from exo_tp.plan import ModelSpec, plan_tensor_parallel
+from exo_tp.node.placement import Member, Members, Placement, place, plan_of
+from exo_tp.node.rebalance import LiveBalance
+from exo_tp.plan import ModelSpec
 from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
-from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
+from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
-from exo_tp.plan.render_choice import describe_candidate
-from exo_tp.plan.search import choose_plan
 from exo_tp.runtime.job import Assignment
 
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 240.0
 QUARANTINE_MIN = 60.0
+CONDUCTOR_GRACE = 4.0  # seconds to learn which rank broke the conductor's link, from statuses
 
 
 @dataclass
@@ -68,6 +70,19 @@ class Epoch:
     state: EpochState = "loading"
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
+    conductor_lost: float | None = None  # monotonic time the conductor's link dropped
+
+    def conductor_rank(self) -> int | None:
+        if self.plan is None or self.plan.stages[-1].ranks[0] >= len(self.nodes):
+            return None
+        return self.plan.stages[-1].ranks[0]
+
+
+def _rank_name(led: Epoch, node_id: str) -> str:
+    """ "rank 2 on node local-2" (several ranks on one node are all named)."""
+    ranks = [str(r) for r, n in enumerate(led.nodes) if n == node_id]
+    which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
+    return f"{which} on node {node_id}"
 
 
 def node_weights(
@@ -107,8 +122,11 @@ class Leader:
         dispatcher: Dispatcher,
         requests_port: int,
         highest_epoch: Callable[[], int],
+        requests: ModelRequests,
     ):
         self.config, self.models, self.peers = config, models, peers
+        self._requests = requests
+        self._wanted: str | None = None  # the model key a request asked for last
         self._control, self._dispatcher = control, dispatcher
         self._requests_port = requests_port
         self._highest_epoch = highest_epoch
@@ -117,6 +135,9 @@ class Leader:
         self._failures = 0
         self._quarantine: dict[str, float] = {}  # node id -> until (monotonic)
         dispatcher.on_conductor_lost = self._conductor_lost
+        self.balance = LiveBalance(
+            RebalancePolicy(threshold=config.rebalance_threshold), config.rebalance
+        )
 
     @property
     def me(self) -> str:
@@ -154,13 +175,17 @@ class Leader:
                 self._dispatcher.detach("leadership moved")
                 self.led = None
             return
+        if (asked := self._requests.latest()) is not None:
+            self._wanted = asked.key
         members = self._eligible()
         nodes = tuple(sorted(m.node_id for m in members))
         led = self.led
-        model = self.models.target(nodes, led.model if led else None)
+        model = self.models.target(nodes, led.model if led else None, self._wanted)
         same = led is not None and led.members == nodes and led.model == model
         if same and led.state != "failed":
             self._track(led)
+            if led.state == "ready" and model is not None:
+                await self._rebalance(led, members, model)
             return
         if time.monotonic() - self.peers.changed_at < self.config.settle:
             return
@@ -189,15 +214,22 @@ class Leader:
             self._retry_at = time.monotonic() + min(30.0, 2.0**self._failures)
             self._failures += 1
         self._dispatcher.detach(reason)
+        self.balance.draining_since = None
+        self._dispatcher.resume()  # requests held for a planned re-plan get the 503 now
 
     def _conductor_lost(self, epoch: int) -> None:
-        if self.led is not None and self.led.number == epoch:
-            self._fail("the conductor (last stage's first rank) went away")
+        """The conductor's link dropped: a rank died or stalled. Its node's status names it
+        within a poll or two (`_track` fails the epoch then, naming node, rank and what
+        happened); only if none does within CONDUCTOR_GRACE the conductor itself is named."""
+        led = self.led
+        if led is not None and led.number == epoch and led.conductor_lost is None:
+            led.conductor_lost = time.monotonic()
 
     def _track(self, led: Epoch) -> None:
         """Follow an epoch's workers: ready once all are, failed when one exits or stalls, or
         when a node could not fetch its shard."""
         statuses: dict[str, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
+        failures: list[tuple[int, str]] = []  # (how telling, reason): the culprit first
         for node_id, status in statuses.items():
             fetch = status.weights.fetch if status else None
             if fetch is not None and fetch.epoch == led.number:
@@ -208,16 +240,33 @@ class Leader:
                     led.started = time.monotonic()
             if status is None or status.worker_epoch != led.number:
                 continue
+            who = _rank_name(led, node_id)
             if status.worker_stalled is not None:
                 if status.worker_stalled == "frozen":  # re-plan without it for a while
                     self._quarantine[node_id] = time.monotonic() + max(
                         QUARANTINE_MIN, 4 * self.config.stall_timeout
                     )
-                self._fail(f"the worker on {node_id} {status.worker_error}")
-                return
-            if status.worker_state == "exited":
-                self._fail(f"the worker on {node_id} stopped: {status.worker_error}")
-                return
+                telling = 2 if status.worker_stalled == "frozen" else 0
+                failures.append((telling, f"{who} {status.worker_error}"))
+            elif status.worker_state == "exited":
+                error = status.worker_error or "stopped"
+                # a killed rank is the cause; its peers then exit on the broken link
+                telling = 3 if "signal" in error else 1
+                failures.append((telling, f"{who} stopped: {error}"))
+        if failures:
+            self._fail(max(failures)[1])
+            return
+        lost = led.conductor_lost
+        if lost is not None and time.monotonic() - lost > CONDUCTOR_GRACE:
+            conductor = led.conductor_rank()
+            self._fail(
+                f"the conductor ({_rank_name(led, led.nodes[conductor])}, the last stage's "
+                f"first rank) lost its link to the leader; no rank reported why within "
+                f"{CONDUCTOR_GRACE:g} s"
+                if conductor is not None
+                else "the conductor lost its link to the leader"
+            )
+            return
         if led.state != "loading":
             return
         ready = all(
@@ -226,24 +275,19 @@ class Leader:
         )
         if ready and self._dispatcher.attach(led.number):
             led.state, self._failures = "ready", 0
+            self._dispatcher.resume()  # requests held during a planned re-plan go now
             log.info("epoch %d ready: %d ranks", led.number, len(led.nodes))
         elif time.monotonic() - led.started > LOAD_TIMEOUT:
             self._fail(f"workers not ready after {LOAD_TIMEOUT:.0f}s")
 
     # ---- planning and forming --------------------------------------------------------------
 
-    def _plan(
-        self,
-        spec: ModelSpec,
-        members: list[Announcement],
-        own_profile: ProfileSummary | None,
-    ) -> tuple[PipelinePlan, list[Announcement], Prediction | None]:
-        """The plan for these members, the member holding each global rank, the prediction.
-
-        Forced stages and manual weights plan as told; otherwise, when every member announced
-        its measured scores, the planner chooses (and may leave slow members out).
-        """
-        members = sorted(members, key=lambda a: (a.node_id != self.me, a.node_id))
+    def _members(
+        self, spec: ModelSpec, eligible: list[Announcement], own_profile: ProfileSummary | None
+    ) -> Members:
+        """The eligible members as placement sees them (this node first, then by id): share
+        weights from manual weights or measured speeds; forced stages from the config."""
+        members = sorted(eligible, key=lambda a: (a.node_id != self.me, a.node_id))
         profiles: dict[str, ProfileSummary | None] = {}
         for a in members:
             status = self.peers.status(a.node_id)
@@ -251,41 +295,34 @@ class Leader:
                 own_profile if a.node_id == self.me else (status.profile if status else None)
             )
         weights = node_weights(members, profiles, weight_format(spec))
-        stages = self.config.stages
-        if stages and sum(stages) == len(members):
-            groups, start = [], 0
-            for size in stages:
-                groups.append(weights[start : start + size])
-                start += size
-            return plan_pipeline(spec, groups), members, None
+        live = self.balance.live_weights([a.node_id for a in members])
+        if live:  # rebalanced: the ranks' live speeds (on the profiles' scale)
+            weights = [live.get(a.node_id, w) for a, w in zip(members, weights, strict=True)]
         measured = all(
             a.weight <= 0 and (profiles[a.node_id] is not None or a.decode_seconds_per_byte > 0)
             for a in members
         )
-        if measured:  # weights are then decode speeds for the model's weight format
-            choice = choose_plan(spec, cluster_from_members(members, weights))
-            names = [m.node_id for m in members]
-            log.info(
-                "planner: %s; runner-ups: %s",
-                describe_candidate(choice.best, names),
-                "; ".join(
-                    f"{c.prediction.tokens_per_second:.3g} tok/s {describe_candidate(c, names)}"
-                    for c in choice.alternatives
-                ),
-            )
-            chosen = [members[d] for d in choice.best.devices]
-            return choice.best.plan, chosen, choice.best.prediction
-        return single_stage(plan_tensor_parallel(spec, weights)), members, None
+        return Members(
+            members=tuple(
+                Member(
+                    node_id=a.node_id,
+                    weight=w,
+                    prefill_flops=a.prefill_flops,
+                    memory_available=a.memory_available,
+                )
+                for a, w in zip(members, weights, strict=True)
+            ),
+            measured=measured,  # weights are then decode speeds for the model's weight format
+            stages=self.config.stages,
+        )
+
+    def _next_number(self) -> int:
+        """Higher than any epoch this node or a peer has seen."""
+        seen = max((s.epoch for s in self.peers.statuses.values()), default=0)
+        return max(self._highest_epoch(), self.led.number if self.led else 0, seen) + 1
 
     async def _form(self, eligible: list[Announcement], key: str) -> None:
-        number = (
-            max(
-                self._highest_epoch(),
-                self.led.number if self.led else 0,
-                max((s.epoch for s in self.peers.statuses.values()), default=0),
-            )
-            + 1
-        )
+        number = self._next_number()
         previous = self.led
         eligible_ids = tuple(sorted(m.node_id for m in eligible))
         self.led = Epoch(number=number, nodes=(), plan=None, members=eligible_ids, model=key)
@@ -294,13 +331,18 @@ class Leader:
         try:
             model = await self.models.prepare(key, eligible_ids)
             me = self.peers.status(self.me)
-            plan, members, prediction = self._plan(model.spec, eligible, me.profile if me else None)
-            members, plan, weights = await self.models.orders(model, plan, members, eligible)
+            facts = self._members(model.spec, eligible, me.profile if me else None)
+            holdings = await self.models.holdings(model, eligible)
+            placement = await asyncio.to_thread(place, model.spec, facts, holdings)
         except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
             self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: {error}")
             return
-        nodes = tuple(m.node_id for m in members)
-        self.led.nodes, self.led.plan, self.led.prediction = nodes, plan, prediction
+        for note in placement.notes:
+            log.info("%s", note)
+        orders = self.models.orders(model, placement)
+        nodes = placement.rank_order
+        self.led.nodes, self.led.plan = nodes, placement.plan
+        self.led.prediction = placement.prediction
         statuses = {n: self.peers.status(n) for n in nodes}
         try:
             backend = choose_backend(
@@ -313,8 +355,32 @@ class Leader:
             self._fail(str(error))
             return
         log.info(
-            "forming epoch %d over %s: %s; %s", number, list(nodes), describe(plan), backend.reason
+            "forming epoch %d over %s: %s; %s",
+            number,
+            list(nodes),
+            describe(placement.plan),
+            backend.reason,
         )
+        by_id = {m.node_id: m for m in eligible}
+        members = [by_id[n] for n in nodes]
+        assignments = await self._assignments(number, model.name, placement, members, backend)
+        for member, assignment in zip(members, assignments, strict=True):
+            await self._control.assign(member, assignment, self.me, orders[member.node_id])
+        self.led.started = time.monotonic()
+        if previous is not None:  # members dropped from the cluster let their workers go
+            dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
+            await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
+
+    async def _assignments(
+        self,
+        number: int,
+        model: str,
+        placement: Placement,
+        members: list[Announcement],
+        backend: BackendChoice,
+    ) -> list[Assignment]:
+        """Each member's Assignment of epoch ``number`` (with fresh ports from each)."""
+        plan = placement.plan
         ports = await asyncio.gather(*(self._control.ports(m, number) for m in members))
         ranks = range(len(members))
         hops = (
@@ -323,29 +389,64 @@ class Leader:
             else ()
         )
         conductor = plan.stages[-1].ranks[0]
-        for rank, member in enumerate(members):
-            assignment = Assignment(
+        return [
+            Assignment(
                 epoch=number,
-                model=model.name,
+                model=model,
                 plan=plan,
                 rank=rank,
                 hostfile=tuple(f"{members[r].host}:{ports[r].ring}" for r in ranks),
                 conductor=f"{members[conductor].host}:{ports[conductor].conductor}",
                 requests_at=f"{self.config.host}:{self._requests_port}",
                 hops=hops,
-                nodes=nodes,
+                nodes=placement.rank_order,
                 dtype=self.config.dtype,
                 backend=backend.backend,
                 ibv_devices=backend.ibv_devices,
-                prediction=prediction,
+                prediction=placement.prediction,
                 serving=self.config.serving,
                 adapter_path=self.config.adapter_path,
+                speed_probe=self.config.rebalance and len(plan.stages) == 1 and len(members) > 1,
             )
-            await self._control.assign(member, assignment, self.me, weights[member.node_id])
-        self.led.started = time.monotonic()
-        if previous is not None:  # members dropped from the cluster let their workers go
-            dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
-            await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
+            for rank in ranks
+        ]
+
+    async def _rebalance(self, led: Epoch, members: list[Announcement], model: str) -> None:
+        """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
+        let those in flight finish, and re-plan the shares (exo_tp.node.rebalance)."""
+        balance = self.balance
+        if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
+            return
+        if balance.draining_since is None:
+            statuses = {n: self.peers.status(n) for n in led.nodes}
+            if not balance.observe(led, statuses, time.monotonic()):
+                return
+            profiles: dict[str, ProfileSummary | None] = {
+                n: s.profile if s else None for n, s in statuses.items()
+            }
+            announced = [m for m in members if m.node_id in statuses]
+            assert led.plan is not None
+            fmt = weight_format(led.plan.stages[0].tp.spec)
+            weights = dict(
+                zip(
+                    [a.node_id for a in announced],
+                    node_weights(announced, profiles, fmt),
+                    strict=True,
+                )
+            )
+            balance.begin(led, [m.node_id for m in members], weights)
+            me = self.peers.status(self.me)
+            spec = led.plan.stages[0].tp.spec
+            eligible = self._members(spec, members, me.profile if me else None)
+            candidate, chosen, _, _ = plan_of(spec, eligible)
+            gain = replan_gain(led.plan, led.nodes, candidate, list(chosen), balance.speeds())
+            if gain is not None and gain <= balance.policy.threshold / 2:
+                balance.cancel(f"the best split is only {100 * gain:.0f}% faster")
+                return
+            self._dispatcher.hold()
+            return
+        if balance.drained(self._dispatcher.in_flight):
+            await self._form(members, model)
 
     async def _release(self, peer: Announcement, epoch: int) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):

@@ -14,6 +14,30 @@ from exo_tp.runtime.job import DType, ServingOptions
 NODE_OPTIONS_ENV = "EXO_TP_NODE_OPTIONS"
 
 
+class ConnectionOptions(Frozen):
+    """The connection-limit flags as given (`exo_tp.cli.run.add_connection_args`); the caps
+    left None follow the open-files limit of the node's own process, so the node resolves
+    them (`exo_tp.cli.run.connection_limits`)."""
+
+    header_timeout: float
+    body_timeout: float
+    keepalive_timeout: float
+    max_connections: int | None
+    max_connections_per_address: int
+    max_header_size: int
+    cluster_max_connections: int | None
+    cluster_max_connections_per_address: int
+
+
+class NodeLab(Frozen):
+    """The node's emulated slow device (`exo_tp.lab.factor`): its work factor, or a file
+    holding it (re-read while serving), and the cores its rank is pinned to."""
+
+    work_factor: float | None = None
+    work_factor_file: str | None = None
+    cpus: tuple[int, ...] | None = None
+
+
 class NodeOptions(Frozen):
     """Defaults live in one place, `exo-tp run`'s flags (`exo_tp.cli.run.node_options`)."""
 
@@ -38,3 +62,8 @@ class NodeOptions(Frozen):
     max_queue: int
     stall_timeout: float
     defaults: GenerationDefaults
+    connections: ConnectionOptions
+    strict_model_names: bool
+    rebalance: bool  # --rebalance, auto resolved where the flags were parsed
+    rebalance_threshold: float
+    lab: NodeLab | None  # None: the lab is off (nothing wrapped, no rank pinned)

@@ -9,10 +9,11 @@ import logging
 from exo_tp.node.control import MachineMemory, Stall, WorkerState
 from exo_tp.node.memory import memory_now
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Supervisor
 from exo_tp.runtime.job import Assignment
-from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready
+from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready, rank_speed
 from exo_tp.wire.runtime import RANK_EVENTS, RankMemory
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,11 @@ class NodeWorker:
     def links(self) -> tuple[LinkProfile, ...]:
         ready = rank_ready(self.rank) if self.rank and self.rank.state == "ready" else None
         return ready.links if ready else ()
+
+    @property
+    def speed(self) -> RankSpeed | None:
+        """The rank's latest live speed sample (rebalancing)."""
+        return rank_speed(self.rank) if self.rank and self.rank.state == "ready" else None
 
     @property
     def rank_memory(self) -> RankMemory | None:

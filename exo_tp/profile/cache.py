@@ -23,7 +23,10 @@ from exo_tp.profile.system import SystemInfo, system_info
 log = logging.getLogger(__name__)
 
 
-def profile_path() -> Path:
+def profile_path(work_factor: float = 1.0) -> Path:
+    """The cache file; a lab work factor (exo_tp.lab) has its own, never the real device's."""
+    if work_factor != 1:
+        return cache_home() / f"profile-work-factor-{work_factor:g}.json"
     return cache_home() / "profile.json"
 
 
@@ -84,13 +87,15 @@ def device_profile(
     quick: bool = False,
     progress: Progress | None = None,
     path: Path | None = None,
+    work_factor: float = 1.0,
 ) -> tuple[DeviceProfile, bool]:
-    """This device's profile and whether it came from the cache."""
-    path = path or profile_path()
+    """This device's profile and whether it came from the cache (``work_factor``: as the lab's
+    emulated device that much slower)."""
+    path = path or profile_path(work_factor)
     cached = None if refresh else cached_profile(quick, path)
     if cached is not None:
         return cached, True
-    profile = measure_device(quick, progress)
+    profile = measure_device(quick, progress, work_factor)
     try:
         save(profile, path)
     except OSError as error:

@@ -25,7 +25,10 @@ MIN_SECONDS = {True: 0.1, False: 0.6}
 HEADLINE_FACTOR = 3
 
 
-def measure_device(quick: bool, progress: Progress | None = None) -> DeviceProfile:
+def measure_device(
+    quick: bool, progress: Progress | None = None, work_factor: float = 1.0
+) -> DeviceProfile:
+    """``work_factor``: measure as the lab's emulated device that much slower (exo_tp.lab)."""
     progress = progress or Progress(enabled=False)
     start = time.perf_counter()
     seconds = MIN_SECONDS[quick]
@@ -40,7 +43,7 @@ def measure_device(quick: bool, progress: Progress | None = None) -> DeviceProfi
     for case in cases:
         with progress.step(case.label):
             factor = HEADLINE_FACTOR if case.dtype == ENGINE_DTYPE else 1
-            kernels.append(measure_kernel(case, source, seconds * factor))
+            kernels.append(measure_kernel(case, source, seconds * factor, work_factor))
     decode = decode_seconds_per_byte(kernels, ENGINE_DTYPE)
     prefill = prefill_flops(kernels, ENGINE_DTYPE)
     assert decode is not None and prefill is not None, "the engine's dtype is always measured"

@@ -114,8 +114,13 @@ def _product(dtype: str) -> Callable[[mx.array, Weight], mx.array]:
     return lambda x, w: mx.quantized_matmul(x, *w, transpose=True, group_size=group, bits=bits)
 
 
-def measure_kernel(case: KernelCase, source: WeightSource, min_seconds: float) -> MatmulScore:
-    """Mean time of one product of ``case`` over at least ``min_seconds`` of wall time."""
+def measure_kernel(
+    case: KernelCase, source: WeightSource, min_seconds: float, work_factor: float = 1.0
+) -> MatmulScore:
+    """Mean time of one product of ``case`` over at least ``min_seconds`` of wall time.
+
+    ``work_factor`` (the lab's emulated slow device, exo_tp.lab): each product does that many
+    times the work, as the served matmuls do, so the device scores that many times lower."""
     one = weight_bytes(case.dtype, case.k, case.n)
     decode = case.kind == "matvec"
     count = math.ceil(DECODE_WORKING_SET / one) if decode else 1
@@ -123,9 +128,14 @@ def measure_kernel(case: KernelCase, source: WeightSource, min_seconds: float) -
     x = mx.random.uniform(-1, 1, (case.m, case.k)).astype(_FLOAT.get(case.dtype, mx.float32))
     mx.eval(weights, x)  # scales/biases are computed views: materialise them before timing
     product = _product(case.dtype)
+    every = weights
+    if work_factor != 1:
+        from exo_tp.lab.slowdown import extra_weights
+
+        every = weights + extra_weights(weights, work_factor)
     # A prefill product is long and compute-bound: no warm-up, one timed product is enough.
     pass_seconds = mean_seconds(
-        lambda: mx.eval([product(x, w) for w in weights]),
+        lambda: mx.eval([product(x, w) for w in every]),
         min_seconds,
         min_steps=2 if decode else 1,
         warm_up=decode,

@@ -39,14 +39,17 @@ def probe_job(
     quick: bool,
     prefix: Sequence[str] = (),
     base_env: Mapping[str, str] | None = None,
+    cores: tuple[int, ...] | None = None,
 ) -> Job:
     """One end of a pair's probe; ``prefix``: a command it runs under (a bench's cgroup);
-    ``base_env``: the environment it starts from (default: `clean_environment`)."""
+    ``base_env``: the environment it starts from (default: `clean_environment`); ``cores``:
+    the CPUs it is pinned to (the lab's one rank per core)."""
     base = clean_environment() if base_env is None else base_env
     env = {k: v for k, v in base.items() if not k.startswith("MLX_")}
     env.update(ring_env(rank, hostfile))
     argv = (*prefix, sys.executable, "-m", "exo_tp.profile.link_probe")
-    return Job(name=name, argv=(*argv, *(["--quick"] if quick else [])), env=env, stdout="null")
+    argv = (*argv, *(["--quick"] if quick else []))
+    return Job(name=name, argv=argv, env=env, cores=cores, stdout="null")
 
 
 def measure_pair(jobs: Sequence[Job], timeout: float) -> list[LinkMeasurement | ProbeFailure]:

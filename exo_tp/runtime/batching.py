@@ -75,6 +75,7 @@ class LockstepBatch:
         self.applied = 0  # changes applied so far
         self.active: set[int] = set()  # uids in the batch
         self.steps = 0
+        self.after_step: Callable[[], None] | None = None  # e.g. the live speed probe
 
     def _sampler(self, logprobs: mx.array) -> mx.array:
         tokens, word = self._sample(logprobs)
@@ -136,6 +137,8 @@ class LockstepBatch:
         the joining prompts. Returns the generated tokens."""
         _, responses = self.generator.next()
         self.steps += 1
+        if self.after_step is not None:
+            self.after_step()
         for response in responses:
             if response.finish_reason is not None:
                 self.active.discard(response.uid)

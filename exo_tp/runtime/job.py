@@ -49,6 +49,7 @@ class Assignment(Frozen):
     serving: ServingOptions = ServingOptions()
     measure_links: bool = True  # time the stage's collectives once the group formed
     adapter_path: str | None = None  # an mlx-lm LoRA adapter folder applied to every shard
+    speed_probe: bool = False  # time its shard's matmuls every few seconds (rebalancing)
 
     @property
     def stage_index(self) -> int:

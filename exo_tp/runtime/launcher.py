@@ -16,6 +16,7 @@ import secrets
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -133,16 +134,21 @@ def launch_local(
     join_timeout: float = 120.0,
     stall_timeout: float = 60.0,
     adapter_path: str | None = None,
+    rank_env: Sequence[Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Generate ``request`` on ``plan.size`` local ranks, printing the text to stdout; returns
-    the report (also written to ``report_out``). Raises ExoTpError if a rank fails."""
+    the report (also written to ``report_out``). Raises ExoTpError if a rank fails.
+    ``rank_env``: variables added to each rank's environment (the lab's work factors)."""
     key = secrets.token_bytes(32)
     launch = _Launch()
     source = Listener(f"{ADDRESS}:0", key, CONDUCTOR_EVENTS, launch.on_conductor, "launch")
     supervisor = Supervisor(launch.on_rank, RANK_EVENTS, key, "launch supervisor")
+    jobs = _jobs(model, plan, dtype, source.port, adapter_path)
     ranks = [
-        supervisor.start(rank_job(job, key, stall_timeout))
-        for job in _jobs(model, plan, dtype, source.port, adapter_path)
+        supervisor.start(
+            rank_job(job, key, stall_timeout, rank_env[job.rank] if rank_env else None)
+        )
+        for job in jobs
     ]
     joined = threading.Event()
     timer = threading.Timer(

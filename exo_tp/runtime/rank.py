@@ -22,10 +22,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
+from exo_tp.lab.factor import FACTOR_ENV, FACTOR_FILE_ENV, pin_from_env
 from exo_tp.models.registry import resolve_model
 from exo_tp.models.tokenizer import load_model_tokenizer
 from exo_tp.plan.cost import kv_bytes_per_token
@@ -54,6 +55,9 @@ from exo_tp.wire.runtime import (
     Ready,
 )
 
+if TYPE_CHECKING:
+    from exo_tp.runtime.speed_probe import SpeedProbe
+
 log = logging.getLogger("exo_tp.rank")
 
 PEER_TIMEOUT = 120.0  # for the other ranks of the epoch to come up
@@ -68,6 +72,7 @@ class Progress:
     def __init__(self) -> None:
         self.batch: LockstepBatch | None = None
         self.load_peak = 0
+        self.probe: SpeedProbe | None = None
 
     def memory(self) -> RankMemory:
         return RankMemory(
@@ -80,6 +85,7 @@ class Progress:
             steps=batch.steps if batch else 0,
             busy=bool(batch and not batch.idle),
             memory=self.memory(),
+            speed=self.probe.last if self.probe else None,
         )
 
 
@@ -172,6 +178,8 @@ def _serve_as_conductor(
         progress.batch = LockstepBatch(
             model, tokenizer.eos_token_ids, job.serving, sample, _bytes_per_token(job)
         )
+        if progress.probe is not None:
+            progress.batch.after_step = progress.probe.maybe
         return progress.batch
 
     conductor = Conductor(
@@ -205,6 +213,8 @@ def _serve_as_follower(
     progress.batch = LockstepBatch(
         model, tokenizer.eos_token_ids, job.serving, sample, _bytes_per_token(job)
     )
+    if progress.probe is not None:
+        progress.batch.after_step = progress.probe.maybe
     supervisor.send(ready)
     follow(progress.batch, feed, group)
 
@@ -235,6 +245,15 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         Path(job.adapter_path) if job.adapter_path else None,
     )
     progress.load_peak = mx.get_peak_memory()
+    factor = None
+    if os.environ.get(FACTOR_ENV) or os.environ.get(FACTOR_FILE_ENV):  # the lab's slow device
+        from exo_tp.lab.slowdown import slow_down_from_env
+
+        factor = slow_down_from_env(model)
+    if job.speed_probe:
+        from exo_tp.runtime.speed_probe import SpeedProbe
+
+        progress.probe = SpeedProbe(model, (lambda: factor.factor) if factor else lambda: 1.0)
     mine = stage.tp.ranks[job.local_rank]
     log.info(
         "epoch %d rank %d: stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads "
@@ -263,6 +282,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
 
 def main() -> None:
     die_with_parent()
+    pin_from_env()  # the lab: one core per rank (nothing unless EXO_TP_CPUS is set)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack on stderr
     job = Assignment.model_validate_json(Path(sys.argv[1]).read_text())
     logging.basicConfig(

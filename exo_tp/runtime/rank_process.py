@@ -9,8 +9,10 @@ cleaning up.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
+from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.process.supervisor import (
     Child,
     Job,
@@ -44,10 +46,15 @@ def rank_environment(job: Assignment, folder: Path, key: bytes) -> dict[str, str
     return env
 
 
-def rank_job(job: Assignment, key: bytes, stall_timeout: float) -> Job:
+def rank_job(
+    job: Assignment,
+    key: bytes,
+    stall_timeout: float,
+    extra_env: Mapping[str, str] | None = None,
+) -> Job:
     """The supervisor's job for one rank; its folder (job file, hostfile) is made here and
-    removed with the rank. Ranks never write to stdout (`exo-tp launch` prints only the text
-    there)."""
+    removed with the rank. ``extra_env`` is added to its environment (the lab's work factor).
+    Ranks never write to stdout (`exo-tp launch` prints only the text there)."""
     remove_orphaned_folders(FOLDER_PREFIX)
     folder = private_folder(FOLDER_PREFIX)
     jobfile = folder / "job.json"
@@ -56,7 +63,7 @@ def rank_job(job: Assignment, key: bytes, stall_timeout: float) -> Job:
         name=f"rank {job.rank}",
         module="exo_tp.runtime.rank",
         argv=(str(jobfile),),
-        env=rank_environment(job, folder, key),
+        env={**rank_environment(job, folder, key), **(extra_env or {})},
         stall_timeout=stall_timeout,
         folder=str(folder),
         stdout="stderr",
@@ -74,3 +81,9 @@ def rank_memory(child: Child) -> RankMemory:
 
 def rank_ready(child: Child) -> Ready | None:
     return child.ready if isinstance(child.ready, Ready) else None
+
+
+def rank_speed(child: Child) -> RankSpeed | None:
+    """The rank's latest live speed sample (its heartbeats repeat the last one; None until
+    its probe has timed a pass, or when it does not probe)."""
+    return child.heartbeat.speed if isinstance(child.heartbeat, Heartbeat) else None

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.utils import load_model
 
 from exo_tp.arch import ArchTable, table_for
 from exo_tp.plan import ShardPlan, Span
@@ -20,7 +19,7 @@ from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.adapters import apply_to_block, check_layers, read_adapter
 from exo_tp.shard.blocks import BlockSharder
 from exo_tp.shard.layers import Absent, VocabParallelEmbedding, VocabParallelHead
-from exo_tp.shard.slicing import WeightSlicer
+from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import get_path, has_path, set_path
 
 
@@ -113,8 +112,7 @@ def load_shard(
     """
     model_dir = Path(model_dir)
     table = table_for(plan.spec.model_type)
-    model, _ = load_model(model_dir, lazy=True)
-    slicer = WeightSlicer(model_dir, model)
+    model, _, slicer = load_lazily(model_dir)
     ranks = [RankSelector(plan, r) for r in range(plan.size)]
     sharder = BlockSharder(table, slicer, ranks, rank, plan.spec.hidden_size, group)
     layers = layers or Span(start=0, stop=plan.spec.num_layers)

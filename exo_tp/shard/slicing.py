@@ -9,11 +9,13 @@ c/group), so slices are bit-exact and nothing is ever requantized.
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.utils import _get_classes, load_model
 
 from exo_tp.errors import ExoTpError
 from exo_tp.shard.safetensors_slices import Ranges, SafetensorsIndex
@@ -27,18 +29,15 @@ class ShardError(RuntimeError):
 
 
 class WeightSlicer:
-    """Slices of a model's parameters, from the safetensors files where they are stored as is."""
+    """Slices of a model's parameters, from the safetensors files where they are stored as is.
 
-    def __init__(self, model_dir: Path, model: nn.Module):
+    ``direct``: the file tensors mlx-lm's own load (sanitize() included) loaded unchanged, the only
+    ones that may be read straight from the files (load_lazily records them).
+    """
+
+    def __init__(self, model_dir: Path, direct: Iterable[str]):
         self.files = SafetensorsIndex(model_dir)
-        # Parameters that sanitize() leaves untouched are file tensors we may slice on disk.
-        raw: dict[str, mx.array] = {}
-        for path in sorted(Path(model_dir).glob("*.safetensors")):
-            raw.update(mx.load(str(path)))
-        # On a copy: some sanitize() methods also edit the model (gemma3 drops a tied lm_head).
-        sanitize = getattr(copy.copy(model), "sanitize", None)
-        sanitized = sanitize(dict(raw)) if sanitize else raw
-        self.direct = {k for k, v in sanitized.items() if raw.get(k) is v}
+        self.direct = frozenset(direct)
 
     def take(self, name: str, array: mx.array, axis: int, ranges: Ranges) -> mx.array:
         if name in self.direct and self.files.matches(name, array):
@@ -100,6 +99,48 @@ class WeightSlicer:
         _check_length(name, "heads", value["weight"].shape[0], expected)
         for part in _keys(name, value):
             value[part] = self.take(f"{name}.{part}", value[part], 0, ranges)
+
+
+def load_lazily(model_dir: Path) -> tuple[nn.Module, dict[str, Any], WeightSlicer]:
+    """mlx-lm's own load_model (lazy: nothing is read), and a slicer for what it loaded.
+
+    sanitize() is not a pure function of the weights: some architectures also edit the model in
+    it (gemma3_text removes its lm_head module when the file has none), so it must run once, on
+    the freshly built model, exactly where mlx-lm runs it (before quantization and loading).
+    Rather than calling it again, the model class is wrapped so that mlx-lm's own calls record
+    which file tensors reach load_weights unchanged (through sanitize and any later rewrite,
+    such as AWQ repacking): those alone may be sliced on disk.
+    """
+    loaded: dict[str, mx.array] = {}
+    direct: set[str] = set()
+
+    def classes(config: dict[str, Any]) -> tuple[type[nn.Module], type]:
+        model_class, args_class = _get_classes(config)
+        original = getattr(model_class, "sanitize", None)
+
+        def sanitize(self: nn.Module, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+            loaded.update(weights)  # before: some sanitize() edit the dict in place
+            return original(self, weights) if original is not None else weights
+
+        def load_weights(self: nn.Module, file_or_weights: Any, strict: bool = True) -> nn.Module:
+            if loaded and isinstance(file_or_weights, list):  # load_model's one call
+                direct.update(k for k, v in file_or_weights if loaded.get(k) is v)
+                loaded.clear()
+            return model_class.load_weights(self, file_or_weights, strict=strict)
+
+        recording = type(
+            model_class.__name__,
+            (model_class,),
+            {
+                "sanitize": sanitize,
+                "load_weights": load_weights,
+                "__module__": model_class.__module__,
+            },
+        )
+        return recording, args_class
+
+    model, config = load_model(Path(model_dir), lazy=True, get_model_classes=classes)
+    return model, config, WeightSlicer(Path(model_dir), direct)
 
 
 def _keys(name: str, module: nn.Module) -> list[str]:

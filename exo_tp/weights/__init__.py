@@ -1,6 +1,6 @@
 """Weights move between peers: a node holding the model files serves them, every other node
-fetches exactly its shard, and a re-plan moves only the difference (README: "Weights move
-between peers").
+fetches exactly its shard, and a re-plan moves only the difference (see
+docs/weights.md).
 
 Pure (no MLX, no I/O; frozen pydantic models):
 

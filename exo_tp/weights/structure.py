@@ -12,19 +12,18 @@ def model_structure(model_dir: Path) -> tuple[tuple[str, ...], frozenset[str]]:
     """(parameter names of the built model, file tensors read straight from the files).
 
     The model is built lazily, as the loader builds it (nothing is read), and the second set is
-    exactly what exo_tp.shard.slicing.WeightSlicer reads on disk: tensors sanitize() leaves as
-    they are, stored with the parameter's shape and dtype.
+    exactly what exo_tp.shard.slicing.WeightSlicer reads on disk: tensors mlx-lm's own load
+    (sanitize() included, called once as mlx-lm calls it) leaves as they are, stored with the
+    parameter's shape and dtype.
     """
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import load_model
 
-    from exo_tp.shard.slicing import WeightSlicer
+    from exo_tp.shard.slicing import load_lazily
 
     try:
-        model, _ = load_model(Path(model_dir), lazy=True)
+        model, _, slicer = load_lazily(Path(model_dir))
     except (FileNotFoundError, ValueError) as bad:
         raise ExoTpError(f"{model_dir}: mlx-lm cannot build the model: {bad}") from None
-    slicer = WeightSlicer(Path(model_dir), model)
     params = dict(tree_flatten(model.parameters()))
     sliceable = {
         name

@@ -20,6 +20,7 @@ from pydantic import Field, TypeAdapter
 
 from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.devices import LinkProfile
+from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.process.messages import (
     ChildFailed,
     ChildHeartbeat,
@@ -208,6 +209,7 @@ class Heartbeat(ChildHeartbeat):
 
     kind: Literal["heartbeat"] = "heartbeat"
     memory: RankMemory = RankMemory()
+    speed: RankSpeed | None = None  # its latest live speed sample (exo_tp.runtime.speed_probe)
 
 
 class RankFailed(ChildFailed):

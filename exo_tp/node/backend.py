@@ -1,0 +1,196 @@
+"""The public API's view of a node (`exo_tp.api.backend.Backend`): the one place where the
+node's states and failures become HTTP errors (`ApiError`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from exo_tp.api.defaults import GenerationDefaults
+from exo_tp.api.errors import FORWARD_PREFIX, ApiError
+from exo_tp.node.cluster_model import Prepared
+from exo_tp.node.dispatch import (
+    ClusterLost,
+    Dispatcher,
+    DispatchError,
+    GenerationFailed,
+    NotReady,
+    QueueFull,
+)
+from exo_tp.node.model_requests import ModelRequests
+from exo_tp.node.status_views import StatusViews
+from exo_tp.node.views import ClusterView, HealthView, PlanView
+from exo_tp.security.signing import control_headers
+from exo_tp.wire.runtime import Delta, Done, GenerateRequest
+
+
+def not_ready(reason: str) -> ApiError:
+    return ApiError(
+        503,
+        f"cluster not ready: {reason}",
+        kind="server_error",
+        code="cluster_not_ready",
+        retry_after=5,
+    )
+
+
+def api_error(error: DispatchError) -> ApiError:
+    """The HTTP error a client gets for a dispatch failure."""
+    if isinstance(error, QueueFull):
+        return ApiError(
+            429,
+            f"the cluster is busy: {error.running} requests "
+            f"running and {error.waiting} waiting; retry later",
+            kind="server_error",
+            code="queue_full",
+            retry_after=error.retry_after,
+        )
+    if isinstance(error, NotReady):
+        return not_ready(error.reason)
+    if isinstance(error, GenerationFailed):
+        return ApiError(
+            500,
+            f"generation failed: {error.message}",
+            kind="server_error",
+            code="generation_failed",
+        )
+    if isinstance(error, ClusterLost):
+        return ApiError(
+            503, f"generation failed: {error.reason}", kind="server_error", code="cluster_failure"
+        )
+    return ApiError(500, f"generation failed: {error}", kind="server_error")
+
+
+class NodeBackend:
+    def __init__(
+        self,
+        views: StatusViews,
+        dispatcher: Dispatcher,
+        requests: ModelRequests,
+        defaults: GenerationDefaults,
+    ):
+        self._views, self._dispatcher, self._requests = views, dispatcher, requests
+        self.node_id = views.config.node_id
+        self.started = views.started
+        self.defaults = defaults
+
+    # ---- the model served ------------------------------------------------------------------
+
+    def _current(self) -> Prepared | None:
+        joined = self._views.joined
+        return joined.models.current if joined else None
+
+    def _prepared(self) -> Prepared:
+        """The model this node serves requests for (as leader): the one it prepared last."""
+        current = self._current()
+        if current is None:
+            raise not_ready("no model loaded yet")
+        return current
+
+    @property
+    def model(self) -> str:
+        current = self._current()
+        return current.name if current else ""
+
+    @property
+    def tokenizer(self) -> TokenizerWrapper:
+        return self._prepared().tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return self._prepared().spec.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self._prepared().spec.vocab_size
+
+    def models_view(self) -> list[dict[str, Any]]:
+        """/v1/models: every model a member has the files of (one at a time is served)."""
+        joined = self._views.joined
+        if joined is None:
+            return []
+        serving = self._views.serving_key()
+        return [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(self.started),
+                "owned_by": "exo-tp",
+                "loaded": key == serving,
+            }
+            for name, key in joined.models.listing()
+        ]
+
+    def require_model(self, name: str) -> None:
+        """A request for ``name`` (on the leader): 404 if no member has it; 503 while another
+        listed model is served, after asking the leader to load this one."""
+        joined = self._views.joined
+        assert joined is not None
+        key = joined.models.key_of(name)
+        listing = joined.models.listing()
+        if key is None and not self._views.config.strict_model_names and len(listing) == 1:
+            key = listing[0][1]  # one model: it serves any name, as mlx_lm.server does
+        if key is None:
+            listed = ", ".join(f"'{n}'" for n, _ in listing) or "none yet"
+            raise ApiError(
+                404,
+                f"The model '{name}' does not exist; this cluster serves: {listed}.",
+                param="model",
+                code="model_not_found",
+            )
+        if key != self._views.serving_key():
+            self._requests.load(key, name)
+            raise ApiError(
+                503,
+                f"loading the model '{name}' (the cluster serves one model at "
+                f"a time); retry shortly",
+                kind="server_error",
+                code="model_loading",
+                retry_after=10,
+            )
+
+    # ---- where requests run ----------------------------------------------------------------
+
+    def leader_id(self) -> str | None:
+        return self._views.leader_id()
+
+    def generation_url(self) -> str | None:
+        if self._views.leads():
+            return None
+        joined = self._views.joined
+        leader = joined.peers.get(joined.peers.leader_id()) if joined else None
+        if leader is None:
+            raise ApiError(
+                503, "cluster not ready: no leader", kind="server_error", code="cluster_not_ready"
+            )
+        # over the leader's cluster listener: a flood of its public API cannot block it
+        return leader.control_url + FORWARD_PREFIX
+
+    def forward_headers(self, path: str, body: bytes) -> dict[str, str]:
+        return control_headers(self._views.config.secret, path, body)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+        events = self._dispatcher.generate(request)
+        try:
+            async for event in events:
+                yield event
+        except DispatchError as error:
+            raise api_error(error) from None
+        finally:
+            await events.aclose()
+
+    # ---- views -----------------------------------------------------------------------------
+
+    def serving_state(self) -> str:
+        return self._views.serving_state()
+
+    def health(self) -> HealthView:
+        return self._views.health()
+
+    def cluster_view(self) -> ClusterView:
+        return self._views.cluster()
+
+    async def plan_view(self) -> PlanView:
+        return await self._views.plan()

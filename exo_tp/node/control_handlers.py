@@ -1,0 +1,114 @@
+"""What a node does when its leader calls it (the signed control routes' handlers): fresh ports
+for an epoch, an assignment (fetch the shard if told to, then replace the worker), a release.
+It also lets a worker go once its leader is gone (it would spin in a dead ring)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from exo_tp.errors import ExoTpError
+from exo_tp.frozen import replace
+from exo_tp.node.cluster_model import weights_url
+from exo_tp.node.config import NodeConfig
+from exo_tp.node.control import (
+    Accepted,
+    Assign,
+    ControlRefused,
+    Ports,
+    PortsRequest,
+    Release,
+    Released,
+)
+from exo_tp.node.peers import Peers
+from exo_tp.node.weights import NodeWeights
+from exo_tp.node.worker import NodeWorker
+from exo_tp.transport.ports import free_ports
+
+log = logging.getLogger(__name__)
+
+
+class ControlHandlers:
+    def __init__(self, config: NodeConfig, worker: NodeWorker, weights: NodeWeights):
+        self.config, self.worker, self.weights = config, worker, weights
+        self.peers: Peers | None = None  # once the node announced itself
+        self.epoch_seen = 0  # the highest epoch a leader assigned
+        self.assigned_key: str | None = None  # the model of the latest assignment
+        self._loading: asyncio.Task[None] | None = None  # fetch, then start the worker
+
+    async def ports(self, request: PortsRequest) -> Ports:
+        ring, conductor, hop = free_ports(3, host=self.config.host)
+        return Ports(ring=ring, conductor=conductor, hop=hop)
+
+    async def assign(self, body: Assign) -> Accepted:
+        assignment = body.assignment
+        if self.peers is None or body.leader != self.peers.leader_id():
+            raise ControlRefused(f"{body.leader} is not my leader")
+        if assignment.epoch <= self.epoch_seen and assignment.epoch != 0:
+            raise ControlRefused("stale epoch")
+        self.epoch_seen = max(self.epoch_seen, assignment.epoch)
+        await self.stop_loading()
+        order = body.weights
+        self.assigned_key = order.key if order else None
+        if order is None:  # every node loads assignment.model from its own files
+            await self.worker.replace(assignment, body.leader)
+        elif not order.needs_fetch:
+            folder = self.weights.folder(order.key)
+            if folder is None:
+                raise ControlRefused(f"{self.config.node_id} has no files of {order.name}")
+            await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)
+        else:  # fetch the shard first; the leader follows the fetch in this node's status
+            await self.worker.replace(None)
+            self.worker.assigned_by = body.leader
+            self._loading = asyncio.create_task(
+                self._fetch_then_start(body), name=f"weights-{assignment.epoch}"
+            )
+        return Accepted(accepted=assignment.epoch)
+
+    async def release(self, body: Release) -> Released:
+        epoch = self.worker.epoch
+        if epoch is not None and epoch <= body.epoch:
+            await self.stop_loading()
+            await self.worker.replace(None)
+        return Released(released=body.epoch)
+
+    def _weight_urls(self) -> dict[str, str]:
+        assert self.peers is not None
+        return {
+            m.announcement.node_id: weights_url(m.announcement)
+            for m in self.peers.membership.members.values()
+        }
+
+    async def _fetch_then_start(self, body: Assign) -> None:
+        assert body.weights is not None
+        assignment = body.assignment
+        try:
+            folder = await self.weights.receive(body.weights, assignment.epoch, self._weight_urls())
+        except Exception as error:  # in the status: the leader fails the epoch, re-plans
+            message = (
+                str(error) if isinstance(error, ExoTpError) else f"{type(error).__name__}: {error}"
+            )
+            log.warning("epoch %d: %s", assignment.epoch, message)
+            self.weights.failed(assignment.epoch, body.weights, message)
+            return
+        await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)
+
+    async def stop_loading(self) -> None:
+        task, self._loading = self._loading, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def drop_orphan(self) -> None:
+        """Stop the worker (or its fetch) when the leader that assigned it is gone."""
+        assert self.peers is not None
+        leader = self.worker.assigned_by
+        loading = self._loading is not None and not self._loading.done()
+        if (
+            (self.worker.rank is not None or loading)
+            and leader != self.config.node_id
+            and leader not in self.peers.alive_ids()
+        ):
+            log.warning("leader %s is gone; stopping worker of epoch %s", leader, self.worker.epoch)
+            await self.stop_loading()
+            await self.worker.replace(None)

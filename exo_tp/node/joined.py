@@ -1,0 +1,19 @@
+"""The parts a node has once it announced itself to its cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exo_tp.node.cluster_model import ClusterModel
+from exo_tp.node.formation import Leader
+from exo_tp.node.peers import Peers
+
+
+@dataclass(frozen=True)
+class Joined:
+    peers: Peers  # discovery, membership, the status poll
+    models: ClusterModel  # which model the cluster serves, whose weights move where
+    leader: Leader  # formation, while this node leads
+
+    def leads(self) -> bool:
+        return self.leader.leads()

@@ -1,0 +1,102 @@
+"""place(): one epoch's plan, rank order, transfers and prediction, checked against facts
+the placement does not compute itself: the model's dimensions, what each node's rank reads
+(rank_boxes, proven equal to the loader's reads in test_weights_boxes.py) and what each node
+already holds."""
+
+from __future__ import annotations
+
+import pytest
+from weights_synthetic import llama_spec, synthetic_manifest
+
+from exo_tp.node.placement import Holdings, Member, Members, place
+from exo_tp.plan import plan_tensor_parallel
+from exo_tp.plan.pipeline import single_stage
+from exo_tp.weights.boxes import Boxes, rank_boxes, whole
+from exo_tp.weights.transfer import Holding, TransferError
+
+SPEC = llama_spec(6, 3, 64, 128, 192, 256, 2, True, None)
+
+
+def members(*weights: float, measured: bool = False, stages: tuple[int, ...] = ()) -> Members:
+    return Members(
+        members=tuple(
+            Member(node_id=n, weight=w, prefill_flops=2e10, memory_available=8 * 10**9)
+            for n, w in zip("abcdefgh", weights, strict=False)
+        ),
+        measured=measured,
+        stages=stages,
+    )
+
+
+def test_shares_sum_to_the_models_dimensions() -> None:
+    placed = place(SPEC, members(3, 2, 1), Holdings(files=frozenset("abc")))
+    (stage,) = placed.plan.stages
+    ranks = stage.tp.ranks
+    assert placed.rank_order == ("a", "b", "c") and placed.transfers is None
+    assert placed.prediction is None  # shares set by hand (not measured): no search
+    for dim, size in (("q_heads", SPEC.num_heads), ("ffn", 192), ("vocab", SPEC.vocab_size)):
+        spans = [r.span(dim) for r in ranks]
+        assert spans[0].start == 0 and spans[-1].stop >= size, dim
+        assert all(x.stop == y.start for x, y in zip(spans, spans[1:], strict=False)), dim
+    assert stage.layers.start == 0 and stage.layers.stop == SPEC.num_layers
+    # heavier nodes get no fewer rows
+    rows = [r.span("ffn").stop - r.span("ffn").start for r in ranks]
+    assert rows == sorted(rows, reverse=True)
+
+
+def test_forced_stages_plan_as_told() -> None:
+    placed = place(SPEC, members(1, 1, 1, stages=(2, 1)), Holdings(files=frozenset("abc")))
+    assert [len(s.ranks) for s in placed.plan.stages] == [2, 1]
+    layers = [s.layers for s in placed.plan.stages]
+    assert layers[0].start == 0 and layers[0].stop == layers[1].start
+    assert layers[1].stop == SPEC.num_layers
+    assert placed.rank_order == ("a", "b", "c")
+
+
+def test_measured_speeds_leave_a_slow_node_out() -> None:
+    """Twenty times slower than the others: the planner's prediction says it costs more than it
+    brings, so the epoch runs on the two fast nodes (as tests/test_node_planner.py runs it)."""
+    spec = llama_spec(9, 3, 64, 576, 1536, 49152, 30, True, None)  # smollm2-135m's shape
+    cluster = members(3e9, 3e9, 0.15e9, measured=True)
+    placed = place(spec, cluster, Holdings(files=frozenset("abc")))
+    assert sorted(placed.rank_order) == ["a", "b"]
+    assert placed.prediction is not None and placed.prediction.tokens_per_second > 0
+    assert placed.plan.stages[0].tp.weights == pytest.approx([0.5, 0.5])
+    assert placed.notes and "planner:" in placed.notes[0]
+
+
+def test_holders_keep_their_rows_and_newcomers_fetch_the_rest() -> None:
+    """``a`` has the files; ``b`` kept the second half of a two-node epoch in its store; ``c``
+    is new and listed first. The rank order puts ``b`` after ``a`` (where its rows still are);
+    every node's retained bytes are what it held of its share, and the rest is fetched."""
+    manifest = synthetic_manifest(SPEC, None)
+    old = single_stage(plan_tensor_parallel(SPEC, [1, 1]))
+    held = (
+        Holding(node="a", files=True, extras=True),
+        Holding(node="b", store=rank_boxes(manifest, old, 1)),
+        Holding(node="c"),
+    )
+    cluster = Members(members=tuple(Member(node_id=n, weight=1.0) for n in "cab"), measured=False)
+    placed = place(SPEC, cluster, Holdings(files=frozenset("a"), manifest=manifest, held=held))
+    order = placed.rank_order
+    assert sorted(order) == ["a", "b", "c"] and order.index("a") < order.index("b")
+    transfers = placed.transfers
+    assert transfers is not None and transfers.order == order
+    holding = {h.node: h for h in held}
+    for rank, node in enumerate(order):
+        share = rank_boxes(manifest, placed.plan, rank)
+        mine = whole(manifest) if holding[node].files else holding[node].store
+        part = transfers.node(node)
+        assert part.share == share
+        assert part.retained == share.meet(mine)
+        fetched = Boxes()
+        for fetch in part.fetches:
+            fetched = fetched.union(Boxes.of([(fetch.tensor, [(fetch.start, fetch.stop)])]))
+        assert fetched.union(part.retained) == share, node  # each byte once: held or fetched
+        assert not fetched.meet(part.retained).ranges, node
+    assert transfers.node("b").retained.nbytes(manifest) > 0
+
+
+def test_a_missing_manifest_is_a_clear_error() -> None:
+    with pytest.raises(TransferError, match="c lack the files"):
+        place(SPEC, members(1, 1, 1), Holdings(files=frozenset("ab")))
