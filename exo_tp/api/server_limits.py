@@ -49,7 +49,6 @@ REFUSALS_PER_SECOND = 200
 _FIRST_LINE_MAX = 2048  # bytes of a request line kept to pick the error shape of a bad request
 
 
-@dataclass(frozen=True)
 class ListenerStats(BaseModel):
     """One listener's connections now, and what it refused or timed out so far (/health)."""
 
@@ -59,6 +58,7 @@ class ListenerStats(BaseModel):
     head_timeouts: int
 
 
+@dataclass(frozen=True)
 class Limits:
     """One listener's bounds. 0 for a cap or a timeout means none."""
 
