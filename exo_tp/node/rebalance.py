@@ -39,7 +39,6 @@ DRAIN_SECONDS = 600.0
 SAMPLE_MAX_AGE = 15.0  # a sample older than this (an idle cluster probes nothing) is not news
 
 
-@dataclass
 class RankBalanceView(Frozen):
     rank: int
     node_id: str
@@ -71,6 +70,7 @@ class BalanceView(Frozen):
     rebalances: tuple[RebalanceView, ...]
 
 
+@dataclass
 class Rebalanced:
     """One re-plan the live speeds triggered (shown in the views)."""
 
