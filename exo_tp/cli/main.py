@@ -31,20 +31,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    remember_fd_limit()  # before mlx_lm's import lowers it (see raise_fd_limit)
-    args = build_parser().parse_args(argv)
-    exit_on_sigterm()
+def configure_logging(verbose: bool) -> None:
+    """stderr logging of every exo-tp process that serves (`exo-tp`, a local node's child)."""
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.INFO,
         stream=sys.stderr,
         format="%(levelname)s %(message)s",
     )
     log_flood.install()  # a flood of one error (a failing accept()) is summarised, not copied
-    if not args.verbose:
+    if not verbose:
         # One line per HTTP request (huggingface_hub talks through httpx): noise, not news.
         for name in ("httpx", "httpx2", "httpcore", "huggingface_hub"):
             logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    remember_fd_limit()  # before mlx_lm's import lowers it (see raise_fd_limit)
+    args = build_parser().parse_args(argv)
+    exit_on_sigterm()
+    configure_logging(args.verbose)
     try:
         return int(args.handler(args) or 0)
     except ExoTpError as error:

@@ -6,10 +6,11 @@ It tells the supervisor Ready once its API answers, or why it failed; it stops o
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
+from exo_tp.api.server_limits import remember_fd_limit
+from exo_tp.cli.main import configure_logging
 from exo_tp.cli.run import serve_node
 from exo_tp.node.options import NODE_OPTIONS_ENV, NodeOptions
 from exo_tp.process.child import SupervisorLink, run_child
@@ -19,8 +20,9 @@ from exo_tp.security.access import read_api_key
 
 
 def main() -> None:
+    remember_fd_limit()  # before mlx_lm's import lowers it (see raise_fd_limit), as `exo-tp`
     exit_on_sigterm()  # until the node's own handler takes over: `finally` blocks still run
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+    configure_logging(verbose=False)  # the same as `exo-tp run`'s: the flood filter included
     options = NodeOptions.model_validate_json(os.environ.pop(NODE_OPTIONS_ENV))
     # ``--node-id ID`` on the command line only labels the process for `ps`
     if sys.argv[1:] not in ([], ["--node-id", options.node_id]):
