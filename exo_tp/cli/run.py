@@ -189,6 +189,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "cluster lists one model, such a request is served by it (as mlx_lm.server does)",
     )
     p.add_argument(
+        "--models-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="a folder of model folders the web UI's model picker lists too (repeatable)",
+    )
+    p.add_argument(
         "--local-nodes", type=positive_int, help="run a whole cluster of N nodes on this machine"
     )
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
@@ -524,6 +531,8 @@ def _run_local(args: argparse.Namespace) -> int:
         extra += ["--adapter-path", args.adapter_path]
     if args.strict_model_names:
         extra.append("--strict-model-names")
+    for folder in args.models_dir:
+        extra += ["--models-dir", str(folder)]
     if args.allowed_origins is not None:
         extra += ["--allowed-origins", args.allowed_origins]
     # Secrets reach the nodes through their environment, never their command lines.
@@ -644,6 +653,7 @@ async def _serve(
         api_limits=api_limits,
         cluster_limits=cluster_limits,
         strict_model_names=args.strict_model_names,
+        models_dirs=tuple(args.models_dir),
     )
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None
