@@ -54,7 +54,10 @@ def model_dir(default_models: dict[str, Path], tmp_path_factory: pytest.TempPath
 
 @pytest.fixture(scope="module")
 def cluster(model_dir: Path) -> Iterator[LocalCluster]:
-    with local_cluster(2, weights=[0.6, 0.4], model=str(model_dir)) as running:
+    # strict names: an unknown model is a 404 in each dialect's shape (test_refusals_are_clear)
+    with local_cluster(
+        2, weights=[0.6, 0.4], model=str(model_dir), extra=("--strict-model-names",)
+    ) as running:
         yield running
 
 

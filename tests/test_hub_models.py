@@ -214,3 +214,60 @@ def test_cluster_one_node_downloads_peers_get_shards(
             assert not list((tmp_path / f"hf{i}").glob("**/*.safetensors"))
     finally:
         trap.stop()
+
+
+def test_picker_loads_a_hub_model_one_node_downloads(
+    hub: StandInHub, repo_files: Path, tmp_path: Path
+) -> None:
+    """A 2-node cluster serving the default model is asked (as the web UI's picker asks) for a
+    hub model neither has: the leader downloads it once, its peer gets only its shard, and the
+    cluster then serves it exactly. Each node has its own stand-in hub: the one that is not
+    the leader's must never hear from its node. An unknown repo then gets a 404 in one line."""
+    other = StandInHub(repos={REPO: Repo.from_folder(repo_files)}).start()
+    try:
+        envs = [hub_env(hub, tmp_path / "hf0"), hub_env(other, tmp_path / "hf1")]
+        with loopback_nodes([[], []], "smollm2-135m", tmp_path, node_env=envs) as nodes:
+            status, answer = http_json(f"{nodes.urls[1]}/v1/models/load", {"model": REPO})
+            assert status == 200 and answer["state"] == "downloading", answer
+            deadline = time.monotonic() + 300
+            while True:
+                status, catalog = http_json(f"{nodes.urls[1]}/v1/models/catalog", timeout=30)
+                assert status == 200, catalog
+                loaded = [m["name"] for m in catalog["models"] if m["loaded"]]
+                ready = http_json(f"{nodes.urls[1]}/health")[1]["state"] == "ready"
+                if loaded == [REPO] and ready:
+                    break
+                assert time.monotonic() < deadline, catalog
+                time.sleep(0.5)
+            assert [d["state"] for d in catalog["downloads"]] == ["done"]
+            names = {m["name"]: m for m in catalog["models"]}
+            assert names["smollm2-135m"]["fits"] is True
+            status, completion = http_json(
+                f"{nodes.urls[1]}/v1/completions",
+                {"model": REPO, "prompt": PROMPT, "max_tokens": 8, "temperature": 0},
+                timeout=300,
+            )
+            assert status == 200, completion
+
+            for _ in range(60):
+                status, error = http_json(
+                    f"{nodes.urls[0]}/v1/chat/completions",
+                    {"model": "tiny-org/no-such", "messages": [{"role": "user", "content": "hi"}]},
+                    timeout=30,
+                )
+                if status != 503:
+                    break
+                time.sleep(0.5)
+            assert status == 404, error
+            assert "no such model on the hub" in error["error"]["message"]
+        downloaders = [h for h in (hub, other) if h.served]
+        assert len(downloaders) == 1  # one node downloaded; the other asked no hub at all
+        silent = other if downloaders[0] is hub else hub
+        assert not [r for r in silent.requests if REPO in r[2]]
+        for shard in SHARDS:
+            assert downloaders[0].served[shard] == len(hub.repos[REPO].files[shard])
+        home = tmp_path / ("hf0" if downloaders[0] is hub else "hf1")
+        reference = mlx_lm_reference(cached_folder(home), PROMPT, 8, chat_template=False)
+        assert completion["choices"][0]["text"] == reference.text
+    finally:
+        other.stop()

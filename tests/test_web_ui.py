@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from cluster_helpers import LocalCluster, http_json, local_cluster
+from cluster_helpers import LocalCluster, http_json, local_cluster, wait_ready
 
 from exo_tp.node.views import plan_view
 from exo_tp.plan import load_spec
@@ -79,7 +79,8 @@ return last ? {state: last.dataset.state, text: last.querySelector('.content').t
 
 @pytest.fixture(scope="module")
 def cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
-    with local_cluster(3, weights=[5, 3, 2]) as running:
+    # strict names: the page must show a 404 for an unknown model (test_api_errors_...)
+    with local_cluster(3, weights=[5, 3, 2], extra=("--strict-model-names",)) as running:
         yield running
 
 
@@ -371,6 +372,75 @@ def node_process(cluster: LocalCluster, node_id: str) -> psutil.Process:
         if node_id in child.cmdline():
             return child
     raise AssertionError(f"no process for {node_id}")
+
+
+PICKER_ROWS = """
+return [...document.querySelectorAll('#models tbody tr')].map((row) => ({
+  model: row.dataset.model,
+  serving: !!row.querySelector('.tag'),
+  fits: row.querySelector('[data-field=fits]').textContent,
+  button: !!row.querySelector('button'),
+}));
+"""
+
+
+def picker_rows(driver: Any) -> list[dict[str, Any]]:
+    return driver.execute_script(PICKER_ROWS)
+
+
+def click(driver: Any, selector: str) -> None:
+    """Click in one script: the table is redrawn on every poll, so a found element can go
+    stale before a separate click reaches it."""
+    driver.execute_script("document.querySelector(arguments[0]).click()", selector)
+
+
+def serving_in_page(driver: Any, model: str) -> bool:
+    return any(r["model"] == model and r["serving"] for r in picker_rows(driver))
+
+
+def test_model_picker_lists_loads_and_downloads(cluster: LocalCluster, page: Any) -> None:
+    """The picker shows what /v1/models/catalog says, Load switches the cluster's model (and
+    back), and a typed hub id shows its download's state and error in the page."""
+    status, catalog = http_json(cluster.urls[1] + "/v1/models/catalog", timeout=30)
+    assert status == 200, catalog
+    expected = {m["name"]: m for m in catalog["models"]}
+    assert {MODEL, "smollm2-135m-q4"} <= set(expected)
+    wait(page, lambda d: {r["model"] for r in picker_rows(d)} == set(expected), 20, "no list")
+    for row in picker_rows(page):
+        want = expected[row["model"]]
+        assert row["fits"] == (
+            "?" if want["fits"] is None else "fits" if want["fits"] else "too big"
+        )
+        assert row["serving"] == want["loaded"] and row["button"] == (not want["loaded"])
+    try:
+        page.find_element(
+            By.CSS_SELECTOR, '#models tr[data-model="smollm2-135m-q4"] button'
+        ).click()
+        wait(page, lambda d: serving_in_page(d, "smollm2-135m-q4"), 120, "Load never switched")
+        wait_ready(cluster.urls, nodes=3)
+        status, answer = http_json(
+            cluster.urls[0] + "/v1/completions",
+            {"model": "smollm2-135m-q4", "prompt": "Hello", "max_tokens": 2},
+            timeout=120,
+        )
+        assert status == 200 and answer["model"] == "smollm2-135m-q4", answer
+    finally:
+        click(page, f'#models tr[data-model="{MODEL}"] button')
+        wait(page, lambda d: serving_in_page(d, MODEL), 120, "Load never switched back")
+        wait_ready(cluster.urls, nodes=3)
+    # No hub is reachable from these nodes: the typed id's download fails, and says why.
+    set_field(page, "model-input", "tiny-org/absent")
+    page.find_element(By.CSS_SELECTOR, "#model-form button").click()
+    failed = '#models .download[data-model="tiny-org/absent"][data-state="failed"]'
+    text = wait(
+        page,
+        lambda d: d.execute_script(
+            "return document.querySelector(arguments[0])?.textContent", failed
+        ),
+        60,
+        "no failed download",
+    )
+    assert "cannot reach the hub" in text
 
 
 def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> None:

@@ -93,3 +93,13 @@ export async function* streamChat(body, signal) {
   }
   throw new ApiError("the stream ended before the answer was complete");
 }
+
+// A JSON POST (loading a model, starting a download); errors as ApiError like the views.
+export async function postJson(path, body) {
+  return (await request(path, () => ({
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(VIEW_TIMEOUT_MS),
+  }))).json();
+}

@@ -5,6 +5,7 @@ import { Chat } from "./chat.js";
 import { claimColors } from "./colors.js";
 import { h, installTooltip } from "./dom.js";
 import { installKeyDialog } from "./key.js";
+import { ModelPicker } from "./models.js";
 import { normalizePlan, predictedView, renderLayout } from "./layout.js";
 import { renderGraph, renderNodes, topologyNote } from "./topology.js";
 
@@ -16,6 +17,10 @@ const chat = new Chat({
   maxTokens: $("chat-max-tokens"), temperature: $("chat-temperature"), send: $("chat-send"),
   logprobs: $("chat-logprobs"), tools: $("chat-tools"),
   clear: $("chat-clear"), messages: $("messages"), stats: $("chat-stats"), error: $("chat-error"),
+});
+
+const picker = new ModelPicker({
+  table: $("models"), form: $("model-form"), input: $("model-input"), note: $("model-note"),
 });
 
 let shownPlan = null; // the plan response drawn now (JSON), to redraw only on change
@@ -87,6 +92,7 @@ async function poll() {
     drawPlan(plan.value);
   }
   banner(problems);
+  await picker.refresh();
 }
 
 async function loop() {

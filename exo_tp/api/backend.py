@@ -52,6 +52,14 @@ class Backend(Protocol):
     async def plan_view(self) -> BaseModel:
         """/v1/plan: the epoch's plan and the cost model's prediction."""
 
+    def model_catalog(self) -> BaseModel:
+        """The model picker's list: every model the cluster can serve, its fit and predicted
+        speed, and the hub downloads under way."""
+
+    async def load_model(self, name: str) -> BaseModel:
+        """Serve ``name`` next (what a request naming it does; a hub id is downloaded first);
+        raises `ApiError` for a model that cannot be had."""
+
     def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         """The events of one generation; raises `ApiError` (503 while the cluster is not
         ready, 429 when the queue is full); closing the iterator early cancels it."""

@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
 from exo_tp.api import anthropic_api, ollama_api, openai_api, responses_api
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
 from exo_tp.api.guard import install_guard
-from exo_tp.api.http_io import MAX_BODY, read_body
+from exo_tp.api.http_io import MAX_BODY, off_loop, read_body, validate
 from exo_tp.api.proxy import pass_through
 from exo_tp.api.server_limits import body_deadline
 from exo_tp.security.access import ApiAccess
@@ -126,6 +126,28 @@ async def health(request: web.Request) -> web.Response:
 @ROUTES.get("/models")
 async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": _node(request).models_view()})
+
+
+@ROUTES.get("/v1/models/catalog")
+async def model_catalog(request: web.Request) -> web.StreamResponse:
+    """The web UI's model picker (any member knows the others' offers and devices)."""
+    return _view(await off_loop(_node(request).model_catalog))
+
+
+class LoadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, max_length=300)
+
+
+@ROUTES.post("/v1/models/load")
+async def load_model(request: web.Request) -> web.StreamResponse:
+    """Load a model as a request naming it would (downloading a hub id first)."""
+
+    async def answer(node: Backend, request: web.Request) -> web.StreamResponse:
+        body = validate(LoadRequest, await read_body(request))
+        return _view(await node.load_model(body.model))
+
+    return await _on_leader(request, answer)
 
 
 @ROUTES.get("/v1/models/{model_id:.+}")

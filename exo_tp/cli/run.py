@@ -189,6 +189,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "cluster lists one model, such a request is served by it (as mlx_lm.server does)",
     )
     p.add_argument(
+        "--models-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="a folder of model folders the web UI's model picker lists too (repeatable)",
+    )
+    p.add_argument(
         "--local-nodes", type=positive_int, help="run a whole cluster of N nodes on this machine"
     )
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
@@ -511,6 +518,7 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
         rebalance=rebalance_setting(args) == "on",
         rebalance_threshold=args.rebalance_threshold,
         lab=None if args.local_nodes else node_lab(args),
+        models_dirs=tuple(str(folder) for folder in args.models_dir),
     )
 
 
@@ -679,6 +687,7 @@ async def _serve(
         api_limits=api_limits,
         cluster_limits=cluster_limits,
         strict_model_names=options.strict_model_names,
+        models_dirs=tuple(Path(folder) for folder in options.models_dirs),
     )
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None

@@ -3,13 +3,17 @@ node's states and failures become HTTP errors (`ApiError`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.errors import FORWARD_PREFIX, ApiError
+from exo_tp.frozen import Frozen
+from exo_tp.models.catalog import local_models
+from exo_tp.models.hub import HubError, HubRef, hub_ref
 from exo_tp.node.cluster_model import Prepared
 from exo_tp.node.dispatch import (
     ClusterLost,
@@ -19,6 +23,8 @@ from exo_tp.node.dispatch import (
     NotReady,
     QueueFull,
 )
+from exo_tp.node.hub_downloads import HubDownloads
+from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.model_requests import ModelRequests
 from exo_tp.node.status_views import StatusViews
 from exo_tp.node.views import ClusterView, HealthView, PlanView
@@ -63,6 +69,11 @@ def api_error(error: DispatchError) -> ApiError:
     return ApiError(500, f"generation failed: {error}", kind="server_error")
 
 
+class LoadAnswer(Frozen):
+    model: str
+    state: Literal["loaded", "loading", "downloading"]
+
+
 class NodeBackend:
     def __init__(
         self,
@@ -70,8 +81,11 @@ class NodeBackend:
         dispatcher: Dispatcher,
         requests: ModelRequests,
         defaults: GenerationDefaults,
+        downloads: HubDownloads,
+        catalog: ModelCatalog,
     ):
         self._views, self._dispatcher, self._requests = views, dispatcher, requests
+        self._downloads, self._catalog = downloads, catalog
         self.node_id = views.config.node_id
         self.started = views.started
         self.defaults = defaults
@@ -130,6 +144,9 @@ class NodeBackend:
         assert joined is not None
         key = joined.models.key_of(name)
         listing = joined.models.listing()
+        ref = hub_ref(name) if key is None else None
+        if ref is not None:  # a hub model no member has: this node (the leader) fetches it
+            raise self._downloading(ref)
         if key is None and not self._views.config.strict_model_names and len(listing) == 1:
             key = listing[0][1]  # one model: it serves any name, as mlx_lm.server does
         if key is None:
@@ -150,6 +167,58 @@ class NodeBackend:
                 code="model_loading",
                 retry_after=10,
             )
+
+    def _downloading(self, ref: HubRef) -> ApiError:
+        """503 while ``ref`` downloads (then it is loaded), or the download's own 4xx/5xx."""
+        name = str(ref)
+        try:
+            progress = self._downloads.want(ref, lambda key: self._requests.load(key, name))
+        except HubError as error:
+            return ApiError(error.status, str(error), param="model", code="model_unavailable")
+        got = f" ({progress.done / 1e6:.1f} of {progress.total / 1e6:.1f} MB)" if progress else ""
+        return ApiError(
+            503,
+            f"downloading the model '{name}'{got}; it is loaded when done; retry shortly",
+            kind="server_error",
+            code="model_downloading",
+            retry_after=10,
+        )
+
+    def model_catalog(self) -> CatalogView:
+        joined = self._views.joined
+        if joined is None:
+            raise not_ready("the node has not joined a cluster yet")
+        downloads = list(self._downloads.views())
+        for node_id in joined.peers.alive_ids():
+            status = joined.peers.status(node_id)
+            if node_id != self.node_id and status is not None:
+                downloads += status.downloads  # the leader's, where a page asks another node
+        return self._catalog.view(
+            joined, self._views.serving_key(), self._views.profile, tuple(downloads)
+        )
+
+    async def load_model(self, name: str) -> LoadAnswer:
+        """What a request naming ``name`` does (the picker's Load), answered without a 503."""
+        joined = self._views.joined
+        if joined is None:
+            raise not_ready("the node has not joined a cluster yet")
+        if joined.models.key_of(name) is None and hub_ref(name) is None:
+            local = {m.name: m for m in local_models(self._catalog.models_dirs)}
+            if name in local:  # on this node's disk: offer it, then load it
+                key = await asyncio.to_thread(
+                    self._views.weights.add_folder, name, local[name].folder
+                )
+                self._requests.load(key, name)
+                return LoadAnswer(model=name, state="loading")
+        try:
+            self.require_model(name)
+        except ApiError as error:
+            if error.code == "model_loading":
+                return LoadAnswer(model=name, state="loading")
+            if error.code == "model_downloading":
+                return LoadAnswer(model=name, state="downloading")
+            raise
+        return LoadAnswer(model=name, state="loaded")
 
     # ---- where requests run ----------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.server_limits import Limits
@@ -40,6 +41,7 @@ class NodeConfig:
     cluster_limits: Limits = Limits()  # the cluster listener's (control, weights, forwards)
     # False: with one model listed, a request naming another is served by it (mlx_lm.server)
     strict_model_names: bool = False
+    models_dirs: tuple[Path, ...] = ()  # folders of model folders the picker lists too
 
     @property
     def listen_host(self) -> str:

@@ -15,6 +15,7 @@ from typing import Literal
 from aiohttp import web
 
 from exo_tp.frozen import Frozen
+from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
@@ -64,6 +65,7 @@ class NodeStatus(Frozen):
     links: tuple[LinkProfile, ...] = ()  # its worker's stage links, timed as the group formed
     weights: WeightsStatus = WeightsStatus()  # models it offers, its fetch, bytes it served
     speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
+    downloads: tuple[DownloadProgress, ...] = ()  # hub models it is fetching (or fetched)
 
 
 class PortsRequest(Frozen):

@@ -282,7 +282,7 @@ class Leader:
 
     # ---- planning and forming --------------------------------------------------------------
 
-    def _members(
+    def members_for(
         self, spec: ModelSpec, eligible: list[Announcement], own_profile: ProfileSummary | None
     ) -> Members:
         """The eligible members as placement sees them (this node first, then by id): share
@@ -331,7 +331,7 @@ class Leader:
         try:
             model = await self.models.prepare(key, eligible_ids)
             me = self.peers.status(self.me)
-            facts = self._members(model.spec, eligible, me.profile if me else None)
+            facts = self.members_for(model.spec, eligible, me.profile if me else None)
             holdings = await self.models.holdings(model, eligible)
             placement = await asyncio.to_thread(place, model.spec, facts, holdings)
         except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
@@ -437,7 +437,7 @@ class Leader:
             balance.begin(led, [m.node_id for m in members], weights)
             me = self.peers.status(self.me)
             spec = led.plan.stages[0].tp.spec
-            eligible = self._members(spec, members, me.profile if me else None)
+            eligible = self.members_for(spec, members, me.profile if me else None)
             candidate, chosen, _, _ = plan_of(spec, eligible)
             gain = replan_gain(led.plan, led.nodes, candidate, list(chosen), balance.speeds())
             if gain is not None and gain <= balance.policy.threshold / 2:

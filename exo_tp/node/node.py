@@ -29,9 +29,11 @@ from exo_tp.node.control import ControlClient, NodeStatus, control_app
 from exo_tp.node.control_handlers import ControlHandlers
 from exo_tp.node.dispatch import Dispatcher
 from exo_tp.node.formation import Leader
+from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
 from exo_tp.node.listeners import Listeners, guard_cluster_app, mount_forwarded_api
 from exo_tp.node.memory import memory_now
+from exo_tp.node.model_catalog import ModelCatalog
 from exo_tp.node.model_requests import ModelRequests
 from exo_tp.node.peers import Peers
 from exo_tp.node.status_views import StatusViews
@@ -61,7 +63,15 @@ class Node:
         self.views = StatusViews(
             config, profile, self.worker, weights, self.dispatcher, self.handlers
         )
-        self.backend = NodeBackend(self.views, self.dispatcher, self.requests, config.defaults)
+        self.downloads = self.views.downloads = HubDownloads(weights)
+        self.backend = NodeBackend(
+            self.views,
+            self.dispatcher,
+            self.requests,
+            config.defaults,
+            self.downloads,
+            ModelCatalog(config.models_dirs),
+        )
         self.joined: Joined | None = None
         self.listeners = Listeners()  # the public API's and the cluster's, apart
         self.views.listeners = self.listeners
@@ -142,6 +152,7 @@ class Node:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.handlers.stop_loading()
         await self.worker.close()
+        await self.downloads.close()
         await self.weights.close()
         self.dispatcher.stop()
         if self.joined is not None:

@@ -67,3 +67,4 @@ class NodeOptions(Frozen):
     rebalance: bool  # --rebalance, auto resolved where the flags were parsed
     rebalance_threshold: float
     lab: NodeLab | None  # None: the lab is off (nothing wrapped, no rank pinned)
+    models_dirs: tuple[str, ...]  # folders of model folders the web UI's picker lists too

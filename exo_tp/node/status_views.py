@@ -15,6 +15,7 @@ from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import NodeStatus
 from exo_tp.node.control_handlers import ControlHandlers
 from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
 from exo_tp.node.listeners import Listeners
 from exo_tp.node.rebalance import BalanceView
@@ -53,6 +54,7 @@ class StatusViews:
         self.joined: Joined | None = None  # once the node announced itself
         self.session: aiohttp.ClientSession | None = None  # for the leader's plan
         self.listeners: Listeners | None = None  # set by the node once it listens
+        self.downloads: HubDownloads | None = None  # set by the node
 
     # ---- the cluster as this node sees it --------------------------------------------------
 
@@ -111,6 +113,7 @@ class StatusViews:
             links=worker.links,
             weights=self.weights.status(),
             speed=worker.speed,
+            downloads=self.downloads.views() if self.downloads else (),
         )
 
     # ---- for the public API ----------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Literal
 
 from exo_tp.api.server_limits import ListenerStats
 from exo_tp.frozen import Frozen
+from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.control import MachineMemory, NodeStatus, Stall, WorkerState
 from exo_tp.node.rebalance import BalanceView
@@ -171,6 +172,7 @@ class NodeView(Frozen):
     # live: total/available/used bytes of the machine, worker_rss of its worker
     memory: MachineMemory | None
     weights: NodeWeightsView | None
+    downloads: tuple[DownloadProgress, ...] = ()  # hub models it fetches (bytes and total)
 
     @staticmethod
     def of(
@@ -199,6 +201,7 @@ class NodeView(Frozen):
             profile=status.profile if status else None,
             memory=status.memory if status else None,
             weights=NodeWeightsView.of(status.weights, serving) if status else None,
+            downloads=status.downloads if status else (),
         )
 
 

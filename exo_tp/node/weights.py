@@ -167,6 +167,13 @@ class NodeWeights:
         for lock in self._locks:
             lock.close()
 
+    def add_folder(self, name: str, folder: Path) -> str:
+        """A model folder this node got while running (a hub download): offered from the next
+        status poll on. Returns its key."""
+        key = folder_key(folder)
+        self.folders.setdefault(key, OwnFolder(name, Path(folder), key, weight_bytes(folder)))
+        return key
+
     # ---- what this node has ---------------------------------------------------------------
 
     def folder(self, key: str) -> Path | None:
