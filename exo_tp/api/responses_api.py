@@ -44,6 +44,7 @@ from exo_tp.api.responses_shapes import (
     StreamEvent,
     Usage,
 )
+from exo_tp.frozen import replace
 from exo_tp.wire.runtime import Delta, Done
 
 
@@ -132,7 +133,7 @@ class _Output:
             )
             self.items.append(item)
             index = len(self.items) - 1
-            started = item.model_copy(update={"arguments": "", "status": "in_progress"})
+            started = replace(item, arguments="", status="in_progress")
             events += [
                 ItemEvent(type="response.output_item.added", output_index=index, item=started),
                 ArgumentsDelta(item_id=item.id, output_index=index, delta=item.arguments),
