@@ -345,7 +345,7 @@ def _exit_event(child: Child, code: int) -> Failed | Exited:
         return Failed(
             child=name,
             reason="signal",
-            message=f"exited with code {code} ({_signal_name(-code)})",
+            message=f"exited with code {code}: killed by signal {_signal_name(-code)}",
             signal=-code,
         )
     if code > 0:
