@@ -57,6 +57,15 @@ def hybrid_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def pipeline_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
+    """2 stages of 1 rank, overlapped (the default): one micro-batch per stage in flight."""
+    with local_cluster(
+        2, weights=[1, 1], extra=("--stages", "1,1", "--max-concurrency", "8")
+    ) as running:
+        yield running
+
+
 def client(url: str) -> OpenAI:
     return OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
 
@@ -115,6 +124,15 @@ def test_concurrent_requests_on_a_hybrid_pipeline_equal_one_device(
     hybrid_cluster: LocalCluster, references: dict[str, str]
 ) -> None:
     answers = concurrent_answers(hybrid_cluster.urls[0])
+    assert answers == references
+
+
+def test_concurrent_requests_on_an_overlapped_pipeline_equal_one_device(
+    pipeline_cluster: LocalCluster, references: dict[str, str]
+) -> None:
+    """Requests join both lanes mid-generation; each stage steps one lane while the other
+    stage steps the other."""
+    answers = concurrent_answers(pipeline_cluster.urls[0])
     assert answers == references
 
 

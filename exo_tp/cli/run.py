@@ -163,6 +163,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "long prompt never freezes running streams (default 512)",
     )
     serving.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="pipelines: keep one batch in flight across the stages instead of one "
+        "micro-batch per stage (every stage busy under load)",
+    )
+    serving.add_argument(
         "--prompt-cache-size",
         type=int,
         default=10,
@@ -479,6 +486,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
         return ServingOptions(
             max_concurrency=args.max_concurrency,
             prefill_step_size=args.prefill_step_size,
+            overlap=args.overlap,
             prompt_cache_size=args.prompt_cache_size,
             prompt_cache_bytes=args.prompt_cache_bytes,
         )

@@ -17,11 +17,23 @@ the next change and applies exactly that one (the conductor likewise), then step
 
 Ranks of earlier pipeline stages are not in the last stage's group: they receive the sampled
 tokens and the same count in a `Tokens` message on the same TCP link as the changes.
+
+Overlapped pipelines (``lanes`` > 1, one lane per stage): the batch is split into lanes, each
+its own generator, and every rank steps them in turn (lane = position mod lanes), so while the
+last stage works on one lane the earlier stages already work on the next. An Insert names its
+lane. Earlier stages cannot wait for a lane's sampled tokens inside its step (that would
+serialise the stages again): their sampler hands the generator placeholders, and the real
+tokens (a `Tokens` message, by uid) replace them right before the lane's next step, one
+round later. The changes before position p are those counted by the broadcast of position
+p - max(2, lanes): a position whose tokens every rank holds by then without waiting longer
+than it must anyway. With one request only its lane has work and the others are skipped, so
+one stream runs exactly as without lanes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +44,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from exo_tp.runtime.job import ServingOptions
 from exo_tp.runtime.prompt_cache import PromptCache
-from exo_tp.wire.runtime import Insert, Remove
+from exo_tp.wire.runtime import Insert, Remove, Tokens
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +52,17 @@ Word = mx.array | int  # the committed-changes count of one broadcast
 # A rank's part of sampling: the step's log-probabilities (B, V) in, the agreed tokens (B,)
 # and the broadcast count out.
 RankSampler = Callable[[mx.array], tuple[mx.array, Word]]
+# Earlier stages of an overlapped pipeline: the conductor's next Tokens message.
+TokenFeed = Callable[[], Tokens]
 Response = GenerationBatch.Response
 
 
 class DivergedError(RuntimeError):
     """This rank's batch no longer matches the conductor's (a bug: the epoch must end)."""
+
+
+def _word_value(word: Word) -> int:
+    return int(word.item()) if isinstance(word, mx.array) else word
 
 
 class LockstepBatch:
@@ -53,19 +71,29 @@ class LockstepBatch:
         model: nn.Module,
         eos_tokens: Sequence[int],
         options: ServingOptions,
-        sample: RankSampler,
+        sample: RankSampler | None,
         bytes_per_token: int,
+        lanes: int = 1,
+        deferred: TokenFeed | None = None,
     ):
+        """``sample``: this rank's part of sampling; None with ``deferred`` (earlier stages of
+        an overlapped pipeline, whose tokens arrive a round later)."""
+        if (sample is None) == (deferred is None):
+            raise ValueError("a rank samples either now or deferred")
         self.model = model
-        self._sample = sample
-        self.generator = BatchGenerator(
-            model,
-            stop_tokens=[[t] for t in eos_tokens],
-            sampler=self._sampler,
-            completion_batch_size=options.max_concurrency,
-            prefill_batch_size=min(8, options.max_concurrency),
-            prefill_step_size=options.prefill_step_size,
-        )
+        self._sample, self._deferred = sample, deferred
+        self.lanes = [
+            BatchGenerator(
+                model,
+                stop_tokens=[[t] for t in eos_tokens],
+                sampler=self._sampler,
+                completion_batch_size=options.max_concurrency,
+                prefill_batch_size=min(8, options.max_concurrency),
+                prefill_step_size=options.prefill_step_size,
+            )
+            for _ in range(lanes)
+        ]
+        self.generator = self.lanes[0]
         self.prompt_cache = (
             PromptCache(options.prompt_cache_size, options.prompt_cache_bytes, bytes_per_token)
             if options.prompt_cache_size > 0
@@ -76,18 +104,48 @@ class LockstepBatch:
         self.active: set[int] = set()  # uids in the batch
         self.steps = 0
         self.after_step: Callable[[], None] | None = None  # e.g. the live speed probe
+        # Lanes only: the lane of each uid, the visits since the batch was last idle, the last
+        # broadcast count of each recent visit, the largest count already agreed, the rows
+        # each deferred sampling still owes (visit, lane, rows), and tokens received by uid.
+        self._lane_of: dict[int, int] = {}
+        self._position = 0
+        self._word_at: dict[int, Word] = {}
+        self._floor = 0
+        self._owed: deque[tuple[int, int, int]] = deque()
+        self._received: list[dict[int, int]] = [{} for _ in range(lanes)]
 
     def _sampler(self, logprobs: mx.array) -> mx.array:
+        if self._deferred is not None:  # placeholders; the tokens replace them a round later
+            rows = logprobs.shape[0]
+            self._owed.append((self._position, self._position % len(self.lanes), rows))
+            return mx.zeros((rows,), dtype=mx.uint32)
+        assert self._sample is not None
         tokens, word = self._sample(logprobs)
-        self._words.append(word)
+        if len(self.lanes) == 1:
+            self._words.append(word)
+        else:
+            self._word_at[self._position] = word
         return tokens
 
     @property
     def idle(self) -> bool:
         return not self.active
 
+    @property
+    def lane_count(self) -> int:
+        return len(self.lanes)
+
+    def lane_loads(self) -> list[int]:
+        """Sequences in each lane (the conductor puts a joining request in the lightest)."""
+        loads = [0] * len(self.lanes)
+        for lane in self._lane_of.values():
+            loads[lane] += 1
+        return loads
+
     def agreed(self) -> int:
         """How many changes are applied before the next step (the module doc says why)."""
+        if len(self.lanes) > 1:
+            return self._agreed_in_lanes()
         if self.idle:
             self._words.clear()
             return self.applied + 1
@@ -95,7 +153,31 @@ class LockstepBatch:
             return self.applied
         word = self._words[-2]
         del self._words[:-2]
-        return max(self.applied, int(word.item()) if isinstance(word, mx.array) else word)
+        return max(self.applied, _word_value(word))
+
+    def _agreed_in_lanes(self) -> int:
+        if self.idle:  # every rank is here: start counting visits afresh
+            self._settle(self._position)
+            self._position = 0
+            self._word_at.clear()
+            return self.applied + 1
+        lanes = len(self.lanes)
+        self._settle(self._position - lanes)  # the tokens this lane's next step needs
+        horizon = self._position - max(2, lanes)
+        for position in [p for p in self._word_at if p <= horizon]:
+            self._floor = max(self._floor, _word_value(self._word_at.pop(position)))
+        return max(self.applied, self._floor)
+
+    def _settle(self, upto: int) -> None:
+        """Earlier stages: read the tokens of every deferred sampling up to visit ``upto``."""
+        while self._owed and self._owed[0][0] <= upto:
+            position, lane, rows = self._owed.popleft()
+            assert self._deferred is not None
+            message = self._deferred()
+            if len(message.tokens) != rows or len(message.uids) != rows:
+                raise DivergedError(f"{len(message.tokens)} tokens for {rows} rows")
+            self._received[lane].update(zip(message.uids, message.tokens, strict=True))
+            self._word_at[position] = message.committed
 
     def insert(
         self,
@@ -104,13 +186,18 @@ class LockstepBatch:
     ) -> tuple[int, mx.array | None]:
         """Apply an Insert: (prompt tokens covered by the prompt cache, the prompt's logits when
         the change asks for them)."""
+        if change.lane >= len(self.lanes):
+            raise DivergedError(f"lane {change.lane} of {len(self.lanes)}")
+        generator = self.lanes[change.lane]
         tokens = list(change.tokens)
         cache, cached = self.prompt_cache.fetch(tokens) if self.prompt_cache else (None, 0)
         logits = None
         if change.save_logits:  # every rank runs it: the forward has collectives
             logits = self.model(mx.array(tokens)[None], cache=make_prompt_cache(self.model))
             mx.eval(logits)
-        (uid,) = self.generator.insert(
+        if len(self.lanes) > 1:  # each lane's generator numbers from the conductor's uids
+            generator._uid_count = change.uid
+        (uid,) = generator.insert(
             [tokens[cached:]],
             max_tokens=[change.max_tokens],
             caches=[cache] if cache is not None else None,
@@ -120,34 +207,62 @@ class LockstepBatch:
         if uid != change.uid:
             raise DivergedError(f"request joined as {uid}, the conductor says {change.uid}")
         self.active.add(uid)
+        self._lane_of[uid] = change.lane
         self.applied += 1
         return cached, logits
 
     def remove(self, change: Remove) -> None:
         present = [uid for uid in change.uids if uid in self.active]
-        if present:
-            kept = self.generator.remove(present, return_prompt_caches=bool(self.prompt_cache))
+        for lane, generator in enumerate(self.lanes):
+            mine = [uid for uid in present if self._lane_of[uid] == lane]
+            if not mine:
+                continue
+            kept = generator.remove(mine, return_prompt_caches=bool(self.prompt_cache))
             for cache, tokens in kept.values():
                 self._remember(tokens, cache)
-            self.active.difference_update(present)
+        self.active.difference_update(present)
+        for uid in present:
+            del self._lane_of[uid]
         self.applied += 1
 
     def step(self) -> list[Response]:
-        """One step of the generator: a decode step of the running sequences and a chunk of
-        the joining prompts. Returns the generated tokens."""
-        _, responses = self.generator.next()
+        """One step of the generator (of the lane whose turn it is): a decode step of the
+        running sequences and a chunk of the joining prompts. Returns the generated tokens."""
+        lane = self._position % len(self.lanes)
+        generator = self.lanes[lane]
+        if len(self.lanes) > 1:
+            if lane not in self._lane_of.values():
+                self._position += 1  # an empty lane: nothing in flight, nothing to wait for
+                return []
+            if self._deferred is not None:
+                self._fill_tokens(lane)
+        _, responses = generator.next()
+        self._position += 1
         self.steps += 1
         if self.after_step is not None:
             self.after_step()
         for response in responses:
             if response.finish_reason is not None:
                 self.active.discard(response.uid)
+                self._lane_of.pop(response.uid, None)
                 self._remember(response.all_tokens, response.prompt_cache)
         return responses
+
+    def _fill_tokens(self, lane: int) -> None:
+        """Replace the lane's placeholder tokens with the conductor's (read by `agreed`)."""
+        batch = self.lanes[lane]._generation_batch
+        received, self._received[lane] = self._received[lane], {}
+        if not batch.uids:
+            return
+        missing = [uid for uid in batch.uids if uid not in received]
+        if missing:
+            raise DivergedError(f"no tokens for rows {missing} of lane {lane}")
+        batch._next_tokens = mx.array([received[uid] for uid in batch.uids], dtype=mx.uint32)
 
     def _remember(self, tokens: list[int] | None, cache: list[Any] | None) -> None:
         if self.prompt_cache is not None and tokens and cache:
             self.prompt_cache.insert(list(tokens), cache)
 
     def close(self) -> None:
-        self.generator.close()
+        for generator in self.lanes:
+            generator.close()

@@ -133,9 +133,21 @@ class Conductor:
                 tokens=request.tokens,
                 max_tokens=request.sampling.max_tokens,
                 save_logits=request.logits_out is not None,
+                lane=self._lightest_lane(),
             )
         )
         return True
+
+    def _lightest_lane(self) -> int:
+        """Overlapped pipelines: the lane with the fewest sequences, counting those committed
+        but not yet applied (the first of equals; a lone request always takes lane 0)."""
+        if self.batch.lane_count == 1:
+            return 0
+        loads = self.batch.lane_loads()
+        for change in self._committed[self.batch.applied :]:
+            if isinstance(change, Insert):
+                loads[change.lane] += 1
+        return loads.index(min(loads))
 
     def _admit(self, request: GenerateRequest) -> _Request:
         """Everything that could fail for this request alone fails here, before it joins."""
@@ -199,7 +211,7 @@ class Conductor:
         agreed = broadcast_from_first(mx.concatenate([tokens, mx.array([float(word)])]), self.group)
         sampled = agreed[:-1].astype(mx.uint32)
         if self.earlier:  # earlier pipeline stages follow the same tokens
-            message = Tokens(tokens=tuple(sampled.tolist()), committed=word)
+            message = Tokens(tokens=tuple(sampled.tolist()), committed=word, uids=tuple(rows))
             for channel in self.earlier:
                 channel.send(message)
         return sampled, word

@@ -25,6 +25,8 @@ class ServingOptions(Frozen):
     prefill_step_size: int = Field(default=512, ge=16)  # prompt tokens per chunk between steps
     prompt_cache_size: int = Field(default=10, ge=0)  # entries kept (0: no prompt cache)
     prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
+    # Pipelines: split the batch into one micro-batch per stage, so every stage works at once.
+    overlap: bool = True
 
 
 class Assignment(Frozen):
@@ -59,6 +61,11 @@ class Assignment(Frozen):
     def local_rank(self) -> int:
         """Rank inside its stage's MLX group."""
         return self.plan.locate(self.rank)[1]
+
+    @property
+    def lanes(self) -> int:
+        """Micro-batches in flight at once: one per stage when overlapping, else one."""
+        return len(self.plan.stages) if self.serving.overlap else 1
 
     @property
     def conductor_rank(self) -> int:

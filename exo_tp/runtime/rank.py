@@ -176,7 +176,12 @@ def _serve_as_conductor(
 
     def make_batch(sample: RankSampler) -> LockstepBatch:
         progress.batch = LockstepBatch(
-            model, tokenizer.eos_token_ids, job.serving, sample, _bytes_per_token(job)
+            model,
+            tokenizer.eos_token_ids,
+            job.serving,
+            sample,
+            _bytes_per_token(job),
+            lanes=job.lanes,
         )
         if progress.probe is not None:
             progress.batch.after_step = progress.probe.maybe
@@ -209,9 +214,16 @@ def _serve_as_follower(
     channel.send(Hello(epoch=job.epoch, rank=job.rank))
     feed = ControlFeed(channel)
     in_last_stage = job.stage_index == len(job.plan.stages) - 1
+    deferred = not in_last_stage and job.lanes > 1  # its tokens arrive a round later
     sample = peer_sampler(group) if in_last_stage else stage_sampler(feed)
     progress.batch = LockstepBatch(
-        model, tokenizer.eos_token_ids, job.serving, sample, _bytes_per_token(job)
+        model,
+        tokenizer.eos_token_ids,
+        job.serving,
+        None if deferred else sample,
+        _bytes_per_token(job),
+        lanes=job.lanes,
+        deferred=feed.next_tokens if deferred else None,
     )
     if progress.probe is not None:
         progress.batch.after_step = progress.probe.maybe

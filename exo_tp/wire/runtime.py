@@ -232,6 +232,8 @@ class Insert(Frozen):
     tokens: tuple[int, ...]
     max_tokens: int
     save_logits: bool = False
+    # Overlapped pipelines: the micro-batch (lane) it joins; every rank steps the lanes in turn.
+    lane: int = Field(default=0, ge=0)
 
 
 class Remove(Frozen):
@@ -249,6 +251,8 @@ class Tokens(Frozen):
     kind: Literal["tokens"] = "tokens"
     tokens: tuple[int, ...]
     committed: int
+    # Whose rows, in order: overlapped stages hand each row its token by uid a step later.
+    uids: tuple[BatchUid, ...] = ()
 
 
 StageControl = Annotated[Insert | Remove | Tokens, Field(discriminator="kind")]
