@@ -22,6 +22,9 @@ Contenders, each started and stopped in turn (one server at a time, private port
   c  exo-tp on the same 2 ranks and the same random model
      (`exo-tp run --local-nodes 2 --weights 1,1 --dtype float32`)
   d  exo-tp on SmolLM2 (float32), 2 ranks
+  p  exo-tp as a pipeline of 2 stages of 1 rank each (`--stages 1,1`, SmolLM2, float32),
+     one micro-batch per stage in flight (overlapped stages, the default)
+  q  the same pipeline with one batch in flight across the stages (`--no-overlap`)
   chat  a multi-turn chat on exo-tp (SmolLM2, 2 ranks): a long system prompt, then each turn
      appends the previous answer and a new user message; every turn's time to first token with
      the prompt cache (the server's default) and without it (`--prompt-cache-size 0`), on the
@@ -33,7 +36,7 @@ exo-tp's serving flags are passed only when `exo-tp run --help` lists them: --ma
 Every server process (and whatever it started) is stopped at the end, on errors, on Ctrl-C and
 on SIGTERM.
 
-    python bench/serving.py [--contenders ceiling,a,b,c,d,chat] [--streams 1,4,16]
+    python bench/serving.py [--contenders ceiling,a,b,c,d,p,q,chat] [--streams 1,4,16]
         [--max-tokens 32] [--requests-per-client 1] [--min-requests 4] [--turns 6]
         [--logs DIR] [--quick]
 
@@ -80,7 +83,11 @@ CONTENDERS = {
     "b": "(b) mlx_lm.server distributed, 2 ranks, random 8/2-head model",
     "c": "(c) exo-tp, 2 ranks, random 8/2-head model",
     "d": "(d) exo-tp, 2 ranks, SmolLM2",
+    "p": "(p) exo-tp pipeline, 2 stages of 1 rank, SmolLM2, overlapped",
+    "q": "(q) exo-tp pipeline, 2 stages of 1 rank, SmolLM2, one batch",
 }
+# The pipeline contenders' extra flags: stages of one rank each, with or without overlap.
+PIPELINE = {"p": ("--stages", "1,1"), "q": ("--stages", "1,1", "--no-overlap")}
 ALL = ("ceiling", *CONTENDERS, "chat")
 SERVING_FLAGS = ("--max-concurrency", "--prompt-cache-size", "--prompt-cache-bytes")
 GIVE_UP_429 = 300.0  # seconds a client keeps retrying a request refused with 429
@@ -375,9 +382,16 @@ def exo_tp_serving_flags() -> list[str]:
 
 
 def exo_tp(
-    name: str, model: str, ranks: int, logs: Path, flags: Sequence[str], options: dict[str, str]
+    name: str,
+    model: str,
+    ranks: int,
+    logs: Path,
+    flags: Sequence[str],
+    options: dict[str, str],
+    extra: Sequence[str] = (),
 ) -> Server:
-    """`exo-tp run --local-nodes N --weights 1,...` with those ``options`` it supports."""
+    """`exo-tp run --local-nodes N --weights 1,...` with those ``options`` it supports, and
+    ``extra`` flags as they are."""
     port = api_port(ranks)
     command = [
         sys.executable,
@@ -398,6 +412,7 @@ def exo_tp(
     for option, value in options.items():
         if option in flags:
             command += [option, value]
+    command += extra
     return Server(name, [(command, env())], port, model, logs)
 
 
@@ -717,7 +732,9 @@ async def run(args: argparse.Namespace, logs: Path, results: Results) -> None:
         if key == "b":
             return mlx_lm_distributed(random_dir, args.ranks, logs)
         model = str(random_dir) if key == "c" else args.model
-        return exo_tp(f"exo_tp_{key}", model, args.ranks, logs, results.flags, serving)
+        ranks = 2 if key in PIPELINE else args.ranks
+        extra = PIPELINE.get(key, ())
+        return exo_tp(f"exo_tp_{key}", model, ranks, logs, results.flags, serving, extra)
 
     for key in CONTENDERS:
         if key in args.contenders:
@@ -750,6 +767,14 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
             f"per level; aggregate = all streams' completion tokens / wall time of the level"
         )
         print_table(table)
+    if "p" in table and "q" in table:
+        print(
+            "\npipeline, overlapped over one batch in flight (aggregate): "
+            + ", ".join(
+                f"{n} streams: {_fmt(ratio(agg('p', n), agg('q', n)), '.2f', 'x')}"
+                for n in args.streams
+            )
+        )
     ceiling = results.ceiling
     if ceiling:
         print(
@@ -764,6 +789,8 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
         "mlx_lm_single_top_over_1_stream": ratio(agg("a", top), agg("a", 1)),
         "mlx_lm_distributed_top_over_1_stream": ratio(agg("b", top), agg("b", 1)),
         "batch_ceiling_top_over_1": ratio(ceiling.get(top), ceiling.get(1)) if ceiling else None,
+        "pipeline_overlap_over_one_batch_at_top": ratio(agg("p", top), agg("q", top)),
+        "pipeline_overlap_over_one_batch_at_1": ratio(agg("p", 1), agg("q", 1)),
         "chat_last_turn_cached_over_uncached": None,
     }
     chat_summary: dict[str, Any] | None = None
@@ -785,6 +812,8 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
                 "exo_tp_top_over_1_stream": ">= 4",
                 "exo_tp_over_mlx_lm_distributed_at_top": ">= 1",
                 "chat_last_turn_cached_over_uncached": "<= 0.3",
+                "pipeline_overlap_over_one_batch_at_top": ">= 1.7",
+                "pipeline_overlap_over_one_batch_at_1": ">= 1 (no worse)",
             },
             "exo_tp_serving_flags": results.flags,
             "max_tokens": args.max_tokens,

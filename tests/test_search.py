@@ -12,7 +12,7 @@ from exo_tp.plan.cluster import Cluster, DeviceCost, Link
 from exo_tp.plan.cost import LinkCost
 from exo_tp.plan.pipeline import single_stage
 from exo_tp.plan.predict import predict
-from exo_tp.plan.search import choose_plan
+from exo_tp.plan.search import choose_plan, resolve_objective
 
 # An 8B-class llama in 4-bit group 64: ~4.5 GB of weights.
 SPEC = ModelSpec(
@@ -146,3 +146,51 @@ def test_the_choice_fits_and_is_the_fastest_found(
         # The prediction is the cost model's, recomputed independently of the search.
         again = predict(c.plan, c.devices, cluster, 2048)
         assert again.decode_seconds == pytest.approx(c.prediction.decode_seconds)
+
+
+def test_throughput_objective_gives_layers_by_stage_speed_under_load() -> None:
+    """Two devices on a slow link, neither holding the model alone, one reading weights twice
+    as fast, both with the same FLOP rate. One request at a time (weight reads bind) fills the
+    fast stage first; 16 at once, overlapped, each stage's micro-batch of 8 rows is bound by
+    FLOPs, equal on both, so the layers split about evenly (the last stage also holds the LM
+    head) and the plan serves more tokens per
+    second under load than the latency plan would."""
+    cluster = Cluster(devices=(device("fast", 100, 4), device("slow", 50, 4)), default_link=SLOW)
+    latency = choose_plan(SPEC, cluster, context_tokens=2048, objective="latency")
+    loaded = choose_plan(SPEC, cluster, context_tokens=2048, objective="throughput")
+    assert latency.best.kind == loaded.best.kind == "pipeline"
+    assert [s.layers.size for s in latency.best.plan.stages] == [23, 9]  # fast stage full
+    assert [s.layers.size for s in loaded.best.plan.stages] == [17, 15]  # + the head on 1
+    assert loaded.objective == "throughput" and loaded.streams == 16
+    as_loaded = latency.best.prediction.model_copy(update={"streams": 16})
+    assert loaded.best.prediction.loaded_tokens_per_second > as_loaded.loaded_tokens_per_second
+    # One stream: the loaded figure is the single-request rate (nothing to overlap).
+    one = latency.best.prediction
+    assert one.loaded_tokens_per_second == pytest.approx(one.tokens_per_second)
+
+
+@pytest.mark.parametrize(
+    ("requested", "queue", "objective", "streams"),
+    [
+        ("auto", 0, "latency", 1),
+        ("auto", 1, "latency", 1),
+        ("auto", 5, "throughput", 5),
+        ("latency", 40, "latency", 1),
+        ("throughput", 0, "throughput", 16),
+        ("throughput", 40, "throughput", 40),
+    ],
+)
+def test_auto_objective_follows_the_observed_queue(
+    requested: str, queue: int, objective: str, streams: int
+) -> None:
+    chosen, priced, reason = resolve_objective(requested, queue)  # type: ignore[arg-type]
+    assert (chosen, priced) == (objective, streams)
+    assert reason.startswith(requested)  # the explanation says what was asked
+    choice = choose_plan(
+        SPEC,
+        Cluster(devices=(device("a", 100, 64),), default_link=THUNDERBOLT),
+        context_tokens=2048,
+        objective=requested,  # type: ignore[arg-type]
+        queue=queue,
+    )
+    assert (choice.objective, choice.streams, choice.reason) == (objective, streams, reason)

@@ -64,6 +64,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="GB/s of links no profile measured (default 1)",
     )
     p.add_argument(
+        "--objective",
+        choices=("latency", "throughput", "auto"),
+        default="latency",
+        help="with --profile: what the plan is best at: one request's time per token "
+        "(latency, the default), every stream's tokens together under load (throughput: the "
+        "stages overlap, layers follow stage speed), or auto by --queue",
+    )
+    p.add_argument(
+        "--queue",
+        type=non_negative_int,
+        default=0,
+        help="requests running or waiting at once (auto plans for throughput from 2; "
+        "throughput is priced at this many streams, at least 16)",
+    )
+    p.add_argument(
         "--alternatives",
         type=non_negative_int,
         default=5,
@@ -117,6 +132,14 @@ def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
     # A profile measured without --peers has no node id: name devices by their files then.
     names = [p.node_id or path.name for p, path in zip(profiles, args.profile, strict=True)]
     cluster = cluster_from_profiles(spec, profiles, assumed, names=names)
-    choice = choose_plan(spec, cluster, args.context, args.prompt_tokens, args.alternatives)
+    choice = choose_plan(
+        spec,
+        cluster,
+        args.context,
+        args.prompt_tokens,
+        args.alternatives,
+        objective=args.objective,
+        queue=args.queue,
+    )
     print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
     return 0

@@ -4,6 +4,12 @@ One request at a time: the stages run one after another for every token, so a to
 sum over stages of (slowest rank's compute + the stage's collectives), plus the hops: the last
 stage sends the sampled token to stage 0 and every stage its hidden state to the next. A prompt
 is the same with ``prompt_tokens`` rows at once and compute priced by FLOPs.
+
+Under load (``streams`` requests at once) the runtime splits the batch into one micro-batch per
+stage and every stage works at once (overlapped stages), so the slowest stage sets the pace: a
+round in which every stream gains a token lasts the longer of one micro-batch's trip through
+all stages and (micro-batches x the slowest stage's time for one). A stage's time for b rows is
+the larger of its weight reads and b rows' FLOPs, plus its collectives.
 """
 
 from __future__ import annotations
@@ -50,10 +56,15 @@ class StageCost(Frozen):
     collective_seconds: float  # per token
     prefill_seconds: float  # the whole prompt: compute and collectives
     link: LinkCost | None  # the ring's slowest link (None: one rank)
+    row_seconds: float = 0.0  # per token: the slowest rank's FLOPs of one row at decode
 
     @property
     def seconds(self) -> float:
         return self.compute_seconds + self.collective_seconds
+
+    def batch_seconds(self, rows: int) -> float:
+        """One decode step of ``rows`` sequences: weight reads or FLOPs, whichever binds."""
+        return max(self.compute_seconds, rows * self.row_seconds) + self.collective_seconds
 
 
 class Prediction(Frozen):
@@ -66,6 +77,17 @@ class Prediction(Frozen):
     prompt_tokens: int
     context_tokens: int
     memory: tuple[RankMemory, ...]
+    streams: int = 1  # requests at once the loaded figure is priced for
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def loaded_tokens_per_second(self) -> float:
+        """Every stream's tokens per second together, ``streams`` at once, stages overlapped."""
+        lanes = min(len(self.stages), self.streams)
+        rows = -(-self.streams // lanes)
+        trip = sum(s.batch_seconds(rows) for s in self.stages) + self.hop_seconds
+        slowest = max(s.batch_seconds(rows) for s in self.stages)
+        return self.streams / max(trip, lanes * slowest)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -116,6 +138,9 @@ def _stage_cost(
             x.read_bytes * d.seconds_per_byte for x, d in zip(loads, specs, strict=True)
         ),
         collective_seconds=decode,
+        row_seconds=max(
+            prefill_flops(x, 1) / d.prefill_flops for x, d in zip(loads, specs, strict=True)
+        ),
         prefill_seconds=prefill
         + max(
             prefill_flops(x, prompt) / d.prefill_flops for x, d in zip(loads, specs, strict=True)
@@ -148,8 +173,10 @@ def predict(
     cluster: Cluster,
     context_tokens: int = 4096,
     prompt_tokens: int = 512,
+    streams: int = 1,
 ) -> Prediction:
-    """Cost of ``plan`` with global rank r on ``cluster.devices[devices[r]]``."""
+    """Cost of ``plan`` with global rank r on ``cluster.devices[devices[r]]`` (``streams``:
+    the load its loaded throughput is priced at)."""
     if len(devices) != plan.size:
         raise ValueError(f"{len(devices)} devices for {plan.size} ranks")
     stages, memory = [], []
@@ -175,4 +202,5 @@ def predict(
         prompt_tokens=prompt_tokens,
         context_tokens=context_tokens,
         memory=tuple(memory),
+        streams=streams,
     )

@@ -65,7 +65,18 @@ def describe_candidate(candidate: Candidate, names: Sequence[str]) -> str:
 def render_choice(choice: Choice, cluster: Cluster) -> str:
     names = [d.name for d in cluster.devices]
     best = choice.best
-    lines = [f"chosen: {describe_candidate(best, names)}", ""]
+    if choice.objective == "throughput":
+        ranking = (
+            f"ranked by every stream's tokens/s together at {choice.streams} streams, the "
+            "stages overlapped (the slowest stage sets the pace; layers follow stage speed)"
+        )
+    else:
+        ranking = "ranked by time per token of one request (the fastest stages hold most layers)"
+    lines = [
+        f"chosen: {describe_candidate(best, names)}",
+        f"objective: {choice.objective} ({choice.reason}); {ranking}",
+        "",
+    ]
     for index, stage in enumerate(best.plan.stages):
         if len(best.plan.stages) > 1:
             lines.append(f"stage {index}: layers {stage.layers.start}-{stage.layers.stop}")
@@ -74,12 +85,14 @@ def render_choice(choice: Choice, cluster: Cluster) -> str:
         render_prediction(best.plan, best.prediction, names),
         "",
         f"compared ({choice.considered} plans considered, {len(choice.rejected)} do not fit):",
-        f"{'':>2} {'tokens/s':>9} {'per token':>10} {'prefill':>9}  plan",
+        f"{'':>2} {'tokens/s':>9} {'per token':>10} {'prefill':>9} "
+        f"{f'@{choice.streams} streams':>12}  plan",
     ]
     for mark, c in [("*", best)] + [(" ", c) for c in choice.alternatives]:
         p = c.prediction
         lines.append(
             f"{mark:>2} {p.tokens_per_second:>9.3g} {duration(p.decode_seconds):>10} "
-            f"{duration(p.prefill_seconds):>9}  {describe_candidate(c, names)}"
+            f"{duration(p.prefill_seconds):>9} {p.loaded_tokens_per_second:>8.3g} t/s"
+            f"  {describe_candidate(c, names)}"
         )
     return "\n".join(lines)

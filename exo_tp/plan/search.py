@@ -9,25 +9,32 @@ by fast links on its own):
   hop per token instead of two all_sums per layer);
 - homogeneous TP groups: the same, further split into devices of similar speed.
 
-Inside a TP group shares follow decode speed. Layers go to stages by the single-request decode
-objective: stages run one after another, so a layer costs its stage's per-layer time wherever
-the others are, and the fastest stages are filled up to their memory first (every stage holds at
-least one layer). Each candidate is priced by `exo_tp.plan.predict`; the fastest that fits in
-memory wins, the others are returned as runner-ups.
+Inside a TP group shares follow decode speed. Layers go to stages by the objective:
+
+- latency (one request at a time): stages run one after another, so a layer costs its stage's
+  per-layer time wherever the others are, and the fastest stages are filled up to their memory
+  first (every stage holds at least one layer); plans are ranked by time per token;
+- throughput (many requests at once): the runtime overlaps the stages (one micro-batch each),
+  so the slowest stage sets the pace and layers go in proportion to each stage's speed at the
+  expected micro-batch (within memory); plans are ranked by aggregate tokens per second.
+
+`resolve_objective` turns ``auto`` into one of them by the observed queue. Each candidate is
+priced by `exo_tp.plan.predict`; the best that fits in memory wins, the others are returned as
+runner-ups.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import Field
 
 from exo_tp.arch import table_for
 from exo_tp.errors import PlanError
 from exo_tp.plan.cluster import Cluster, DeviceCost
-from exo_tp.plan.cost import FLOAT_BYTES, all_sum_seconds, rank_load
+from exo_tp.plan.cost import FLOAT_BYTES, all_sum_seconds, prefill_flops, rank_load
 from exo_tp.plan.human import size
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.predict import Prediction, predict
@@ -40,6 +47,28 @@ FAST_LINK = 4.0  # links within this factor of the best latency and bandwidth co
 
 Groups = tuple[tuple[int, ...], ...]
 Kind = Literal["single device", "tensor parallel", "pipeline", "hybrid"]
+Objective = Literal["latency", "throughput"]
+ObjectiveChoice = Literal["latency", "throughput", "auto"]
+LOADED_AT = 2  # requests at once (running and waiting) from which auto plans for throughput
+DEFAULT_STREAMS = 16  # the load a throughput plan is priced at when none was observed
+
+
+def resolve_objective(requested: ObjectiveChoice, queue: int) -> tuple[Objective, int, str]:
+    """(objective, streams to price it at, why) for ``requested`` with ``queue`` requests
+    running or waiting when the plan is made."""
+    if requested == "latency":
+        return "latency", 1, "latency asked for: one request at a time is fastest"
+    if requested == "throughput":
+        streams = max(queue, DEFAULT_STREAMS)
+        return "throughput", streams, f"throughput asked for: priced at {streams} streams"
+    if queue >= LOADED_AT:
+        return (
+            "throughput",
+            queue,
+            f"auto: {queue} requests running or waiting (>= {LOADED_AT}), so the slowest "
+            "overlapped stage sets the pace",
+        )
+    return "latency", 1, f"auto: {queue} request(s) running or waiting, so time per token counts"
 
 
 class Candidate(Frozen):
@@ -67,9 +96,12 @@ class Rejected(Frozen):
 
 class Choice(Frozen):
     best: Candidate
-    alternatives: tuple[Candidate, ...]  # runner-ups, fastest first
+    alternatives: tuple[Candidate, ...]  # runner-ups, best first
     rejected: tuple[Rejected, ...]
     considered: int = Field(ge=1)
+    objective: Objective = "latency"
+    streams: int = Field(default=1, ge=1)  # the load throughput was priced at
+    reason: str = ""  # why this objective
 
 
 def _fast_components(cluster: Cluster, devices: Sequence[int]) -> list[tuple[int, ...]]:
@@ -133,14 +165,31 @@ def _subsets(cluster: Cluster, components: list[tuple[int, ...]]) -> list[tuple[
     return subsets
 
 
+class _StageTerms(NamedTuple):
+    per_layer: float  # seconds per layer per token (weight reads and collectives)
+    per_row: float  # FLOP-bound seconds per layer per row
+    fixed: float  # the stage's ends (embedding, norm, head): weight reads per token
+    fixed_row: float  # the ends' FLOP-bound seconds per row
+    capacity: int  # layers the stage can hold
+
+
 class _Layouts:
     """Lays out one grouping: TP shares, layers per stage within memory, exact plan."""
 
-    def __init__(self, spec: ModelSpec, cluster: Cluster, context: int, prompt: int):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        cluster: Cluster,
+        context: int,
+        prompt: int,
+        objective: Objective = "latency",
+        streams: int = 1,
+    ):
         self.spec, self.cluster = spec, cluster
         self.context, self.prompt = context, prompt
+        self.objective, self.streams = objective, streams
         self._tp: dict[tuple[float, ...], ShardPlan] = {}
-        self._terms: dict[tuple[tuple[int, ...], bool, bool], tuple[float, int]] = {}
+        self._terms: dict[tuple[tuple[int, ...], bool, bool], _StageTerms] = {}
 
     def tp(self, speeds: Sequence[float]) -> ShardPlan:
         key = tuple(round(s / sum(speeds), 12) for s in speeds)  # one-rank plans are all alike
@@ -150,7 +199,7 @@ class _Layouts:
 
     def _stage_terms(
         self, group: tuple[int, ...], tp: ShardPlan, first: bool, last: bool
-    ) -> tuple[float, int]:
+    ) -> _StageTerms:
         key = (group, first, last)
         if key not in self._terms:
             self._terms[key] = self._measure_stage(group, tp, first, last)
@@ -158,8 +207,7 @@ class _Layouts:
 
     def _measure_stage(
         self, group: tuple[int, ...], tp: ShardPlan, first: bool, last: bool
-    ) -> tuple[float, int]:
-        """(seconds per layer per token, layers the stage can hold)."""
+    ) -> _StageTerms:
         spec, n = self.spec, self.spec.num_layers
         devices: list[DeviceCost] = [self.cluster.devices[d] for d in group]
         every = [rank_load(spec, s, Span(start=0, stop=n), False, False) for s in tp.ranks]
@@ -167,9 +215,19 @@ class _Layouts:
         per_layer = max(
             x.read_bytes / n * d.seconds_per_byte for x, d in zip(every, devices, strict=True)
         )
+        per_row = max(
+            prefill_flops(x, 1) / n / d.prefill_flops for x, d in zip(every, devices, strict=True)
+        )
+        fixed = max(
+            end.read_bytes * d.seconds_per_byte for end, d in zip(ends, devices, strict=True)
+        )
+        fixed_row = max(
+            prefill_flops(end, 1) / d.prefill_flops for end, d in zip(ends, devices, strict=True)
+        )
         link = self.cluster.ring_link(group)
+        collectives = 0.0
         if link is not None:
-            per_layer += 2 * all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
+            collectives = 2 * all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes)
@@ -177,7 +235,7 @@ class _Layouts:
             )
             for x, end, d in zip(every, ends, devices, strict=True)
         )
-        return per_layer, capacity
+        return _StageTerms(per_layer + collectives, per_row, fixed, fixed_row, capacity)
 
     def layout(self, groups: Groups, dropped: tuple[int, ...]) -> Candidate | Rejected:
         spec, layers = self.spec, self.spec.num_layers
@@ -190,22 +248,31 @@ class _Layouts:
             self._stage_terms(g, tp, i == 0, i == len(groups) - 1)
             for i, (g, tp) in enumerate(zip(groups, tps, strict=True))
         ]
-        caps = [cap for _, cap in terms]
+        caps = [t.capacity for t in terms]
         if min(caps) < 1:
             short = groups[caps.index(min(caps))]
             return Rejected(groups=groups, reason=f"devices {list(short)} cannot hold a layer")
-        order = sorted(range(len(groups)), key=lambda i: terms[i][0])
+        order = sorted(range(len(groups)), key=lambda i: terms[i].per_layer)
+        rows = -(-self.streams // len(groups))  # one micro-batch per stage
+        # A stage's time under load for its micro-batch of rows: its ends, then per layer.
+        fixed = [max(t.fixed, rows * t.fixed_row) for t in terms]
+        per_layer = [max(t.per_layer, rows * t.per_row) for t in terms]
         devices = tuple(d for g in groups for d in g)
         # Capacities come from an average layer; a stage whose real layers (dense vs MoE) do
         # not fit gives one back and the fill runs again.
         for _ in range(len(groups) + 4):
-            counts = _fill(layers, caps, order)
+            if self.objective == "throughput":
+                counts = _balance(layers, caps, fixed, per_layer)
+            else:
+                counts = _fill(layers, caps, order)
             if counts is None:
                 return Rejected(
                     groups=groups, reason=f"memory holds {sum(caps)} of {layers} layers"
                 )
             plan = _pipeline(spec, tps, counts)
-            prediction = predict(plan, devices, self.cluster, self.context, self.prompt)
+            prediction = predict(
+                plan, devices, self.cluster, self.context, self.prompt, self.streams
+            )
             over = prediction.overflow()
             if over is None:
                 return Candidate(groups=groups, dropped=dropped, plan=plan, prediction=prediction)
@@ -233,6 +300,22 @@ def _fill(layers: int, caps: Sequence[int], order: Sequence[int]) -> list[int] |
     return None if left else counts
 
 
+def _balance(
+    layers: int, caps: Sequence[int], fixed: Sequence[float], per_layer: Sequence[float]
+) -> list[int] | None:
+    """Layers so the slowest stage is as fast as it can be (it sets an overlapped pipeline's
+    pace): one each, then every next layer to the stage that stays fastest with it, within
+    its cap. Stage i with c layers takes fixed[i] + c * per_layer[i]."""
+    counts = [1] * len(caps)
+    for _ in range(layers - len(caps)):
+        room = [i for i in range(len(caps)) if counts[i] < caps[i]]
+        if not room:
+            return None
+        best = min(room, key=lambda i: (fixed[i] + (counts[i] + 1) * per_layer[i], i))
+        counts[best] += 1
+    return counts
+
+
 def _pipeline(spec: ModelSpec, tps: Sequence[ShardPlan], counts: Sequence[int]) -> PipelinePlan:
     stages, rank, start = [], 0, 0
     for tp, count in zip(tps, counts, strict=True):
@@ -253,13 +336,17 @@ def choose_plan(
     context_tokens: int | None = None,
     prompt_tokens: int = 512,
     keep: int = 5,
+    objective: ObjectiveChoice = "latency",
+    queue: int = 0,
 ) -> Choice:
-    """The fastest plan of ``spec`` on ``cluster`` that fits, and up to ``keep`` runner-ups.
+    """The best plan of ``spec`` on ``cluster`` for ``objective`` that fits, and up to ``keep``
+    runner-ups (``queue``: requests running or waiting, which ``auto`` goes by).
 
     ``context_tokens`` defaults to the model's context length, whose KV cache must fit too.
     """
     context = spec.context_length if context_tokens is None else context_tokens
-    layouts = _Layouts(spec, cluster, context, prompt_tokens)
+    chosen, streams, reason = resolve_objective(objective, queue)
+    layouts = _Layouts(spec, cluster, context, prompt_tokens, chosen, streams)
     components = _fast_components(cluster, range(len(cluster.devices)))
     everyone = set(range(len(cluster.devices)))
     seen: set[Groups] = set()
@@ -276,10 +363,18 @@ def choose_plan(
     if not candidates:
         reasons = sorted({r.reason for r in rejected}, key=len)
         raise PlanError("no plan fits: " + "; ".join(reasons[:3]))
-    ranked = sorted(candidates, key=lambda c: (c.prediction.decode_seconds, len(c.devices)))
+    if chosen == "throughput":
+        ranked = sorted(
+            candidates, key=lambda c: (-c.prediction.loaded_tokens_per_second, len(c.devices))
+        )
+    else:
+        ranked = sorted(candidates, key=lambda c: (c.prediction.decode_seconds, len(c.devices)))
     return Choice(
         best=ranked[0],
         alternatives=tuple(ranked[1 : keep + 1]),
         rejected=tuple(rejected),
         considered=len(seen),
+        objective=chosen,
+        streams=streams,
+        reason=reason,
     )
