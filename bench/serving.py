@@ -14,6 +14,10 @@ Contenders, each started and stopped in turn (one server at a time, private port
   ceiling  no server: one process's forward step at batch 1, 4, 16 (mlx-lm, SmolLM2), i.e. the
      most batching can give on this machine (on MLX's CPU build a step at batch B costs about
      B times one at batch 1, so no server batches usefully here; Apple-silicon GPUs do)
+  step  no server: exo-tp's conductor step at batch 16 in one process (its batch, per-row
+     sampling, token events serialized as for the wire, detokenizing), on SmolLM2 and on a
+     1-layer, 64-wide model with SmolLM2's vocabulary: the second's step is nearly all time
+     outside the model's compute, so its share of the first is the step overhead (target < 5%)
   a  mlx_lm.server in one process, SmolLM2 (its defaults: --decode-concurrency 32 ...)
   b  mlx_lm.server in its own distributed mode (tensor parallel) on 2 ranks, MLX ring backend,
      a random llama with SmolLM2's dimensions but 8 query / 2 KV heads (mlx-lm refuses a split
@@ -88,7 +92,7 @@ CONTENDERS = {
 }
 # The pipeline contenders' extra flags: stages of one rank each, with or without overlap.
 PIPELINE = {"p": ("--stages", "1,1"), "q": ("--stages", "1,1", "--no-overlap")}
-ALL = ("ceiling", *CONTENDERS, "chat")
+ALL = ("ceiling", "step", *CONTENDERS, "chat")
 SERVING_FLAGS = ("--max-concurrency", "--prompt-cache-size", "--prompt-cache-bytes")
 GIVE_UP_429 = 300.0  # seconds a client keeps retrying a request refused with 429
 # mlx_lm.server answers requests naming this model with the one given by --model.
@@ -614,6 +618,77 @@ def batch_ceiling(model: Path, batches: Sequence[int]) -> dict[int, float]:
     return {int(b): int(b) / seconds for b, seconds in steps.items()}
 
 
+# exo-tp's conductor stepping a full batch in one process: the real Conductor and LockstepBatch,
+# its request source a sink that serializes every event as the wire would and drops it.
+STEP = """
+import json, sys, time
+import mlx.core as mx
+from mlx_lm import load
+from exo_tp.runtime.batching import LockstepBatch
+from exo_tp.runtime.conductor import Conductor
+from exo_tp.runtime.job import ServingOptions
+from exo_tp.wire.runtime import Generate, GenerateRequest, SamplingParams
+
+class Sink:
+    def send(self, message, raw=None):
+        message.model_dump_json()
+
+def median_step(path, batch, steps):
+    model, tokenizer = load(path)
+    group = mx.distributed.init()  # one process: a group of one
+    options = ServingOptions(max_concurrency=batch)
+    make = lambda sample: LockstepBatch(model, [], options, sample, 1)  # no EOS: rows stay
+    conductor = Conductor(tokenizer, group, Sink(), [], [], model.args.vocab_size, make)
+    for i in range(batch):
+        tokens = tuple(tokenizer.encode(f"Story number {i}:"))
+        params = SamplingParams(max_tokens=10000)
+        request = GenerateRequest(id=str(i), tokens=tokens, sampling=params)
+        conductor._take(Generate(request=request))
+    generator = conductor.batch
+    while generator.applied < len(conductor._committed):
+        conductor._apply(conductor._committed[generator.applied])
+    for _ in range(3):  # prefill, then every row decoding
+        for response in generator.step():
+            conductor._on_token(response)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        for response in generator.step():
+            conductor._on_token(response)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+batch = int(sys.argv[3])
+model, tiny = median_step(sys.argv[1], batch, 7), median_step(sys.argv[2], batch, 15)
+print(json.dumps({"model": model, "tiny": tiny}))
+"""
+
+
+def step_overhead(smollm2: Path, folder: Path, batch: int) -> dict[str, float]:
+    """Median conductor step at ``batch`` on SmolLM2 and on a 1-layer 64-wide model."""
+    config = json.loads((smollm2 / "config.json").read_text())
+    config.update(
+        num_hidden_layers=1,
+        hidden_size=64,
+        intermediate_size=64,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+    )
+    tiny = write_tiny_model(folder, config, tokenizer_from=smollm2)
+    log(f"step overhead: conductor steps at batch {batch}")
+    out = subprocess.run(
+        [sys.executable, "-c", STEP, str(smollm2), str(tiny), str(batch)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        check=True,
+        timeout=600,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def random_model(folder: Path, smollm2: Path) -> Path:
     """SmolLM2's shape with 8 query / 2 KV heads of 64 (divisible by 2 ranks), random weights."""
     config = json.loads((smollm2 / "config.json").read_text())
@@ -710,6 +785,7 @@ def parse_args() -> argparse.Namespace:
 class Results:
     flags: list[str]
     ceiling: dict[int, float] | None = None
+    step: dict[str, float] | None = None
     table: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     uncached: list[Stream] | None = None
     cached: list[Stream] | None = None
@@ -722,6 +798,8 @@ async def run(args: argparse.Namespace, logs: Path, results: Results) -> None:
     log(f"exo-tp run has the serving flags {results.flags or 'none'}")
     if "ceiling" in args.contenders:
         results.ceiling = batch_ceiling(smollm2, args.streams)
+    if "step" in args.contenders:
+        results.step = step_overhead(smollm2, logs / "tiny-1-layer", max(args.streams))
     random_dir = logs / "random-8-2"
     if {"b", "c"} & set(args.contenders):
         random_model(random_dir, smollm2)
@@ -781,6 +859,13 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
             "\nbatching ceiling of this machine (one process, forward step at batch B, SmolLM2): "
             + ", ".join(f"B={b}: {tps:.1f} tok/s" for b, tps in ceiling.items())
         )
+    step = results.step
+    if step:
+        print(
+            f"\nconductor step at batch {top}: SmolLM2 {step['model'] * 1e3:.1f} ms, 1-layer "
+            f"model {step['tiny'] * 1e3:.1f} ms: overhead outside the model "
+            f"{100 * step['tiny'] / step['model']:.1f}% of the step"
+        )
     headline: dict[str, Any] = {
         "exo_tp_top_over_1_stream": ratio(agg("d", top), agg("d", 1)),
         "exo_tp_random_top_over_1_stream": ratio(agg("c", top), agg("c", 1)),
@@ -789,6 +874,7 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
         "mlx_lm_single_top_over_1_stream": ratio(agg("a", top), agg("a", 1)),
         "mlx_lm_distributed_top_over_1_stream": ratio(agg("b", top), agg("b", 1)),
         "batch_ceiling_top_over_1": ratio(ceiling.get(top), ceiling.get(1)) if ceiling else None,
+        "step_overhead_share": ratio(step["tiny"], step["model"]) if step else None,
         "pipeline_overlap_over_one_batch_at_top": ratio(agg("p", top), agg("q", top)),
         "pipeline_overlap_over_one_batch_at_1": ratio(agg("p", 1), agg("q", 1)),
         "chat_last_turn_cached_over_uncached": None,
@@ -812,6 +898,7 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
                 "exo_tp_top_over_1_stream": ">= 4",
                 "exo_tp_over_mlx_lm_distributed_at_top": ">= 1",
                 "chat_last_turn_cached_over_uncached": "<= 0.3",
+                "step_overhead_share": "< 0.05",
                 "pipeline_overlap_over_one_batch_at_top": ">= 1.7",
                 "pipeline_overlap_over_one_batch_at_1": ">= 1 (no worse)",
             },

@@ -202,9 +202,14 @@ class Conductor:
         rows, self._marked = self._marked, []
         if len(rows) != logprobs.shape[0]:
             raise DivergedError(f"sampling {logprobs.shape[0]} rows, marked {len(rows)}")
-        tokens = mx.concatenate(
-            [self._by_uid[uid].sample(logprobs[i : i + 1]) for i, uid in enumerate(rows)]
-        ).astype(mx.float32)
+        entries = [self._by_uid[uid] for uid in rows]
+        if all(e.request.sampling.temperature == 0 for e in entries):
+            # Greedy rows (the common case): one argmax over the batch, not one per row.
+            tokens = entries[0].sampler(logprobs).astype(mx.float32)
+        else:
+            tokens = mx.concatenate(
+                [e.sample(logprobs[i : i + 1]) for i, e in enumerate(entries)]
+            ).astype(mx.float32)
         if not self._take_pending():
             self._closing = True
         word = len(self._committed)
