@@ -163,6 +163,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "long prompt never freezes running streams (default 512)",
     )
     serving.add_argument(
+        "--objective",
+        choices=("latency", "throughput", "auto"),
+        default="auto",
+        help="what the planner optimises (measured profiles): one request's time per token, "
+        "every stream's tokens together under load (stages overlap, layers follow stage "
+        "speed), or auto: throughput when 2+ requests are running or waiting as it plans "
+        "(default)",
+    )
+    serving.add_argument(
         "--no-overlap",
         dest="overlap",
         action="store_false",
@@ -487,6 +496,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
             max_concurrency=args.max_concurrency,
             prefill_step_size=args.prefill_step_size,
             overlap=args.overlap,
+            objective=args.objective,
             prompt_cache_size=args.prompt_cache_size,
             prompt_cache_bytes=args.prompt_cache_bytes,
         )

@@ -113,6 +113,11 @@ class Dispatcher:
     def in_flight(self) -> int:
         return len(self._streams)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot in the batch."""
+        return self._waiting
+
     # ---- the conductor's link (its events arrive on a listener thread) ---------------------
 
     def _on_channel(self, channel: ConductorChannel) -> None:

@@ -333,7 +333,11 @@ class Leader:
             me = self.peers.status(self.me)
             facts = self.members_for(model.spec, eligible, me.profile if me else None)
             holdings = await self.models.holdings(model, eligible)
-            placement = await asyncio.to_thread(place, model.spec, facts, holdings)
+            queue = self._dispatcher.in_flight + self._dispatcher.waiting
+            objective = self.config.serving.objective
+            placement = await asyncio.to_thread(
+                place, model.spec, facts, holdings, objective, queue
+            )
         except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
             self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: {error}")
             return
@@ -438,7 +442,8 @@ class Leader:
             me = self.peers.status(self.me)
             spec = led.plan.stages[0].tp.spec
             eligible = self.members_for(spec, members, me.profile if me else None)
-            candidate, chosen, _, _ = plan_of(spec, eligible)
+            queue = self._dispatcher.in_flight + self._dispatcher.waiting
+            candidate, chosen, _, _ = plan_of(spec, eligible, self.config.serving.objective, queue)
             gain = replan_gain(led.plan, led.nodes, candidate, list(chosen), balance.speeds())
             if gain is not None and gain <= balance.policy.threshold / 2:
                 balance.cancel(f"the best split is only {100 * gain:.0f}% faster")

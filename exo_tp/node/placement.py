@@ -25,7 +25,7 @@ from exo_tp.plan.cluster import MEMORY_HEADROOM, Cluster, DeviceCost
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.render_choice import describe_candidate
-from exo_tp.plan.search import choose_plan
+from exo_tp.plan.search import ObjectiveChoice, choose_plan
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.transfer import (
     Holding,
@@ -93,7 +93,10 @@ def planner_cluster(members: Members) -> Cluster:
 
 
 def plan_of(
-    spec: ModelSpec, cluster: Members
+    spec: ModelSpec,
+    cluster: Members,
+    objective: ObjectiveChoice = "latency",
+    queue: int = 0,
 ) -> tuple[PipelinePlan, tuple[str, ...], Prediction | None, tuple[str, ...]]:
     """The plan, the member at each rank, the prediction and the planner's notes."""
     names = tuple(m.node_id for m in cluster.members)
@@ -106,22 +109,30 @@ def plan_of(
             start += size
         return plan_pipeline(spec, groups), names, None, ()
     if cluster.measured:
-        choice = choose_plan(spec, planner_cluster(cluster))
+        choice = choose_plan(spec, planner_cluster(cluster), objective=objective, queue=queue)
         runner_ups = "; ".join(
             f"{c.prediction.tokens_per_second:.3g} tok/s {describe_candidate(c, list(names))}"
             for c in choice.alternatives
         )
         notes = (
-            f"planner: {describe_candidate(choice.best, list(names))}; runner-ups: {runner_ups}",
+            f"planner ({choice.objective}: {choice.reason}): "
+            f"{describe_candidate(choice.best, list(names))}; runner-ups: {runner_ups}",
         )
         chosen = tuple(names[d] for d in choice.best.devices)
         return choice.best.plan, chosen, choice.best.prediction, notes
     return single_stage(plan_tensor_parallel(spec, weights)), names, None, ()
 
 
-def place(spec: ModelSpec, cluster: Members, holdings: Holdings) -> Placement:
-    """Plan, rank order, transfers and prediction of one epoch (see the module's notes)."""
-    plan, order, prediction, notes = plan_of(spec, cluster)
+def place(
+    spec: ModelSpec,
+    cluster: Members,
+    holdings: Holdings,
+    objective: ObjectiveChoice = "latency",
+    queue: int = 0,
+) -> Placement:
+    """Plan, rank order, transfers and prediction of one epoch (see the module's notes);
+    ``queue``: requests running or waiting as it plans (the auto objective goes by it)."""
+    plan, order, prediction, notes = plan_of(spec, cluster, objective, queue)
     if all(n in holdings.files for n in order):
         return Placement(
             plan=plan, rank_order=order, transfers=None, prediction=prediction, notes=notes

@@ -63,6 +63,12 @@ class PredictedView(Frozen):
     prefill_seconds: float
     prompt_tokens: int
     context_tokens: int
+    # The planner's objective, why, and every stream's tokens/s together at ``streams`` at
+    # once with the stages overlapped (what a throughput plan is ranked by).
+    objective: Literal["latency", "throughput"] = "latency"
+    objective_reason: str = ""
+    streams: int = 1
+    loaded_tokens_per_second: float = 0.0
 
     @staticmethod
     def of(prediction: Prediction) -> PredictedView:
@@ -72,6 +78,10 @@ class PredictedView(Frozen):
             prefill_seconds=prediction.prefill_seconds,
             prompt_tokens=prediction.prompt_tokens,
             context_tokens=prediction.context_tokens,
+            objective=prediction.objective,
+            objective_reason=prediction.reason,
+            streams=prediction.streams,
+            loaded_tokens_per_second=prediction.loaded_tokens_per_second,
         )
 
 

@@ -15,6 +15,7 @@ the larger of its weight reads and b rows' FLOPs, plus its collectives.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import ConfigDict, computed_field
 
@@ -78,6 +79,8 @@ class Prediction(Frozen):
     context_tokens: int
     memory: tuple[RankMemory, ...]
     streams: int = 1  # requests at once the loaded figure is priced for
+    objective: Literal["latency", "throughput"] = "latency"  # what the planner chose it for
+    reason: str = ""  # why that objective (the planner's words)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -369,8 +369,10 @@ def choose_plan(
         )
     else:
         ranked = sorted(candidates, key=lambda c: (c.prediction.decode_seconds, len(c.devices)))
+    best = ranked[0]
+    explained = best.prediction.model_copy(update={"objective": chosen, "reason": reason})
     return Choice(
-        best=ranked[0],
+        best=best.model_copy(update={"prediction": explained}),
         alternatives=tuple(ranked[1 : keep + 1]),
         rejected=tuple(rejected),
         considered=len(seen),

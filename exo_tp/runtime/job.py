@@ -27,6 +27,9 @@ class ServingOptions(Frozen):
     prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
     # Pipelines: split the batch into one micro-batch per stage, so every stage works at once.
     overlap: bool = True
+    # What the leader's planner optimises when it plans from measured profiles: one request's
+    # time per token, every stream's tokens together, or auto by the queue when it plans.
+    objective: Literal["latency", "throughput", "auto"] = "auto"
 
 
 class Assignment(Frozen):
