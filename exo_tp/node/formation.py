@@ -71,6 +71,7 @@ class Epoch:
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
     conductor_lost: float | None = None  # monotonic time the conductor's link dropped
+    symptom_seen: float | None = None  # monotonic time a rank first exited on a broken link
 
     def conductor_rank(self) -> int | None:
         if self.plan is None or self.plan.stages[-1].ranks[0] >= len(self.nodes):
@@ -254,7 +255,16 @@ class Leader:
                 telling = 3 if "signal" in error else 1
                 failures.append((telling, f"{who} stopped: {error}"))
         if failures:
-            self._fail(max(failures)[1])
+            telling, reason = max(failures)
+            # A rank that exited on a broken link is a symptom: the rank that broke it (killed,
+            # frozen) usually reports a poll later, from another node. Name the cause when it
+            # comes; fall back to the symptom after the grace.
+            if telling == 1 and len(failures) < len(statuses):
+                if led.symptom_seen is None:
+                    led.symptom_seen = time.monotonic()
+                if time.monotonic() - led.symptom_seen < CONDUCTOR_GRACE:
+                    return
+            self._fail(reason)
             return
         lost = led.conductor_lost
         if lost is not None and time.monotonic() - lost > CONDUCTOR_GRACE:
