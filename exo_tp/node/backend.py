@@ -23,6 +23,7 @@ from exo_tp.node.dispatch import (
     NotReady,
     QueueFull,
 )
+from exo_tp.node.finetune_jobs import FT_PREFIX, FineTuning
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.model_requests import ModelRequests
@@ -83,8 +84,10 @@ class NodeBackend:
         defaults: GenerationDefaults,
         downloads: HubDownloads,
         catalog: ModelCatalog,
+        fine_tuning: FineTuning,
     ):
         self._views, self._dispatcher, self._requests = views, dispatcher, requests
+        self.fine_tuning = fine_tuning
         self._downloads, self._catalog = downloads, catalog
         self.node_id = views.config.node_id
         self.started = views.started
@@ -125,23 +128,40 @@ class NodeBackend:
         joined = self._views.joined
         if joined is None:
             return []
-        serving = self._views.serving_key()
-        return [
+        serving, adapter = self._views.serving_key(), self._views.serving_adapter()
+        cards = [
             {
                 "id": name,
                 "object": "model",
                 "created": int(self.started),
                 "owned_by": "exo-tp",
-                "loaded": key == serving,
+                "loaded": key == serving and adapter is None,
             }
             for name, key in joined.models.listing()
         ]
+        for name, job in self.fine_tuning.models():  # base models with a fine-tuned adapter
+            cards.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": job.finished_at or job.created_at,
+                    "owned_by": "exo-tp",
+                    "loaded": adapter == job.id,
+                    "parent": job.model,
+                }
+            )
+        return cards
 
     def require_model(self, name: str) -> None:
         """A request for ``name`` (on the leader): 404 if no member has it; 503 while another
         listed model is served, after asking the leader to load this one."""
         joined = self._views.joined
         assert joined is not None
+        if (busy := self.fine_tuning.busy_error()) is not None:
+            raise busy
+        if name.startswith(FT_PREFIX):
+            self._require_fine_tuned(name)
+            return
         key = joined.models.key_of(name)
         listing = joined.models.listing()
         ref = hub_ref(name) if key is None else None
@@ -157,12 +177,37 @@ class NodeBackend:
                 param="model",
                 code="model_not_found",
             )
-        if key != self._views.serving_key():
+        if key != self._views.serving_key() or self._views.serving_adapter() is not None:
             self._requests.load(key, name)
             raise ApiError(
                 503,
                 f"loading the model '{name}' (the cluster serves one model at "
                 f"a time); retry shortly",
+                kind="server_error",
+                code="model_loading",
+                retry_after=10,
+            )
+
+    def _require_fine_tuned(self, name: str) -> None:
+        """A request for ``ft:<base>:<suffix>:<job>``: the base with that job's adapter."""
+        joined = self._views.joined
+        assert joined is not None
+        job = self.fine_tuning.adapter_of(name)
+        key = joined.models.key_of(job.model) if job else None
+        if job is None or key is None:
+            raise ApiError(
+                404,
+                f"The model '{name[:200]}' does not exist (no succeeded fine-tuning job "
+                "made it, or its base is gone).",
+                param="model",
+                code="model_not_found",
+            )
+        if key != self._views.serving_key() or self._views.serving_adapter() != job.id:
+            self._requests.load(key, name, job.id)
+            raise ApiError(
+                503,
+                f"loading the model '{name}' (its base with the adapter on every shard); "
+                "retry shortly",
                 kind="server_error",
                 code="model_loading",
                 retry_after=10,
@@ -241,6 +286,8 @@ class NodeBackend:
         return control_headers(self._views.config.secret, path, body)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+        if (busy := self.fine_tuning.busy_error()) is not None:
+            raise busy
         events = self._dispatcher.generate(request)
         try:
             async for event in events:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from aiohttp import web
 
+from exo_tp.finetune.cluster_messages import FinetuneRankStatus
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
@@ -66,6 +67,7 @@ class NodeStatus(Frozen):
     weights: WeightsStatus = WeightsStatus()  # models it offers, its fetch, bytes it served
     speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
     downloads: tuple[DownloadProgress, ...] = ()  # hub models it is fetching (or fetched)
+    finetune: FinetuneRankStatus | None = None  # its rank of a fine-tuning job
 
 
 class PortsRequest(Frozen):
@@ -82,6 +84,8 @@ class Assign(Frozen):
     assignment: Assignment
     leader: NodeId
     weights: WeightOrder | None = None  # None: load assignment.model from this node's files
+    # the adapter of this fine-tuning job, from the node's own copy, on every shard
+    adapter_job: str | None = None
 
 
 class Accepted(Frozen):
@@ -120,11 +124,12 @@ class ControlClient:
         assignment: Assignment,
         leader: str,
         weights: WeightOrder | None = None,
+        adapter_job: str | None = None,
     ) -> Accepted:
         return await self._client.call(
             peer.control_url,
             "/control/assign",
-            Assign(assignment=assignment, leader=leader, weights=weights),
+            Assign(assignment=assignment, leader=leader, weights=weights, adapter_job=adapter_job),
             Accepted,
         )
 

@@ -15,6 +15,7 @@ from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import NodeStatus
 from exo_tp.node.control_handlers import ControlHandlers
 from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.finetune_ranks import FinetuneRanks
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
 from exo_tp.node.listeners import Listeners
@@ -55,6 +56,7 @@ class StatusViews:
         self.session: aiohttp.ClientSession | None = None  # for the leader's plan
         self.listeners: Listeners | None = None  # set by the node once it listens
         self.downloads: HubDownloads | None = None  # set by the node
+        self.finetune_ranks: FinetuneRanks | None = None  # set by the node
 
     # ---- the cluster as this node sees it --------------------------------------------------
 
@@ -74,6 +76,13 @@ class StatusViews:
             led = self.joined.leader.led
             return led.model if led else None
         return self.handlers.assigned_key
+
+    def serving_adapter(self) -> str | None:
+        """The fine-tuning job whose adapter the served model carries (on the leader)."""
+        if self.joined is not None and self.joined.leads():
+            led = self.joined.leader.led
+            return led.adapter_job if led else None
+        return None
 
     def serving_state(self) -> ServingState:
         if self.joined is not None and self.joined.leads():
@@ -114,6 +123,7 @@ class StatusViews:
             weights=self.weights.status(),
             speed=worker.speed,
             downloads=self.downloads.views() if self.downloads else (),
+            finetune=self.finetune_ranks.status() if self.finetune_ranks else None,
         )
 
     # ---- for the public API ----------------------------------------------------------------
