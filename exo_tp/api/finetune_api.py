@@ -9,6 +9,8 @@ a bad JSONL line is a 400 naming its line.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from email.parser import BytesParser
+from email.policy import HTTP
 from typing import Protocol
 
 import aiohttp
@@ -56,6 +58,23 @@ class Leader(Protocol):
 
     def generation_url(self) -> str | None: ...
     def forward_headers(self, path: str, body: bytes) -> dict[str, str]: ...
+
+
+def parse_form(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """A multipart/form-data body's fields: name -> (file name, bytes). The body was read
+    whole already (within the API's limit), so it is parsed from memory."""
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + raw
+    )
+    if not message.is_multipart():
+        raise ApiError(400, "malformed multipart body")
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            payload = part.get_payload(decode=True)
+            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+    return fields
 
 
 def _view(view: BaseModel) -> web.Response:
@@ -136,21 +155,21 @@ def add_routes(table: web.RouteTableDef, node_of: Callable[[web.Request], Leader
         if not request.content_type.startswith("multipart/form-data"):
             raise ApiError(400, "upload a file as multipart/form-data (fields 'file', 'purpose')")
         try:
-            form = await request.post()
+            raw_body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(
                 413, f"the file is larger than the limit of {MAX_BODY} bytes",
                 code="file_too_large",
             ) from None  # fmt: skip
-        except ValueError as error:
-            raise ApiError(400, f"malformed multipart body: {error}") from None
-        file, purpose = form.get("file"), form.get("purpose")
-        if not isinstance(file, web.FileField):
+        fields = parse_form(request.headers.get("Content-Type", ""), raw_body)
+        file, purpose = fields.get("file"), fields.get("purpose")
+        if file is None:
             raise ApiError(400, "Missing required parameter: 'file'.", param="file")
-        if not isinstance(purpose, str):
+        if purpose is None:
             raise ApiError(400, "Missing required parameter: 'purpose'.", param="purpose")
-        raw = file.file.read()
-        return _view(ft.upload(file.filename or "upload.jsonl", raw, purpose))
+        filename, raw = file
+        purpose_text = purpose[1].decode("utf-8", "replace").strip()
+        return _view(ft.upload(filename or "upload.jsonl", raw, purpose_text))
 
     @on_leader
     async def list_files(request: web.Request, ft: FineTuningService) -> web.StreamResponse:

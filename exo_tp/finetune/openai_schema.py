@@ -42,10 +42,11 @@ class Method(Request):
 
 
 class LoraOptions(Request):
-    """Extension: mlx_lm.lora's --num-layers (-1: all) and LoRA rank."""
+    """Extension: mlx_lm.lora's --num-layers (-1: all; unset: 16, or all of a smaller model)
+    and LoRA rank."""
 
     rank: int = Field(default=8, ge=1, le=512)
-    layers: int = Field(default=16, ge=-1)
+    layers: int | None = Field(default=None, ge=-1)
     scale: float = Field(default=20.0, gt=0)
 
 

@@ -245,8 +245,16 @@ class FineTuning:
         if multiplier <= 0:
             param = "hyperparameters.learning_rate_multiplier"
             raise ApiError(400, f"Invalid value for '{param}': must be > 0", param=param)
-        base = await self._check_model(body.model)
+        base, layers = await self._check_model(body.model)
         lora = body.lora or LoraOptions()
+        if lora.layers is None:
+            lora = replace(lora, layers=min(16, layers))
+        elif lora.layers > layers:
+            raise ApiError(
+                400,
+                f"lora.layers {lora.layers} is more than the model's {layers} layers",
+                param="lora.layers",
+            )
         hp = JobHyperparameters(
             n_epochs=epochs, batch_size=batch, learning_rate_multiplier=multiplier
         )
@@ -273,7 +281,9 @@ class FineTuning:
         self.running.task = asyncio.create_task(self._run(job.id), name=f"finetune-{job.id}")
         return job
 
-    async def _check_model(self, name: str) -> str:
+    async def _check_model(self, name: str) -> tuple[str, int]:
+        """The base model's name and its number of layers; 4xx for one that cannot be
+        fine-tuned here."""
         joined = self._views.joined
         assert joined is not None
         key = joined.models.key_of(name)
@@ -298,7 +308,7 @@ class FineTuning:
                 param="model",
                 code="model_not_supported",
             )
-        return prepared.name
+        return prepared.name, spec.num_layers
 
     async def cancel(self, job_id: str) -> Job:
         job = self.job(job_id)
@@ -427,7 +437,9 @@ class FineTuning:
             data_dir="",
             adapter_path="",
             plan=plan,
-            lora=LoraSettings(rank=job.lora.rank, scale=job.lora.scale, num_layers=job.lora.layers),
+            lora=LoraSettings(
+                rank=job.lora.rank, scale=job.lora.scale, num_layers=job.lora.layers or -1
+            ),
             iters=iters,
             learning_rate=BASE_LEARNING_RATE * job.hyperparameters.learning_rate_multiplier,
             seed=job.seed,
