@@ -537,10 +537,7 @@ class FineTuning:
                     states[n] = rank
             failed = [r for r in states.values() if r.state == "failed"]
             if failed:
-                await asyncio.sleep(DEAD_AFTER / 2)  # a dead peer explains a lost ring best
-                gone = [n for n in nodes if joined.peers.status(n, max_age=DEAD_AFTER) is None]
-                if gone:
-                    raise ExoTpError(f"node {', '.join(gone)} stopped answering during training")
+                await self._name_the_dead(nodes)  # a dead node explains a lost ring best
                 raise ExoTpError(failed[0].error or "a rank failed")
             if len(states) == len(nodes) and all(r.state == "done" for r in states.values()):
                 done = self.ranks.done
@@ -556,6 +553,25 @@ class FineTuning:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ranks.changed.wait(), WATCH_SECONDS)
+
+    async def _name_the_dead(self, nodes: tuple[str, ...]) -> None:
+        """Raise naming a node that stopped answering, if one did (a rank whose ring broke
+        fails at once; its peer's status goes stale within DEAD_AFTER)."""
+        joined = self._views.joined
+        assert joined is not None
+        deadline = time.monotonic() + DEAD_AFTER + 1.0
+        while time.monotonic() < deadline:
+            gone = [
+                n
+                for n in nodes
+                if n != self.node_id and joined.peers.status(n, max_age=DEAD_AFTER) is None
+            ]
+            if gone:
+                raise ExoTpError(
+                    f"node {', '.join(gone)} stopped answering during training; the job's "
+                    "other ranks were stopped"
+                )
+            await asyncio.sleep(0.25)
 
     def _report(self, job_id: str, report: StepReport | ValReport) -> None:
         job = self.job(job_id)

@@ -1,0 +1,345 @@
+"""Fine-tuning on a running cluster's nodes, behind OpenAI's fine-tuning API, with the official
+`openai` SDK against a real 2-node loopback cluster (`exo-tp run --local-nodes 2`).
+
+One job trains a tiny random llama on a small chat dataset (one rank per node, uneven rows of
+the base, each node's share of every batch); its adapter must equal single-device mlx-lm LoRA
+training (`mlx_lm.lora.train_model`, this process, same data, seed and hyper-parameters) within
+fp32 noise, and so must its per-step losses; chatting with the ``ft:`` model must give
+mlx_lm.generate's greedy text with that adapter. Then: bad inputs (each a 4xx naming the
+problem, no job started), cancel, and a node killed mid-job (the job fails within 10 s naming
+it, and the cluster serves again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import psutil
+import pytest
+from arch_configs import tiny_config
+from cluster_helpers import LocalCluster, http_json, local_cluster, wait_ready
+from openai import BadRequestError, NotFoundError, OpenAI
+from tiny_models import write_tiny_model
+
+EXAMPLES, VALID, BATCH, EPOCHS, LR_MULTIPLIER = 8, 2, 2, 1, 1000.0
+LR = 1e-5 * LR_MULTIPLIER  # the server's base rate (mlx_lm.lora's default) times the multiplier
+ITERS = EPOCHS * EXAMPLES // BATCH
+WEIGHT_ATOL = 1e-5
+LOSS_ATOL = 1e-4
+WORDS = "the sea is blue and the sky is wide a ship sails over the waves under the stars at night"
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def chat_lines(count: int, seed: int) -> str:
+    rng = random.Random(seed)
+
+    def words(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(WORDS.split()) for _ in range(rng.randint(lo, hi)))
+
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": words(3, 8)},
+                {"role": "assistant", "content": words(3, 12)},
+            ]
+        }
+        for _ in range(count)
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Path]) -> Path:
+    folder = tmp_path_factory.mktemp("ft-cluster")
+    tokenizer = default_models["smollm2-135m"]
+    write_tiny_model(folder / "llama", tiny_config("llama"), tokenizer)
+    write_tiny_model(folder / "moe", tiny_config("qwen3_moe"), tokenizer)
+    data = folder / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text(chat_lines(EXAMPLES, 0))
+    (data / "valid.jsonl").write_text(chat_lines(VALID, 1))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cluster(models: Path) -> Iterator[LocalCluster]:
+    home = models / "home"  # the nodes' files, jobs, adapters and weight stores
+    with local_cluster(
+        2,
+        weights=[0.6, 0.4],
+        model=str(models / "llama"),
+        extra=("--model", str(models / "moe"), "--strict-model-names"),
+        env={"EXO_TP_HOME": str(home)},
+    ) as running:
+        yield running
+
+
+def client(cluster: LocalCluster, node: int = 0) -> OpenAI:
+    return OpenAI(base_url=f"{cluster.urls[node]}/v1", api_key="none", max_retries=0)
+
+
+def upload(api: OpenAI, text: str, name: str = "data.jsonl") -> str:
+    return api.files.create(file=(name, text.encode()), purpose="fine-tune").id
+
+
+def wait_job(api: OpenAI, job_id: str, timeout: float = 240) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = api.fine_tuning.jobs.retrieve(job_id)
+        if job.status in FINISHED:
+            return job
+        time.sleep(0.5)
+    raise TimeoutError(f"job {job_id} still {job.status} after {timeout}s")
+
+
+def mlx_lm_lora(model: Path, data: Path, out: Path, layers: int) -> tuple[list, list]:
+    """mlx-lm's own LoRA training on one device, as `mlx_lm.lora --train` would run it with
+    the job's settings; its train and validation losses."""
+    from mlx_lm import load
+    from mlx_lm.lora import CONFIG_DEFAULTS, train_model
+    from mlx_lm.tuner.callbacks import TrainingCallback
+    from mlx_lm.tuner.datasets import load_dataset
+
+    args = types.SimpleNamespace(
+        **{
+            **CONFIG_DEFAULTS,
+            "model": str(model),
+            "data": str(data),
+            "train": True,
+            "iters": ITERS,
+            "batch_size": BATCH,
+            "num_layers": layers,
+            "adapter_path": str(out),
+            "optimizer": "adam",
+            "learning_rate": LR,
+            "seed": 0,
+            "steps_per_report": 1,
+            "steps_per_eval": max(1, ITERS // 4),
+            "val_batches": -1,
+            "save_every": ITERS,
+        }
+    )
+
+    class Losses(TrainingCallback):
+        def __init__(self) -> None:
+            self.train: list[float] = []
+            self.val: list[float] = []
+
+        def on_train_loss_report(self, info: dict[str, Any]) -> None:
+            self.train.append(info["train_loss"])
+
+        def on_val_loss_report(self, info: dict[str, Any]) -> None:
+            self.val.append(info["val_loss"])
+
+    np.random.seed(args.seed)  # as mlx_lm.lora.run does first
+    loaded, tokenizer = load(str(model))
+    train_set, valid_set, _ = load_dataset(args, tokenizer)
+    losses = Losses()
+    train_model(args, loaded, train_set, valid_set, losses)
+    return losses.train, losses.val
+
+
+@pytest.fixture(scope="module")
+def trained(cluster: LocalCluster, models: Path) -> Any:
+    api = client(cluster, 1)  # a member: it passes the requests on to the leader
+    train = upload(api, (models / "data" / "train.jsonl").read_text(), "train.jsonl")
+    valid = upload(api, (models / "data" / "valid.jsonl").read_text(), "valid.jsonl")
+    job = api.fine_tuning.jobs.create(
+        model=str(models / "llama"),
+        training_file=train,
+        validation_file=valid,
+        seed=0,
+        suffix="sea",
+        method={
+            "type": "supervised",
+            "supervised": {
+                "hyperparameters": {
+                    "n_epochs": EPOCHS,
+                    "batch_size": BATCH,
+                    "learning_rate_multiplier": LR_MULTIPLIER,
+                }
+            },
+        },
+    )
+    assert job.status in ("queued", "running")
+    return wait_job(api, job.id)
+
+
+def test_job_equals_single_device_mlx_lm(
+    cluster: LocalCluster, models: Path, trained: Any, tmp_path: Path
+) -> None:
+    job = trained
+    assert job.status == "succeeded", job.error
+    assert job.fine_tuned_model == f"ft:{models / 'llama'}:sea:{job.id}"
+    assert job.model_extra["nodes"] == ["local-0", "local-1"]
+    api = client(cluster)
+    events = api.fine_tuning.jobs.list_events(job.id, limit=100).data[::-1]  # oldest first
+    train = [e.data["train_loss"] for e in events if e.data and "train_loss" in e.data]
+    val = [e.data["valid_loss"] for e in events if e.data and "valid_loss" in e.data]
+    assert [e.data["step"] for e in events if e.data and "train_loss" in e.data] == list(
+        range(1, ITERS + 1)
+    )
+    # the adapter, downloaded as the job's result files (for mlx_lm)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    for file_id in job.result_files:
+        name = api.files.retrieve(file_id).filename.removeprefix(f"{job.id}-")
+        (adapter / name).write_bytes(api.files.content(file_id).read())
+    assert sorted(p.name for p in adapter.iterdir()) == [
+        "adapter_config.json",
+        "adapters.safetensors",
+    ]
+    layers = json.loads((adapter / "adapter_config.json").read_text())["num_layers"]
+    ref_train, ref_val = mlx_lm_lora(models / "llama", models / "data", tmp_path / "ref", layers)
+    ours, ref = (
+        mx.load(str(adapter / "adapters.safetensors")),
+        mx.load(str(tmp_path / "ref" / "adapters.safetensors")),
+    )
+    assert sorted(ours) == sorted(ref)
+    worst = max((float(mx.abs(ours[k] - ref[k]).max()), k) for k in ref)
+    assert worst[0] <= WEIGHT_ATOL, f"LoRA weight {worst[1]} differs by {worst[0]:.3g}"
+    assert min(float(mx.abs(ref[k]).max()) for k in ref if k.endswith("lora_b")) > 1e-3
+    np.testing.assert_allclose(train, ref_train, rtol=0, atol=LOSS_ATOL)
+    np.testing.assert_allclose(val, ref_val, rtol=0, atol=LOSS_ATOL)
+    checkpoints = api.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert checkpoints and checkpoints[0].step_number == ITERS
+
+
+def test_fine_tuned_model_is_listed_and_chats_like_mlx_lm(
+    cluster: LocalCluster, models: Path, trained: Any
+) -> None:
+    from mlx_lm import generate, load
+
+    name = trained.fine_tuned_model
+    api = client(cluster)
+    assert name in [m.id for m in api.models.list().data]
+    messages = [{"role": "user", "content": "the ship sails"}]
+    deadline = time.monotonic() + 180
+    while True:  # 503 while the cluster loads the base with the adapter
+        status, answer = http_json(
+            f"{cluster.urls[1]}/v1/chat/completions",
+            {"model": name, "messages": messages, "max_tokens": 8, "temperature": 0},
+            timeout=60,
+        )
+        if status == 200 or time.monotonic() > deadline:
+            break
+        assert status == 503, answer
+        time.sleep(1)
+    assert status == 200, answer
+    model, tokenizer = load(
+        str(models / "llama"),
+        adapter_path=str(
+            models / "home" / "finetune" / "local-0" / "jobs" / trained.id / "adapter"
+        ),
+    )
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    expected = generate(model, tokenizer, prompt=prompt, max_tokens=8, verbose=False)
+    assert answer["choices"][0]["message"]["content"] == expected
+
+
+BAD_FILES = [
+    ("bad-json", '{"text": "fine"}\n{"text": broken\n', "line 2"),
+    ("not-object", '{"text": "fine"}\n[1, 2]\n', "line 2"),
+    ("mixed", '{"text": "fine"}\n{"prompt": "a", "completion": "b"}\n', "line 2"),
+    ("no-role", '{"messages": [{"content": "hi"}]}\n', "line 1"),
+    ("empty", "\n\n", "no examples"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_bad_file_is_400_naming_the_line(cluster: LocalCluster, case: tuple[str, str, str]) -> None:
+    _, text, expected = case
+    with pytest.raises(BadRequestError) as error:
+        upload(client(cluster), text)
+    assert expected in error.value.message
+
+
+def test_bad_jobs_are_refused_before_they_start(cluster: LocalCluster, models: Path) -> None:
+    api = client(cluster)
+    before = len(api.fine_tuning.jobs.list().data)
+    small = upload(api, chat_lines(3, 2))
+    llama = str(models / "llama")
+    for kwargs, error_type, words in [
+        (dict(model=llama, training_file=small, hyperparameters={"batch_size": 4}),
+         BadRequestError, "fewer than the batch size"),
+        (dict(model="no-such-model", training_file=small), NotFoundError, "does not exist"),
+        (dict(model=str(models / "moe"), training_file=small), BadRequestError,
+         "mixture of experts"),
+        (dict(model=llama, training_file="file-nope"), BadRequestError, "does not exist"),
+    ]:  # fmt: skip
+        with pytest.raises(error_type) as raised:
+            api.fine_tuning.jobs.create(**kwargs)  # type: ignore[arg-type]
+        assert words in raised.value.message
+    # over the API's body limit: a 413, nothing stored
+    status, body = http_json(f"{cluster.urls[0]}/v1/files", b"x" * (5 << 20))
+    assert status == 413, body
+    assert len(api.fine_tuning.jobs.list().data) == before
+
+
+def test_cancel_frees_the_cluster(cluster: LocalCluster, models: Path, trained: Any) -> None:
+    api = client(cluster)
+    train = upload(api, chat_lines(64, 3))
+    job = api.fine_tuning.jobs.create(
+        model=str(models / "llama"), training_file=train, hyperparameters={"batch_size": 2}
+    )
+    deadline = time.monotonic() + 120
+    while api.fine_tuning.jobs.retrieve(job.id).status != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    # generation waits for the job: a 503 with Retry-After and the job's progress
+    status, busy = http_json(
+        f"{cluster.urls[0]}/v1/chat/completions",
+        {"model": str(models / "llama"), "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert status == 503 and busy["error"]["code"] == "fine_tuning", busy
+    assert job.id in busy["error"]["message"]
+    cancelled = time.monotonic()
+    assert api.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    assert time.monotonic() - cancelled < 10
+    assert not [p for p in _finetune_ranks(cluster)]
+    wait_ready(cluster.urls, nodes=2)
+
+
+def _finetune_ranks(cluster: LocalCluster) -> list[psutil.Process]:
+    ranks = []
+    for child in psutil.Process(cluster.proc.pid).children(recursive=True):
+        try:
+            if "exo_tp.finetune.worker" in " ".join(child.cmdline()):
+                ranks.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return ranks
+
+
+def test_killed_node_fails_the_job_then_cluster_serves(
+    cluster: LocalCluster, models: Path, trained: Any
+) -> None:
+    api = client(cluster)
+    train = upload(api, chat_lines(64, 4))
+    job = api.fine_tuning.jobs.create(
+        model=str(models / "llama"), training_file=train, hyperparameters={"batch_size": 2}
+    )
+    deadline = time.monotonic() + 120
+    while not api.fine_tuning.jobs.retrieve(job.id).model_extra["progress"]["step"]:
+        assert time.monotonic() < deadline, "the job never started training"
+        time.sleep(0.2)
+    node = next(
+        p for p in psutil.Process(cluster.proc.pid).children() if "local-1" in " ".join(p.cmdline())
+    )
+    os.kill(node.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    done = wait_job(api, job.id, timeout=30)
+    assert done.status == "failed"
+    assert time.monotonic() - killed < 10
+    assert "local-1" in done.error.message, done.error
+    wait_ready(cluster.urls, nodes=2)  # the node restarts; the cluster serves again
