@@ -18,6 +18,7 @@ import random
 import signal
 import time
 import types
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,11 +185,11 @@ def test_job_equals_single_device_mlx_lm(
     assert job.model_extra["nodes"] == ["local-0", "local-1"]
     api = client(cluster)
     events = api.fine_tuning.jobs.list_events(job.id, limit=100).data[::-1]  # oldest first
-    train = [e.data["train_loss"] for e in events if e.data and "train_loss" in e.data]
-    val = [e.data["valid_loss"] for e in events if e.data and "valid_loss" in e.data]
-    assert [e.data["step"] for e in events if e.data and "train_loss" in e.data] == list(
-        range(1, ITERS + 1)
-    )
+    metrics = [e.data for e in events if e.type == "metrics"]
+    train = [m["train_loss"] for m in metrics if m.get("train_loss") is not None]
+    val = [m["valid_loss"] for m in metrics if m.get("valid_loss") is not None]
+    steps = [m["step"] for m in metrics if m.get("train_loss") is not None]
+    assert steps == list(range(1, ITERS + 1))
     # the adapter, downloaded as the job's result files (for mlx_lm)
     adapter = tmp_path / "adapter"
     adapter.mkdir()
@@ -216,7 +217,7 @@ def test_job_equals_single_device_mlx_lm(
 
 
 def test_fine_tuned_model_is_listed_and_chats_like_mlx_lm(
-    cluster: LocalCluster, models: Path, trained: Any
+    cluster: LocalCluster, models: Path, trained: Any, tmp_path: Path
 ) -> None:
     from mlx_lm import generate, load
 
@@ -236,12 +237,13 @@ def test_fine_tuned_model_is_listed_and_chats_like_mlx_lm(
         assert status == 503, answer
         time.sleep(1)
     assert status == 200, answer
-    model, tokenizer = load(
-        str(models / "llama"),
-        adapter_path=str(
-            models / "home" / "finetune" / "local-0" / "jobs" / trained.id / "adapter"
-        ),
-    )
+    adapter = tmp_path / "adapter"  # from the adapter route, as a user gets it for mlx_lm
+    adapter.mkdir()
+    for file in ("adapters.safetensors", "adapter_config.json"):
+        url = f"{cluster.urls[1]}/v1/fine_tuning/jobs/{trained.id}/adapter/{file}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            (adapter / file).write_bytes(response.read())
+    model, tokenizer = load(str(models / "llama"), adapter_path=str(adapter))
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     expected = generate(model, tokenizer, prompt=prompt, max_tokens=8, verbose=False)
     assert answer["choices"][0]["message"]["content"] == expected
