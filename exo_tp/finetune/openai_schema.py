@@ -30,6 +30,8 @@ class Hyperparameters(Request):
     learning_rate_multiplier: float | Literal["auto"] = "auto"
     # extension: a number of optimizer steps instead of epochs (mlx_lm.lora --iters)
     n_iters: int | None = Field(default=None, ge=1, le=1_000_000)
+    # extension: mlx_lm.lora's --optimizer
+    optimizer: Literal["adam", "adamw", "sgd", "adafactor"] | None = None
 
 
 class Supervised(Request):
@@ -102,6 +104,7 @@ class JobHyperparameters(Frozen):
     n_epochs: int
     batch_size: int
     learning_rate_multiplier: float
+    optimizer: Literal["adam", "adamw", "sgd", "adafactor"] = "adam"  # extension
 
 
 class JobSupervised(Frozen):

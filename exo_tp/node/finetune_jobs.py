@@ -256,7 +256,10 @@ class FineTuning:
                 param="lora.layers",
             )
         hp = JobHyperparameters(
-            n_epochs=epochs, batch_size=batch, learning_rate_multiplier=multiplier
+            n_epochs=epochs,
+            batch_size=batch,
+            learning_rate_multiplier=multiplier,
+            optimizer=hyper.optimizer or "adam",
         )
         job = Job(
             id=new_id("ftjob"),
@@ -442,6 +445,7 @@ class FineTuning:
             ),
             iters=iters,
             learning_rate=BASE_LEARNING_RATE * job.hyperparameters.learning_rate_multiplier,
+            optimizer=job.hyperparameters.optimizer,
             seed=job.seed,
             steps_per_report=1,
             steps_per_eval=max(1, iters // 4),
