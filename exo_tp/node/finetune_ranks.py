@@ -130,7 +130,7 @@ class FinetuneRanks:
             folder = await self.weights.receive(body.weights, FETCH_EPOCH, self._weight_urls())
             fetch = self.weights.fetch
             if fetch is not None and body.weights.needs_fetch and fetch.state == "done":
-                self.fetched = fetch.progress.done if fetch.progress else fetch.planned_bytes
+                self.fetched = fetch.progress.bytes_done if fetch.progress else fetch.planned_bytes
                 self.retained = fetch.retained_bytes
             job = replace(
                 body.job,
