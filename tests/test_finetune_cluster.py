@@ -1,5 +1,6 @@
 """Fine-tuning on a running cluster's nodes, behind OpenAI's fine-tuning API, with the official
-`openai` SDK against a real 2-node loopback cluster (`exo-tp run --local-nodes 2`).
+`openai` SDK against a real 2-node loopback cluster in which only the leader has the model
+files: the other node takes its rows of the base through the weights transfer.
 
 One job trains a tiny random llama on a small chat dataset (one rank per node, uneven rows of
 the base, each node's share of every batch); its adapter must equal single-device mlx-lm LoRA
@@ -28,7 +29,7 @@ import numpy as np
 import psutil
 import pytest
 from arch_configs import tiny_config
-from cluster_helpers import LocalCluster, http_json, local_cluster, wait_ready
+from cluster_helpers import LoopbackNodes, http_json, loopback_nodes, wait_ready
 from openai import BadRequestError, NotFoundError, OpenAI
 from tiny_models import write_tiny_model
 
@@ -73,19 +74,20 @@ def models(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, P
 
 
 @pytest.fixture(scope="module")
-def cluster(models: Path) -> Iterator[LocalCluster]:
+def cluster(models: Path) -> Iterator[LoopbackNodes]:
     home = models / "home"  # the nodes' files, jobs, adapters and weight stores
-    with local_cluster(
-        2,
-        weights=[0.6, 0.4],
-        model=str(models / "llama"),
-        extra=("--model", str(models / "moe"), "--strict-model-names"),
+    first = ["--model", str(models / "llama"), "--model", str(models / "moe")]
+    common = ["--strict-model-names", "--no-bench", "--stall-timeout", "300"]
+    with loopback_nodes(
+        [[*first, *common, "--weight", "3"], [*common, "--weight", "2"]],
+        None,
+        models,
         env={"EXO_TP_HOME": str(home)},
     ) as running:
         yield running
 
 
-def client(cluster: LocalCluster, node: int = 0) -> OpenAI:
+def client(cluster: LoopbackNodes, node: int = 0) -> OpenAI:
     return OpenAI(base_url=f"{cluster.urls[node]}/v1", api_key="none", max_retries=0)
 
 
@@ -151,7 +153,7 @@ def mlx_lm_lora(model: Path, data: Path, out: Path, layers: int) -> tuple[list, 
 
 
 @pytest.fixture(scope="module")
-def trained(cluster: LocalCluster, models: Path) -> Any:
+def trained(cluster: LoopbackNodes, models: Path) -> Any:
     api = client(cluster, 1)  # a member: it passes the requests on to the leader
     train = upload(api, (models / "data" / "train.jsonl").read_text(), "train.jsonl")
     valid = upload(api, (models / "data" / "valid.jsonl").read_text(), "valid.jsonl")
@@ -180,12 +182,16 @@ def trained(cluster: LocalCluster, models: Path) -> Any:
 
 
 def test_job_equals_single_device_mlx_lm(
-    cluster: LocalCluster, models: Path, trained: Any, tmp_path: Path
+    cluster: LoopbackNodes, models: Path, trained: Any, tmp_path: Path
 ) -> None:
     job = trained
     assert job.status == "succeeded", job.error
     assert job.fine_tuned_model == f"ft:{models / 'llama'}:sea:{job.id}"
-    assert job.model_extra["nodes"] == ["local-0", "local-1"]
+    assert job.model_extra["nodes"] == ["n0", "n1"]
+    # n1 had the rows of its serving shard; it fetched the rest of its rows, not the model
+    fetched = job.model_extra["fetched_bytes"]
+    whole = (models / "llama" / "model.safetensors").stat().st_size
+    assert fetched["n0"] == 0 and 0 < fetched["n1"] < whole, fetched
     api = client(cluster)
     events = api.fine_tuning.jobs.list_events(job.id, limit=100).data[::-1]  # oldest first
     metrics = [e.data for e in events if e.type == "metrics"]
@@ -220,7 +226,7 @@ def test_job_equals_single_device_mlx_lm(
 
 
 def test_fine_tuned_model_is_listed_and_chats_like_mlx_lm(
-    cluster: LocalCluster, models: Path, trained: Any, tmp_path: Path
+    cluster: LoopbackNodes, models: Path, trained: Any, tmp_path: Path
 ) -> None:
     from mlx_lm import generate, load
 
@@ -262,14 +268,16 @@ BAD_FILES = [
 
 
 @pytest.mark.parametrize("case", BAD_FILES, ids=[c[0] for c in BAD_FILES])
-def test_bad_file_is_400_naming_the_line(cluster: LocalCluster, case: tuple[str, str, str]) -> None:
+def test_bad_file_is_400_naming_the_line(
+    cluster: LoopbackNodes, case: tuple[str, str, str]
+) -> None:
     _, text, expected = case
     with pytest.raises(BadRequestError) as error:
         upload(client(cluster), text)
     assert expected in error.value.message
 
 
-def test_bad_jobs_are_refused_before_they_start(cluster: LocalCluster, models: Path) -> None:
+def test_bad_jobs_are_refused_before_they_start(cluster: LoopbackNodes, models: Path) -> None:
     api = client(cluster)
     before = len(api.fine_tuning.jobs.list().data)
     small = upload(api, chat_lines(3, 2))
@@ -291,7 +299,7 @@ def test_bad_jobs_are_refused_before_they_start(cluster: LocalCluster, models: P
     assert len(api.fine_tuning.jobs.list().data) == before
 
 
-def test_cancel_frees_the_cluster(cluster: LocalCluster, models: Path, trained: Any) -> None:
+def test_cancel_frees_the_cluster(cluster: LoopbackNodes, models: Path, trained: Any) -> None:
     api = client(cluster)
     train = upload(api, chat_lines(64, 3))
     job = api.fine_tuning.jobs.create(
@@ -311,13 +319,12 @@ def test_cancel_frees_the_cluster(cluster: LocalCluster, models: Path, trained: 
     cancelled = time.monotonic()
     assert api.fine_tuning.jobs.cancel(job.id).status == "cancelled"
     assert time.monotonic() - cancelled < 10
-    assert not [p for p in _finetune_ranks(cluster)]
-    wait_ready(cluster.urls, nodes=2)
+    assert not _finetune_ranks()
 
 
-def _finetune_ranks(cluster: LocalCluster) -> list[psutil.Process]:
+def _finetune_ranks() -> list[psutil.Process]:
     ranks = []
-    for child in psutil.Process(cluster.proc.pid).children(recursive=True):
+    for child in psutil.Process().children(recursive=True):
         try:
             if "exo_tp.finetune.worker" in " ".join(child.cmdline()):
                 ranks.append(child)
@@ -327,7 +334,7 @@ def _finetune_ranks(cluster: LocalCluster) -> list[psutil.Process]:
 
 
 def test_killed_node_fails_the_job_then_cluster_serves(
-    cluster: LocalCluster, models: Path, trained: Any
+    cluster: LoopbackNodes, models: Path, trained: Any
 ) -> None:
     api = client(cluster)
     train = upload(api, chat_lines(64, 4))
@@ -339,12 +346,14 @@ def test_killed_node_fails_the_job_then_cluster_serves(
         assert time.monotonic() < deadline, "the job never started training"
         time.sleep(0.2)
     node = next(
-        p for p in psutil.Process(cluster.proc.pid).children() if "local-1" in " ".join(p.cmdline())
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.cmdline()[-2:] == ["--node-id", "n1"]
     )
     os.kill(node.pid, signal.SIGKILL)
     killed = time.monotonic()
     done = wait_job(api, job.id, timeout=30)
     assert done.status == "failed"
     assert time.monotonic() - killed < 10
-    assert "local-1" in done.error.message, done.error
-    wait_ready(cluster.urls, nodes=2)  # the node restarts; the cluster serves again
+    assert "n1" in done.error.message, done.error
+    wait_ready(cluster.urls[:1], nodes=1)  # the cluster serves again, without n1

@@ -152,6 +152,7 @@ class Job(Frozen):
     lora: LoraOptions
     progress: Progress = Progress()
     nodes: tuple[str, ...] = ()  # one rank per node, rank 0 first
+    fetched_bytes: dict[str, int] = {}  # base bytes each node fetched from peers for its rows
 
 
 class JobList(Frozen):

@@ -549,6 +549,7 @@ class FineTuning:
                     last = done.report.steps[-1]
                     self.state.update(job_id, trained_tokens=last.trained_tokens)
                 fetched = {n: r.fetched_bytes for n, r in states.items()}
+                self.state.update(job_id, fetched_bytes=fetched)
                 self._event(
                     job_id,
                     "Bytes of base rows each node fetched: "
