@@ -153,6 +153,7 @@ class Job(Frozen):
     progress: Progress = Progress()
     nodes: tuple[str, ...] = ()  # one rank per node, rank 0 first
     fetched_bytes: dict[str, int] = {}  # base bytes each node fetched from peers for its rows
+    peak_memory: dict[str, int] = {}  # each node's rank's peak memory while training
 
 
 class JobList(Frozen):

@@ -108,8 +108,13 @@ class NodeBackend:
 
     @property
     def model(self) -> str:
+        """The served model's name (``ft:...`` when a fine-tuning job's adapter is on)."""
         current = self._current()
-        return current.name if current else ""
+        if current is None:
+            return ""
+        job_id = self._views.serving_adapter()
+        job = self.fine_tuning.state.jobs.get(job_id) if job_id else None
+        return job.fine_tuned_model if job and job.fine_tuned_model else current.name
 
     @property
     def tokenizer(self) -> TokenizerWrapper:

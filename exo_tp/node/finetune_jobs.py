@@ -549,7 +549,8 @@ class FineTuning:
                     last = done.report.steps[-1]
                     self.state.update(job_id, trained_tokens=last.trained_tokens)
                 fetched = {n: r.fetched_bytes for n, r in states.items()}
-                self.state.update(job_id, fetched_bytes=fetched)
+                peaks = {n: r.peak_memory for n, r in states.items()}
+                self.state.update(job_id, fetched_bytes=fetched, peak_memory=peaks)
                 self._event(
                     job_id,
                     "Bytes of base rows each node fetched: "
