@@ -245,7 +245,8 @@ def cluster_run(model: Path, data: Path, tmp: Path, iters: int, batch: int) -> d
                 raise SystemExit(f"the bench cluster never formed (logs in {tmp})")
             time.sleep(1)
         api = OpenAI(base_url=f"{url}/v1", api_key="none")
-        train = api.files.create(file=open(data / "train.jsonl", "rb"), purpose="fine-tune")
+        raw = (data / "train.jsonl").read_bytes()
+        train = api.files.create(file=("train.jsonl", raw), purpose="fine-tune")
         job = api.fine_tuning.jobs.create(
             model=str(model),
             training_file=train.id,
