@@ -357,3 +357,43 @@ def test_killed_node_fails_the_job_then_cluster_serves(
     assert time.monotonic() - killed < 10
     assert "n1" in done.error.message, done.error
     wait_ready(cluster.urls[:1], nodes=1)  # the cluster serves again, without n1
+
+
+def test_files_and_jobs_survive_a_restart(tmp_path: Path) -> None:
+    """The node's state on disk, read back by a new node process's state (no cluster): files
+    and finished jobs as they were; a job that was running is failed (its ranks died)."""
+    from exo_tp.finetune.openai_schema import (
+        Job,
+        JobHyperparameters,
+        JobMethod,
+        JobSupervised,
+        LoraOptions,
+    )
+    from exo_tp.finetune.state import FineTuneState
+
+    state = FineTuneState(tmp_path)
+    file = state.add_file("train.jsonl", chat_lines(2, 5).encode(), "fine-tune", 2, "chat")
+    hp = JobHyperparameters(n_epochs=1, batch_size=1, learning_rate_multiplier=1.0)
+    for job_id, status in (("ftjob-done", "succeeded"), ("ftjob-live", "running")):
+        state.save_job(
+            Job(
+                id=job_id,
+                created_at=1,
+                hyperparameters=hp,
+                method=JobMethod(supervised=JobSupervised(hyperparameters=hp)),
+                model="m",
+                seed=0,
+                status=status,  # type: ignore[arg-type]
+                training_file=file.id,
+                iterations=2,
+                lora=LoraOptions(layers=2),
+            )
+        )
+    again = FineTuneState(tmp_path)
+    assert again.files == {file.id: file}
+    assert again.data_path(file.id).read_text() == chat_lines(2, 5)
+    assert again.jobs["ftjob-done"].status == "succeeded"
+    live = again.jobs["ftjob-live"]
+    assert live.status == "failed" and live.error is not None
+    assert live.error.code == "node_restarted"
+    assert "restarted" in again.events("ftjob-live")[0].message
