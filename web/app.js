@@ -5,6 +5,7 @@ import { Chat } from "./chat.js";
 import { claimColors } from "./colors.js";
 import { h, installTooltip } from "./dom.js";
 import { installKeyDialog } from "./key.js";
+import { refreshFinetune } from "./finetune.js";
 import { ModelPicker } from "./models.js";
 import { normalizePlan, predictedView, renderLayout } from "./layout.js";
 import { renderGraph, renderNodes, topologyNote } from "./topology.js";
@@ -93,6 +94,11 @@ async function poll() {
   }
   banner(problems);
   await picker.refresh();
+  try {
+    await refreshFinetune($("finetune-panel"), $("finetune"));
+  } catch {
+    // the panel keeps its last drawing; the banner reports a node that stopped answering
+  }
 }
 
 async function loop() {
