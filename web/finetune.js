@@ -33,7 +33,9 @@ export function lossChart(events, total) {
       "aria-label": "training and validation loss" },
       curve(train, lo, hi, last, "train-loss"), curve(valid, lo, hi, last, "valid-loss")),
     h("div", { class: "muted small" },
-      `loss ${hi.toFixed(3)} → ${lo.toFixed(3)} · train (solid), validation (dashed)`));
+      train.length ? `training loss ${train[0][1].toFixed(3)} at step ${train[0][0]}, ` +
+        `${train[train.length - 1][1].toFixed(3)} at step ${train[train.length - 1][0]} · ` : "",
+      "train (solid), validation (dashed)"));
 }
 
 // Redraws the panel with the newest job; hidden while the cluster has never fine-tuned.
