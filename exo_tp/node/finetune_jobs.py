@@ -68,6 +68,7 @@ from exo_tp.node.control import ControlClient
 from exo_tp.node.finetune_ranks import FinetuneRanks
 from exo_tp.node.formation import node_weights
 from exo_tp.node.weight_messages import WeightOrder
+from exo_tp.node.weights import ManifestPending
 from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
 from exo_tp.weights.transfer import plan_shares
@@ -84,6 +85,7 @@ DEFAULT_EPOCHS = 3
 DEFAULT_BATCH = 4
 DEAD_AFTER = 4.0  # seconds without a status: the node is gone (the job fails)
 WATCH_SECONDS = 0.5
+MANIFEST_WAIT = 120.0  # seconds to wait for a holder's first manifest of the model
 FT_PREFIX = "ft:"
 
 
@@ -489,7 +491,15 @@ class FineTuning:
     ) -> dict[str, WeightOrder]:
         joined = self._views.joined
         assert joined is not None
-        holdings = await joined.models.holdings(model, members)
+        deadline = time.monotonic() + MANIFEST_WAIT
+        while True:  # a holder computes a folder's manifest once, the first time it is asked
+            try:
+                holdings = await joined.models.holdings(model, members)
+                break
+            except ManifestPending:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
         if holdings.manifest is None:  # every node has the files: each reads its rows there
             return {m.node_id: WeightOrder(key=model.key, name=model.name) for m in members}
         manifest = holdings.manifest

@@ -191,6 +191,14 @@ class FinetuneRanks:
             elif self.rank_state != "stopped":
                 self._set("failed", f"node {self.node_id}: its rank exited without a report")
 
+    async def drop_orphan(self, alive: tuple[str, ...]) -> None:
+        """Stop this node's rank when the leader that assigned it is gone (its job is)."""
+        a = self.assigned
+        if a is not None and self.busy and a.leader != self.node_id and a.leader not in alive:
+            log.warning("fine-tuning %s: leader %s is gone; stopping my rank", a.job_id, a.leader)
+            await self._stop()
+            self._set("stopped")
+
     async def close(self) -> None:
         await self._stop()
 

@@ -219,4 +219,5 @@ class Node:
         while True:
             await peers.poll_once()
             await self.handlers.drop_orphan()
+            await self.finetune_ranks.drop_orphan(peers.alive_ids())
             await asyncio.sleep(1.0 if len(peers.membership.members) > 1 else 0.5)
