@@ -17,6 +17,7 @@ from aiohttp import web
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.rebalance import BalanceView
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.plan.rebalance import RankSpeed
@@ -66,6 +67,7 @@ class NodeStatus(Frozen):
     weights: WeightsStatus = WeightsStatus()  # models it offers, its fetch, bytes it served
     speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
     downloads: tuple[DownloadProgress, ...] = ()  # hub models it is fetching (or fetched)
+    balance: BalanceView | None = None  # the leader's live balance, for every node's views
 
 
 class PortsRequest(Frozen):

@@ -425,11 +425,12 @@ class Leader:
         """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
         let those in flight finish, and re-plan the shares (exo_tp.node.rebalance)."""
         balance = self.balance
-        if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
-            return
         if balance.draining_since is None:
             statuses = {n: self.peers.status(n) for n in led.nodes}
             if not balance.observe(led, statuses, time.monotonic()):
+                return
+            if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
+                balance.skipped = "the shares were set by --weight"
                 return
             profiles: dict[str, ProfileSummary | None] = {
                 n: s.profile if s else None for n, s in statuses.items()
