@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+from openai import APIError, OpenAI
 from pydantic import ValidationError
 
 from exo_tp.cli.run import options_from_flags
@@ -306,3 +309,53 @@ def worker_pids(namespace: str) -> list[int]:
     return [
         int(p) for p in pids if b"exo_tp.runtime.rank" in Path(f"/proc/{p}/cmdline").read_bytes()
     ]
+
+
+def rank_processes(root_pid: int) -> dict[str, psutil.Process]:
+    """Node id -> rank process, for every rank below ``root_pid``."""
+    out = {}
+    for proc in psutil.Process(root_pid).children(recursive=True):
+        cmdline = proc.cmdline()
+        if "exo_tp.runtime.rank" in cmdline:
+            job = json.loads(Path(cmdline[cmdline.index("exo_tp.runtime.rank") + 1]).read_text())
+            out[job["nodes"][job["rank"]]] = proc
+    return out
+
+
+@dataclass
+class LongStream:
+    """A long greedy chat streamed from ``url`` in a thread: ``streaming`` is set at its first
+    chunk; the API error that ends it, if any, lands in ``errors``."""
+
+    url: str
+    model: str
+    errors: list[str] = field(default_factory=list)
+    streaming: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> LongStream:
+        self.thread = threading.Thread(target=self._stream)
+        self.thread.start()
+        assert self.streaming.wait(300), "the stream never started"
+        return self
+
+    def _stream(self) -> None:
+        api = OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
+        try:
+            for _ in api.chat.completions.create(
+                model=self.model,
+                messages=[{"role": "user", "content": "Tell a long story."}],
+                temperature=0,
+                max_tokens=2000,
+                stream=True,
+            ):
+                self.streaming.set()
+        except APIError as error:
+            self.errors.append(str(error))
+
+    def ended(self, timeout: float = 60) -> list[str]:
+        """Wait for the stream to end; its errors."""
+        assert self.thread is not None
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the stream did not end"
+        return self.errors

@@ -3,33 +3,27 @@ a killed node's rank folder does not outlive the next start."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import node_views
 import psutil
-from cluster_helpers import CLI, free_port_base, local_cluster, wait_ready
+from cluster_helpers import (
+    CLI,
+    LongStream,
+    free_port_base,
+    local_cluster,
+    rank_processes,
+    wait_ready,
+)
 from helpers import wait_gone
-from openai import APIError, OpenAI
+from openai import OpenAI
 
 MODEL = "smollm2-135m"
-
-
-def _rank_processes(root_pid: int) -> dict[str, psutil.Process]:
-    """Node id -> rank process, for every rank below ``root_pid``."""
-    out = {}
-    for proc in psutil.Process(root_pid).children(recursive=True):
-        cmdline = proc.cmdline()
-        if "exo_tp.runtime.rank" in cmdline:
-            job = json.loads(Path(cmdline[cmdline.index("exo_tp.runtime.rank") + 1]).read_text())
-            out[job["nodes"][job["rank"]]] = proc
-    return out
 
 
 def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
@@ -38,27 +32,8 @@ def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
     with local_cluster(3, weights=[1, 1, 1], extra=("--stall-timeout", "6")) as cluster:
         leader_url = cluster.urls[0]
         victim_node = "local-2"
-        frozen = _rank_processes(cluster.proc.pid)[victim_node]
-        errors: list[str] = []
-        streaming = threading.Event()
-
-        def stream() -> None:
-            api = OpenAI(base_url=leader_url + "/v1", api_key="none", max_retries=0)
-            try:
-                for _ in api.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": "Tell a long story."}],
-                    temperature=0,
-                    max_tokens=2000,
-                    stream=True,
-                ):
-                    streaming.set()
-            except APIError as error:
-                errors.append(str(error))
-
-        client = threading.Thread(target=stream)
-        client.start()
-        assert streaming.wait(300)
+        frozen = rank_processes(cluster.proc.pid)[victim_node]
+        stream = LongStream(leader_url, MODEL).start()
         frozen.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
@@ -70,8 +45,7 @@ def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
                 time.sleep(0.5)
             assert health.status == "stalled", health
             assert health.worker.stalled == "frozen"
-            client.join(60)
-            assert not client.is_alive()
+            errors = stream.ended()
             assert len(errors) == 1 and "no progress" in errors[0], errors
             wait_ready(cluster.urls[:2], nodes=2, timeout=120)  # re-planned without it
             assert victim_node not in node_views.plan_view(leader_url).nodes

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,9 +20,7 @@ import anthropic
 import pytest
 import requests
 from api_reference import SingleDevice
-from cluster_helpers import http_json, local_cluster, wait_ready
-from openai import APIError, OpenAI
-from test_faults import _rank_processes
+from cluster_helpers import LongStream, http_json, local_cluster, rank_processes, wait_ready
 
 MODEL = "smollm2-135m"
 TIMEOUT = 3.0  # the nodes' --header-timeout, --body-timeout and --keepalive-timeout
@@ -395,38 +392,13 @@ def test_stalled_connections_never_fail_the_cluster(
 # ---- a failed rank is named ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="regressed by the process-supervisor merge: the streams name a peer rank that lost "
-    "its ring link instead of the killed rank (open; see the stop note)",
-    strict=False,
-)
 def test_a_killed_rank_is_named_in_the_streams_error(cluster: Any) -> None:
     leader, other, _ = _roles(cluster)
     victim_node = f"local-{other}"
-    victim = _rank_processes(cluster.proc.pid)[victim_node]
-    errors: list[str] = []
-    streaming = threading.Event()
-
-    def stream() -> None:
-        api = OpenAI(base_url=cluster.urls[leader] + "/v1", api_key="none", max_retries=0)
-        try:
-            for _ in api.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": "Tell a long story."}],
-                temperature=0,
-                max_tokens=2000,
-                stream=True,
-            ):
-                streaming.set()
-        except APIError as error:
-            errors.append(str(error))
-
-    client = threading.Thread(target=stream)
-    client.start()
-    assert streaming.wait(300)
+    victim = rank_processes(cluster.proc.pid)[victim_node]
+    stream = LongStream(cluster.urls[leader], MODEL).start()
     victim.send_signal(signal.SIGKILL)
-    client.join(60)
-    assert not client.is_alive()
+    errors = stream.ended()
     assert len(errors) == 1, errors
     assert f"on node {victim_node}" in errors[0] and "SIGKILL" in errors[0], errors
     assert "rank " in errors[0]

@@ -1,6 +1,7 @@
 // Wires the page: polls the node's /v1/cluster and /v1/plan, redraws what changed, runs chat.
 
 import { getJson } from "./api.js";
+import { renderBalance } from "./balance.js";
 import { Chat } from "./chat.js";
 import { claimColors } from "./colors.js";
 import { h, installTooltip } from "./dom.js";
@@ -87,6 +88,7 @@ async function poll() {
     renderGraph($("topology-graph"), view);
     renderNodes($("nodes"), view, plan.status === "fulfilled" ? plan.value : null);
     $("topology-note").textContent = topologyNote(view);
+    renderBalance($("balance"), $("balance-note"), view.balance);
   }
   if (plan.status === "fulfilled") {
     chat.setModel(plan.value.model);

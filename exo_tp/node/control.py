@@ -18,6 +18,7 @@ from exo_tp.finetune.cluster_messages import FinetuneRankStatus
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.rebalance import BalanceView
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.plan.rebalance import RankSpeed
@@ -68,6 +69,7 @@ class NodeStatus(Frozen):
     speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
     downloads: tuple[DownloadProgress, ...] = ()  # hub models it is fetching (or fetched)
     finetune: FinetuneRankStatus | None = None  # its rank of a fine-tuning job
+    balance: BalanceView | None = None  # the leader's live balance, for every node's views
 
 
 class PortsRequest(Frozen):

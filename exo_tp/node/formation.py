@@ -72,6 +72,7 @@ class Epoch:
     reason: str = ""
     conductor_lost: float | None = None  # monotonic time the conductor's link dropped
     adapter_job: str | None = None  # the fine-tuning job whose adapter every shard carries
+    symptom_seen: float | None = None  # monotonic time a rank first exited on a broken link
 
     def conductor_rank(self) -> int | None:
         if self.plan is None or self.plan.stages[-1].ranks[0] >= len(self.nodes):
@@ -282,7 +283,16 @@ class Leader:
                 telling = 3 if "signal" in error else 1
                 failures.append((telling, f"{who} stopped: {error}"))
         if failures:
-            self._fail(max(failures)[1])
+            telling, reason = max(failures)
+            # A rank that exited on a broken link is a symptom: the rank that broke it (killed,
+            # frozen) usually reports a poll later, from another node. Name the cause when it
+            # comes; fall back to the symptom after the grace.
+            if telling == 1 and len(failures) < len(statuses):
+                if led.symptom_seen is None:
+                    led.symptom_seen = time.monotonic()
+                if time.monotonic() - led.symptom_seen < CONDUCTOR_GRACE:
+                    return
+            self._fail(reason)
             return
         lost = led.conductor_lost
         if lost is not None and time.monotonic() - lost > CONDUCTOR_GRACE:
@@ -454,11 +464,12 @@ class Leader:
         """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
         let those in flight finish, and re-plan the shares (exo_tp.node.rebalance)."""
         balance = self.balance
-        if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
-            return
         if balance.draining_since is None:
             statuses = {n: self.peers.status(n) for n in led.nodes}
             if not balance.observe(led, statuses, time.monotonic()):
+                return
+            if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
+                balance.skipped = "the shares were set by --weight"
                 return
             profiles: dict[str, ProfileSummary | None] = {
                 n: s.profile if s else None for n, s in statuses.items()

@@ -124,6 +124,7 @@ class StatusViews:
             speed=worker.speed,
             downloads=self.downloads.views() if self.downloads else (),
             finetune=self.finetune_ranks.status() if self.finetune_ranks else None,
+            balance=self.balance(),
         )
 
     # ---- for the public API ----------------------------------------------------------------
@@ -207,9 +208,11 @@ class StatusViews:
         )
 
     def balance(self) -> BalanceView | None:
-        """Live rank speeds, shares and imbalance (the leader's; exo_tp.node.rebalance)."""
+        """Live rank speeds, shares and imbalance (the leader's; exo_tp.node.rebalance): a
+        follower shows what the leader's last status said, so every node's page shows it."""
         if not self.leads() or self.joined is None:
-            return None
+            status = self._leader_status()
+            return status.balance if status else None
         leader = self.joined.leader
         return leader.balance.view(leader.led)
 
