@@ -1,6 +1,7 @@
 """Fine-tuning on a running cluster's nodes, behind OpenAI's fine-tuning API, with the official
-`openai` SDK against a real 2-node loopback cluster in which only the leader has the model
-files: the other node takes its rows of the base through the weights transfer.
+`openai` SDK against a real 3-node cluster in network namespaces (2 loopback nodes where
+namespaces cannot be made) in which only the leader has the model files: the others take their
+rows of the base through the weights transfer.
 
 One job trains a tiny random llama on a small chat dataset (one rank per node, uneven rows of
 the base, each node's share of every batch); its adapter must equal single-device mlx-lm LoRA
@@ -13,14 +14,17 @@ it, and the cluster serves again).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import secrets
 import signal
 import time
 import types
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +33,26 @@ import numpy as np
 import psutil
 import pytest
 from arch_configs import tiny_config
-from cluster_helpers import LoopbackNodes, http_json, loopback_nodes, wait_ready
+from cluster_helpers import (
+    NamespaceLab,
+    can_make_namespaces,
+    http_json,
+    loopback_nodes,
+    wait_ready,
+    worker_pids,
+)
 from openai import BadRequestError, NotFoundError, OpenAI
 from tiny_models import write_tiny_model
 
-EXAMPLES, VALID, BATCH, EPOCHS, LR_MULTIPLIER = 8, 2, 2, 1, 5000.0
+# batch 3: a row of each batch for each of up to 3 nodes
+EXAMPLES, VALID, BATCH, EPOCHS, LR_MULTIPLIER = 9, 3, 3, 1, 5000.0
 LR = 1e-5 * LR_MULTIPLIER  # the server's base rate (mlx_lm.lora's default) times the multiplier
 ITERS = EPOCHS * EXAMPLES // BATCH
 WEIGHT_ATOL = 1e-5
 LOSS_ATOL = 1e-4
 WORDS = "the sea is blue and the sky is wide a ship sails over the waves under the stars at night"
 FINISHED = ("succeeded", "failed", "cancelled")
+COMMON = ["--strict-model-names", "--no-bench", "--stall-timeout", "300", "--rebalance", "off"]
 
 
 def chat_lines(count: int, seed: int) -> str:
@@ -73,21 +86,73 @@ def models(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, P
     return folder
 
 
-@pytest.fixture(scope="module")
-def cluster(models: Path) -> Iterator[LoopbackNodes]:
-    home = models / "home"  # the nodes' files, jobs, adapters and weight stores
-    first = ["--model", str(models / "llama"), "--model", str(models / "moe")]
-    common = ["--strict-model-names", "--no-bench", "--stall-timeout", "300"]
+@dataclass
+class Cluster:
+    """The nodes under test: node 0 (the leader) has the model files, the others none."""
+
+    urls: list[str]
+    ids: list[str]
+    kill: Callable[[int], None]  # SIGKILL node i and everything it started
+
+
+def _netns_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
+    """Three nodes, each in its own network namespace."""
+    lab = NamespaceLab()
+    lab.up()
+    try:
+        hosts = [lab.add_host() for _ in range(3)]
+        secret = secrets.token_hex(16)
+        for i, host in enumerate(hosts):
+            files = ["--model", str(models / "llama"), "--model", str(models / "moe")]
+            lab.start_node(
+                host, models, "--cluster", f"ft-{lab.tag}", "--node-id", f"node-{i}",
+                "--weight", str([5, 3, 2][i]), *COMMON, *(files if i == 0 else []),
+                env={**env, "EXO_TP_SECRET": secret},
+            )  # fmt: skip
+        urls = [h.url for h in hosts]
+        wait_ready(urls, nodes=3)
+
+        def kill(i: int) -> None:
+            proc = hosts[i].proc
+            assert proc is not None
+            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in worker_pids(hosts[i].name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+        yield Cluster(urls, [f"node-{i}" for i in range(3)], kill)
+    finally:
+        lab.down()
+
+
+def _loopback_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
+    """Two nodes on 127.0.0.1 (where network namespaces cannot be made)."""
+    files = ["--model", str(models / "llama"), "--model", str(models / "moe")]
     with loopback_nodes(
-        [[*first, *common, "--weight", "3"], [*common, "--weight", "2"]],
-        None,
-        models,
-        env={"EXO_TP_HOME": str(home)},
+        [[*files, *COMMON, "--weight", "3"], [*COMMON, "--weight", "2"]], None, models, env=env
     ) as running:
-        yield running
+
+        def kill(i: int) -> None:
+            node = next(
+                p
+                for p in psutil.Process().children(recursive=True)
+                if p.cmdline()[-2:] == ["--node-id", f"n{i}"]
+            )
+            os.kill(node.pid, signal.SIGKILL)
+
+        yield Cluster(running.urls, [f"n{i}" for i in range(len(running.urls))], kill)
 
 
-def client(cluster: LoopbackNodes, node: int = 0) -> OpenAI:
+@pytest.fixture(scope="module")
+def cluster(models: Path) -> Iterator[Cluster]:
+    env = {"EXO_TP_HOME": str(models / "home")}  # files, jobs, adapters and weight stores
+    if can_make_namespaces() is None:
+        yield from _netns_cluster(models, env)
+    else:
+        yield from _loopback_cluster(models, env)
+
+
+def client(cluster: Cluster, node: int = 0) -> OpenAI:
     return OpenAI(base_url=f"{cluster.urls[node]}/v1", api_key="none", max_retries=0)
 
 
@@ -153,7 +218,7 @@ def mlx_lm_lora(model: Path, data: Path, out: Path, layers: int) -> tuple[list, 
 
 
 @pytest.fixture(scope="module")
-def trained(cluster: LoopbackNodes, models: Path) -> Any:
+def trained(cluster: Cluster, models: Path) -> Any:
     api = client(cluster, 1)  # a member: it passes the requests on to the leader
     train = upload(api, (models / "data" / "train.jsonl").read_text(), "train.jsonl")
     valid = upload(api, (models / "data" / "valid.jsonl").read_text(), "valid.jsonl")
@@ -182,16 +247,18 @@ def trained(cluster: LoopbackNodes, models: Path) -> Any:
 
 
 def test_job_equals_single_device_mlx_lm(
-    cluster: LoopbackNodes, models: Path, trained: Any, tmp_path: Path
+    cluster: Cluster, models: Path, trained: Any, tmp_path: Path
 ) -> None:
     job = trained
     assert job.status == "succeeded", job.error
     assert job.fine_tuned_model == f"ft:{models / 'llama'}:sea:{job.id}"
-    assert job.model_extra["nodes"] == ["n0", "n1"]
-    # n1 had the rows of its serving shard; it fetched the rest of its rows, not the model
+    assert job.model_extra["nodes"] == cluster.ids
+    # the others had the rows of their serving shards; each fetched the rest of its rows,
+    # not the model
     fetched = job.model_extra["fetched_bytes"]
     whole = (models / "llama" / "model.safetensors").stat().st_size
-    assert fetched["n0"] == 0 and 0 < fetched["n1"] < whole, fetched
+    assert fetched[cluster.ids[0]] == 0, fetched
+    assert all(0 < fetched[n] < whole for n in cluster.ids[1:]), fetched
     api = client(cluster)
     events = api.fine_tuning.jobs.list_events(job.id, limit=100).data[::-1]  # oldest first
     metrics = [e.data for e in events if e.type == "metrics"]
@@ -226,7 +293,7 @@ def test_job_equals_single_device_mlx_lm(
 
 
 def test_fine_tuned_model_is_listed_and_chats_like_mlx_lm(
-    cluster: LoopbackNodes, models: Path, trained: Any, tmp_path: Path
+    cluster: Cluster, models: Path, trained: Any, tmp_path: Path
 ) -> None:
     from mlx_lm import generate, load
 
@@ -268,16 +335,14 @@ BAD_FILES = [
 
 
 @pytest.mark.parametrize("case", BAD_FILES, ids=[c[0] for c in BAD_FILES])
-def test_bad_file_is_400_naming_the_line(
-    cluster: LoopbackNodes, case: tuple[str, str, str]
-) -> None:
+def test_bad_file_is_400_naming_the_line(cluster: Cluster, case: tuple[str, str, str]) -> None:
     _, text, expected = case
     with pytest.raises(BadRequestError) as error:
         upload(client(cluster), text)
     assert expected in error.value.message
 
 
-def test_bad_jobs_are_refused_before_they_start(cluster: LoopbackNodes, models: Path) -> None:
+def test_bad_jobs_are_refused_before_they_start(cluster: Cluster, models: Path) -> None:
     api = client(cluster)
     before = len(api.fine_tuning.jobs.list().data)
     small = upload(api, chat_lines(3, 2))
@@ -299,11 +364,11 @@ def test_bad_jobs_are_refused_before_they_start(cluster: LoopbackNodes, models: 
     assert len(api.fine_tuning.jobs.list().data) == before
 
 
-def test_cancel_frees_the_cluster(cluster: LoopbackNodes, models: Path, trained: Any) -> None:
+def test_cancel_frees_the_cluster(cluster: Cluster, models: Path, trained: Any) -> None:
     api = client(cluster)
     train = upload(api, chat_lines(64, 3))
     job = api.fine_tuning.jobs.create(
-        model=str(models / "llama"), training_file=train, hyperparameters={"batch_size": 2}
+        model=str(models / "llama"), training_file=train, hyperparameters={"batch_size": BATCH}
     )
     deadline = time.monotonic() + 120
     while api.fine_tuning.jobs.retrieve(job.id).status != "running":
@@ -334,29 +399,25 @@ def _finetune_ranks() -> list[psutil.Process]:
 
 
 def test_killed_node_fails_the_job_then_cluster_serves(
-    cluster: LoopbackNodes, models: Path, trained: Any
+    cluster: Cluster, models: Path, trained: Any
 ) -> None:
     api = client(cluster)
     train = upload(api, chat_lines(64, 4))
     job = api.fine_tuning.jobs.create(
-        model=str(models / "llama"), training_file=train, hyperparameters={"batch_size": 2}
+        model=str(models / "llama"), training_file=train, hyperparameters={"batch_size": BATCH}
     )
     deadline = time.monotonic() + 120
     while not api.fine_tuning.jobs.retrieve(job.id).model_extra["progress"]["step"]:
         assert time.monotonic() < deadline, "the job never started training"
         time.sleep(0.2)
-    node = next(
-        p
-        for p in psutil.Process().children(recursive=True)
-        if p.cmdline()[-2:] == ["--node-id", "n1"]
-    )
-    os.kill(node.pid, signal.SIGKILL)
+    cluster.kill(len(cluster.ids) - 1)
     killed = time.monotonic()
     done = wait_job(api, job.id, timeout=30)
     assert done.status == "failed"
     assert time.monotonic() - killed < 10
-    assert "n1" in done.error.message, done.error
-    wait_ready(cluster.urls[:1], nodes=1)  # the cluster serves again, without n1
+    assert cluster.ids[-1] in done.error.message, done.error
+    # the cluster serves again, without the killed node
+    wait_ready(cluster.urls[:-1], nodes=len(cluster.ids) - 1)
 
 
 def test_files_and_jobs_survive_a_restart(tmp_path: Path) -> None:
