@@ -118,6 +118,7 @@ class FineTuning:
         self._control = control
         self._client = SignedClient(secret)
         self.running: Running | None = None
+        self._creating = asyncio.Lock()  # two requests at once: one job, one 429
 
     # ---- files -----------------------------------------------------------------------------
 
@@ -192,6 +193,10 @@ class FineTuning:
         return file
 
     async def create(self, body: CreateJob) -> Job:
+        async with self._creating:  # the checks await the model's config
+            return await self._create(body)
+
+    async def _create(self, body: CreateJob) -> Job:
         if self.running is not None:
             raise ApiError(
                 429,
