@@ -298,8 +298,8 @@ def test_fine_tuned_model_is_listed_and_chats_like_mlx_lm(
     from mlx_lm import generate, load
 
     name = trained.fine_tuned_model
-    api = client(cluster)
-    assert name in [m.id for m in api.models.list().data]
+    for node in range(len(cluster.urls)):  # every node lists it (a member: the leader's)
+        assert name in [m.id for m in client(cluster, node).models.list().data]
     messages = [{"role": "user", "content": "the ship sails"}]
     deadline = time.monotonic() + 180
     while True:  # 503 while the cluster loads the base with the adapter

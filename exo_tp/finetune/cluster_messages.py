@@ -46,6 +46,14 @@ class FinetuneStopped(Frozen):
     job_id: str
 
 
+class FineTunedModel(Frozen):
+    """A model a node's succeeded jobs made (in its status: every node lists the leader's)."""
+
+    name: str  # ft:<base>:<suffix>:<job id>
+    base: str
+    created: int
+
+
 class FinetuneRankStatus(Frozen):
     """One node's rank of a job, in its NodeStatus."""
 

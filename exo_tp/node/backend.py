@@ -144,15 +144,20 @@ class NodeBackend:
             }
             for name, key in joined.models.listing()
         ]
-        for name, job in self.fine_tuning.models():  # base models with a fine-tuned adapter
+        # base models with a fine-tuned adapter: this node's jobs', and the leader's (which
+        # runs the jobs and serves their models) from its status
+        leader = joined.peers.status(joined.peers.leader_id())
+        models = {m.name: m for m in (leader.fine_tuned if leader else ())}
+        models.update({m.name: m for m in self._views.finetune_fine_tuned()})
+        for model in models.values():
             cards.append(
                 {
-                    "id": name,
+                    "id": model.name,
                     "object": "model",
-                    "created": job.finished_at or job.created_at,
+                    "created": model.created,
                     "owned_by": "exo-tp",
-                    "loaded": adapter == job.id,
-                    "parent": job.model,
+                    "loaded": adapter is not None and model.name.endswith(":" + adapter),
+                    "parent": model.base,
                 }
             )
         return cards

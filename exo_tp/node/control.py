@@ -14,7 +14,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from exo_tp.finetune.cluster_messages import FinetuneRankStatus
+from exo_tp.finetune.cluster_messages import FineTunedModel, FinetuneRankStatus
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
@@ -69,6 +69,7 @@ class NodeStatus(Frozen):
     speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
     downloads: tuple[DownloadProgress, ...] = ()  # hub models it is fetching (or fetched)
     finetune: FinetuneRankStatus | None = None  # its rank of a fine-tuning job
+    fine_tuned: tuple[FineTunedModel, ...] = ()  # the models its fine-tuning jobs made
     balance: BalanceView | None = None  # the leader's live balance, for every node's views
 
 

@@ -19,6 +19,7 @@ from exo_tp.errors import ExoTpError
 from exo_tp.finetune.cluster_messages import (
     FinetuneAccepted,
     FinetuneAssign,
+    FineTunedModel,
     FinetuneRankStatus,
     FinetuneStop,
     FinetuneStopped,
@@ -198,6 +199,15 @@ class FinetuneRanks:
             log.warning("fine-tuning %s: leader %s is gone; stopping my rank", a.job_id, a.leader)
             await self._stop()
             self._set("stopped")
+
+    def fine_tuned(self) -> tuple[FineTunedModel, ...]:
+        return tuple(
+            FineTunedModel(
+                name=job.fine_tuned_model, base=job.model, created=job.finished_at or job.created_at
+            )
+            for job in self.state.jobs.values()
+            if job.fine_tuned_model
+        )
 
     async def close(self) -> None:
         await self._stop()

@@ -10,6 +10,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from exo_tp.api.errors import FORWARD_PREFIX
+from exo_tp.finetune.cluster_messages import FineTunedModel
 from exo_tp.frozen import replace
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import NodeStatus
@@ -77,6 +78,9 @@ class StatusViews:
             return led.model if led else None
         return self.handlers.assigned_key
 
+    def finetune_fine_tuned(self) -> tuple[FineTunedModel, ...]:
+        return self.finetune_ranks.fine_tuned() if self.finetune_ranks else ()
+
     def serving_adapter(self) -> str | None:
         """The fine-tuning job whose adapter the served model carries (on the leader)."""
         if self.joined is not None and self.joined.leads():
@@ -124,6 +128,7 @@ class StatusViews:
             speed=worker.speed,
             downloads=self.downloads.views() if self.downloads else (),
             finetune=self.finetune_ranks.status() if self.finetune_ranks else None,
+            fine_tuned=self.finetune_ranks.fine_tuned() if self.finetune_ranks else (),
             balance=self.balance(),
         )
 
