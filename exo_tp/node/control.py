@@ -14,10 +14,10 @@ from typing import Literal
 
 from aiohttp import web
 
-from exo_tp.finetune.cluster_messages import FineTunedModel, FinetuneRankStatus
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.finetune_messages import FineTunedModel, FinetuneRankStatus
 from exo_tp.node.rebalance import BalanceView
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary

@@ -34,12 +34,6 @@ import aiohttp
 from exo_tp.api.errors import ApiError
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.boxes import finetune_boxes
-from exo_tp.finetune.cluster_messages import (
-    FinetuneAccepted,
-    FinetuneAssign,
-    FinetuneStop,
-    FinetuneStopped,
-)
 from exo_tp.finetune.data import DataError, check_jsonl, epoch_steps
 from exo_tp.finetune.job import FinetuneJob, LoraSettings, StepReport, ValReport
 from exo_tp.finetune.openai_schema import (
@@ -65,6 +59,12 @@ from exo_tp.frozen import replace
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.cluster_model import Prepared
 from exo_tp.node.control import ControlClient
+from exo_tp.node.finetune_messages import (
+    FinetuneAccepted,
+    FinetuneAssign,
+    FinetuneStop,
+    FinetuneStopped,
+)
 from exo_tp.node.finetune_ranks import FinetuneRanks
 from exo_tp.node.formation import node_weights
 from exo_tp.node.weight_messages import WeightOrder

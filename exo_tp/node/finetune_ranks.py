@@ -16,7 +16,11 @@ from aiohttp import web
 
 from exo_tp.api.http_io import MAX_BODY
 from exo_tp.errors import ExoTpError
-from exo_tp.finetune.cluster_messages import (
+from exo_tp.finetune.job import RANK_ENV, RankDone, RankProgress, StepReport, ValReport
+from exo_tp.finetune.state import FineTuneState
+from exo_tp.frozen import replace
+from exo_tp.node.control import ControlRefused
+from exo_tp.node.finetune_messages import (
     FinetuneAccepted,
     FinetuneAssign,
     FineTunedModel,
@@ -25,10 +29,6 @@ from exo_tp.finetune.cluster_messages import (
     FinetuneStopped,
     RankState,
 )
-from exo_tp.finetune.job import RANK_ENV, RankDone, RankProgress, StepReport, ValReport
-from exo_tp.finetune.state import FineTuneState
-from exo_tp.frozen import replace
-from exo_tp.node.control import ControlRefused
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.process.events import Exited, Failed, Heartbeat, ProcessEvent

@@ -10,12 +10,12 @@ import aiohttp
 from pydantic import ValidationError
 
 from exo_tp.api.errors import FORWARD_PREFIX
-from exo_tp.finetune.cluster_messages import FineTunedModel
 from exo_tp.frozen import replace
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import NodeStatus
 from exo_tp.node.control_handlers import ControlHandlers
 from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.finetune_messages import FineTunedModel
 from exo_tp.node.finetune_ranks import FinetuneRanks
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
