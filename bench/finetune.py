@@ -14,7 +14,12 @@ one process on this machine, too slow for one run of six contenders.
 - mlx-lm's data-parallel LoRA on 2 ranks (the same, started on the MLX ring: every rank holds
   the whole model and half of each batch);
 - `exo-tp finetune` on 2 ranks, shares 1:1 and 0.7:0.3 (of the base rows and of each batch),
-  each with prefetch on and off.
+  each with prefetch on and off;
+- a fine-tuning job on a running 2-node `exo-tp run` cluster, through OpenAI's fine-tuning API
+  (the `openai` SDK): only the first node has the model files, so the second takes its rows of
+  the base through the weights transfer (the bytes each node fetched are reported).
+
+``--quick``: 2 steps, and only mlx-lm on one process, exo-tp 1:1 and the cluster (a sanity run).
 
 Training tokens/s is the median over the steps after the first (which compiles); peak memory
 is each rank's peak while training (the weights it holds included). On this 2-core machine the
@@ -27,6 +32,7 @@ cluster training a 70B model in 4-bit. The last stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -198,6 +204,81 @@ def exo_tp_run(
     }
 
 
+def _node(index: int, port: int, cluster: str, model: Path | None, home: Path) -> Any:
+    args = [sys.executable, "-m", "exo_tp", "run", "--host", "127.0.0.1", "--api-port", str(port)]
+    args += ["--node-id", f"b{index}", "--cluster", cluster, "--no-bench", "--rebalance", "off"]
+    args += ["--stall-timeout", "600", *(["--model", str(model)] if model else [])]
+    return subprocess.Popen(
+        args,
+        env={**env(), "EXO_TP_HOME": str(home), "EXO_TP_SECRET": cluster},
+        stdout=subprocess.DEVNULL,
+        stderr=(home / f"b{index}.log").open("w"),
+        start_new_session=True,
+    )
+
+
+def cluster_run(model: Path, data: Path, tmp: Path, iters: int, batch: int) -> dict[str, Any]:
+    """A job on a 2-node cluster (node b1 without the model files), via the openai SDK."""
+    import signal
+    import urllib.request
+
+    from openai import OpenAI
+
+    sys.path.insert(0, str(ROOT))
+    from exo_tp.transport.ports import free_ports
+
+    ports = free_ports(2)
+    cluster = f"bench-{os.getpid()}-{ports[0]}"
+    nodes = [_node(i, p, cluster, model if i == 0 else None, tmp) for i, p in enumerate(ports)]
+    url = f"http://127.0.0.1:{ports[0]}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # until the cluster serves over both nodes
+            try:
+                with urllib.request.urlopen(f"{url}/v1/plan", timeout=2) as answer:
+                    plan = json.loads(answer.read())
+                if plan.get("state") == "ready" and len(plan.get("nodes", [])) == 2:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the bench cluster never formed (logs in {tmp})")
+            time.sleep(1)
+        api = OpenAI(base_url=f"{url}/v1", api_key="none")
+        raw = (data / "train.jsonl").read_bytes()
+        train = api.files.create(file=("train.jsonl", raw), purpose="fine-tune")
+        job = api.fine_tuning.jobs.create(
+            model=str(model),
+            training_file=train.id,
+            hyperparameters={
+                "n_iters": iters,
+                "batch_size": batch,
+                "learning_rate_multiplier": 10.0,  # 1e-4, as the other contenders
+            },
+            extra_body={"lora": {"layers": -1}},
+        )
+        while job.status not in ("succeeded", "failed", "cancelled"):
+            time.sleep(1)
+            job = api.fine_tuning.jobs.retrieve(job.id)
+        if job.status != "succeeded":
+            raise SystemExit(f"the cluster job {job.status}: {job.error}")
+        events = api.fine_tuning.jobs.list_events(job.id, limit=100).data[::-1]
+        tps = [e.data["tokens_per_second"] for e in events if e.data and e.data.get("step")]
+        tps = [t for t in tps if t is not None][1:]
+        extra = job.model_extra or {}
+        return {
+            "tps": statistics.median(tps),
+            "peaks": list(extra.get("peak_memory", {}).values()),
+            "fetched": extra.get("fetched_bytes", {}),
+        }
+    finally:
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGTERM)
+        for node in nodes:
+            node.wait(30)
+
+
 def mac_cluster_prediction() -> dict[str, Any]:
     """The cost model's prediction for 4 Macs (assumed figures, not measured here) training a
     Llama-3.1-70B-shaped model in 4-bit (group 64) with LoRA rank 8 on every linear."""
@@ -282,7 +363,12 @@ def main() -> None:
     )
     parser.add_argument("--iters", type=int, default=3, help="steps per run (>= 2)")
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument(
+        "--quick", action="store_true", help="a sanity run: 2 steps, three contenders"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.iters = 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     results: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
@@ -299,8 +385,11 @@ def main() -> None:
                 lambda t: mlx_lm_run(model, data, t, args.iters, args.batch_size, 2),
             ),
         ]
-        for label, weights in (("even 1:1", [1.0, 1.0]), ("uneven 0.7:0.3", [0.7, 0.3])):
-            for prefetch in (True, False):
+        if args.quick:
+            runs = runs[:1]
+        shares = (("even 1:1", [1.0, 1.0]), ("uneven 0.7:0.3", [0.7, 0.3]))
+        for label, weights in shares[:1] if args.quick else shares:
+            for prefetch in (True,) if args.quick else (True, False):
                 runs.append(
                     (
                         f"exo-tp {label}, prefetch {'on' if prefetch else 'off'}",
@@ -309,6 +398,12 @@ def main() -> None:
                         ),
                     )
                 )
+        runs.append(
+            (
+                "exo-tp cluster job, 2 nodes (API)",
+                lambda t: cluster_run(model, data, t, args.iters, args.batch_size),
+            )
+        )
         for index, (label, run) in enumerate(runs):
             folder = Path(tmp) / f"run{index}"
             folder.mkdir()
@@ -322,7 +417,13 @@ def main() -> None:
     print(f"{'contender':38} {'tok/s':>7} {'vs 1':>6}  peak memory per rank (MB)")
     for label, r in results.items():
         peaks = " / ".join(f"{p / 1e6:.0f}" for p in r["peaks"])
-        print(f"{label:38} {r['tps']:7.1f} {r['tps'] / single:5.2f}x  {peaks}")
+        fetched = r.get("fetched")
+        moved = (
+            "  fetched MB " + " / ".join(f"{n} {b / 1e6:.1f}" for n, b in fetched.items())
+            if fetched
+            else ""
+        )
+        print(f"{label:38} {r['tps']:7.1f} {r['tps'] / single:5.2f}x  {peaks}{moved}")
     prediction = mac_cluster_prediction()
     print(
         "\npredicted by the cost model (assumed devices and link), "

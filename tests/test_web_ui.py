@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -79,8 +80,11 @@ return last ? {state: last.dataset.state, text: last.querySelector('.content').t
 
 @pytest.fixture(scope="module")
 def cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
-    # strict names: the page must show a 404 for an unknown model (test_api_errors_...)
-    with local_cluster(3, weights=[5, 3, 2], extra=("--strict-model-names",)) as running:
+    # strict names: the page must show a 404 for an unknown model (test_api_errors_...);
+    # rebalancing on: the ranks probe their live speeds for the balance panel (the manual
+    # weights are never re-planned over)
+    extra = ("--strict-model-names", "--rebalance", "on")
+    with local_cluster(3, weights=[5, 3, 2], extra=extra) as running:
         yield running
 
 
@@ -396,6 +400,51 @@ def click(driver: Any, selector: str) -> None:
 
 def serving_in_page(driver: Any, model: str) -> bool:
     return any(r["model"] == model and r["serving"] for r in picker_rows(driver))
+
+
+READ_BALANCE = """
+return [...document.querySelectorAll('#balance tbody tr')].map((tr) => ({...tr.dataset,
+  share_text: tr.querySelector('[data-field=share]').textContent,
+  speed_text: tr.querySelector('[data-field=speed]').textContent}));
+"""
+
+
+def test_balance_panel_shows_the_leaders_live_speeds(cluster: LocalCluster, page: Any) -> None:
+    """While a stream runs, the page (served by a follower) shows each rank's live speed and
+    held share exactly as the leader's /v1/cluster balance says."""
+    leader = http_json(cluster.urls[0] + "/v1/cluster")[1]["leader"]
+    leader_url = cluster.urls[int(leader.rsplit("-", 1)[1])]
+    stream = threading.Thread(
+        target=http_json,
+        args=(
+            leader_url + "/v1/completions",
+            {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 160, "temperature": 0},
+        ),
+        kwargs={"timeout": 300},
+    )
+    stream.start()
+    try:
+
+        def agreeing(driver: Any) -> list[dict[str, Any]] | None:
+            balance = http_json(leader_url + "/v1/cluster")[1]["balance"]
+            rows = driver.execute_script(READ_BALANCE)
+            ranks = balance["ranks"] if balance else []
+            if not ranks or any(r["speed_bytes_per_second"] is None for r in ranks):
+                return None
+            same = [
+                (row["node"], float(row["share"]), float(row["speed"]))
+                for row in rows
+                if row["speed"] and row["share"]
+            ] == [(r["node_id"], r["share"], r["speed_bytes_per_second"]) for r in ranks]
+            return rows if same else None
+
+        rows = wait(page, agreeing, 120, "the balance panel never matched /v1/cluster")
+    finally:
+        stream.join(300)
+    assert [row["node"] for row in rows] == plan_of(cluster.urls[0])["nodes"]
+    assert sum(float(row["balanced"]) for row in rows) == pytest.approx(1.0)
+    for row in rows:
+        assert row["share_text"].endswith("%") and row["speed_text"].endswith("/s"), row
 
 
 def test_model_picker_lists_loads_and_downloads(cluster: LocalCluster, page: Any) -> None:

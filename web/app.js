@@ -1,10 +1,12 @@
 // Wires the page: polls the node's /v1/cluster and /v1/plan, redraws what changed, runs chat.
 
 import { getJson } from "./api.js";
+import { renderBalance } from "./balance.js";
 import { Chat } from "./chat.js";
 import { claimColors } from "./colors.js";
 import { h, installTooltip } from "./dom.js";
 import { installKeyDialog } from "./key.js";
+import { refreshFinetune } from "./finetune.js";
 import { ModelPicker } from "./models.js";
 import { normalizePlan, predictedView, renderLayout } from "./layout.js";
 import { renderGraph, renderNodes, topologyNote } from "./topology.js";
@@ -86,6 +88,7 @@ async function poll() {
     renderGraph($("topology-graph"), view);
     renderNodes($("nodes"), view, plan.status === "fulfilled" ? plan.value : null);
     $("topology-note").textContent = topologyNote(view);
+    renderBalance($("balance"), $("balance-note"), view.balance);
   }
   if (plan.status === "fulfilled") {
     chat.setModel(plan.value.model);
@@ -93,6 +96,11 @@ async function poll() {
   }
   banner(problems);
   await picker.refresh();
+  try {
+    await refreshFinetune($("finetune-panel"), $("finetune"));
+  } catch {
+    // the panel keeps its last drawing; the banner reports a node that stopped answering
+  }
 }
 
 async function loop() {

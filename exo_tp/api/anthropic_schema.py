@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from exo_tp.api.openai_schema import MAX_STOP_CHARS
+from exo_tp.api.openai_schema import MAX_STOP_CHARS, template_tool
 
 MAX_STOP_SEQUENCES = 16
 
@@ -178,17 +178,7 @@ class _Conversation(_Strict):
     def chat_tools(self) -> list[dict[str, Any]] | None:
         if not self.tools:
             return None
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    **({"description": t.description} if t.description else {}),
-                    "parameters": t.input_schema,
-                },
-            }
-            for t in self.tools
-        ]
+        return [template_tool(t.name, t.description, t.input_schema) for t in self.tools]
 
     def chat_tool_choice(self) -> str | dict[str, Any] | None:
         choice = self.tool_choice

@@ -9,6 +9,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from pydantic import BaseModel
 
 from exo_tp.api.defaults import GenerationDefaults
+from exo_tp.api.finetune_api import FineTuningService
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 
@@ -20,6 +21,7 @@ class Backend(Protocol):
     vocab_size: int  # the model's logits width: valid token ids are below it
     defaults: GenerationDefaults  # what a request that omits a field gets
     started: float  # unix time the node started
+    fine_tuning: FineTuningService  # OpenAI's files and fine-tuning jobs (exo_tp.api.finetune_api)
 
     def health(self) -> BaseModel:
         """/health: this node's state and its worker's (incl. a stall), as a typed view (the

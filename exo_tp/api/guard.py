@@ -15,12 +15,13 @@ from typing import Any
 
 from aiohttp import web
 
-from exo_tp.api.errors import ApiError, shaped_body
+from exo_tp.api.errors import ApiError, api_path, shaped_body
 from exo_tp.security.access import ANY_ORIGIN, ApiAccess
 
 # Routes anyone may read: liveness, and the UI's page and files (the page asks for the key).
 OPEN_ROUTES = {"/health", "/", "/ui/{name}"}
 BODY_METHODS = {"POST", "PUT", "PATCH"}
+UPLOAD_PATHS = ("/v1/files",)
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 # Headers a browser client may send: auth, JSON, and the official SDKs' own. Authorization has
 # to be named: a wildcard never covers it.
@@ -150,6 +151,16 @@ def require_api_key(access: ApiAccess) -> Any:
     return middleware
 
 
+def _file_upload(request: web.Request) -> bool:
+    """OpenAI's file upload is multipart; accepted from clients that are no browser page
+    (a browser names the page's Origin on every cross-site POST)."""
+    return (
+        api_path(request.path) in UPLOAD_PATHS
+        and request.content_type == "multipart/form-data"
+        and "Origin" not in request.headers
+    )
+
+
 @web.middleware
 async def json_bodies_only(request: web.Request, handler: Any) -> web.StreamResponse:
     """Bodies must be declared JSON: a cross-site form or text/plain post, which a browser
@@ -158,6 +169,7 @@ async def json_bodies_only(request: web.Request, handler: Any) -> web.StreamResp
         request.method in BODY_METHODS
         and _route_of(request) is not None
         and request.content_type != "application/json"
+        and not _file_upload(request)
     ):
         sent = request.headers.get("Content-Type")
         raise ApiError(

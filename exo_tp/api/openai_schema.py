@@ -427,3 +427,11 @@ def _param(loc: tuple[int | str, ...]) -> str:
         else:
             out += f".{part}" if out else part
     return out
+
+
+def template_tool(name: str, description: str | None, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A tool as chat templates take it (OpenAI's function-tool form), from any dialect's."""
+    function: dict[str, Any] = {"name": name, "parameters": parameters}
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}

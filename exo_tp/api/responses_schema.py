@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from exo_tp.api.openai_schema import SamplingFields
+from exo_tp.api.openai_schema import SamplingFields, template_tool
 
 
 class _Strict(BaseModel):
@@ -250,14 +250,9 @@ class ResponsesRequest(_Strict):
         if not self.tools:
             return None
         return [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    **({"description": t.description} if t.description else {}),
-                    "parameters": t.parameters or {"type": "object", "properties": {}},
-                },
-            }
+            template_tool(
+                t.name, t.description, t.parameters or {"type": "object", "properties": {}}
+            )
             for t in self.tools
         ]
 

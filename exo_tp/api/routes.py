@@ -19,7 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
-from exo_tp.api import anthropic_api, ollama_api, openai_api, responses_api
+from exo_tp.api import anthropic_api, finetune_api, ollama_api, openai_api, responses_api
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
 from exo_tp.api.guard import install_guard
@@ -248,6 +248,9 @@ async def ollama_chat(request: web.Request) -> web.StreamResponse:
 @ROUTES.post("/api/generate")
 async def ollama_generate(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, ollama_api.generate)
+
+
+finetune_api.add_routes(ROUTES, _node)  # type: ignore[arg-type]
 
 
 async def _pass_to_leader(request: web.Request, upstream_url: str) -> web.StreamResponse:

@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field, TypeAdapter
 from exo_tp.finetune.plan import FinetunePlan
 from exo_tp.frozen import Frozen
 from exo_tp.plan.shard_plan import Span
-from exo_tp.process.messages import ChildResult, Failed, Hello, Ready
+from exo_tp.process.messages import ChildHeartbeat, ChildResult, Failed, Hello, Ready
 
 RANK_ENV = "EXO_TP_FINETUNE_RANK"
 
@@ -44,6 +44,9 @@ class FinetuneJob(Frozen):
     save_every: int = Field(default=100, ge=1)
     # Gather the next step's weights while this one computes (off: gather when needed).
     prefetch: bool = True
+    # Every rank writes the adapter (its LoRA weights are replicated), not rank 0 alone: on a
+    # cluster each node then serves it from its own disk.
+    save_on_every_rank: bool = False
 
 
 # A diverged run reports NaN losses: written as NaN (JSON's null would not read back).
@@ -82,6 +85,16 @@ class RankReport(Frozen):
     val: tuple[ValReport, ...]
 
 
+class RankProgress(ChildHeartbeat):
+    """A loss report while training (a heartbeat: it proves the rank is alive too)."""
+
+    model_config = _LOSSES
+
+    kind: Literal["progress"] = "progress"
+    train: StepReport | None = None
+    val: ValReport | None = None
+
+
 class RankDone(ChildResult):
     """A rank's last message to its supervisor (`exo_tp.process`): its report. Before it,
     the plain Hello, Ready once it joined the ring, or Failed."""
@@ -90,8 +103,8 @@ class RankDone(ChildResult):
     report: RankReport
 
 
-RankEvent = Annotated[Hello | Ready | Failed | RankDone, Field(discriminator="kind")]
-RANK_EVENTS: TypeAdapter[Hello | Ready | Failed | RankDone] = TypeAdapter(RankEvent)
+RankEvent = Annotated[Hello | Ready | Failed | RankProgress | RankDone, Field(discriminator="kind")]
+RANK_EVENTS: TypeAdapter[Hello | Ready | Failed | RankProgress | RankDone] = TypeAdapter(RankEvent)
 
 
 class FinetuneReport(Frozen):

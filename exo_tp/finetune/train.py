@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 from mlx_lm.tuner.callbacks import TrainingCallback
 from mlx_lm.tuner.datasets import CacheDataset, load_dataset
 from mlx_lm.tuner.trainer import TrainingArgs, default_loss, iterate_batches, train
@@ -83,9 +84,11 @@ def token_weighted_loss(
 
 
 class ReportCallback(TrainingCallback):
-    """Keeps mlx-lm's loss reports for the rank's report."""
+    """Keeps mlx-lm's loss reports for the rank's report (and passes each on, as it comes, to
+    ``on_report``: the worker's supervisor follows a job's progress)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_report: Callable[[StepReport | ValReport], None] | None = None):
+        self.on_report = on_report
         self.steps: list[StepReport] = []
         self.val: list[ValReport] = []
         self._tokens = 0
@@ -95,21 +98,23 @@ class ReportCallback(TrainingCallback):
         window = tokens - self._tokens
         self._tokens = tokens
         speed = float(info["tokens_per_second"])
-        self.steps.append(
-            StepReport(
-                iteration=int(info["iteration"]),
-                train_loss=float(info["train_loss"]),
-                learning_rate=float(info["learning_rate"]),
-                tokens_per_second=speed,
-                trained_tokens=tokens,
-                seconds=window / speed if speed > 0 else 0.0,
-            )
+        report = StepReport(
+            iteration=int(info["iteration"]),
+            train_loss=float(info["train_loss"]),
+            learning_rate=float(info["learning_rate"]),
+            tokens_per_second=speed,
+            trained_tokens=tokens,
+            seconds=window / speed if speed > 0 else 0.0,
         )
+        self.steps.append(report)
+        if self.on_report is not None:
+            self.on_report(report)
 
     def on_val_loss_report(self, info: dict[str, Any]) -> None:
-        self.val.append(
-            ValReport(iteration=int(info["iteration"]), val_loss=float(info["val_loss"]))
-        )
+        report = ValReport(iteration=int(info["iteration"]), val_loss=float(info["val_loss"]))
+        self.val.append(report)
+        if self.on_report is not None:
+            self.on_report(report)
 
 
 def _datasets(job: FinetuneJob, tokenizer: Any) -> tuple[Any, Any]:
@@ -159,7 +164,12 @@ def adapter_config(job: FinetuneJob) -> dict[str, Any]:
     }
 
 
-def run_rank(job: FinetuneJob, rank: int, group: mx.distributed.Group) -> RankReport:
+def run_rank(
+    job: FinetuneJob,
+    rank: int,
+    group: mx.distributed.Group,
+    on_report: Callable[[StepReport | ValReport], None] | None = None,
+) -> RankReport:
     started = time.perf_counter()
     np.random.seed(job.seed)  # mlx_lm.lora seeds numpy first: it orders the batches
     model_dir = Path(job.model_dir)
@@ -179,11 +189,11 @@ def run_rank(job: FinetuneJob, rank: int, group: mx.distributed.Group) -> RankRe
         time.perf_counter() - started,
     )
     adapters = Path(job.adapter_path)
-    if rank == 0:
+    if rank == 0 or job.save_on_every_rank:
         adapters.mkdir(parents=True, exist_ok=True)
         save_config(adapter_config(job), adapters / "adapter_config.json")
     rows = job.plan.batch[rank]
-    callback = ReportCallback()
+    callback = ReportCallback(on_report)
     mx.reset_peak_memory()
     train(
         model=model,
@@ -204,6 +214,9 @@ def run_rank(job: FinetuneJob, rank: int, group: mx.distributed.Group) -> RankRe
         iterate_batches=partial(rank_batches, rows=rows),
         training_callback=callback,
     )
+    if rank != 0 and job.save_on_every_rank:  # mlx-lm's trainer saves on rank 0 only
+        weights = dict(tree_flatten(model.trainable_parameters()))
+        mx.save_safetensors(str(adapters / "adapters.safetensors"), weights)
     return RankReport(
         rank=rank,
         batch_rows=rows,

@@ -13,7 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-from exo_tp.finetune.job import RANK_ENV, FinetuneJob, RankDone
+from exo_tp.finetune.job import (
+    RANK_ENV,
+    FinetuneJob,
+    RankDone,
+    RankProgress,
+    StepReport,
+    ValReport,
+)
 from exo_tp.process.child import SupervisorLink, run_child
 from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.process.messages import Ready
@@ -26,7 +33,13 @@ def train(link: SupervisorLink, rank: int) -> None:
     link.send(Ready())
     from exo_tp.finetune.train import run_rank  # after joining: imports take seconds
 
-    report = run_rank(job, rank, group)
+    def progress(report: StepReport | ValReport) -> None:
+        if isinstance(report, StepReport):
+            link.send(RankProgress(steps=report.iteration, train=report))
+        else:
+            link.send(RankProgress(steps=report.iteration, val=report))
+
+    report = run_rank(job, rank, group, progress)
     link.send(RankDone(report=report))
     barrier(group)
 

@@ -23,6 +23,7 @@ from exo_tp.node.dispatch import (
     NotReady,
     QueueFull,
 )
+from exo_tp.node.finetune_jobs import FT_PREFIX, FineTuning
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.model_requests import ModelRequests
@@ -83,8 +84,10 @@ class NodeBackend:
         defaults: GenerationDefaults,
         downloads: HubDownloads,
         catalog: ModelCatalog,
+        fine_tuning: FineTuning,
     ):
         self._views, self._dispatcher, self._requests = views, dispatcher, requests
+        self.fine_tuning = fine_tuning
         self._downloads, self._catalog = downloads, catalog
         self.node_id = views.config.node_id
         self.started = views.started
@@ -105,8 +108,13 @@ class NodeBackend:
 
     @property
     def model(self) -> str:
+        """The served model's name (``ft:...`` when a fine-tuning job's adapter is on)."""
         current = self._current()
-        return current.name if current else ""
+        if current is None:
+            return ""
+        job_id = self._views.serving_adapter()
+        job = self.fine_tuning.state.jobs.get(job_id) if job_id else None
+        return job.fine_tuned_model if job and job.fine_tuned_model else current.name
 
     @property
     def tokenizer(self) -> TokenizerWrapper:
@@ -125,23 +133,45 @@ class NodeBackend:
         joined = self._views.joined
         if joined is None:
             return []
-        serving = self._views.serving_key()
-        return [
+        serving, adapter = self._views.serving_key(), self._views.serving_adapter()
+        cards = [
             {
                 "id": name,
                 "object": "model",
                 "created": int(self.started),
                 "owned_by": "exo-tp",
-                "loaded": key == serving,
+                "loaded": key == serving and adapter is None,
             }
             for name, key in joined.models.listing()
         ]
+        # base models with a fine-tuned adapter: this node's jobs', and the leader's (which
+        # runs the jobs and serves their models) from its status
+        leader = joined.peers.status(joined.peers.leader_id())
+        models = {m.name: m for m in (leader.fine_tuned if leader else ())}
+        models.update({m.name: m for m in self._views.finetune_fine_tuned()})
+        for model in models.values():
+            cards.append(
+                {
+                    "id": model.name,
+                    "object": "model",
+                    "created": model.created,
+                    "owned_by": "exo-tp",
+                    "loaded": adapter is not None and model.name.endswith(":" + adapter),
+                    "parent": model.base,
+                }
+            )
+        return cards
 
     def require_model(self, name: str) -> None:
         """A request for ``name`` (on the leader): 404 if no member has it; 503 while another
         listed model is served, after asking the leader to load this one."""
         joined = self._views.joined
         assert joined is not None
+        if (busy := self.fine_tuning.busy_error()) is not None:
+            raise busy
+        if name.startswith(FT_PREFIX):
+            self._require_fine_tuned(name)
+            return
         key = joined.models.key_of(name)
         listing = joined.models.listing()
         ref = hub_ref(name) if key is None else None
@@ -157,12 +187,37 @@ class NodeBackend:
                 param="model",
                 code="model_not_found",
             )
-        if key != self._views.serving_key():
+        if key != self._views.serving_key() or self._views.serving_adapter() is not None:
             self._requests.load(key, name)
             raise ApiError(
                 503,
                 f"loading the model '{name}' (the cluster serves one model at "
                 f"a time); retry shortly",
+                kind="server_error",
+                code="model_loading",
+                retry_after=10,
+            )
+
+    def _require_fine_tuned(self, name: str) -> None:
+        """A request for ``ft:<base>:<suffix>:<job>``: the base with that job's adapter."""
+        joined = self._views.joined
+        assert joined is not None
+        job = self.fine_tuning.adapter_of(name)
+        key = joined.models.key_of(job.model) if job else None
+        if job is None or key is None:
+            raise ApiError(
+                404,
+                f"The model '{name[:200]}' does not exist (no succeeded fine-tuning job "
+                "made it, or its base is gone).",
+                param="model",
+                code="model_not_found",
+            )
+        if key != self._views.serving_key() or self._views.serving_adapter() != job.id:
+            self._requests.load(key, name, job.id)
+            raise ApiError(
+                503,
+                f"loading the model '{name}' (its base with the adapter on every shard); "
+                "retry shortly",
                 kind="server_error",
                 code="model_loading",
                 retry_after=10,
@@ -241,6 +296,8 @@ class NodeBackend:
         return control_headers(self._views.config.secret, path, body)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+        if (busy := self.fine_tuning.busy_error()) is not None:
+            raise busy
         events = self._dispatcher.generate(request)
         try:
             async for event in events:

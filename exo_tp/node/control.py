@@ -17,6 +17,8 @@ from aiohttp import web
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.finetune_messages import FineTunedModel, FinetuneRankStatus
+from exo_tp.node.rebalance import BalanceView
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.plan.rebalance import RankSpeed
@@ -66,6 +68,9 @@ class NodeStatus(Frozen):
     weights: WeightsStatus = WeightsStatus()  # models it offers, its fetch, bytes it served
     speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
     downloads: tuple[DownloadProgress, ...] = ()  # hub models it is fetching (or fetched)
+    finetune: FinetuneRankStatus | None = None  # its rank of a fine-tuning job
+    fine_tuned: tuple[FineTunedModel, ...] = ()  # the models its fine-tuning jobs made
+    balance: BalanceView | None = None  # the leader's live balance, for every node's views
 
 
 class PortsRequest(Frozen):
@@ -82,6 +87,8 @@ class Assign(Frozen):
     assignment: Assignment
     leader: NodeId
     weights: WeightOrder | None = None  # None: load assignment.model from this node's files
+    # the adapter of this fine-tuning job, from the node's own copy, on every shard
+    adapter_job: str | None = None
 
 
 class Accepted(Frozen):
@@ -120,11 +127,12 @@ class ControlClient:
         assignment: Assignment,
         leader: str,
         weights: WeightOrder | None = None,
+        adapter_job: str | None = None,
     ) -> Accepted:
         return await self._client.call(
             peer.control_url,
             "/control/assign",
-            Assign(assignment=assignment, leader=leader, weights=weights),
+            Assign(assignment=assignment, leader=leader, weights=weights, adapter_job=adapter_job),
             Accepted,
         )
 

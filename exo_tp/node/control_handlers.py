@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from pathlib import Path
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
@@ -35,6 +37,7 @@ class ControlHandlers:
         self.epoch_seen = 0  # the highest epoch a leader assigned
         self.assigned_key: str | None = None  # the model of the latest assignment
         self._loading: asyncio.Task[None] | None = None  # fetch, then start the worker
+        self.adapters: Callable[[str], Path] | None = None  # a fine-tuning job's adapter folder
 
     async def ports(self, request: PortsRequest) -> Ports:
         ring, conductor, hop = free_ports(3, host=self.config.host)
@@ -42,6 +45,12 @@ class ControlHandlers:
 
     async def assign(self, body: Assign) -> Accepted:
         assignment = body.assignment
+        if body.adapter_job is not None:  # this node's own copy of the job's adapter
+            folder = self.adapters(body.adapter_job) if self.adapters else None
+            if folder is None or not (folder / "adapters.safetensors").is_file():
+                raise ControlRefused(f"{self.config.node_id} has no adapter of {body.adapter_job}")
+            assignment = replace(assignment, adapter_path=str(folder))
+            body = replace(body, assignment=assignment)
         if self.peers is None or body.leader != self.peers.leader_id():
             raise ControlRefused(f"{body.leader} is not my leader")
         if assignment.epoch <= self.epoch_seen and assignment.epoch != 0:
@@ -72,7 +81,7 @@ class ControlHandlers:
             await self.worker.replace(None)
         return Released(released=body.epoch)
 
-    def _weight_urls(self) -> dict[str, str]:
+    def weight_urls(self) -> dict[str, str]:
         assert self.peers is not None
         return {
             m.announcement.node_id: weights_url(m.announcement)
@@ -83,7 +92,7 @@ class ControlHandlers:
         assert body.weights is not None
         assignment = body.assignment
         try:
-            folder = await self.weights.receive(body.weights, assignment.epoch, self._weight_urls())
+            folder = await self.weights.receive(body.weights, assignment.epoch, self.weight_urls())
         except Exception as error:  # in the status: the leader fails the epoch, re-plans
             message = (
                 str(error) if isinstance(error, ExoTpError) else f"{type(error).__name__}: {error}"

@@ -71,6 +71,7 @@ class Epoch:
     started: float = field(default_factory=time.monotonic)
     reason: str = ""
     conductor_lost: float | None = None  # monotonic time the conductor's link dropped
+    adapter_job: str | None = None  # the fine-tuning job whose adapter every shard carries
     symptom_seen: float | None = None  # monotonic time a rank first exited on a broken link
 
     def conductor_rank(self) -> int | None:
@@ -128,6 +129,7 @@ class Leader:
         self.config, self.models, self.peers = config, models, peers
         self._requests = requests
         self._wanted: str | None = None  # the model key a request asked for last
+        self._wanted_adapter: str | None = None  # and the fine-tuning job's adapter it named
         self._control, self._dispatcher = control, dispatcher
         self._requests_port = requests_port
         self._highest_epoch = highest_epoch
@@ -136,6 +138,8 @@ class Leader:
         self._failures = 0
         self._quarantine: dict[str, float] = {}  # node id -> until (monotonic)
         dispatcher.on_conductor_lost = self._conductor_lost
+        # A fine-tuning job holds the cluster (exo_tp.node.finetune_jobs): no epoch forms.
+        self.paused: str | None = None
         self.balance = LiveBalance(
             RebalancePolicy(threshold=config.rebalance_threshold), config.rebalance
         )
@@ -146,6 +150,22 @@ class Leader:
 
     def leads(self) -> bool:
         return self.peers.leader_id() == self.me
+
+    # ---- a fine-tuning job holds the cluster -----------------------------------------------
+
+    async def pause(self, reason: str) -> None:
+        """Stop serving and let every serving rank go; no epoch forms until `resume`."""
+        self.paused = reason
+        self._dispatcher.detach(reason)
+        self._dispatcher.resume()
+        led, self.led = self.led, None
+        if led is not None:
+            peers = [self.peers.get(n) for n in set(led.nodes)]
+            await asyncio.gather(*(self._release(p, led.number) for p in peers if p))
+
+    def resume(self) -> None:
+        """Serve again: the next round forms a new epoch."""
+        self.paused = None
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -176,13 +196,21 @@ class Leader:
                 self._dispatcher.detach("leadership moved")
                 self.led = None
             return
+        if self.paused is not None:
+            return
         if (asked := self._requests.latest()) is not None:
-            self._wanted = asked.key
+            self._wanted, self._wanted_adapter = asked.key, asked.adapter_job
         members = self._eligible()
         nodes = tuple(sorted(m.node_id for m in members))
         led = self.led
         model = self.models.target(nodes, led.model if led else None, self._wanted)
-        same = led is not None and led.members == nodes and led.model == model
+        adapter = self._wanted_adapter if model == self._wanted else None
+        same = (
+            led is not None
+            and led.members == nodes
+            and led.model == model
+            and led.adapter_job == adapter
+        )
         if same and led.state != "failed":
             self._track(led)
             if led.state == "ready" and model is not None:
@@ -197,7 +225,7 @@ class Leader:
         if model is None:
             self._dispatcher.detach("no member has a model: start a node with --model")
             return
-        await self._form(members, model)
+        await self._form(members, model, adapter)
 
     def _agreed(self, members: list[Announcement]) -> bool:
         for member in members:
@@ -331,11 +359,20 @@ class Leader:
         seen = max((s.epoch for s in self.peers.statuses.values()), default=0)
         return max(self._highest_epoch(), self.led.number if self.led else 0, seen) + 1
 
-    async def _form(self, eligible: list[Announcement], key: str) -> None:
+    async def _form(
+        self, eligible: list[Announcement], key: str, adapter_job: str | None = None
+    ) -> None:
         number = self._next_number()
         previous = self.led
         eligible_ids = tuple(sorted(m.node_id for m in eligible))
-        self.led = Epoch(number=number, nodes=(), plan=None, members=eligible_ids, model=key)
+        self.led = Epoch(
+            number=number,
+            nodes=(),
+            plan=None,
+            members=eligible_ids,
+            model=key,
+            adapter_job=adapter_job,
+        )
         self._dispatcher.detach("the cluster is re-planning")
         self._dispatcher.expected_epoch = number
         try:
@@ -379,7 +416,9 @@ class Leader:
         members = [by_id[n] for n in nodes]
         assignments = await self._assignments(number, model.name, placement, members, backend)
         for member, assignment in zip(members, assignments, strict=True):
-            await self._control.assign(member, assignment, self.me, orders[member.node_id])
+            await self._control.assign(
+                member, assignment, self.me, orders[member.node_id], adapter_job
+            )
         self.led.started = time.monotonic()
         if previous is not None:  # members dropped from the cluster let their workers go
             dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
@@ -429,11 +468,12 @@ class Leader:
         """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
         let those in flight finish, and re-plan the shares (exo_tp.node.rebalance)."""
         balance = self.balance
-        if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
-            return
         if balance.draining_since is None:
             statuses = {n: self.peers.status(n) for n in led.nodes}
             if not balance.observe(led, statuses, time.monotonic()):
+                return
+            if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
+                balance.skipped = "the shares were set by --weight"
                 return
             profiles: dict[str, ProfileSummary | None] = {
                 n: s.profile if s else None for n, s in statuses.items()
@@ -461,7 +501,7 @@ class Leader:
             self._dispatcher.hold()
             return
         if balance.drained(self._dispatcher.in_flight):
-            await self._form(members, model)
+            await self._form(members, model, led.adapter_job)
 
     async def _release(self, peer: Announcement, epoch: int) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):

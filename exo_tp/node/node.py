@@ -21,6 +21,7 @@ from aiohttp import web
 
 from exo_tp import __version__
 from exo_tp.api.routes import build_public_app
+from exo_tp.finetune.state import FineTuneState, state_root
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.backend import NodeBackend
 from exo_tp.node.cluster_model import ClusterModel
@@ -28,6 +29,8 @@ from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, NodeStatus, control_app
 from exo_tp.node.control_handlers import ControlHandlers
 from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.finetune_jobs import FineTuning
+from exo_tp.node.finetune_ranks import FINETUNE_MOUNT, FinetuneRanks, finetune_app
 from exo_tp.node.formation import Leader
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
@@ -63,6 +66,24 @@ class Node:
         self.views = StatusViews(
             config, profile, self.worker, weights, self.dispatcher, self.handlers
         )
+        finetune_state = FineTuneState(state_root(config.node_id))
+        self.finetune_ranks = self.views.finetune_ranks = FinetuneRanks(
+            config.node_id,
+            self.worker,
+            weights,
+            finetune_state,
+            self._leader_id,
+            self.handlers.weight_urls,
+        )
+        self.handlers.adapters = finetune_state.adapter_dir
+        self.fine_tuning = FineTuning(
+            config.node_id,
+            config.secret,
+            finetune_state,
+            self.finetune_ranks,
+            self.views,
+            self.control,
+        )
         self.downloads = self.views.downloads = HubDownloads(weights)
         self.backend = NodeBackend(
             self.views,
@@ -71,6 +92,7 @@ class Node:
             config.defaults,
             self.downloads,
             ModelCatalog(config.models_dirs),
+            self.fine_tuning,
         )
         self.joined: Joined | None = None
         self.listeners = Listeners()  # the public API's and the cluster's, apart
@@ -136,6 +158,7 @@ class Node:
             handlers.release,
         )
         app.add_subapp(MOUNT, self.weights.app())
+        app.add_subapp(FINETUNE_MOUNT, finetune_app(self.config.secret, self.finetune_ranks))
         # Requests a member passes on to the leader arrive here, signed, on the cluster's own
         # listener: a flood of the leader's public API cannot block them.
         limits = self.config.cluster_limits
@@ -150,6 +173,8 @@ class Node:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.fine_tuning.close()
+        await self.finetune_ranks.close()
         await self.handlers.stop_loading()
         await self.worker.close()
         await self.downloads.close()
@@ -161,6 +186,9 @@ class Node:
         await self.control.close()
         if self._session is not None:
             await self._session.close()
+
+    def _leader_id(self) -> str | None:
+        return self.joined.peers.leader_id() if self.joined else None
 
     def _status(self) -> NodeStatus:
         return self.views.node_status()
@@ -191,4 +219,5 @@ class Node:
         while True:
             await peers.poll_once()
             await self.handlers.drop_orphan()
+            await self.finetune_ranks.drop_orphan(peers.alive_ids())
             await asyncio.sleep(1.0 if len(peers.membership.members) > 1 else 0.5)

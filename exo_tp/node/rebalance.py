@@ -63,7 +63,7 @@ class BalanceView(Frozen):
     enabled: bool
     threshold: float
     imbalance: float | None
-    over_threshold_since: float | None
+    over_threshold_seconds: float | None  # how long the imbalance has been over the threshold
     state: Literal["serving", "draining"]
     skipped: str  # why the last due re-plan was not done ('' if none)
     ranks: tuple[RankBalanceView, ...]
@@ -198,7 +198,9 @@ class LiveBalance:
             enabled=self.enabled,
             threshold=self.policy.threshold,
             imbalance=verdict.imbalance if verdict else None,
-            over_threshold_since=self.state.over_since,
+            over_threshold_seconds=None
+            if self.state.over_since is None
+            else round(time.monotonic() - self.state.over_since, 1),
             state="draining" if self.draining_since is not None else "serving",
             skipped=self.skipped,
             ranks=tuple(ranks),

@@ -15,6 +15,8 @@ from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import NodeStatus
 from exo_tp.node.control_handlers import ControlHandlers
 from exo_tp.node.dispatch import Dispatcher
+from exo_tp.node.finetune_messages import FineTunedModel
+from exo_tp.node.finetune_ranks import FinetuneRanks
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
 from exo_tp.node.listeners import Listeners
@@ -55,6 +57,7 @@ class StatusViews:
         self.session: aiohttp.ClientSession | None = None  # for the leader's plan
         self.listeners: Listeners | None = None  # set by the node once it listens
         self.downloads: HubDownloads | None = None  # set by the node
+        self.finetune_ranks: FinetuneRanks | None = None  # set by the node
 
     # ---- the cluster as this node sees it --------------------------------------------------
 
@@ -74,6 +77,16 @@ class StatusViews:
             led = self.joined.leader.led
             return led.model if led else None
         return self.handlers.assigned_key
+
+    def finetune_fine_tuned(self) -> tuple[FineTunedModel, ...]:
+        return self.finetune_ranks.fine_tuned() if self.finetune_ranks else ()
+
+    def serving_adapter(self) -> str | None:
+        """The fine-tuning job whose adapter the served model carries (on the leader)."""
+        if self.joined is not None and self.joined.leads():
+            led = self.joined.leader.led
+            return led.adapter_job if led else None
+        return None
 
     def serving_state(self) -> ServingState:
         if self.joined is not None and self.joined.leads():
@@ -114,6 +127,9 @@ class StatusViews:
             weights=self.weights.status(),
             speed=worker.speed,
             downloads=self.downloads.views() if self.downloads else (),
+            finetune=self.finetune_ranks.status() if self.finetune_ranks else None,
+            fine_tuned=self.finetune_ranks.fine_tuned() if self.finetune_ranks else (),
+            balance=self.balance(),
         )
 
     # ---- for the public API ----------------------------------------------------------------
@@ -197,9 +213,11 @@ class StatusViews:
         )
 
     def balance(self) -> BalanceView | None:
-        """Live rank speeds, shares and imbalance (the leader's; exo_tp.node.rebalance)."""
+        """Live rank speeds, shares and imbalance (the leader's; exo_tp.node.rebalance): a
+        follower shows what the leader's last status said, so every node's page shows it."""
         if not self.leads() or self.joined is None:
-            return None
+            status = self._leader_status()
+            return status.balance if status else None
         leader = self.joined.leader
         return leader.balance.view(leader.led)
 

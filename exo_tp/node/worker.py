@@ -11,7 +11,7 @@ from exo_tp.node.memory import memory_now
 from exo_tp.plan.devices import LinkProfile
 from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.process.events import Exited, Failed, ProcessEvent
-from exo_tp.process.supervisor import Child, Supervisor
+from exo_tp.process.supervisor import Child, Job, OnEvent, Supervisor
 from exo_tp.runtime.job import Assignment
 from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready, rank_speed
 from exo_tp.wire.runtime import RANK_EVENTS, RankMemory
@@ -25,6 +25,10 @@ class NodeWorker:
         self._key, self._stall_timeout = secret.encode(), stall_timeout
         self._supervisor = Supervisor(self._from_thread, RANK_EVENTS, self._key, "node supervisor")
         self.rank: Child | None = None
+        # A fine-tuning job's rank (exo_tp.node.finetune_ranks): a supervisor of its own, as its
+        # messages are a fine-tuning rank's, not a serving rank's; same key, same watchdog.
+        self._finetune: Supervisor | None = None
+        self._finetune_handler: OnEvent | None = None
         self._assignment: Assignment | None = None
         self.assigned_by: str | None = None
         # the last worker's stall, reported until a new worker starts (the leader stops a
@@ -59,9 +63,30 @@ class NodeWorker:
                 assignment.plan.size,
             )
 
+    def start_finetune(self, job: Job, on_event: OnEvent) -> Child:
+        """Start a fine-tuning rank (the serving worker was stopped before)."""
+        from exo_tp.finetune.job import RANK_EVENTS as FINETUNE_EVENTS  # no MLX in it
+
+        if self._finetune is None:
+            self._finetune = Supervisor(
+                self._finetune_event, FINETUNE_EVENTS, self._key, "finetune supervisor"
+            )
+        self._finetune_handler = on_event  # the job's own (called on the supervisor's threads)
+        return self._finetune.start(job)
+
+    def _finetune_event(self, child: Child, event: ProcessEvent) -> None:
+        if self._finetune_handler is not None:
+            self._finetune_handler(child, event)
+
+    async def stop_finetune(self, child: Child) -> None:
+        if self._finetune is not None:
+            await asyncio.to_thread(self._finetune.stop, child)
+
     async def close(self) -> None:
         await self.replace(None)
         await asyncio.to_thread(self._supervisor.close)
+        if self._finetune is not None:
+            await asyncio.to_thread(self._finetune.close)
 
     # ---- what the node reports -------------------------------------------------------------
 

@@ -120,7 +120,7 @@ class Channel(Generic[M]):
     def recv_raw(self) -> bytes | None:
         try:
             return self._conn.recv_bytes()
-        except (EOFError, OSError):
+        except (EOFError, OSError, TypeError):  # TypeError: closed by another thread mid-read
             return None
 
     def poll(self, timeout: float) -> bool:

@@ -178,12 +178,25 @@ def plan_transfer(
     """Every node's fetches for ``plan`` with node ``order[r]`` at rank r."""
     if len(order) != plan.size or len(set(order)) != len(order):
         raise ExoTpError(f"{len(order)} nodes {list(order)} for a plan of {plan.size} ranks")
+    shares = [rank_boxes(manifest, plan, rank) for rank in range(plan.size)]
+    return plan_shares(manifest, shares, order, holdings, chunk)
+
+
+def plan_shares(
+    manifest: ModelManifest,
+    shares: Sequence[Boxes],
+    order: Sequence[str],
+    holdings: Iterable[Holding],
+    chunk: int = CHUNK_BYTES,
+) -> TransferPlan:
+    """Every node's fetches when node ``order[r]`` needs ``shares[r]`` (a serving plan's
+    shards, or a fine-tuning job's rows)."""
     by_node = {h.node: h for h in holdings}
     everyone = [by_node.get(n, Holding(node=n)) for n in dict.fromkeys([*by_node, *order])]
     load: dict[str, int] = defaultdict(int)
     nodes, moved, retained = [], 0, 0
     for rank, node in enumerate(order):
-        share = rank_boxes(manifest, plan, rank)
+        share = shares[rank]
         mine = by_node.get(node, Holding(node=node))
         kept = _held(mine, share)
         fetches = (

@@ -1,0 +1,258 @@
+"""OpenAI's files and fine-tuning endpoints (https://platform.openai.com/docs/api-reference).
+
+The leader keeps the files and runs the jobs: another node passes these requests on to it as
+they are (method, query, body), signed for the leader's cluster listener, like generation.
+Uploads are multipart (``file`` and ``purpose``), within the API's body limit (`MAX_BODY`);
+a bad JSONL line is a 400 naming its line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel
+from yarl import URL
+
+from exo_tp.api.errors import ApiError, api_path
+from exo_tp.api.http_io import MAX_BODY, read_body, validate
+from exo_tp.api.proxy import FORWARDED
+from exo_tp.finetune.openai_schema import (
+    CheckpointList,
+    CreateJob,
+    EventList,
+    FileDeleted,
+    FileList,
+    FileObject,
+    Job,
+    JobList,
+)
+
+ADAPTER_NAMES = ("adapters.safetensors", "adapter_config.json")
+MAX_LIST = 100
+
+
+class FineTuningService(Protocol):
+    """What the node's fine-tuning offers the API (exo_tp.node.finetune_jobs.FineTuning)."""
+
+    def upload(self, filename: str, raw: bytes, purpose: str) -> FileObject: ...
+    def files(self) -> list[FileObject]: ...
+    def file(self, file_id: str) -> FileObject: ...
+    def content(self, file_id: str) -> bytes: ...
+    def delete(self, file_id: str) -> None: ...
+    async def create(self, body: CreateJob) -> Job: ...
+    def jobs(self) -> list[Job]: ...
+    def job(self, job_id: str) -> Job: ...
+    def events(self, job_id: str) -> list[BaseModel]: ...
+    def checkpoints(self, job_id: str) -> list[BaseModel]: ...
+    async def cancel(self, job_id: str) -> Job: ...
+    def adapter_file(self, job_id: str, name: str) -> bytes: ...
+
+
+class Leader(Protocol):
+    fine_tuning: FineTuningService
+
+    def generation_url(self) -> str | None: ...
+    def forward_headers(self, path: str, body: bytes) -> dict[str, str]: ...
+
+
+def parse_form(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """A multipart/form-data body's fields: name -> (file name, bytes). The body was read
+    whole already (within the API's limit), so it is parsed from memory."""
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + raw
+    )
+    if not message.is_multipart():
+        raise ApiError(400, "malformed multipart body")
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            payload = part.get_payload(decode=True)
+            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+    return fields
+
+
+def _view(view: BaseModel) -> web.Response:
+    return web.json_response(view.model_dump(mode="json"))
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", "20")
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise ApiError(400, f"Invalid value for 'limit': '{raw[:20]}'", param="limit") from None
+    if not 1 <= limit <= MAX_LIST:
+        raise ApiError(400, f"'limit' must be between 1 and {MAX_LIST}", param="limit")
+    return limit
+
+
+def _page(items: list, request: web.Request) -> tuple[list, bool]:  # type: ignore[type-arg]
+    """OpenAI's cursor pagination: the items after the one with id ``after``."""
+    after = request.query.get("after")
+    if after is not None:
+        ids = [item.id for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    limit = _limit(request)
+    return items[:limit], len(items) > limit
+
+
+async def forward(request: web.Request, node: Leader, upstream: str) -> web.StreamResponse:
+    """The request as it came, to the leader's same endpoint; its answer as it comes back."""
+    body = await request.read()
+    path = api_path(request.path)
+    url = URL(upstream + path).with_query(request.query)
+    headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
+    if "Content-Type" in request.headers:
+        headers["Content-Type"] = request.headers["Content-Type"]
+    headers.update(node.forward_headers(url.path, body))
+    timeout = aiohttp.ClientTimeout(total=60, sock_connect=3)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.request(request.method, url, data=body, headers=headers) as answer,
+        ):
+            payload = await answer.read()
+            return web.Response(
+                status=answer.status,
+                body=payload,
+                content_type=answer.content_type,
+                headers={k: v for k, v in answer.headers.items() if k.lower() == "retry-after"},
+            )
+    except (aiohttp.ClientError, TimeoutError):
+        raise ApiError(
+            503,
+            f"cluster not ready: the leader at {upstream} is unreachable",
+            kind="server_error",
+            code="cluster_not_ready",
+            retry_after=5,
+        ) from None
+
+
+Handler = Callable[[web.Request, FineTuningService], Awaitable[web.StreamResponse]]
+
+
+def add_routes(table: web.RouteTableDef, node_of: Callable[[web.Request], Leader]) -> None:
+    """The fine-tuning routes on ``table``; ``node_of(request)`` is the node serving it."""
+
+    def on_leader(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def route(request: web.Request) -> web.StreamResponse:
+            node = node_of(request)
+            upstream = node.generation_url()
+            if upstream is not None:
+                return await forward(request, node, upstream)
+            return await handler(request, node.fine_tuning)
+
+        return route
+
+    @on_leader
+    async def upload(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        if not request.content_type.startswith("multipart/form-data"):
+            raise ApiError(400, "upload a file as multipart/form-data (fields 'file', 'purpose')")
+        try:
+            raw_body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(
+                413, f"the file is larger than the limit of {MAX_BODY} bytes",
+                code="file_too_large",
+            ) from None  # fmt: skip
+        fields = parse_form(request.headers.get("Content-Type", ""), raw_body)
+        file, purpose = fields.get("file"), fields.get("purpose")
+        if file is None:
+            raise ApiError(400, "Missing required parameter: 'file'.", param="file")
+        if purpose is None:
+            raise ApiError(400, "Missing required parameter: 'purpose'.", param="purpose")
+        filename, raw = file
+        purpose_text = purpose[1].decode("utf-8", "replace").strip()
+        return _view(ft.upload(filename or "upload.jsonl", raw, purpose_text))
+
+    @on_leader
+    async def list_files(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        purpose = request.query.get("purpose")
+        files = [f for f in ft.files() if purpose is None or f.purpose == purpose]
+        page, more = _page(files, request) if "limit" in request.query else (files, False)
+        return _view(FileList(data=tuple(page), has_more=more))
+
+    @on_leader
+    async def get_file(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        return _view(ft.file(request.match_info["file_id"]))
+
+    @on_leader
+    async def file_content(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        data = ft.content(request.match_info["file_id"])
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    @on_leader
+    async def delete_file(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        file_id = request.match_info["file_id"]
+        ft.delete(file_id)
+        return _view(FileDeleted(id=file_id))
+
+    @on_leader
+    async def create_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        body = validate(CreateJob, await read_body(request))
+        return _view(await ft.create(body))
+
+    @on_leader
+    async def list_jobs(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        page, more = _page(ft.jobs(), request)
+        return _view(JobList(data=tuple(page), has_more=more))
+
+    @on_leader
+    async def get_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        return _view(ft.job(request.match_info["job_id"]))
+
+    @on_leader
+    async def job_events(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        page, more = _page(ft.events(request.match_info["job_id"]), request)
+        return _view(EventList.model_validate({"data": page, "has_more": more}))
+
+    @on_leader
+    async def job_checkpoints(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        page, more = _page(ft.checkpoints(request.match_info["job_id"]), request)
+        return _view(
+            CheckpointList.model_validate(
+                {
+                    "data": page,
+                    "has_more": more,
+                    "first_id": page[0].id if page else None,  # type: ignore[attr-defined]
+                    "last_id": page[-1].id if page else None,  # type: ignore[attr-defined]
+                }
+            )
+        )
+
+    @on_leader
+    async def cancel_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        return _view(await ft.cancel(request.match_info["job_id"]))
+
+    @on_leader
+    async def adapter(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in ADAPTER_NAMES:
+            raise ApiError(
+                404, f"no adapter file '{name[:100]}': one of {', '.join(ADAPTER_NAMES)}"
+            )
+        data = ft.adapter_file(request.match_info["job_id"], name)
+        return web.Response(
+            body=data,
+            content_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+
+    table.post("/v1/files")(upload)
+    table.get("/v1/files")(list_files)
+    table.get("/v1/files/{file_id}")(get_file)
+    table.get("/v1/files/{file_id}/content")(file_content)
+    table.delete("/v1/files/{file_id}")(delete_file)
+    table.post("/v1/fine_tuning/jobs")(create_job)
+    table.get("/v1/fine_tuning/jobs")(list_jobs)
+    table.get("/v1/fine_tuning/jobs/{job_id}")(get_job)
+    table.get("/v1/fine_tuning/jobs/{job_id}/events")(job_events)
+    table.get("/v1/fine_tuning/jobs/{job_id}/checkpoints")(job_checkpoints)
+    table.post("/v1/fine_tuning/jobs/{job_id}/cancel")(cancel_job)
+    table.get("/v1/fine_tuning/jobs/{job_id}/adapter/{name}")(adapter)
