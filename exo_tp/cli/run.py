@@ -163,6 +163,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "long prompt never freezes running streams (default 512)",
     )
     serving.add_argument(
+        "--prefill-batch-size",
+        type=positive_int,
+        default=1,
+        help="joining prompts prefilled together in one step (default 1: one at a time, "
+        "shortest first, which gives the earliest first tokens on CPUs; raise it on GPUs)",
+    )
+    serving.add_argument(
         "--objective",
         choices=("latency", "throughput", "auto"),
         default="auto",
@@ -495,6 +502,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
         return ServingOptions(
             max_concurrency=args.max_concurrency,
             prefill_step_size=args.prefill_step_size,
+            prefill_batch_size=args.prefill_batch_size,
             overlap=args.overlap,
             objective=args.objective,
             prompt_cache_size=args.prompt_cache_size,

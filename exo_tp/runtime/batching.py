@@ -88,7 +88,7 @@ class LockstepBatch:
                 stop_tokens=[[t] for t in eos_tokens],
                 sampler=self._sampler,
                 completion_batch_size=options.max_concurrency,
-                prefill_batch_size=min(8, options.max_concurrency),
+                prefill_batch_size=min(options.prefill_batch_size, options.max_concurrency),
                 prefill_step_size=options.prefill_step_size,
             )
             for _ in range(lanes)
@@ -103,6 +103,11 @@ class LockstepBatch:
         self.applied = 0  # changes applied so far
         self.active: set[int] = set()  # uids in the batch
         self.steps = 0
+        # Admission order: waiting prompts are prefilled shortest first, except that one
+        # which waited more than `patience` steps goes first (oldest first), so a long prompt
+        # is never starved by a stream of short ones. `joined`: the step each uid joined at.
+        self.patience = 4 * options.max_concurrency
+        self._joined: dict[int, int] = {}
         self.after_step: Callable[[], None] | None = None  # e.g. the live speed probe
         # Lanes only: the lane of each uid, the visits since the batch was last idle, the last
         # broadcast count of each recent visit, the largest count already agreed, the rows
@@ -207,6 +212,7 @@ class LockstepBatch:
         if uid != change.uid:
             raise DivergedError(f"request joined as {uid}, the conductor says {change.uid}")
         self.active.add(uid)
+        self._joined[uid] = self.steps
         self._lane_of[uid] = change.lane
         self.applied += 1
         return cached, logits
@@ -223,6 +229,7 @@ class LockstepBatch:
         self.active.difference_update(present)
         for uid in present:
             del self._lane_of[uid]
+            self._joined.pop(uid, None)
         self.applied += 1
 
     def step(self) -> list[Response]:
@@ -236,6 +243,7 @@ class LockstepBatch:
                 return []
             if self._deferred is not None:
                 self._fill_tokens(lane)
+        self._order_waiting(generator)
         _, responses = generator.next()
         self._position += 1
         self.steps += 1
@@ -245,8 +253,28 @@ class LockstepBatch:
             if response.finish_reason is not None:
                 self.active.discard(response.uid)
                 self._lane_of.pop(response.uid, None)
+                self._joined.pop(response.uid, None)
                 self._remember(response.all_tokens, response.prompt_cache)
         return responses
+
+    def _order_waiting(self, generator: BatchGenerator) -> None:
+        """Put the prompts not yet prefilling in admission order: shortest first (the first
+        tokens of many short prompts come sooner than in arrival order), the overdue first of
+        all. Every rank holds the same queue and the same step count, so every rank orders
+        it the same way and the lockstep holds."""
+        waiting = generator._unprocessed_sequences
+        if len(waiting) < 2:
+            return
+
+        def key(sequence: tuple[Any, ...]) -> tuple[int, int, int]:
+            uid, segments = sequence[0], sequence[1]
+            if self.steps - self._joined.get(uid, self.steps) > self.patience:
+                return (0, uid, 0)
+            return (1, sum(len(s) for s in segments), uid)
+
+        ordered = sorted(waiting, key=key)
+        waiting.clear()
+        waiting.extend(ordered)
 
     def _fill_tokens(self, lane: int) -> None:
         """Replace the lane's placeholder tokens with the conductor's (read by `agreed`)."""

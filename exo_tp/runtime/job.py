@@ -23,6 +23,11 @@ class ServingOptions(Frozen):
 
     max_concurrency: int = Field(default=8, ge=1, le=256)  # sequences in one decode batch
     prefill_step_size: int = Field(default=512, ge=16)  # prompt tokens per chunk between steps
+    # Joining prompts prefilled together in one step. 1: each joins alone, shortest first, so
+    # its first token does not wait for the others' prefill (on CPUs a step's cost grows with
+    # its tokens, so prefilling together saves nothing); more pays off where a batched prefill
+    # costs little more than one prompt's (GPUs).
+    prefill_batch_size: int = Field(default=1, ge=1, le=256)
     prompt_cache_size: int = Field(default=10, ge=0)  # entries kept (0: no prompt cache)
     prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
     # Pipelines: split the batch into one micro-batch per stage, so every stage works at once.
