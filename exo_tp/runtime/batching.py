@@ -82,13 +82,14 @@ class LockstepBatch:
             raise ValueError("a rank samples either now or deferred")
         self.model = model
         self._sample, self._deferred = sample, deferred
+        self._prefill_batch_size = min(options.prefill_batch_size, options.max_concurrency)
         self.lanes = [
             BatchGenerator(
                 model,
                 stop_tokens=[[t] for t in eos_tokens],
                 sampler=self._sampler,
                 completion_batch_size=options.max_concurrency,
-                prefill_batch_size=min(options.prefill_batch_size, options.max_concurrency),
+                prefill_batch_size=self._prefill_batch_size,
                 prefill_step_size=options.prefill_step_size,
             )
             for _ in range(lanes)
@@ -244,6 +245,7 @@ class LockstepBatch:
             if self._deferred is not None:
                 self._fill_tokens(lane)
         self._order_waiting(generator)
+        self._make_room(generator)
         _, responses = generator.next()
         self._position += 1
         self.steps += 1
@@ -275,6 +277,18 @@ class LockstepBatch:
         ordered = sorted(waiting, key=key)
         waiting.clear()
         waiting.extend(ordered)
+
+    def _make_room(self, generator: BatchGenerator) -> None:
+        """Let the next waiting prompt start its prefill in the step where the prompts whose
+        prefill is done (only their last token left) move to decoding. mlx-lm sizes the
+        prompt batch before it moves them, so without this every prefill is followed by a
+        step without one, and the moved prompts' first tokens wait one step more."""
+        done = sum(
+            1
+            for segments, *_ in generator._currently_processing
+            if len(segments) == 1 and len(segments[0]) == 1
+        )
+        generator.prefill_batch_size = self._prefill_batch_size + done
 
     def _fill_tokens(self, lane: int) -> None:
         """Replace the lane's placeholder tokens with the conductor's (read by `agreed`)."""
