@@ -6,7 +6,6 @@ its own parameters, broadcasts the tokens, and streams each request's text back.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -39,13 +38,6 @@ from exo_tp.wire.runtime import (
 )
 
 log = logging.getLogger(__name__)
-_TRACE = os.environ.get("EXO_TP_TRACE")  # TEMP: admission trace file
-
-
-def _trace(line: str) -> None:
-    if _TRACE:
-        with open(_TRACE, "a") as f:
-            f.write(f"{time.perf_counter():.4f} {line}\n")
 
 
 def _restore_random_state(key: mx.array) -> None:
@@ -110,8 +102,6 @@ class Conductor:
 
     def _read_source(self) -> None:
         while (message := self.source.recv()) is not None:
-            if isinstance(message, Generate):
-                _trace(f"arrive {message.request.id} {len(message.request.tokens)}")
             self._incoming.put(message)
         self._incoming.put(None)  # the source is gone: this epoch is over
 
@@ -137,7 +127,6 @@ class Conductor:
             self.source.send(RequestFailed(id=request.id, message=str(error)))
             return True
         self._requests[request.id] = self._by_uid[entry.uid] = entry
-        _trace(f"commit {request.id} uid={entry.uid}")
         self._commit(
             Insert(
                 uid=entry.uid,
@@ -248,14 +237,7 @@ class Conductor:
             while batch.applied < target:
                 self._apply(self._committed[batch.applied])
             if not batch.idle:
-                g = batch.generator
-                gen, pre = len(g._generation_batch), len(g._prompt_batch) + len(
-                    g._unprocessed_sequences
-                )
-                t0 = time.perf_counter()
-                responses = batch.step()
-                _trace(f"step {time.perf_counter() - t0:.4f} gen={gen} pre={pre} out={len(responses)}")
-                for response in responses:
+                for response in batch.step():
                     self._on_token(response)
 
     def _end(self) -> None:
@@ -272,7 +254,6 @@ class Conductor:
             return
         entry = self._by_uid[change.uid]
         entry.cached, logits = self.batch.insert(change, [self._marker(entry)])
-        _trace(f"apply uid={change.uid}")
         if logits is not None and entry.request.logits_out:
             np.save(entry.request.logits_out, np.array(logits[0].astype(mx.float32)))
 
@@ -288,7 +269,6 @@ class Conductor:
             return
         if entry.generated == 0:
             entry.first_token = time.perf_counter()
-            _trace(f"first uid={entry.uid}")
         entry.generated += 1
         detokenizer = entry.detokenizer
         if response.finish_reason != "stop":  # the stop token itself is not text
