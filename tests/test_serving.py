@@ -279,3 +279,53 @@ def test_killed_worker_fails_every_stream_within_10s_then_the_cluster_serves(
     assert all("generation failed" in text or "not ready" in text for _, text in errors), errors
     wait_ready(tp_cluster.urls, nodes=3)
     assert ask(url, PROMPTS[0], stream=True)[0] == references[PROMPTS[0]]
+
+
+def test_waiting_prompts_are_prefilled_one_per_step_shortest_first(
+    default_models: dict[str, Path],
+) -> None:
+    """Prompts joining together (the conductor applies every waiting Insert at once) get their
+    first tokens one step apart, shortest prompt first, and each one's greedy tokens still
+    equal single-device mlx-lm's for that prompt alone. In process: one rank's batch."""
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from exo_tp.runtime.batching import LockstepBatch
+    from exo_tp.runtime.job import ServingOptions
+    from exo_tp.wire.runtime import Insert
+
+    model_dir = default_models[MODEL]
+    model, tokenizer = load(str(model_dir))
+    model.set_dtype(mx.float32)
+    prompts = [PROMPTS[3], PROMPTS[4], PROMPTS[0]]  # long, short, medium
+    ids = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )
+        for p in prompts
+    ]
+    batch = LockstepBatch(
+        model,
+        tokenizer.eos_token_ids,
+        ServingOptions(max_concurrency=4, prompt_cache_size=0),
+        lambda logprobs: (mx.argmax(logprobs, axis=-1).astype(mx.uint32), 0),
+        bytes_per_token=0,
+    )
+    for uid, prompt in enumerate(ids):
+        batch.insert(Insert(uid=uid, tokens=tuple(prompt), max_tokens=TOKENS))
+    first_step: dict[int, int] = {}
+    generated: dict[int, list[int]] = {uid: [] for uid in range(len(ids))}
+    while not batch.idle:
+        for response in batch.step():
+            first_step.setdefault(response.uid, batch.steps)
+            generated[response.uid].append(response.token)
+    batch.close()
+    by_length = sorted(range(len(ids)), key=lambda uid: len(ids[uid]))
+    assert sorted(first_step, key=first_step.__getitem__) == by_length
+    steps = [first_step[uid] for uid in by_length]
+    assert steps[1] - steps[0] == steps[2] - steps[1] == 1, first_step
+    for uid, prompt in enumerate(prompts):
+        assert generated[uid] == mlx_lm_reference(model_dir, prompt, TOKENS).tokens
