@@ -418,7 +418,7 @@ def test_balance_panel_shows_the_leaders_live_speeds(cluster: LocalCluster, page
         target=http_json,
         args=(
             leader_url + "/v1/completions",
-            {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 160, "temperature": 0},
+            {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0},
         ),
         kwargs={"timeout": 300},
     )

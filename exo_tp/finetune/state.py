@@ -44,7 +44,8 @@ def new_id(prefix: str) -> str:
 
 
 def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)  # made on first use: a node that never
+    tmp = path.with_name(path.name + ".tmp")  # fine-tunes writes nothing under its home
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
@@ -57,8 +58,6 @@ class FineTuneState:
     def __init__(self, root: Path):
         self.root = root
         self.files_dir, self.jobs_dir = root / "files", root / "jobs"
-        self.files_dir.mkdir(parents=True, exist_ok=True)
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.files: dict[str, FileObject] = {}
         self.jobs: dict[str, Job] = {}
         self._load()

@@ -115,8 +115,8 @@ def plan_of(
             for c in choice.alternatives
         )
         notes = (
-            f"planner ({choice.objective}: {choice.reason}): "
-            f"{describe_candidate(choice.best, list(names))}; runner-ups: {runner_ups}",
+            f"planner: {describe_candidate(choice.best, list(names))} "
+            f"(objective {choice.objective}: {choice.reason}); runner-ups: {runner_ups}",
         )
         chosen = tuple(names[d] for d in choice.best.devices)
         return choice.best.plan, chosen, choice.best.prediction, notes
