@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -236,3 +237,22 @@ def tcp_loopback_reference() -> tuple[float, float]:
     thread.join()
     server.close()
     return statistics.median(trips) / 2, rate
+
+
+def loss_recorder() -> Any:
+    """An mlx-lm ``TrainingCallback`` keeping every reported loss (``.train``, ``.val``), for
+    the single-device ``mlx_lm lora`` references."""
+    from mlx_lm.tuner.callbacks import TrainingCallback
+
+    class Losses(TrainingCallback):
+        def __init__(self) -> None:
+            self.train: list[float] = []
+            self.val: list[float] = []
+
+        def on_train_loss_report(self, info: dict[str, Any]) -> None:
+            self.train.append(info["train_loss"])
+
+        def on_val_loss_report(self, info: dict[str, Any]) -> None:
+            self.val.append(info["val_loss"])
+
+    return Losses()

@@ -17,13 +17,12 @@ import random
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from arch_configs import tiny_config
-from helpers import assert_logits_close, launch, run_cli
+from helpers import assert_logits_close, launch, loss_recorder, run_cli
 from tiny_models import write_tiny_model
 
 from exo_tp.finetune.job import FinetuneReport
@@ -91,7 +90,6 @@ def mlx_lm_lora(
     the options `mlx_lm.lora --train` would pass)."""
     from mlx_lm import load
     from mlx_lm.lora import CONFIG_DEFAULTS, train_model
-    from mlx_lm.tuner.callbacks import TrainingCallback
     from mlx_lm.tuner.datasets import load_dataset
 
     args = types.SimpleNamespace(
@@ -114,21 +112,10 @@ def mlx_lm_lora(
         }
     )
 
-    class Losses(TrainingCallback):
-        def __init__(self) -> None:
-            self.train: list[float] = []
-            self.val: list[float] = []
-
-        def on_train_loss_report(self, info: dict[str, Any]) -> None:
-            self.train.append(info["train_loss"])
-
-        def on_val_loss_report(self, info: dict[str, Any]) -> None:
-            self.val.append(info["val_loss"])
-
     np.random.seed(args.seed)  # as mlx_lm.lora.run does first
     loaded, tokenizer = load(str(model))
     train_set, valid_set, _ = load_dataset(args, tokenizer)
-    losses = Losses()
+    losses = loss_recorder()
     mx.reset_peak_memory()
     train_model(args, loaded, train_set, valid_set, losses)
     peak = mx.get_peak_memory()

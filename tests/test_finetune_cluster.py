@@ -41,6 +41,7 @@ from cluster_helpers import (
     wait_ready,
     worker_pids,
 )
+from helpers import loss_recorder
 from openai import BadRequestError, NotFoundError, OpenAI
 from tiny_models import write_tiny_model
 
@@ -175,7 +176,6 @@ def mlx_lm_lora(model: Path, data: Path, out: Path, layers: int) -> tuple[list, 
     the job's settings; its train and validation losses."""
     from mlx_lm import load
     from mlx_lm.lora import CONFIG_DEFAULTS, train_model
-    from mlx_lm.tuner.callbacks import TrainingCallback
     from mlx_lm.tuner.datasets import load_dataset
 
     args = types.SimpleNamespace(
@@ -198,21 +198,10 @@ def mlx_lm_lora(model: Path, data: Path, out: Path, layers: int) -> tuple[list, 
         }
     )
 
-    class Losses(TrainingCallback):
-        def __init__(self) -> None:
-            self.train: list[float] = []
-            self.val: list[float] = []
-
-        def on_train_loss_report(self, info: dict[str, Any]) -> None:
-            self.train.append(info["train_loss"])
-
-        def on_val_loss_report(self, info: dict[str, Any]) -> None:
-            self.val.append(info["val_loss"])
-
     np.random.seed(args.seed)  # as mlx_lm.lora.run does first
     loaded, tokenizer = load(str(model))
     train_set, valid_set, _ = load_dataset(args, tokenizer)
-    losses = Losses()
+    losses = loss_recorder()
     train_model(args, loaded, train_set, valid_set, losses)
     return losses.train, losses.val
 
