@@ -129,7 +129,8 @@ class StatusViews:
             downloads=self.downloads.views() if self.downloads else (),
             finetune=self.finetune_ranks.status() if self.finetune_ranks else None,
             fine_tuned=self.finetune_ranks.fine_tuned() if self.finetune_ranks else (),
-            balance=self.balance(),
+            # the leader's own view only: a follower's copy would echo it to every peer
+            balance=self.balance() if self.leads() else None,
         )
 
     # ---- for the public API ----------------------------------------------------------------
