@@ -13,14 +13,13 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Protocol
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel
 from yarl import URL
 
 from exo_tp.api.errors import ApiError, api_path
 from exo_tp.api.http_io import MAX_BODY, read_body, validate
-from exo_tp.api.proxy import FORWARDED
+from exo_tp.api.proxy import pass_through
 from exo_tp.finetune.openai_schema import (
     CheckpointList,
     CreateJob,
@@ -105,33 +104,16 @@ def _page(items: list, request: web.Request) -> tuple[list, bool]:  # type: igno
 async def forward(request: web.Request, node: Leader, upstream: str) -> web.StreamResponse:
     """The request as it came, to the leader's same endpoint; its answer as it comes back."""
     body = await request.read()
-    path = api_path(request.path)
-    url = URL(upstream + path).with_query(request.query)
-    headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
-    if "Content-Type" in request.headers:
-        headers["Content-Type"] = request.headers["Content-Type"]
-    headers.update(node.forward_headers(url.path, body))
-    timeout = aiohttp.ClientTimeout(total=60, sock_connect=3)
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.request(request.method, url, data=body, headers=headers) as answer,
-        ):
-            payload = await answer.read()
-            return web.Response(
-                status=answer.status,
-                body=payload,
-                content_type=answer.content_type,
-                headers={k: v for k, v in answer.headers.items() if k.lower() == "retry-after"},
-            )
-    except (aiohttp.ClientError, TimeoutError):
-        raise ApiError(
-            503,
-            f"cluster not ready: the leader at {upstream} is unreachable",
-            kind="server_error",
-            code="cluster_not_ready",
-            retry_after=5,
-        ) from None
+    url = URL(upstream + api_path(request.path)).with_query(request.query)
+    return await pass_through(
+        request,
+        str(url),
+        body,
+        node.forward_headers(url.path, body),
+        method=request.method,
+        content_type=request.headers.get("Content-Type"),
+        timeout_s=60,
+    )
 
 
 Handler = Callable[[web.Request, FineTuningService], Awaitable[web.StreamResponse]]

@@ -45,25 +45,39 @@ def _headers_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
 
 
+def unreachable(url: str) -> ApiError:
+    """The 503 for a leader that cannot be reached at all (nothing was sent)."""
+    return ApiError(
+        503,
+        f"cluster not ready: the leader at {url} is unreachable",
+        kind="server_error",
+        code="cluster_not_ready",
+        retry_after=5,
+    )
+
+
 async def pass_through(
-    request: web.Request, url: str, body: bytes, extra_headers: dict[str, str] | None = None
+    request: web.Request,
+    url: str,
+    body: bytes,
+    extra_headers: dict[str, str] | None = None,
+    *,
+    method: str = "POST",
+    content_type: str | None = "application/json",
+    timeout_s: float | None = None,
 ) -> web.StreamResponse:
-    """POST ``body`` (JSON) to ``url`` (the leader's same endpoint) and answer with its
-    response."""
+    """Send ``body`` to ``url`` (the leader's same endpoint) with ``method`` and answer with
+    its response. ``timeout_s`` bounds the whole exchange (None: a stream may run for long)."""
     headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
     headers.update(extra_headers or {})
-    headers["Content-Type"] = "application/json"
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=3)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=3)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
-            upstream = await session.post(url, data=body, headers=headers)
+            upstream = await session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientConnectorError, TimeoutError):
-            raise ApiError(
-                503,
-                f"cluster not ready: the leader at {url} is unreachable",
-                kind="server_error",
-                code="cluster_not_ready",
-            ) from None
+            raise unreachable(url) from None
         except aiohttp.ClientError:  # connected, then lost before the answer's headers
             raise _lost(url, "before it answered") from None
         async with upstream:
