@@ -22,6 +22,7 @@ class Announcement(Frozen):
     memory_available: int = 0
     decode_seconds_per_byte: float = 0.0  # the profile's decode score (0: unknown)
     prefill_flops: float = 0.0
+    layer_overhead_seconds: float = 0.0  # the profile's per-layer overhead (0: unknown)
     weight: float = 0.0  # a manual share weight overriding the decode score (0: none)
     started: float = 0.0  # unix time the node started: a restarted node is a new member
 

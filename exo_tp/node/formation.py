@@ -346,6 +346,7 @@ class Leader:
                     node_id=a.node_id,
                     weight=w,
                     prefill_flops=a.prefill_flops,
+                    layer_overhead=a.layer_overhead_seconds,
                     memory_available=a.memory_available,
                 )
                 for a, w in zip(members, weights, strict=True)

@@ -210,6 +210,7 @@ class Node:
             memory_available=memory["available"] or 0,
             decode_seconds_per_byte=profile.decode_seconds_per_byte if profile else 0.0,
             prefill_flops=profile.prefill_flops if profile else 0.0,
+            layer_overhead_seconds=profile.layer_overhead_seconds if profile else 0.0,
             weight=self.config.weight,
             started=self.views.started,
         )

@@ -45,6 +45,7 @@ class Member(Frozen):
     node_id: str
     weight: float  # share weight: its manual --weight, or decode bytes/s for the model's format
     prefill_flops: float = 0.0  # announced; 0: unknown
+    layer_overhead: float = 0.0  # seconds per layer per token, announced; 0: unknown
     memory_available: int = 0  # bytes, announced; 0: unknown
 
 
@@ -83,6 +84,7 @@ def planner_cluster(members: Members) -> Cluster:
                 name=m.node_id,
                 seconds_per_byte=1.0 / m.weight,
                 prefill_flops=m.prefill_flops if m.prefill_flops > 0 else 1e9,
+                layer_overhead=m.layer_overhead,
                 memory=int(m.memory_available * MEMORY_HEADROOM)
                 if m.memory_available
                 else UNKNOWN_MEMORY,

@@ -23,6 +23,7 @@ class DeviceCost(Frozen):
     seconds_per_byte: float = Field(gt=0)  # decode score for the model's weight format
     prefill_flops: float = Field(gt=0)  # FLOP/s
     memory: int = Field(ge=0)  # bytes the model's weights and KV cache may use here
+    layer_overhead: float = Field(default=0.0, ge=0)  # seconds per layer per token (0: unknown)
 
     @property
     def speed(self) -> float:
@@ -81,6 +82,7 @@ def cluster_from_profiles(
             seconds_per_byte=p.seconds_per_byte(dtype),
             prefill_flops=p.prefill_flops,
             memory=int(p.memory_available * headroom),
+            layer_overhead=p.layer_overhead_seconds,
         )
         for i, p in enumerate(profiles)
     )

@@ -18,15 +18,27 @@ Counted: attention (q, k, v, o), every FFN kind as a gated MLP (gate, up, down),
 (held: all of them; read per token: ``experts_per_token``) and their router, the vocab-parallel
 embedding and LM head, norms, the KV cache. Weights are held in the engine's float dtype
 (float32: 4 bytes) unless quantized: then ``bits/8`` bytes per weight plus a float scale and
-bias per group. Not counted: per-op dispatch overhead, activations other than the KV cache.
+bias per group. Not counted: activations other than the KV cache.
+
+Calibrated on the heterogeneous lab (docs/benchmarks.md, "Heterogeneous lab": 12 plans, two
+devices, float32 SmolLM2): a tensor-parallel group synchronises twice per layer, so a token
+costs, per segment between two collectives (attention; FFN; the LM head), the slowest rank's
+reads for that segment, not the slowest rank's reads for the whole token; each rank also pays
+its device's per-layer overhead (`DeviceProfile.layer_overhead_seconds`, measured by the bench:
+operation dispatch, norms, rope, short attention), which no split divides; the last stage
+pays TOKEN_OVERHEAD_LAYERS of it once per token (sampling, the step loop); a collective costs
+its link plus COLLECTIVE_OVERHEAD_LAYERS of it (handing the stream over and waking the ring
+threads inside a graph, beyond what the link probe's in-graph figure sees).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import Field
 
 from exo_tp.plan.devices import ENGINE_DTYPE, quant_key
-from exo_tp.plan.shard_plan import RankShard, ShardPlan, Span
+from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import Frozen, ModelSpec
 
 FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
@@ -35,6 +47,11 @@ TOKEN_BYTES = 4  # a token id on the wire (int32)
 # spin) and wakes on the scheduler's next tick. bench/pipeline_hop.py measured 8.0 ms per token
 # for a 2-stage pipeline over plain mlx-lm (two hops) against an 18 µs raw one-way hop.
 HOP_OVERHEAD = 4e-3
+# Fitted on the lab (docs/benchmarks.md): per token, the last stage's sampling and step loop
+# cost 8 layers' overhead; a collective adds 0.65 of one layer's overhead to its link's cost
+# (the lab's CPU: 340 us per layer, so 2.7 ms per token and 220 us per collective).
+TOKEN_OVERHEAD_LAYERS = 8.0
+COLLECTIVE_OVERHEAD_LAYERS = 0.65
 # Collectives that run once per forward on the first / last stage only.
 FIRST_STAGE_COLLECTIVES = frozenset({"embedding"})
 LAST_STAGE_COLLECTIVES = frozenset({"logits"})
@@ -101,6 +118,10 @@ class RankLoad(Frozen):
 
     held_bytes: int  # weights in memory
     read_bytes: int  # weights read per decoded token
+    # ... of which the attention projections' and the LM head's (the FFN has the rest): the
+    # segments between a TP group's collectives, each waited for by its slowest rank
+    attention_read_bytes: int = 0
+    head_read_bytes: int = 0
     flops_per_token: float  # prefill arithmetic per token, without attention scores
     attention_width: int  # local query heads * head_dim, summed over its layers
     kv_bytes_per_token: int  # KV cache per token of context, all its layers
@@ -126,6 +147,9 @@ def rank_load(
     ]
     held = sum(n * w.held for n, w in parts)
     read = sum(n * w.read for n, w in parts)
+    q_width = shard.heads.q_heads.size * spec.head_dim
+    kv_width = len(shard.heads.kv_heads) * spec.head_dim
+    attention = layers.size * spec.hidden_size * (2 * q_width + 2 * kv_width)
     vocab = shard.vocab.size * spec.hidden_size
     norms = (2 * layers.size + (1 if last else 0)) * spec.hidden_size * float_bytes
     vocab_held = 0
@@ -137,10 +161,52 @@ def rank_load(
     return RankLoad(
         held_bytes=round((held + vocab_held) * per + norms),
         read_bytes=round(read * per + norms),
+        attention_read_bytes=round(attention * per),
+        head_read_bytes=round(vocab * per) if last else 0,
         flops_per_token=2.0 * read,
         attention_width=layers.size * shard.heads.q_heads.size * spec.head_dim,
         kv_bytes_per_token=layers.size * kv_bytes_per_token(spec, shard, float_bytes),
     )
+
+
+def segment_reads(load: RankLoad) -> tuple[int, int, int]:
+    """Weight bytes read per token in each segment between collectives: attention, FFN (with
+    the norms), LM head."""
+    ffn = load.read_bytes - load.attention_read_bytes - load.head_read_bytes
+    return load.attention_read_bytes, ffn, load.head_read_bytes
+
+
+def read_seconds(loads: Sequence[RankLoad], seconds_per_byte: Sequence[float]) -> float:
+    """Seconds per token of a TP group's weight reads: each segment waits for its slowest
+    rank (a split balanced over the whole layer but not per segment still pays)."""
+    segments = [segment_reads(x) for x in loads]
+    return sum(
+        max(s[i] * spb for s, spb in zip(segments, seconds_per_byte, strict=True)) for i in range(3)
+    )
+
+
+def _per_forward(
+    plan: ShardPlan, layers: int, first: bool, last: bool
+) -> list[tuple[Collective, int]]:
+    """Each collective of a TP group over ``layers`` and how often it runs per forward."""
+    counted = []
+    for c in plan.collectives:
+        if c.per_layer:
+            times = c.per_layer * layers
+        elif c.name in FIRST_STAGE_COLLECTIVES:
+            times = int(first)
+        elif c.name in LAST_STAGE_COLLECTIVES:
+            times = int(last)
+        else:
+            times = 1
+        if times:
+            counted.append((c, times))
+    return counted
+
+
+def collective_count(plan: ShardPlan, layers: int, first: bool, last: bool) -> int:
+    """Collectives a TP group runs per forward over ``layers``."""
+    return sum(times for _, times in _per_forward(plan, layers, first, last))
 
 
 def prefill_flops(load: RankLoad, tokens: int) -> float:
@@ -175,17 +241,7 @@ def collective_seconds(
 ) -> float:
     """Seconds a TP group over ``layers`` spends in its collectives for ``tokens`` at once."""
     total = 0.0
-    for c in plan.collectives:
-        if c.per_layer:
-            times = c.per_layer * layers
-        elif c.name in FIRST_STAGE_COLLECTIVES:
-            times = int(first)
-        elif c.name in LAST_STAGE_COLLECTIVES:
-            times = int(last)
-        else:
-            times = 1
-        if not times:
-            continue
+    for c, times in _per_forward(plan, layers, first, last):
         # Logits are gathered for the last position only, prompt or not.
         payload = c.padded * float_bytes * (1 if c.name in LAST_STAGE_COLLECTIVES else tokens)
         one = (

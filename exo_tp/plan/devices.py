@@ -102,6 +102,9 @@ class DeviceProfile(Frozen):
     # Prefill score: FLOP/s on prefill-shaped matmuls.
     prefill_flops: float = Field(gt=0)
     decode_dtype: str = ENGINE_DTYPE  # the dtype both headline scores were measured at
+    # Seconds one decoder layer adds to a decoded token beyond its weight reads (operation
+    # dispatch, norms, rope, short attention: exo_tp.profile.overhead). 0: not measured.
+    layer_overhead_seconds: float = Field(default=0.0, ge=0)
     kernels: tuple[MatmulScore, ...] = ()
     links: tuple[LinkProfile, ...] = ()  # this node's links to its peers (not cached)
     quick: bool = False
@@ -144,6 +147,7 @@ class ProfileSummary(Frozen):
     decode_dtype: str = ENGINE_DTYPE
     # decode score of each measured weight format ("float32", "q4g32", ...)
     seconds_per_byte: dict[str, float] = {}
+    layer_overhead_seconds: float = Field(default=0.0, ge=0)
     quick: bool = False
     measured_at: str = ""
 

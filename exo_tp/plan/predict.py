@@ -21,14 +21,18 @@ from pydantic import ConfigDict, computed_field
 
 from exo_tp.plan.cluster import Cluster
 from exo_tp.plan.cost import (
+    COLLECTIVE_OVERHEAD_LAYERS,
     FLOAT_BYTES,
     TOKEN_BYTES,
+    TOKEN_OVERHEAD_LAYERS,
     LinkCost,
     RankLoad,
+    collective_count,
     collective_seconds,
     hop_seconds,
     prefill_flops,
     rank_load,
+    read_seconds,
 )
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.spec import Frozen
@@ -53,7 +57,9 @@ class RankMemory(Frozen):
 class StageCost(Frozen):
     devices: tuple[int, ...]
     layers: tuple[int, int]  # [start, stop)
-    compute_seconds: float  # per token: the slowest rank's weight reads
+    # per token: weight reads (each segment between collectives waits for its slowest rank)
+    # and the per-layer overhead
+    compute_seconds: float
     collective_seconds: float  # per token
     prefill_seconds: float  # the whole prompt: compute and collectives
     link: LinkCost | None  # the ring's slowest link (None: one rank)
@@ -129,17 +135,19 @@ def _stage_cost(
 ) -> StageCost:
     first, last = index == 0, index == len(plan.stages) - 1
     link = cluster.ring_link(devices)
+    specs = [cluster.devices[d] for d in devices]
+    overhead = max(d.layer_overhead for d in specs)
     decode = prefill = 0.0
     if link is not None:
-        decode = collective_seconds(stage.tp, stage.layers.size, first, last, link)
-        prefill = collective_seconds(stage.tp, stage.layers.size, first, last, link, prompt)
-    specs = [cluster.devices[d] for d in devices]
+        count = collective_count(stage.tp, stage.layers.size, first, last)
+        fixed = count * COLLECTIVE_OVERHEAD_LAYERS * overhead
+        decode = fixed + collective_seconds(stage.tp, stage.layers.size, first, last, link)
+        prefill = fixed + collective_seconds(stage.tp, stage.layers.size, first, last, link, prompt)
     return StageCost(
         devices=tuple(devices),
         layers=(stage.layers.start, stage.layers.stop),
-        compute_seconds=max(
-            x.read_bytes * d.seconds_per_byte for x, d in zip(loads, specs, strict=True)
-        ),
+        compute_seconds=read_seconds(loads, [d.seconds_per_byte for d in specs])
+        + overhead * (stage.layers.size + (TOKEN_OVERHEAD_LAYERS if last else 0.0)),
         collective_seconds=decode,
         row_seconds=max(
             prefill_flops(x, 1) / d.prefill_flops for x, d in zip(loads, specs, strict=True)

@@ -34,7 +34,15 @@ from pydantic import Field
 from exo_tp.arch import table_for
 from exo_tp.errors import PlanError
 from exo_tp.plan.cluster import Cluster, DeviceCost
-from exo_tp.plan.cost import FLOAT_BYTES, all_sum_seconds, prefill_flops, rank_load
+from exo_tp.plan.cost import (
+    COLLECTIVE_OVERHEAD_LAYERS,
+    FLOAT_BYTES,
+    TOKEN_OVERHEAD_LAYERS,
+    all_sum_seconds,
+    prefill_flops,
+    rank_load,
+    read_seconds,
+)
 from exo_tp.plan.human import size
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.predict import Prediction, predict
@@ -212,22 +220,21 @@ class _Layouts:
         devices: list[DeviceCost] = [self.cluster.devices[d] for d in group]
         every = [rank_load(spec, s, Span(start=0, stop=n), False, False) for s in tp.ranks]
         ends = [rank_load(spec, s, Span(start=0, stop=0), first, last) for s in tp.ranks]
-        per_layer = max(
-            x.read_bytes / n * d.seconds_per_byte for x, d in zip(every, devices, strict=True)
-        )
+        spb = [d.seconds_per_byte for d in devices]
+        overhead = max(d.layer_overhead for d in devices)
+        per_layer = read_seconds(every, spb) / n + overhead
         per_row = max(
             prefill_flops(x, 1) / n / d.prefill_flops for x, d in zip(every, devices, strict=True)
         )
-        fixed = max(
-            end.read_bytes * d.seconds_per_byte for end, d in zip(ends, devices, strict=True)
-        )
+        fixed = read_seconds(ends, spb) + (TOKEN_OVERHEAD_LAYERS * overhead if last else 0.0)
         fixed_row = max(
             prefill_flops(end, 1) / d.prefill_flops for end, d in zip(ends, devices, strict=True)
         )
         link = self.cluster.ring_link(group)
         collectives = 0.0
         if link is not None:
-            collectives = 2 * all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
+            one = all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
+            collectives = 2 * (one + COLLECTIVE_OVERHEAD_LAYERS * overhead)
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes)

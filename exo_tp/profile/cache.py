@@ -49,6 +49,8 @@ def _stale(cached: DeviceProfile, now: SystemInfo, quick: bool) -> str | None:
             return f"{field} changed ({getattr(cached, field)} -> {getattr(now, field)})"
     if cached.quick and not quick:
         return "it is a --quick profile"
+    if cached.layer_overhead_seconds <= 0:
+        return "it was measured before the per-layer overhead was"
     return None
 
 

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from exo_tp.plan.devices import ENGINE_DTYPE, DeviceProfile, decode_seconds_per_byte, prefill_flops
 from exo_tp.profile.kernels import WeightSource, kernel_cases, measure_kernel
 from exo_tp.profile.memory import read_bandwidth
+from exo_tp.profile.overhead import layer_overhead_seconds
 from exo_tp.profile.progress import Progress
 from exo_tp.profile.system import system_info
 
@@ -33,7 +34,7 @@ def measure_device(
     start = time.perf_counter()
     seconds = MIN_SECONDS[quick]
     cases = kernel_cases()
-    progress.expect(len(cases) + 2)
+    progress.expect(len(cases) + 3)
     info = system_info()
     with progress.step("random weights"):
         source = WeightSource()
@@ -44,6 +45,8 @@ def measure_device(
         with progress.step(case.label):
             factor = HEADLINE_FACTOR if case.dtype == ENGINE_DTYPE else 1
             kernels.append(measure_kernel(case, source, seconds * factor, work_factor))
+    with progress.step("per-layer overhead"):
+        overhead = layer_overhead_seconds(seconds)
     decode = decode_seconds_per_byte(kernels, ENGINE_DTYPE)
     prefill = prefill_flops(kernels, ENGINE_DTYPE)
     assert decode is not None and prefill is not None, "the engine's dtype is always measured"
@@ -53,6 +56,7 @@ def measure_device(
         decode_seconds_per_byte=decode,
         prefill_flops=prefill,
         decode_dtype=ENGINE_DTYPE,
+        layer_overhead_seconds=overhead,
         kernels=tuple(kernels),
         quick=quick,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
