@@ -169,6 +169,15 @@ def plans_for(
         name: predict(plan, on, cluster, context, prompt).tokens_per_second
         for name, (plan, on) in plans.items()
     }
+
+    # The planner's choice is usually one of the other plans: the same launch, measured once
+    # (two runs of one command differ only by the machine's drift between them).
+    def launch_key(plan: PipelinePlan, on: tuple[int, ...]) -> tuple[object, ...]:
+        weights = tuple(round(w, 6) for s in plan.stages for w in s.tp.weights)
+        return weights, tuple(stage_args(plan)), tuple(device_factor[d] for d in on)
+
+    chosen = launch_key(*plans["planner"])
+    same = next((n for n, p in plans.items() if n != "planner" and launch_key(*p) == chosen), None)
     runs = {
         name: (
             lambda plan=plan, on=on: decode_tps(
@@ -176,14 +185,18 @@ def plans_for(
             )
         )
         for name, (plan, on) in plans.items()
+        if not (name == "planner" and same)
     }
     measured = alternating(runs, args.rounds)
+    if same:
+        measured["planner"] = measured[same]
     ideal = (1 + factor) / 2
     gain = measured["uneven_tp"] / measured["even_tp"]
     ranking = sorted(measured, key=lambda n: -measured[n])
     return {
         "bench_speed_ratio": speeds[0] / speeds[1],
         "planner_choice": choice.best.kind,
+        "planner_plan_is": same,
         "plans": {
             n: {
                 "measured": round(measured[n], 3),
