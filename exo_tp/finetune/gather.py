@@ -87,7 +87,7 @@ class GatherChain:
     def all_gather(
         self,
         xs: Sequence[mx.array],
-        sizes: Sequence[Sequence[int]],
+        sizes: Sequence[int] | Sequence[Sequence[int]],
         shapes: Sequence[Sequence[int]],
         tie: mx.array,
     ) -> list[mx.array]:
