@@ -33,7 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the sea is blue and the sky is wide a ship sails over the waves under the stars at night"
-BATCH, LR = 4, 0.05
+BATCH = 4
 PARTS = ((0, 3), (3, 4))  # two ranks' rows of each batch (speeds 3:1)
 
 
@@ -52,7 +52,9 @@ def write_data(folder: Path) -> Path:
     return folder
 
 
-def lora_run(model_dir: Path, data: Path, optimizer: str, steps: int, split: bool) -> list[Any]:
+def lora_run(
+    model_dir: Path, data: Path, optimizer: str, lr: float, steps: int, split: bool
+) -> list[Any]:
     """The LoRA weights after every step (numpy), with whole or split-batch gradients."""
     import mlx.core as mx
     import mlx.nn as nn
@@ -72,7 +74,7 @@ def lora_run(model_dir: Path, data: Path, optimizer: str, steps: int, split: boo
     model.freeze()
     linear_to_lora_layers(model, -1, {"rank": 8, "dropout": 0.0, "scale": 20.0})
     model.train()
-    opt = {"sgd": optim.SGD, "adam": optim.Adam}[optimizer](learning_rate=LR)
+    opt = {"sgd": optim.SGD, "adam": optim.Adam}[optimizer](learning_rate=lr)
     grad_of = nn.value_and_grad(model, default_loss)
     batches = iterate_batches(CacheDataset(train_set), BATCH, 2048, loop=True, seed=0)
     out = []
@@ -97,7 +99,7 @@ def worst(a: dict[str, Any], b: dict[str, Any]) -> float:
     return max(float(abs(a[k] - b[k]).max()) for k in a)
 
 
-def mlx_lm_adam(model: Path, data: Path, out: Path, iters: int) -> dict[str, Any]:
+def mlx_lm_adam(model: Path, data: Path, out: Path, lr: float, iters: int) -> dict[str, Any]:
     """`mlx_lm.lora --train` with Adam (train_model, as tests/test_finetune.py runs it)."""
     import mlx.core as mx
     import numpy as np
@@ -116,7 +118,7 @@ def mlx_lm_adam(model: Path, data: Path, out: Path, iters: int) -> dict[str, Any
             "num_layers": -1,
             "adapter_path": str(out),
             "optimizer": "adam",
-            "learning_rate": LR,
+            "learning_rate": lr,
             "seed": 0,
             "steps_per_report": 1,
             "steps_per_eval": 1000,
@@ -131,14 +133,14 @@ def mlx_lm_adam(model: Path, data: Path, out: Path, iters: int) -> dict[str, Any
     return {k: np.array(v) for k, v in mx.load(str(out / "adapters.safetensors")).items()}
 
 
-def exo_tp_adam(model: Path, data: Path, out: Path, iters: int) -> dict[str, Any]:
+def exo_tp_adam(model: Path, data: Path, out: Path, lr: float, iters: int) -> dict[str, Any]:
     import mlx.core as mx
     import numpy as np
 
     subprocess.run(
         [sys.executable, "-m", "exo_tp", "finetune", "--model", str(model), "--data", str(data),
          "--ranks", "2", "--weights", "3,1", "--iters", str(iters), "--batch-size", str(BATCH),
-         "--num-layers", "-1", "--optimizer", "adam", "--learning-rate", str(LR),
+         "--num-layers", "-1", "--optimizer", "adam", "--learning-rate", str(lr),
          "--steps-per-eval", "1000", "--val-batches", "1", "--adapter-path", str(out)],
         check=True, cwd=ROOT, capture_output=True,
     )  # fmt: skip
@@ -148,6 +150,7 @@ def exo_tp_adam(model: Path, data: Path, out: Path, iters: int) -> dict[str, Any
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=0.05, help="learning rate (test_finetune's)")
     parser.add_argument("--exo-tp", action="store_true", help="also exo-tp against mlx-lm")
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -160,10 +163,10 @@ def main() -> None:
     tokenizer = prepare_default_models()["smollm2-135m"]
     model = write_tiny_model(work / "llama", tiny_config("llama"), tokenizer)
     data = write_data(work / "data")
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"lr": args.lr}
     for optimizer in ("sgd", "adam"):
-        whole = lora_run(model, data, optimizer, args.steps, split=False)
-        split = lora_run(model, data, optimizer, args.steps, split=True)
+        whole = lora_run(model, data, optimizer, args.lr, args.steps, split=False)
+        split = lora_run(model, data, optimizer, args.lr, args.steps, split=True)
         drift = [worst(a, b) for a, b in zip(whole, split, strict=True)]
         scale = max(float(abs(v).max()) for v in whole[-1].values())
         result[optimizer] = {"drift": drift, "max_weight": scale}
@@ -175,8 +178,8 @@ def main() -> None:
     if args.exo_tp:
         result["exo_tp_adam"] = {}
         for iters in sorted({1, 3, args.steps}):
-            ref = mlx_lm_adam(model, data, work / f"ref-{iters}", iters)
-            ours = exo_tp_adam(model, data, work / f"exo-{iters}", iters)
+            ref = mlx_lm_adam(model, data, work / f"ref-{iters}", args.lr, iters)
+            ours = exo_tp_adam(model, data, work / f"exo-{iters}", args.lr, iters)
             result["exo_tp_adam"][iters] = worst(ours, ref)
             print(f"exo-tp 3:1 vs mlx_lm.lora, Adam, {iters} steps: {worst(ours, ref):.1e}")
     print(json.dumps(result))
