@@ -9,7 +9,9 @@ errors in the page; a live re-plan when a node hangs; and a lost node in a visib
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import random
 import shutil
 import threading
 import time
@@ -48,6 +50,7 @@ ARTIFACTS = Path(os.environ.get("EXO_TP_ARTIFACTS", ROOT / "artifacts"))
 MODEL = "smollm2-135m"
 QUESTION = "What is the capital of France?"
 MAX_TOKENS = 24
+FINISHED_JOB = ("succeeded", "failed", "cancelled")
 # Offline: no component updates, no sync, no first-run network; explicit binaries so selenium
 # never tries to download a driver.
 CHROME_FLAGS = (
@@ -642,6 +645,118 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
         "fetching 12.0 GB / 30.0 GB · 1.50 GB/s · ETA 12.00 s",
         "files · all 140 GB",
     ]
+
+
+READ_FINETUNE = """
+const panel = document.getElementById('finetune-panel');
+const points = (cls) => {
+  const line = document.querySelector('#finetune polyline.' + cls);
+  if (!line) return [];
+  return line.getAttribute('points').trim().split(/\\s+/).map((p) => p.split(',').map(Number));
+};
+const svg = document.querySelector('#finetune svg');
+return {hidden: panel.hidden, text: document.getElementById('finetune').textContent,
+        status: (document.querySelector('#finetune [data-field=status]') || {}).textContent,
+        box: svg ? svg.getAttribute('viewBox').split(' ').map(Number) : null,
+        train: points('train-loss'), valid: points('valid-loss')};
+"""
+FT_STEPS = 3
+FT_WORDS = "the sea is blue and the sky is wide a ship sails over the waves"
+
+
+def chat_jsonl(count: int, seed: int) -> bytes:
+    rng = random.Random(seed)
+    words = FT_WORDS.split()
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(3, 8)))},
+                {"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(3, 9)))},
+            ]
+        }
+        for _ in range(count)
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def drawn_losses(
+    points: list[list[float]], box: list[float], lo: float, hi: float, last: int
+) -> list[tuple[float, float]]:
+    """(step, loss) of each drawn point, read back through the chart's axes: steps 1..last
+    across the width and losses lo..hi up the height, 4 px inside the box."""
+    _, _, width, height = box
+    return [
+        (1 + (x - 4) / (width - 8) * (last - 1), lo + (height - 4 - y) / (height - 8) * (hi - lo))
+        for x, y in points
+    ]
+
+
+def test_finetune_panel_shows_the_jobs_progress_and_losses(
+    tmp_path: Path, default_models: dict[str, Path], browser: Any
+) -> None:
+    """A job on a 1-node cluster of a tiny random llama (cheap: ~30 s) through OpenAI's API:
+    the panel shows its state and step as /v1/fine_tuning/jobs says, and its training and
+    validation loss curves through the very points /events reports, read back from the
+    drawing's geometry."""
+    from arch_configs import tiny_config
+    from openai import OpenAI
+    from tiny_models import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "llama", tiny_config("llama"), default_models[MODEL])
+    env = {"EXO_TP_HOME": str(tmp_path / "home")}
+    with local_cluster(1, model=str(model), env=env) as running:
+        api = OpenAI(base_url=f"{running.urls[0]}/v1", api_key="none", max_retries=0)
+        train = api.files.create(file=("t.jsonl", chat_jsonl(2 * FT_STEPS, 0)), purpose="fine-tune")
+        valid = api.files.create(file=("v.jsonl", chat_jsonl(2, 1)), purpose="fine-tune")
+        job = api.fine_tuning.jobs.create(
+            model=str(model),
+            training_file=train.id,
+            validation_file=valid.id,
+            seed=0,
+            hyperparameters={"n_epochs": 1, "batch_size": 2, "learning_rate_multiplier": 1000},
+        )
+        browser.get(running.urls[0] + "/")
+        deadline = time.monotonic() + 120
+        while api.fine_tuning.jobs.retrieve(job.id).status not in FINISHED_JOB:
+            assert time.monotonic() < deadline, "the job never finished"
+            time.sleep(0.5)
+        done = api.fine_tuning.jobs.retrieve(job.id)
+        assert done.status == "succeeded", done.error
+        events = api.fine_tuning.jobs.list_events(job.id, limit=100).data[::-1]
+        metrics = [e.data for e in events if e.type == "metrics"]
+        train_losses = [
+            (m["step"], m["train_loss"]) for m in metrics if m.get("train_loss") is not None
+        ]
+        valid_losses = [
+            (m["step"], m["valid_loss"]) for m in metrics if m.get("valid_loss") is not None
+        ]
+        assert [s for s, _ in train_losses] == list(range(1, FT_STEPS + 1)) and valid_losses
+
+        def finished(driver: Any) -> dict[str, Any] | None:
+            shown = driver.execute_script(READ_FINETUNE)
+            done = shown["status"] == "succeeded" and len(shown["train"]) == FT_STEPS
+            return shown if done else None
+
+        shown = wait(browser, finished, 20, "the panel never showed the finished job")
+    assert not shown["hidden"]
+    progress = done.model_extra["progress"]
+    assert progress["step"] == progress["total_steps"] == FT_STEPS
+    assert f"step {FT_STEPS} of {FT_STEPS}" in shown["text"]
+    assert job.id in shown["text"] and done.fine_tuned_model in shown["text"]
+    first, last = train_losses[0], train_losses[-1]
+    label = f"training loss {first[1]:.3f} at step 1, {last[1]:.3f} at step {FT_STEPS}"
+    assert label in shown["text"]
+    losses = [loss for _, loss in train_losses + valid_losses]
+    lo, hi = min(losses), max(losses)
+    tolerance = 0.06 / (shown["box"][3] - 8) * (hi - lo) + 1e-9  # points drawn to 0.1 px
+    for drawn, reported in ((shown["train"], train_losses), (shown["valid"], valid_losses)):
+        back = drawn_losses(drawn, shown["box"], lo, hi, FT_STEPS)
+        assert len(back) == len(reported)
+        for (step, loss), (want_step, want_loss) in zip(back, reported, strict=True):
+            assert abs(step - want_step) < 0.01 and abs(loss - want_loss) <= tolerance, (
+                back,
+                reported,
+            )
 
 
 def test_live_replan_and_lost_node(cluster: LocalCluster, page: Any) -> None:

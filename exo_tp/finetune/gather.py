@@ -35,8 +35,12 @@ class Gathered(Protocol):
 
     def shards(self) -> Parts: ...
 
-    def cut(self) -> tuple[Sequence[int], dict[str, tuple[int, ...]]]:
-        """Rows per rank, and the whole shape of each part."""
+    def cut(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        """Each part's rows per rank and whole shape."""
+        ...
+
+    def assemble(self, gathered: Parts) -> Parts:
+        """The module's weights from its gathered parts."""
         ...
 
 
@@ -83,7 +87,7 @@ class GatherChain:
     def all_gather(
         self,
         xs: Sequence[mx.array],
-        sizes: Sequence[int],
+        sizes: Sequence[int] | Sequence[Sequence[int]],
         shapes: Sequence[Sequence[int]],
         tie: mx.array,
     ) -> list[mx.array]:
@@ -101,8 +105,10 @@ class GatherChain:
         shards = shards if shards is not None else module.shards()
         sizes, shapes = module.cut()
         names = list(shards)
-        whole = self.all_gather([shards[n] for n in names], sizes, [shapes[n] for n in names], tie)
-        return dict(zip(names, whole, strict=True))
+        whole = self.all_gather(
+            [shards[n] for n in names], [sizes[n] for n in names], [shapes[n] for n in names], tie
+        )
+        return module.assemble(dict(zip(names, whole, strict=True)))
 
     def _aligned(self, k: int, module: Gathered) -> bool:
         return k < len(self.order) and self.order[k].module is module

@@ -3,8 +3,8 @@
 mlx-lm builds the model lazily and converts its linears to LoRA layers exactly as
 `mlx_lm.lora` does (same seed, same order, so every rank and a single-device run start from the
 same LoRA weights); then every base linear and embedding is replaced by a sharded one holding
-only this rank's rows, read straight from the safetensors files, and evaluated one at a time so
-the rank's peak stays near its share.
+only this rank's rows (or input columns: `exo_tp.finetune.columns`), read straight from the
+safetensors files, and evaluated one at a time so the rank's peak stays near its share.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
+from exo_tp.arch import ArchTable, table_for
 from exo_tp.errors import ExoTpError
+from exo_tp.finetune.columns import ColumnCut, column_cut
 from exo_tp.finetune.gather import GatherChain
 from exo_tp.finetune.job import LoraSettings
 from exo_tp.finetune.plan import FinetunePlan
@@ -29,8 +31,10 @@ from exo_tp.finetune.sharded import (
     ShardedLinear,
     quantization_of,
 )
+from exo_tp.plan.spec import ModelSpec, load_spec
 from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import set_path
+from exo_tp.weights.layout import locate, split_of
 
 BASES = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 EMBEDDINGS = (nn.Embedding, nn.QuantizedEmbedding)
@@ -67,13 +71,50 @@ def build_model(
     mx.random.seed(seed)
     model.freeze()
     linear_to_lora_layers(model, lora.num_layers, lora_parameters(lora))
+    serving = _serving(Path(model_dir))
     for path, module in [(p, m) for p, m in model.named_modules() if isinstance(m, BASES)]:
-        set_path(model, path, _shard(module, stored[id(module)], slicer, plan, rank, chain))
+        name = stored[id(module)]
+        cut = _column_cut(module, name, slicer, serving)
+        set_path(model, path, _shard(module, name, slicer, plan, rank, chain, cut))
     _refuse_unsharded(model)
     mx.eval(model.parameters())
     held = sum(v.nbytes for p, v in tree_flatten(model.parameters()) if ".lora_" not in p)
     lora_bytes = sum(v.nbytes for _, v in tree_flatten(model.trainable_parameters()))
     return model, Footprint(base_bytes=base_bytes, held_bytes=held, lora_bytes=lora_bytes)
+
+
+def _serving(model_dir: Path) -> tuple[ModelSpec, ArchTable] | None:
+    """The model's spec and tensor-parallel table, whose serving cut column cuts follow."""
+    try:
+        spec = load_spec(model_dir)
+        return spec, table_for(spec.model_type)
+    except ExoTpError:
+        return None  # no serving cut to follow (as no manifest can be built): all by rows
+
+
+def _column_cut(
+    module: nn.Module,
+    stored_name: str,
+    slicer: WeightSlicer,
+    serving: tuple[ModelSpec, ArchTable] | None,
+) -> ColumnCut | None:
+    """How a base linear is cut by columns (as `exo_tp.finetune.boxes` reads the manifest:
+    only parts read straight from the files, cut where a serving plan may cut them)."""
+    if serving is None or isinstance(module, EMBEDDINGS):
+        return None
+    spec, table = serving
+    parts = {}
+    for key in PARTS:
+        value = module.get(key)
+        if not isinstance(value, mx.array) or key == "bias":
+            continue
+        name = f"{stored_name}.{key}"
+        shape = tuple(value.shape)
+        split = split_of(locate(name, table), shape, spec)
+        if split is None or not (name in slicer.direct and slicer.files.matches(name, value)):
+            return None
+        parts[key] = (len(shape), split.axis, tuple(split.storage(p) for p in split.points))
+    return column_cut(parts)
 
 
 def _shard(
@@ -83,18 +124,54 @@ def _shard(
     plan: FinetunePlan,
     rank: int,
     chain: GatherChain,
+    cut: ColumnCut | None,
 ) -> ShardedBase:
+    kind = ShardedEmbedding if isinstance(module, EMBEDDINGS) else ShardedLinear
+    quantization = quantization_of(module)
+    present = [key for key in PARTS if isinstance(module.get(key), mx.array)]
+    if cut is not None:
+        return _shard_columns(module, stored_name, slicer, plan, rank, chain, cut, present)
     split = plan.rows(module["weight"].shape[0])
     span = split.spans[rank]
     parts = {
         key: slicer.take(f"{stored_name}.{key}", module[key], 0, [(span.start, span.stop)])
-        for key in PARTS
-        if isinstance(module.get(key), mx.array)
+        for key in present
     }
     mx.eval(parts)  # one tensor's rows at a time: the peak stays at the share
-    kind = ShardedEmbedding if isinstance(module, EMBEDDINGS) else ShardedLinear
     shapes = {key: tuple(module[key].shape) for key in parts}
-    return kind(parts, Layout(split, shapes), chain, quantization_of(module))
+    sizes = {key: split.sizes for key in parts}
+    return kind(parts, Layout(sizes, shapes), chain, quantization)
+
+
+def _shard_columns(
+    module: nn.Module,
+    stored_name: str,
+    slicer: WeightSlicer,
+    plan: FinetunePlan,
+    rank: int,
+    chain: GatherChain,
+    cut: ColumnCut,
+    present: list[str],
+) -> ShardedBase:
+    """This rank's input columns of a linear's parts, held transposed, and its bias whole."""
+    units = plan.units(cut.units)
+    parts, sizes, shapes = {}, {}, {}
+    for key in cut.points:
+        value = module[key]
+        start, stop = cut.span(key, units.spans[rank])
+        if stop > start:
+            mine = slicer.take(f"{stored_name}.{key}", value, 1, [(start, stop)])
+            parts[key] = mx.contiguous(mine.T)
+        else:
+            parts[key] = mx.zeros((0, value.shape[0]), dtype=value.dtype)
+        sizes[key] = tuple(b - a for a, b in (cut.span(key, s) for s in units.spans))
+        shapes[key] = (value.shape[1], value.shape[0])
+        mx.eval(parts[key])
+    replicated = {key: module[key] for key in present if key not in cut.points}
+    mx.eval(replicated)
+    return ShardedLinear(
+        parts, Layout(sizes, shapes, columns=True), chain, quantization_of(module), replicated
+    )
 
 
 def _refuse_unsharded(model: nn.Module) -> None:

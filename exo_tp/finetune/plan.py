@@ -3,8 +3,10 @@
 - **Base weights** are cut along dim 0 (output rows; vocabulary rows of an embedding), each
   rank holding a contiguous run of rows in proportion to its memory weight, in whole granules
   (1 row for float and affine-quantized weights: every row of a packed weight, its scales and
-  biases stands alone, so any row boundary is bit-exact). The all-gather pads every rank's run
-  to the largest one: MLX collectives need equal shapes.
+  biases stands alone, so any row boundary is bit-exact). Row-parallel linears (o_proj,
+  down_proj) are cut by input columns instead, in runs of the serving cut's finest intervals
+  (`exo_tp.finetune.columns`). The all-gather pads every rank's run to the largest one: MLX
+  collectives need equal shapes.
 - **Micro-batches** follow speed: rank r takes a contiguous run of each global batch's rows in
   proportion to its speed weight, at least one row each (every rank runs the same graph, and an
   empty batch has no shape MLX kernels accept).
@@ -23,7 +25,8 @@ from exo_tp.plan.shard_plan import Span
 
 
 class RowSplit(Frozen):
-    """One tensor's dim 0 cut into one contiguous span per rank."""
+    """One tensor's dim 0 (or a column cut's intervals) cut into one contiguous span per
+    rank."""
 
     rows: int = Field(ge=0)
     spans: tuple[Span, ...]
@@ -94,6 +97,10 @@ class FinetunePlan(Frozen):
 
     def rows(self, rows: int) -> RowSplit:
         return split_rows(rows, self.memory_weights, self.granule)
+
+    def units(self, units: int) -> RowSplit:
+        """A column cut's intervals (``exo_tp.finetune.columns``) by memory weight."""
+        return split_rows(units, self.memory_weights)
 
 
 def plan_finetune(

@@ -5,28 +5,32 @@ They stand in for mlx-lm's own `nn.Linear`, `nn.QuantizedLinear`, `nn.Embedding`
 compute exactly what those compute, on the gathered weights. A linear is an
 `mx.custom_function` whose vjp gathers the weights again instead of keeping them from the
 forward pass; the weights get no gradient (they are frozen), the input does.
+
+A linear cut by input columns (`exo_tp.finetune.columns`) holds its parts transposed, its
+columns as rows, so the same row gather joins them; the gathered parts are transposed back
+(bit-exact: a copy) and its bias, held whole, is added to them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from exo_tp.finetune.gather import GatherChain, Parts
-from exo_tp.finetune.plan import RowSplit
 
 PARTS = ("weight", "scales", "biases", "bias")
 
 
 @dataclass(frozen=True)
 class Layout:
-    """How a layer is cut: its rows per rank and each part's whole shape."""
+    """How a layer is cut: each gathered part's rows per rank and whole shape (as gathered:
+    transposed for a column cut)."""
 
-    split: RowSplit
+    sizes: dict[str, tuple[int, ...]]
     shapes: dict[str, tuple[int, ...]]
+    columns: bool = False  # parts held transposed (a row-parallel linear cut by columns)
 
 
 @dataclass(frozen=True)
@@ -45,16 +49,25 @@ def quantization_of(module: nn.Module) -> Quantization | None:
 
 
 class ShardedBase(nn.Module):
-    """Rows ``split.spans[rank]`` of every part of a base layer (weight, quantization scales
-    and biases, bias), all cut at the same rows so a quantized row stays whole."""
+    """This rank's rows of every part of a base layer (weight, quantization scales and biases,
+    bias), all cut at the same rows so a quantized row stays whole; or, cut by columns, its
+    columns of the weight and its scales and biases, and the whole bias (``replicated``)."""
 
     def __init__(
-        self, parts: Parts, layout: Layout, chain: GatherChain, quantization: Quantization | None
+        self,
+        parts: Parts,
+        layout: Layout,
+        chain: GatherChain,
+        quantization: Quantization | None,
+        replicated: Parts | None = None,
     ):
         super().__init__()
+        replicated = replicated or {}
         for name in PARTS:
             if name in parts:
                 self[name] = parts[name]
+            elif name in replicated:
+                self[name] = replicated[name]
         # Plain attributes (not arrays, lists or dicts), so not part of the parameter tree.
         self._layout = layout
         self._chain = chain
@@ -62,11 +75,21 @@ class ShardedBase(nn.Module):
         self.freeze()
 
     def shards(self) -> Parts:
-        return {name: self[name] for name in PARTS if name in self}
-
-    def cut(self) -> tuple[Sequence[int], dict[str, tuple[int, ...]]]:
         layout: Layout = self._layout
-        return layout.split.sizes, layout.shapes
+        return {name: self[name] for name in PARTS if name in layout.sizes}
+
+    def cut(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        layout: Layout = self._layout
+        return layout.sizes, layout.shapes
+
+    def assemble(self, gathered: Parts) -> Parts:
+        """The layer's parts as mlx-lm holds them, from the gathered shards."""
+        layout: Layout = self._layout
+        if not layout.columns:
+            return gathered
+        whole = {name: mx.contiguous(part.T) for name, part in gathered.items()}
+        whole.update({n: self[n] for n in PARTS if n in self and n not in layout.sizes})
+        return whole
 
     def _linear(self, x: mx.array, full: Parts) -> mx.array:
         """What mlx-lm's (quantized) linear computes with these weights."""

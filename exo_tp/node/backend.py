@@ -23,7 +23,8 @@ from exo_tp.node.dispatch import (
     NotReady,
     QueueFull,
 )
-from exo_tp.node.finetune_jobs import FT_PREFIX, FineTuning
+from exo_tp.node.finetune_jobs import FineTuning
+from exo_tp.node.finetune_records import FT_PREFIX
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.model_requests import ModelRequests

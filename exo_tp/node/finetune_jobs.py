@@ -1,8 +1,10 @@
 """Fine-tuning behind OpenAI's API, on the cluster's own nodes (the leader runs the jobs).
 
 The API's files and jobs live on disk (`exo_tp.finetune.state`). Every input is checked before
-a job starts: each JSONL line, the number of examples against the batch, the base model (known
-to the cluster, dense). A job then runs on the leader's cluster, one job at a time:
+a job starts: each JSONL line at upload, then the request (`exo_tp.node.finetune_requests`: the
+number of examples against the batch, the base model, known to the cluster and dense). A job
+then runs on the leader's cluster, one job at a time (what it leaves in its state, events and
+results: `exo_tp.node.finetune_records`):
 
 1. the leader stops serving (requests get a 503 with Retry-After and the job's progress) and
    lets every serving rank go;
@@ -34,28 +36,20 @@ import aiohttp
 from exo_tp.api.errors import ApiError
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.boxes import finetune_boxes
-from exo_tp.finetune.data import DataError, check_jsonl, epoch_steps
-from exo_tp.finetune.job import FinetuneJob, LoraSettings, StepReport, ValReport
+from exo_tp.finetune.data import DataError, check_jsonl
+from exo_tp.finetune.job import FinetuneJob, LoraSettings
 from exo_tp.finetune.openai_schema import (
     FINISHED,
     Checkpoint,
-    CheckpointMetrics,
     CreateJob,
-    EventData,
     FileObject,
-    Hyperparameters,
     Job,
     JobError,
     JobEvent,
-    JobHyperparameters,
-    JobMethod,
-    JobSupervised,
-    LoraOptions,
     Progress,
 )
 from exo_tp.finetune.plan import FinetunePlan, plan_finetune
-from exo_tp.finetune.state import ADAPTER_FILES, FineTuneState, new_id
-from exo_tp.frozen import replace
+from exo_tp.finetune.state import FineTuneState
 from exo_tp.node.announcement import Announcement
 from exo_tp.node.cluster_model import Prepared
 from exo_tp.node.control import ControlClient
@@ -66,6 +60,8 @@ from exo_tp.node.finetune_messages import (
     FinetuneStopped,
 )
 from exo_tp.node.finetune_ranks import FinetuneRanks
+from exo_tp.node.finetune_records import FT_PREFIX, add_event, record_report, record_results
+from exo_tp.node.finetune_requests import new_job
 from exo_tp.node.formation import node_weights
 from exo_tp.node.weight_messages import WeightOrder
 from exo_tp.node.weights import ManifestPending
@@ -81,12 +77,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BASE_LEARNING_RATE = 1e-5  # mlx_lm.lora's default; OpenAI's multiplier scales it
-DEFAULT_EPOCHS = 3
-DEFAULT_BATCH = 4
 DEAD_AFTER = 4.0  # seconds without a status: the node is gone (the job fails)
 WATCH_SECONDS = 0.5
 MANIFEST_WAIT = 120.0  # seconds to wait for a holder's first manifest of the model
-FT_PREFIX = "ft:"
 
 
 def not_found(what: str, ident: str, param: str | None = None) -> ApiError:
@@ -181,17 +174,6 @@ class FineTuning:
     def jobs(self) -> list[Job]:
         return sorted(self.state.jobs.values(), key=lambda j: (-j.created_at, j.id))
 
-    def _training_file(self, file_id: str, param: str) -> FileObject:
-        file = self.state.files.get(file_id)
-        if file is None:
-            raise ApiError(
-                400, f"Invalid file: '{file_id[:100]}' does not exist", param=param,
-                code="invalid_file",
-            )  # fmt: skip
-        if file.purpose != "fine-tune":
-            raise ApiError(400, f"{file_id} is not a fine-tune file", param=param)
-        return file
-
     async def create(self, body: CreateJob) -> Job:
         async with self._creating:  # the checks await the model's config
             return await self._create(body)
@@ -206,119 +188,12 @@ class FineTuning:
                 code="job_running",
                 retry_after=30,
             )
-        train = self._training_file(body.training_file, "training_file")
-        valid = (
-            self._training_file(body.validation_file, "validation_file")
-            if body.validation_file
-            else None
-        )
-        hyper = body.hyperparameters or Hyperparameters()
-        if body.method is not None and body.method.supervised is not None:
-            hyper = body.method.supervised.hyperparameters or hyper
-        joined = self._views.joined
-        if joined is None:
-            raise ApiError(503, "the node has not joined a cluster yet", kind="server_error",
-                           code="cluster_not_ready", retry_after=5)  # fmt: skip
-        members = joined.peers.alive_ids()
-        batch = DEFAULT_BATCH if hyper.batch_size == "auto" else hyper.batch_size
-        if hyper.batch_size == "auto":
-            batch = max(min(DEFAULT_BATCH, train.examples), len(members))
-        if batch < 1:
-            raise ApiError(400, "Invalid value for 'hyperparameters.batch_size': must be >= 1",
-                           param="hyperparameters.batch_size")  # fmt: skip
-        if batch < len(members):
-            raise ApiError(
-                400,
-                f"batch_size {batch} is smaller than the cluster's {len(members)} nodes: every "
-                "node trains on at least one example per step",
-                param="hyperparameters.batch_size",
-            )
-        for file, param in ((train, "training_file"), (valid, "validation_file")):
-            if file is not None and file.examples < batch:
-                raise ApiError(
-                    400,
-                    f"{file.id} has {file.examples} examples, fewer than the batch size {batch}",
-                    param=param,
-                    code="invalid_file",
-                )
-        epochs = DEFAULT_EPOCHS if hyper.n_epochs == "auto" else hyper.n_epochs
-        if epochs < 1:
-            raise ApiError(400, "Invalid value for 'hyperparameters.n_epochs': must be >= 1",
-                           param="hyperparameters.n_epochs")  # fmt: skip
-        iters = hyper.n_iters or epochs * epoch_steps(train.examples, batch)
-        multiplier = (
-            1.0 if hyper.learning_rate_multiplier == "auto" else hyper.learning_rate_multiplier
-        )
-        if multiplier <= 0:
-            param = "hyperparameters.learning_rate_multiplier"
-            raise ApiError(400, f"Invalid value for '{param}': must be > 0", param=param)
-        base, layers = await self._check_model(body.model)
-        lora = body.lora or LoraOptions()
-        if lora.layers is None:
-            lora = replace(lora, layers=min(16, layers))
-        elif lora.layers > layers:
-            raise ApiError(
-                400,
-                f"lora.layers {lora.layers} is more than the model's {layers} layers",
-                param="lora.layers",
-            )
-        hp = JobHyperparameters(
-            n_epochs=epochs,
-            batch_size=batch,
-            learning_rate_multiplier=multiplier,
-            optimizer=hyper.optimizer or "adam",
-        )
-        job = Job(
-            id=new_id("ftjob"),
-            created_at=int(time.time()),
-            hyperparameters=hp,
-            method=JobMethod(supervised=JobSupervised(hyperparameters=hp)),
-            model=base,
-            seed=body.seed if body.seed is not None else 0,
-            status="queued",
-            training_file=train.id,
-            validation_file=valid.id if valid else None,
-            suffix=body.suffix or None,
-            user_provided_suffix=body.suffix or None,
-            metadata=body.metadata,
-            iterations=iters,
-            lora=lora,
-            progress=Progress(total_steps=iters),
-        )
+        job = await new_job(body, self.state, self._views)
         self.state.save_job(job)
-        self._event(job.id, f"Created fine-tuning job: {job.id}")
+        add_event(self.state, job.id, f"Created fine-tuning job: {job.id}")
         self.running = Running(job_id=job.id, nodes=())
         self.running.task = asyncio.create_task(self._run(job.id), name=f"finetune-{job.id}")
         return job
-
-    async def _check_model(self, name: str) -> tuple[str, int]:
-        """The base model's name and its number of layers; 4xx for one that cannot be
-        fine-tuned here."""
-        joined = self._views.joined
-        assert joined is not None
-        key = joined.models.key_of(name)
-        if key is None:
-            listed = ", ".join(f"'{n}'" for n, _ in joined.models.listing()) or "none"
-            raise ApiError(
-                404, f"The model '{name[:200]}' does not exist; this cluster has: {listed}.",
-                param="model", code="model_not_found",
-            )  # fmt: skip
-        try:
-            prepared = await joined.models.prepare(key, joined.peers.alive_ids())
-        except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
-            raise ApiError(503, f"cannot read the model '{name}': {error}",
-                           kind="server_error", code="model_unavailable",
-                           retry_after=10) from None  # fmt: skip
-        spec = prepared.spec
-        if spec.num_experts:
-            raise ApiError(
-                400,
-                f"The model '{name}' ({spec.model_type}) is a mixture of experts: exo-tp "
-                "fine-tunes dense models only",
-                param="model",
-                code="model_not_supported",
-            )
-        return prepared.name, spec.num_layers
 
     async def cancel(self, job_id: str) -> Job:
         job = self.job(job_id)
@@ -364,21 +239,6 @@ class FineTuning:
 
     # ---- running a job ---------------------------------------------------------------------
 
-    def _event(
-        self, job_id: str, message: str, level: str = "info", data: EventData | None = None
-    ) -> None:
-        self.state.add_event(
-            job_id,
-            JobEvent(
-                id=new_id("ftevent"),
-                created_at=int(time.time()),
-                level=level,  # type: ignore[arg-type]
-                message=message,
-                type="metrics" if data else "message",
-                data=data,
-            ),
-        )
-
     async def _run(self, job_id: str) -> None:
         joined = self._views.joined
         assert joined is not None and self.running is not None
@@ -403,7 +263,7 @@ class FineTuning:
             await self._stop_all(job_id, nodes)
             self.state.remove_job_data(job_id)
             if status == "succeeded":
-                self._results(job_id)
+                record_results(self.state, job_id)
             self.state.finish(job_id, status, error)
             if error is not None:
                 log.warning("fine-tuning %s failed: %s", job_id, error.message)
@@ -463,7 +323,8 @@ class FineTuning:
         train = self.state.data_path(job.training_file).read_text()
         valid = self.state.data_path(job.validation_file).read_text() if job.validation_file else ""
         self.state.update(job_id, status="running", nodes=ids)
-        self._event(
+        add_event(
+            self.state,
             job_id,
             f"Fine-tuning on {len(ids)} nodes ({', '.join(ids)}): base rows by memory "
             f"{[round(w / sum(memory), 3) for w in memory]}, batch rows "
@@ -536,7 +397,7 @@ class FineTuning:
             self.ranks.changed.clear()
             reports = self.ranks.reports
             for report in reports[seen:]:
-                self._report(job_id, report)
+                record_report(self.state, job_id, report)
             seen = len(reports)
             gone = [
                 n
@@ -566,7 +427,8 @@ class FineTuning:
                 fetched = {n: r.fetched_bytes for n, r in states.items()}
                 peaks = {n: r.peak_memory for n, r in states.items()}
                 self.state.update(job_id, fetched_bytes=fetched, peak_memory=peaks)
-                self._event(
+                add_event(
+                    self.state,
                     job_id,
                     "Bytes of base rows each node fetched: "
                     + ", ".join(f"{n} {b}" for n, b in fetched.items()),
@@ -594,28 +456,6 @@ class FineTuning:
                 )
             await asyncio.sleep(0.25)
 
-    def _report(self, job_id: str, report: StepReport | ValReport) -> None:
-        job = self.job(job_id)
-        if isinstance(report, StepReport):
-            data = EventData(
-                step=report.iteration,
-                train_loss=report.train_loss,
-                learning_rate=report.learning_rate,
-                tokens_per_second=report.tokens_per_second,
-            )
-            message = (
-                f"Step {report.iteration}/{job.iterations}: training loss={report.train_loss:.4f}"
-            )
-            progress = replace(job.progress, step=report.iteration, train_loss=report.train_loss)
-        else:
-            data = EventData(step=report.iteration, valid_loss=report.val_loss)
-            message = (
-                f"Step {report.iteration}/{job.iterations}: validation loss={report.val_loss:.4f}"
-            )
-            progress = replace(job.progress, val_loss=report.val_loss)
-        self.state.update(job_id, progress=progress)
-        self._event(job_id, message, data=data)
-
     async def _stop_all(self, job_id: str, nodes: tuple[str, ...]) -> None:
         joined = self._views.joined
         if joined is None:
@@ -632,36 +472,6 @@ class FineTuning:
                 log.info("fine-tuning %s: stopping on %s: %s", job_id, peer.node_id, error)
 
         await asyncio.gather(*(stop(p) for p in peers if p is not None))
-
-    def _results(self, job_id: str) -> None:
-        job = self.job(job_id)
-        adapter = self.state.adapter_dir(job_id)
-        results = []
-        for name in ADAPTER_FILES:
-            path = adapter / name
-            if path.is_file():
-                raw = path.read_bytes()
-                file = self.state.add_file(
-                    f"{job_id}-{name}", raw, "fine-tune-results", 0, "adapter"
-                )
-                results.append(file.id)
-        suffix = job.suffix or "exo-tp"
-        name = f"{FT_PREFIX}{job.model}:{suffix}:{job_id}"
-        self.state.update(job_id, fine_tuned_model=name, result_files=tuple(results))
-        last = job.progress
-        self.state.add_checkpoint(
-            job_id,
-            Checkpoint(
-                id=new_id("ftckpt"),
-                created_at=int(time.time()),
-                fine_tuned_model_checkpoint=name,
-                fine_tuning_job_id=job_id,
-                metrics=CheckpointMetrics(
-                    step=last.step, train_loss=last.train_loss, valid_loss=last.val_loss
-                ),
-                step_number=last.step,
-            ),
-        )
 
     async def close(self) -> None:
         running = self.running

@@ -70,7 +70,7 @@ def broadcast_from_first(x: mx.array, group: mx.distributed.Group) -> mx.array:
 
 def gather_rows_padded(
     xs: Sequence[mx.array],
-    sizes: Sequence[int],
+    sizes: Sequence[int] | Sequence[Sequence[int]],
     group: mx.distributed.Group,
     shapes: Sequence[Sequence[int]],
     stream: mx.Stream | None = None,
@@ -78,23 +78,31 @@ def gather_rows_padded(
     """Whole tensors from differently sized dim-0 shards (row runs) on every rank, in rank order.
 
     ``xs`` are this rank's rows of tensors cut at the same rows (a layer's weight, scales,
-    biases, bias), ``shapes`` their whole planned shapes. They travel as one all-gather: each
-    rank sends its shards' bytes back to back (bit-exact, whatever their dtypes), padded to the
-    longest rank's; each whole tensor is then assembled from every rank's piece, which strips
-    the padding. ``stream`` runs all of it there (a communication stream, to overlap compute).
+    biases, bias), ``shapes`` their whole planned shapes, ``sizes`` every rank's rows (or, a
+    list per tensor, each tensor's). They travel as one all-gather: each rank sends its shards'
+    bytes back to back (bit-exact, whatever their dtypes), padded to the longest rank's; each
+    whole tensor is then assembled from every rank's piece, which strips the padding.
+    ``stream`` runs all of it there (a communication stream, to overlap compute).
     """
     rank, n = group.rank(), group.size()
-    for x, shape in zip(xs, shapes, strict=True):
-        planned = (sizes[rank], *shape[1:])
-        if shape[0] != sum(sizes) or tuple(x.shape) != planned:
+    per_tensor = bool(sizes) and isinstance(sizes[0], Sequence)
+    cuts = (
+        [tuple(s) for s in sizes]  # type: ignore[union-attr]
+        if per_tensor
+        else [tuple(sizes)] * len(xs)  # type: ignore[arg-type]
+    )
+    for x, shape, cut in zip(xs, shapes, cuts, strict=True):
+        planned = (cut[rank], *shape[1:])
+        if len(cut) != n or shape[0] != sum(cut) or tuple(x.shape) != planned:
             raise CollectiveShapeError(
                 f"all_gather rows: shape {tuple(x.shape)} != planned "
-                f"{planned} of {tuple(shape)} cut {tuple(sizes)}"
+                f"{planned} of {tuple(shape)} cut {cut}"
             )
     if n == 1:
         return list(xs)
     widths = [math.prod(shape[1:]) * x.dtype.size for x, shape in zip(xs, shapes, strict=True)]
-    lengths = [[size * width for width in widths] for size in sizes]  # bytes per rank per part
+    # bytes per rank per part
+    lengths = [[cut[r] * width for cut, width in zip(cuts, widths, strict=True)] for r in range(n)]
     longest = max(sum(per_rank) for per_rank in lengths)
     with mx.stream(stream if stream is not None else mx.default_stream(mx.default_device())):
         mine = [mx.view(x.reshape(x.size), mx.uint8) for x in xs]
@@ -102,7 +110,7 @@ def gather_rows_padded(
             mine.append(mx.zeros((longest - sum(lengths[rank]),), dtype=mx.uint8))
         packed = mine[0] if len(mine) == 1 else mx.concatenate(mine)
         gathered = mx.distributed.all_gather(packed, group=group, stream=stream)
-        if len(xs) == 1 and len(set(sizes)) == 1:  # one tensor, no padding: already whole
+        if len(xs) == 1 and len(set(cuts[0])) == 1:  # one tensor, no padding: already whole
             return [mx.view(gathered, xs[0].dtype).reshape(tuple(shapes[0]))]
         gathered = gathered.reshape(n, longest)
         whole = []
