@@ -127,8 +127,8 @@ def test_concurrent_requests_on_uneven_tensor_parallel_equal_one_device(
 def test_concurrent_requests_on_a_hybrid_with_a_tensor_parallel_last_stage_equal_one_device(
     hybrid_cluster: LocalCluster, references: dict[str, str]
 ) -> None:
-    """Requests join both lanes mid-generation, through the node of the first stage (not the
-    conductor's)."""
+    """Requests join both lanes mid-generation; both ranks of the last stage sample each lane
+    and must agree on its tokens and on the changes before every visit."""
     answers = concurrent_answers(hybrid_cluster.urls[0])
     assert answers == references
 
