@@ -370,6 +370,22 @@ class _Load:
             t.join(timeout=600)
 
 
+def _balance(plan: dict) -> dict[str, object]:
+    """The leader's live view in a /v1/plan answer: the imbalance, node 0's smoothed probe
+    speed over node 1's (what a re-plan follows; s would match the lab's factor), and whether
+    it is re-planning."""
+    balance = plan.get("balance") or {}
+    speeds = {r["node_id"]: r.get("speed_bytes_per_second") for r in balance.get("ranks", [])}
+    fast, slow = speeds.get("local-0"), speeds.get("local-1")
+    ratio = fast / slow if fast and slow else None
+    imbalance = balance.get("imbalance")
+    return {
+        "imbalance": round(imbalance, 3) if imbalance is not None else None,
+        "live_speed_ratio": round(ratio, 3) if ratio is not None else None,
+        "draining": balance.get("state") == "draining",
+    }
+
+
 def _fresh(
     args: argparse.Namespace,
     files: list[Path],
@@ -389,8 +405,8 @@ def _fresh(
         t0 = time.monotonic()
         time.sleep(window)  # a bench: measuring a window of throughput, not waiting on state
         tps = _tps(load.tokens, t0, t0 + window)
-        load.end()
         last = _get(url + "/v1/plan")
+        load.end()
     finally:
         _stop_cluster(cluster)
     return {
@@ -398,7 +414,8 @@ def _fresh(
         "shares": first["plan"]["weights"],
         # a re-plan of its own during the window (its live speeds disagreed with its start-up
         # profile) would make it no longer the fresh plan
-        "replanned": last["epoch"] != first["epoch"],
+        "replanned": last["epoch"] != first["epoch"] or bool(_balance(last)["draining"]),
+        "balance": _balance(last),
         "failed_requests": len(load.errors),
         "failures": load.errors[:3],
     }
@@ -440,8 +457,9 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
             slowed = _tps(load.tokens, changed, replanned or time.monotonic())
             time.sleep(window)
             after = _tps(load.tokens, replanned or changed, time.monotonic())
+            plan = _get(url + "/v1/plan")
+            shares, balance_after = plan["plan"]["weights"], _balance(plan)
             load.end()
-            shares = _get(url + "/v1/plan")["plan"]["weights"]
         finally:
             _stop_cluster(cluster)
         print("fresh cluster at the new factor", file=sys.stderr, flush=True)
@@ -458,22 +476,26 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
         "replan_seconds": round(replanned - changed, 1) if replanned else None,
         "shares_before": shares_before,
         "shares_after": shares,
+        "balance_after": balance_after,
         "tokens_per_second_fresh": round(fresh_tps, 3),
         "shares_fresh": fresh["shares"],
         "fresh_replanned": fresh["replanned"],
+        "fresh_balance": fresh["balance"],
         "after_replan_over_fresh": round(ratio, 3) if ratio is not None else None,
         "failed_requests": len(load.errors),
         "failures": load.errors[:3],
         "fresh_failed_requests": fresh["failed_requests"],
         "fresh_failures": fresh["failures"],
     }
+    live_after = balance_after["live_speed_ratio"]
+    live_fresh = fresh["balance"]["live_speed_ratio"]  # type: ignore[index]
     print(
         f"s 1 -> {factor:g}: {before:.2f} tok/s before (shares {shares_before}), {slowed:.2f} "
         f"slowed, {after:.2f} after re-planning in {result['replan_seconds']} s (shares "
         f"{shares}); fresh cluster at s: {fresh_tps:.2f} (shares {fresh['shares']}"
         f"{', re-planned itself' if fresh['replanned'] else ''}), after/fresh "
-        f"{result['after_replan_over_fresh']}; {len(load.errors)} + "
-        f"{fresh['failed_requests']} failed"
+        f"{result['after_replan_over_fresh']}; live speed ratio {live_after} after, "
+        f"{live_fresh} fresh; {len(load.errors)} + {fresh['failed_requests']} failed"
     )
     return result
 
