@@ -103,24 +103,31 @@ def test_architectures_without_stage_support_are_refused() -> None:
 
 def test_cluster_serves_a_hybrid_plan(default_models: dict[str, Path]) -> None:
     """`exo-tp run --local-nodes 3 --stages 2,1`: the leader's stage runs the first layers, the
-    last node the rest; requests reach that node's conductor over the leader's channel."""
+    last node the rest; requests reach that node's conductor over the leader's channel. Then
+    concurrent requests joining mid-generation, overlapped (the default): both ranks of the
+    tensor-parallel first stage take every lane's tokens a round late and stay in step."""
     from cluster_helpers import local_cluster
     from node_views import plan_view
     from openai import OpenAI
+    from test_serving import MODEL, PROMPTS, concurrent_answers
+    from test_serving import TOKENS as ANSWER_TOKENS
 
     question = "What is the capital of France?"
     reference = mlx_lm_reference(default_models["smollm2-135m"], question, 24).text
+    references = {
+        p: mlx_lm_reference(default_models[MODEL], p, ANSWER_TOKENS).text for p in PROMPTS
+    }
     with local_cluster(3, weights=[5, 3, 2], extra=("--stages", "2,1")) as cluster:
         plan = plan_view(cluster.urls[1])
         assert [s.ranks for s in plan.stages] == [(0, 1), (2,)]
         assert [s.layers.stop - s.layers.start for s in plan.stages] == [24, 6]
         assert plan.stages[0].plan.weights == pytest.approx([5 / 8, 3 / 8])
-        for url in (cluster.urls[0], cluster.urls[2]):
-            client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-            reply = client.chat.completions.create(
-                model="smollm2-135m",
-                temperature=0,
-                max_tokens=24,
-                messages=[{"role": "user", "content": question}],
-            )
-            assert reply.choices[0].message.content == reference
+        client = OpenAI(base_url=f"{cluster.urls[2]}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(
+            model="smollm2-135m",
+            temperature=0,
+            max_tokens=24,
+            messages=[{"role": "user", "content": question}],
+        )
+        assert reply.choices[0].message.content == reference
+        assert concurrent_answers(cluster.urls[0]) == references  # through the leader

@@ -49,10 +49,14 @@ def tp_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def hybrid_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
+    """A single-rank stage, then a tensor-parallel last stage of 2 ranks, overlapped (the
+    default): both last-stage ranks sample and must agree on every lane's tokens. The other
+    hybrid shape, a tensor-parallel first stage ("2,1"), serves concurrent requests in
+    tests/test_pipeline.py."""
     with local_cluster(
         3,
         weights=[1, 1, 1],
-        extra=("--stages", "2,1", "--max-concurrency", "8", "--max-queue", "8"),
+        extra=("--stages", "1,2", "--max-concurrency", "8", "--max-queue", "8"),
     ) as running:
         yield running
 
@@ -120,9 +124,11 @@ def test_concurrent_requests_on_uneven_tensor_parallel_equal_one_device(
     assert answers == references
 
 
-def test_concurrent_requests_on_a_hybrid_pipeline_equal_one_device(
+def test_concurrent_requests_on_a_hybrid_with_a_tensor_parallel_last_stage_equal_one_device(
     hybrid_cluster: LocalCluster, references: dict[str, str]
 ) -> None:
+    """Requests join both lanes mid-generation; both ranks of the last stage sample each lane
+    and must agree on its tokens and on the changes before every visit."""
     answers = concurrent_answers(hybrid_cluster.urls[0])
     assert answers == references
 
