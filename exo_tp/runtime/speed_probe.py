@@ -1,12 +1,19 @@
-"""A rank's live compute speed: a timed solo pass over its shard's matmuls, collectives left out.
+"""A rank's live compute speed: a timed solo pass of decode-shaped products, collectives left out.
 
 Between two batch steps, every ``PROBE_SECONDS``, the rank runs one decode-shaped product
-through a fixed third of its linear layers (the same layers on every rank of a stage: every
-third in module order) and reports the weight bytes read per second (`RankSpeed`, in its
-heartbeat). It goes through the very modules the model calls, so whatever slows the rank's
-real matmuls (another program on its core, thermal throttling, the lab's work factor) slows the
-probe alike, while time spent waiting for peers in collectives does not count. A pass costs
-about two thirds of one token's compute (two passes, the faster counts), every few seconds.
+through each of a fixed set of probe matrices (the same on every rank, of one typical layer
+size, distinct buffers far beyond the caches, as weights are read in a decode) and reports the
+weight bytes read per second (`RankSpeed`, in its heartbeat). The probe matrices go through the
+same kind of modules the model calls, wrapped by the lab's work factor when the model's are, so
+whatever slows the rank's real matmuls (another program on its core, thermal throttling, the
+lab's factor) slows the probe alike, while time spent waiting for peers in collectives does not
+count. Two passes every few seconds, the faster counts: about 8 ms each on a CPU core.
+
+Why not the rank's own linears: each call also costs a fixed time whatever its size, so timing
+the shard's own matrices made a rank with a small share look slower per byte than it is. A
+re-plan that shrank a slow rank's share then made it read slower still and the shares ran away
+(the lab read a 2.5x slower device as 3.1x, then 4.9x). The same matrices on every rank measure
+the device, not its share.
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ from exo_tp.lab.slowdown import SlowLinear
 from exo_tp.plan.rebalance import RankSpeed
 
 PROBE_SECONDS = 2.0
-EVERY = 3  # probe every third linear layer
+# One typical decode-shaped product (SmolLM2's FFN projection, float32: 3.5 MB) over 16
+# distinct matrices: 57 MB, read from memory as a decode reads its layers.
+PROBE_SHAPE = (1536, 576)
+PROBE_MATRICES = 16
 
 
 def _linear_leaves(model: nn.Module) -> list[nn.Module]:
-    """The model's linear layers, a lab-slowed one as its wrapper (so the probe sees it)."""
     found: list[nn.Module] = []
     for _, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
         if isinstance(module, nn.Linear | nn.QuantizedLinear):
@@ -34,38 +43,29 @@ def _linear_leaves(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def _wrapped(model: nn.Module) -> dict[int, nn.Module]:
-    """id(inner linear) -> the lab wrapper holding it."""
-    return {
-        id(module["inner"]): module
-        for _, module in model.named_modules()
-        if isinstance(module, SlowLinear)
-    }
-
-
 def _bytes(module: nn.Module) -> int:
     return sum(p.nbytes for _, p in tree_flatten(module.parameters()))
 
 
-def _input(module: nn.Module) -> mx.array:
-    weight = module["weight"]
-    if isinstance(module, nn.QuantizedLinear):
-        width = weight.shape[1] * 32 // module.bits
-        dtype = module["scales"].dtype
-    else:
-        width, dtype = weight.shape[1], weight.dtype
-    return mx.random.uniform(-1, 1, (1, 1, width)).astype(dtype)
+def _probe_calls(model: nn.Module) -> list[tuple[nn.Module, mx.array]]:
+    """The probe's products, lab-wrapped like the model's linears when they are."""
+    wrapper = next((m for _, m in model.named_modules() if isinstance(m, SlowLinear)), None)
+    calls: list[tuple[nn.Module, mx.array]] = []
+    for index in range(PROBE_MATRICES):
+        out, width = PROBE_SHAPE
+        linear = nn.Linear(width, out, bias=False)
+        linear.weight = mx.random.normal((out, width), key=mx.random.key(index)) / width**0.5
+        probe: nn.Module = SlowLinear(linear, wrapper._source) if wrapper else linear
+        calls.append((probe, mx.random.uniform(-1, 1, (1, 1, width))))
+    mx.eval([c.parameters() for c, _ in calls], [x for _, x in calls])
+    return calls
 
 
 class SpeedProbe:
     def __init__(self, model: nn.Module, work_factor: Callable[[], float] = lambda: 1.0):
-        linears = _linear_leaves(model)
-        wrappers = _wrapped(model)
-        chosen = linears[::EVERY]
-        self._calls = [(wrappers.get(id(m), m), _input(m)) for m in chosen]
-        self._probe_bytes = sum(_bytes(m) for m in chosen)
-        self._shard_bytes = sum(_bytes(m) for m in linears)
-        mx.eval([x for _, x in self._calls])
+        self._calls = _probe_calls(model)
+        self._probe_bytes = PROBE_MATRICES * PROBE_SHAPE[0] * PROBE_SHAPE[1] * 4
+        self._shard_bytes = sum(_bytes(m) for m in _linear_leaves(model))
         self._work_factor = work_factor
         self._next = time.monotonic() + PROBE_SECONDS
         self._count = 0
