@@ -61,6 +61,9 @@ def test_quick_bench_reports_every_kernel_and_the_system(quick: tuple) -> None:
     assert "ring" in p.backends and p.chip
     assert p.memory_total == _meminfo_total()
     assert p.cores == len(os.sched_getaffinity(0))
+    # A tiny layer's cost per token: tens to hundreds of microseconds on a CPU, never 0 (the
+    # cost model would then price a layer as free) nor a sizeable fraction of a second.
+    assert 1e-6 < p.layer_overhead_seconds < 1e-2
     expected = {("matvec", d, 1, k, n) for d in DTYPES for k, n in DECODE_SHAPES} | {
         ("matmul", d, PREFILL_TOKENS, k, n) for d in DTYPES for k, n in PREFILL_SHAPES
     }

@@ -129,6 +129,42 @@ def test_tensor_parallel_prediction_by_hand() -> None:
     assert p.prefill_seconds == pytest.approx(flops / 1e9 + comm4)
 
 
+def test_segments_wait_for_their_slowest_rank_and_overheads_are_not_divided() -> None:
+    """3 KV heads over 2 even ranks: rank 0 takes 2 heads, rank 1 one, each 64 FFN rows and 64
+    vocab rows. On devices of 1 and 1.5 ns per byte the attention segment waits for rank 0 and
+    the FFN and head for rank 1: a token costs more than the slowest rank's whole reads."""
+    spec = tiny(num_heads=3, num_kv_heads=3, ffn_sizes={"ffn": 128})
+    plan = single_stage(plan_tensor_parallel(spec, [1, 1]))
+    ranks = plan.stages[0].tp.ranks
+    assert [(r.heads.q_heads.size, r.ffn["ffn"].size, r.vocab.size) for r in ranks] == [
+        (2, 64, 64),
+        (1, 64, 64),
+    ]
+    overhead = 1e-5
+    devices = tuple(
+        DeviceCost(
+            name=name,
+            seconds_per_byte=spb,
+            prefill_flops=1e9,
+            memory=10**9,
+            layer_overhead=overhead,
+        )
+        for name, spb in (("a", 1e-9), ("b", 1.5e-9))
+    )
+    p = predict(plan, [0, 1], Cluster(devices=devices, default_link=LINK), 10, 4)
+    # bytes: attention 2 layers * 8 * (2 q + 2 kv width) * 4; FFN 2 * 3 * 8 * 64 * 4 plus the
+    # norms (2 * 2 + 1) * 8 * 4; head 64 * 8 * 4
+    attention, ffn, head = (1024, 512), 12288 + 160, 2048
+    reads = max(attention[0] * 1e-9, attention[1] * 1.5e-9) + ffn * 1.5e-9 + head * 1.5e-9
+    slowest_whole = (attention[1] + ffn + head) * 1.5e-9
+    assert reads == pytest.approx(slowest_whole + 256e-9)  # the attention imbalance is paid
+    # each rank runs both layers, and the last stage 8 layers' worth for its step loop
+    assert p.stages[0].compute_seconds == pytest.approx(reads + (2 + 8) * overhead)
+    # 6 collectives (2 per layer, embedding, logits), each its link plus 0.65 of a layer
+    comm = 5 * (1e-4 + 32 / 1e9) + (5e-5 + 256 / 1e9)
+    assert p.stages[0].collective_seconds == pytest.approx(comm + 6 * 0.65 * overhead)
+
+
 def test_pipeline_prediction_by_hand() -> None:
     plan = plan_pipeline(tiny(), [[1], [1]], [1, 1])
     cluster = Cluster(
