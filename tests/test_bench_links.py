@@ -30,6 +30,7 @@ def _seed_cache(home: Path) -> None:
             memory_bandwidth=1e9,
             decode_seconds_per_byte=1e-9,
             prefill_flops=1e9,
+            layer_overhead_seconds=3e-4,
             quick=True,
         ),
         home / "profile.json",
