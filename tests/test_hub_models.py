@@ -226,7 +226,10 @@ def test_picker_loads_a_hub_model_one_node_downloads(
     other = StandInHub(repos={REPO: Repo.from_folder(repo_files)}).start()
     try:
         envs = [hub_env(hub, tmp_path / "hf0"), hub_env(other, tmp_path / "hf1")]
-        with loopback_nodes([[], []], "smollm2-135m", tmp_path, node_env=envs) as nodes:
+        # One TP stage over both nodes whatever the planner would choose: for a 2-layer model
+        # it leaves the peer out (one device is faster), and the peer's shard is the point here.
+        stages = ["--stages", "2"]
+        with loopback_nodes([stages, stages], "smollm2-135m", tmp_path, node_env=envs) as nodes:
             status, answer = http_json(f"{nodes.urls[1]}/v1/models/load", {"model": REPO})
             assert status == 200 and answer["state"] == "downloading", answer
             deadline = time.monotonic() + 300
