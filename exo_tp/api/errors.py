@@ -66,6 +66,17 @@ class ApiError(Exception):
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
 
+def not_ready(reason: str) -> ApiError:
+    """The 503 a client gets while the cluster cannot serve yet (retry in a few seconds)."""
+    return ApiError(
+        503,
+        f"cluster not ready: {reason}",
+        kind="server_error",
+        code="cluster_not_ready",
+        retry_after=5,
+    )
+
+
 def api_path(path: str) -> str:
     """The public API path of a request, also when a member passed it on to the leader."""
     return path[len(FORWARD_PREFIX) :] if path.startswith(FORWARD_PREFIX + "/") else path

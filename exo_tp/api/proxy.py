@@ -15,7 +15,7 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from exo_tp.api.errors import ApiError
+from exo_tp.api.errors import ApiError, not_ready
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +45,6 @@ def _headers_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
 
 
-def unreachable(url: str) -> ApiError:
-    """The 503 for a leader that cannot be reached at all (nothing was sent)."""
-    return ApiError(
-        503,
-        f"cluster not ready: the leader at {url} is unreachable",
-        kind="server_error",
-        code="cluster_not_ready",
-        retry_after=5,
-    )
-
-
 async def pass_through(
     request: web.Request,
     url: str,
@@ -77,7 +66,7 @@ async def pass_through(
         try:
             upstream = await session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientConnectorError, TimeoutError):
-            raise unreachable(url) from None
+            raise not_ready(f"the leader at {url} is unreachable") from None
         except aiohttp.ClientError:  # connected, then lost before the answer's headers
             raise _lost(url, "before it answered") from None
         async with upstream:

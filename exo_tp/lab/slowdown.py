@@ -89,6 +89,11 @@ class SlowLinear(nn.Module):
         self._source = source
         self._copies = _Copies(inner)
 
+    @property
+    def source(self) -> FactorSource:
+        """Where this layer reads its factor (a probe wrapped alike follows the same one)."""
+        return self._source
+
     def __call__(self, x: mx.array) -> mx.array:
         out = self.inner(x)
         factor = self._source.factor

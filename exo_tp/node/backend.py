@@ -10,7 +10,7 @@ from typing import Any, Literal
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.defaults import GenerationDefaults
-from exo_tp.api.errors import FORWARD_PREFIX, ApiError
+from exo_tp.api.errors import FORWARD_PREFIX, ApiError, not_ready
 from exo_tp.frozen import Frozen
 from exo_tp.models.catalog import local_models
 from exo_tp.models.hub import HubError, HubRef, hub_ref
@@ -32,16 +32,6 @@ from exo_tp.node.status_views import StatusViews
 from exo_tp.node.views import ClusterView, HealthView, PlanView
 from exo_tp.security.signing import control_headers
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
-
-
-def not_ready(reason: str) -> ApiError:
-    return ApiError(
-        503,
-        f"cluster not ready: {reason}",
-        kind="server_error",
-        code="cluster_not_ready",
-        retry_after=5,
-    )
 
 
 def api_error(error: DispatchError) -> ApiError:

@@ -55,7 +55,7 @@ def _probe_calls(model: nn.Module) -> list[tuple[nn.Module, mx.array]]:
         out, width = PROBE_SHAPE
         linear = nn.Linear(width, out, bias=False)
         linear.weight = mx.random.normal((out, width), key=mx.random.key(index)) / width**0.5
-        probe: nn.Module = SlowLinear(linear, wrapper._source) if wrapper else linear
+        probe: nn.Module = SlowLinear(linear, wrapper.source) if wrapper else linear
         calls.append((probe, mx.random.uniform(-1, 1, (1, 1, width))))
     mx.eval([c.parameters() for c, _ in calls], [x for _, x in calls])
     return calls
