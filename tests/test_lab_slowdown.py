@@ -162,3 +162,33 @@ def test_one_rank_with_factor_s_decodes_s_times_slower(tmp_path: Path, factor: f
         slow = _decode_tps(tmp_path, factor)
         ratios.append(base / slow)
     assert statistics.median(ratios) == pytest.approx(factor, rel=0.10), ratios
+
+
+class _Shard(nn.Module):
+    """A rank's linears: ``rows`` output rows of a 64-wide layer."""
+
+    def __init__(self, rows: int):
+        super().__init__()
+        self.q = nn.Linear(64, rows, bias=False)
+        self.k = nn.Linear(64, rows, bias=False)
+        self.v = nn.Linear(64, rows, bias=False)
+
+
+def test_the_speed_probe_times_the_same_matrices_whatever_the_share() -> None:
+    """The live probe's work does not depend on the rank's share (a small share timed on its own
+    linears looked slower per byte, and re-plans ran away), and goes through the lab's factor
+    when the model's linears do."""
+    from exo_tp.runtime.speed_probe import PROBE_MATRICES, PROBE_SHAPE, SpeedProbe
+
+    small, large = _Shard(8), _Shard(512)
+    slow_down(small, FactorSource(2.5))
+    probes = [SpeedProbe(small), SpeedProbe(large)]
+    samples = [p.measure() for p in probes]
+    assert all(s is not None for s in samples)
+    probe_bytes = PROBE_MATRICES * PROBE_SHAPE[0] * PROBE_SHAPE[1] * 4
+    assert [s.probe_bytes for s in samples if s] == [probe_bytes, probe_bytes]
+    assert [s.shard_bytes for s in samples if s] == [3 * 64 * 8 * 4, 3 * 64 * 512 * 4]
+    calls = [[type(m) for m, _ in p._calls] for p in probes]
+    assert calls == [[SlowLinear] * PROBE_MATRICES, [nn.Linear] * PROBE_MATRICES]
+    wrapped = probes[0]._calls[0][0]
+    assert isinstance(wrapped, SlowLinear) and wrapped.source.factor == 2.5
