@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,19 @@ def page(cluster: LocalCluster, browser: Any) -> Any:
     """The UI as served by a node that is not the leader (chat passes through to the leader)."""
     browser.get(cluster.urls[1] + "/")
     return browser
+
+
+@contextmanager
+def own_tab(driver: Any) -> Iterator[None]:
+    """A tab of its own for a test on another cluster: the module's page stays on the
+    3-node cluster for the tests after it."""
+    shared = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    try:
+        yield
+    finally:
+        driver.close()
+        driver.switch_to.window(shared)
 
 
 def wait(driver: Any, condition: Any, timeout: float, message: str) -> Any:
@@ -704,7 +718,8 @@ def test_finetune_panel_shows_the_jobs_progress_and_losses(
 
     model = write_tiny_model(tmp_path / "llama", tiny_config("llama"), default_models[MODEL])
     env = {"EXO_TP_HOME": str(tmp_path / "home")}
-    with local_cluster(1, model=str(model), env=env) as running:
+    with local_cluster(1, model=str(model), env=env) as running, own_tab(browser):
+        browser.get(running.urls[0] + "/")
         api = OpenAI(base_url=f"{running.urls[0]}/v1", api_key="none", max_retries=0)
         train = api.files.create(file=("t.jsonl", chat_jsonl(2 * FT_STEPS, 0)), purpose="fine-tune")
         valid = api.files.create(file=("v.jsonl", chat_jsonl(2, 1)), purpose="fine-tune")
@@ -715,7 +730,6 @@ def test_finetune_panel_shows_the_jobs_progress_and_losses(
             seed=0,
             hyperparameters={"n_epochs": 1, "batch_size": 2, "learning_rate_multiplier": 1000},
         )
-        browser.get(running.urls[0] + "/")
         deadline = time.monotonic() + 120
         while api.fine_tuning.jobs.retrieve(job.id).status not in FINISHED_JOB:
             assert time.monotonic() < deadline, "the job never finished"
