@@ -13,7 +13,7 @@ from tiny_models import write_tiny_model
 
 from exo_tp.errors import PlanError
 from exo_tp.plan import ModelSpec
-from exo_tp.plan.pipeline import plan_pipeline, split_layers
+from exo_tp.plan.pipeline import head_layers, plan_pipeline, split_layers
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,17 @@ def test_layers_follow_stage_speed() -> None:
     assert split_layers(30, [2, 1]) == (20, 10)
     assert split_layers(30, [1, 1, 1]) == (10, 10, 10)
     assert split_layers(3, [100, 1, 1]) == (1, 1, 1)  # every stage keeps a layer
+    # the last stage's tied head, 49152 x 576, weighs as much as 8 layers of 3.54 M
+    # parameters (attention 576 x (2 * 576 + 2 * 192), FFN 3 x 576 x 1536), for the third of
+    # the tokens that are generated: 2.67 layers. So stage 2 (speed 0.5) with 8 layers takes
+    # 2 * (8 + 2.67) = 21.3, stage 1 (speed 1) 22: one layer more either way is slower
+    layer = 576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536
+    assert head_layers(SPEC, 1.0) == pytest.approx(49152 * 576 / layer, rel=1e-3)
+    assert head_layers(SPEC) == pytest.approx(49152 * 576 / layer / 3, rel=1e-3)
+    assert split_layers(30, [1, 1], 8.0) == (19, 11)
+    assert split_layers(30, [1, 1], head_layers(SPEC)) == (16, 14)
     plan = plan_pipeline(SPEC, [[0.7, 0.3], [0.5]])
-    assert [s.layers.size for s in plan.stages] == [20, 10]
+    assert [s.layers.size for s in plan.stages] == [22, 8]
     assert [s.ranks for s in plan.stages] == [(0, 1), (2,)]
     assert plan.locate(2) == (1, 0) and plan.locate(1) == (0, 1)
 

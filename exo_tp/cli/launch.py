@@ -57,8 +57,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--stage-layers",
-        help="pipeline: layers per stage, e.g. 18,12 (default: in "
-        "proportion to each stage's summed weights)",
+        help="pipeline: layers per stage, e.g. 18,12 (default: every stage takes the same "
+        "time: layers follow each stage's summed weights, the last stage's LM head counted)",
     )
     p.add_argument(
         "--join-timeout",

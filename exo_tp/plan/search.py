@@ -44,7 +44,7 @@ from exo_tp.plan.cost import (
     read_seconds,
 )
 from exo_tp.plan.human import size
-from exo_tp.plan.pipeline import PipelinePlan, Stage
+from exo_tp.plan.pipeline import PipelinePlan, Stage, balance_layers
 from exo_tp.plan.predict import Prediction, predict
 from exo_tp.plan.shard_plan import ShardPlan, Span
 from exo_tp.plan.spec import Frozen, ModelSpec
@@ -269,7 +269,7 @@ class _Layouts:
         # not fit gives one back and the fill runs again.
         for _ in range(len(groups) + 4):
             if self.objective == "throughput":
-                counts = _balance(layers, caps, fixed, per_layer)
+                counts = balance_layers(layers, caps, fixed, per_layer)
             else:
                 counts = _fill(layers, caps, order)
             if counts is None:
@@ -305,22 +305,6 @@ def _fill(layers: int, caps: Sequence[int], order: Sequence[int]) -> list[int] |
         counts[i] += add
         left -= add
     return None if left else counts
-
-
-def _balance(
-    layers: int, caps: Sequence[int], fixed: Sequence[float], per_layer: Sequence[float]
-) -> list[int] | None:
-    """Layers so the slowest stage is as fast as it can be (it sets an overlapped pipeline's
-    pace): one each, then every next layer to the stage that stays fastest with it, within
-    its cap. Stage i with c layers takes fixed[i] + c * per_layer[i]."""
-    counts = [1] * len(caps)
-    for _ in range(layers - len(caps)):
-        room = [i for i in range(len(caps)) if counts[i] < caps[i]]
-        if not room:
-            return None
-        best = min(room, key=lambda i: (fixed[i] + (counts[i] + 1) * per_layer[i], i))
-        counts[best] += 1
-    return counts
 
 
 def _pipeline(spec: ModelSpec, tps: Sequence[ShardPlan], counts: Sequence[int]) -> PipelinePlan:
@@ -387,3 +371,4 @@ def choose_plan(
         streams=streams,
         reason=reason,
     )
+
