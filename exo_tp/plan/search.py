@@ -371,4 +371,3 @@ def choose_plan(
         streams=streams,
         reason=reason,
     )
-

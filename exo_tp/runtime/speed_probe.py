@@ -9,6 +9,14 @@ whatever slows the rank's real matmuls (another program on its core, thermal thr
 lab's factor) slows the probe alike, while time spent waiting for peers in collectives does not
 count. Two passes every few seconds, the faster counts: about 8 ms each on a CPU core.
 
+When: after the first step that ends past the next multiple of ``PROBE_SECONDS`` on the wall
+clock, not a rank's own timer. The ranks of a stage end each step together (its collectives
+join them) and read the same clock (one machine, or NTP), so they probe after the same step,
+at the same moment: whatever slows the whole machine then (a busy host, its memory bus) slows
+every rank's probe alike and cancels in the ratio of their speeds, which is all a re-plan
+reads. With timers of their own they probed at different moments, and on a shared VM two
+ranks at the same speed read up to 40% apart.
+
 Why not the rank's own linears: each call also costs a fixed time whatever its size, so timing
 the shard's own matrices made a rank with a small share look slower per byte than it is. A
 re-plan that shrank a slow rank's share then made it read slower still and the shares ran away
@@ -18,6 +26,7 @@ the device, not its share.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -67,7 +76,7 @@ class SpeedProbe:
         self._probe_bytes = PROBE_MATRICES * PROBE_SHAPE[0] * PROBE_SHAPE[1] * 4
         self._shard_bytes = sum(_bytes(m) for m in _linear_leaves(model))
         self._work_factor = work_factor
-        self._next = time.monotonic() + PROBE_SECONDS
+        self._next = _next_tick(time.time())
         self._count = 0
         self.last: RankSpeed | None = None
 
@@ -92,7 +101,11 @@ class SpeedProbe:
 
     def maybe(self) -> None:
         """Between batch steps: measure if one is due."""
-        now = time.monotonic()
-        if now >= self._next:
+        if time.time() >= self._next:
             self.measure()
-            self._next = time.monotonic() + PROBE_SECONDS
+            self._next = _next_tick(time.time())
+
+
+def _next_tick(now: float) -> float:
+    """The next multiple of PROBE_SECONDS on the wall clock (the same for every rank)."""
+    return (math.floor(now / PROBE_SECONDS) + 1) * PROBE_SECONDS
