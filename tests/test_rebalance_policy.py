@@ -59,9 +59,27 @@ def test_a_sustained_change_triggers_once_after_the_sustain_period() -> None:
 
     due = _run(policy, [1.0, 1.0], speeds, 200, seed=1)
     assert due, "a 2.5x slower rank must trigger a re-plan"
-    assert 60 + policy.sustain_seconds <= due[0] <= 60 + 30
+    # an even split at speeds 1 : 0.4 is 0.75 over a balanced one: it must last 20 s (15 s
+    # of re-plan cost / 0.75), counted from the third slow sample (the median of 5 flips)
+    assert policy.sustain_for(0.75) == 20.0
+    assert 60 + policy.sustain_for(0.8) <= due[0] <= 60 + 10 + policy.sustain_for(0.7)
     # the shares never follow in this simulation: later triggers respect the cooldown
     assert all(b - a >= policy.cooldown_seconds for a, b in zip(due, due[1:], strict=False))
+
+
+def test_a_modest_slowdown_must_last_until_a_replan_repays_its_cost() -> None:
+    """A rank 20% slow (another program on its core, a busy host) costs 0.125 over a balanced
+    split: a re-plan (15 s of drain and reload) pays only if that lasts 120 s. A minute of it
+    passes; ten minutes trigger a re-plan, 120 s in."""
+    policy = RebalancePolicy()
+
+    def episode(length: float):
+        return lambda now: (1.0, 0.8) if 60 <= now < 60 + length else (1.0, 1.0)
+
+    assert _run(policy, [1.0, 1.0], episode(60), 600, seed=3) == []
+    due = _run(policy, [1.0, 1.0], episode(600), 700, seed=3)
+    assert due, "ten minutes of it must trigger a re-plan"
+    assert 60 + policy.sustain_for(0.14) <= due[0] <= 60 + 10 + policy.sustain_for(0.11)
 
 
 def test_a_short_dip_does_not_trigger() -> None:

@@ -30,6 +30,7 @@ from exo_tp.plan import load_spec
 from exo_tp.plan.cluster import Cluster, DeviceCost
 from exo_tp.plan.pipeline import plan_pipeline
 from exo_tp.plan.predict import predict
+from exo_tp.runtime.speed_probe import PROBE_SECONDS
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -435,7 +436,7 @@ def test_balance_panel_shows_the_leaders_live_speeds(cluster: LocalCluster, page
         target=http_json,
         args=(
             leader_url + "/v1/completions",
-            {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0},
+            {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 128, "temperature": 0},
         ),
         kwargs={"timeout": 300},
     )
@@ -456,6 +457,18 @@ def test_balance_panel_shows_the_leaders_live_speeds(cluster: LocalCluster, page
             return rows if same else None
 
         rows = wait(page, agreeing, 120, "the balance panel never matched /v1/cluster")
+
+        def probed_together(driver: Any) -> list[float] | None:
+            """The ranks' latest samples, once they come from one probe round (the ranks'
+            heartbeats arrive apart, so a round may not have reached the leader from all)."""
+            ranks = http_json(leader_url + "/v1/cluster")[1]["balance"]["ranks"]
+            times = sorted(r["sampled_at"] for r in ranks if r["sampled_at"] is not None)
+            return times if len(times) == 3 and times[-1] - times[0] < PROBE_SECONDS else None
+
+        # every rank probes after the same step, so their noise is shared: within a step or
+        # two of one another (a decode step here: ~0.1 s), not a rank's own timer apart
+        together = wait(page, probed_together, 60, "the ranks never probed in one round")
+        assert together[-1] - together[0] < 0.5, together
     finally:
         stream.join(300)
     assert [row["node"] for row in rows] == plan_of(cluster.urls[0])["nodes"]

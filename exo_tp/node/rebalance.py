@@ -47,6 +47,7 @@ class RankBalanceView(Frozen):
     latest_bytes_per_second: float | None
     samples: int
     work_factor: float | None  # the lab's emulated slowdown, when set
+    sampled_at: float | None  # wall-clock time of the latest sample
 
 
 class RebalanceView(Frozen):
@@ -191,6 +192,7 @@ class LiveBalance:
                         latest_bytes_per_second=sample.bytes_per_second if sample else None,
                         samples=sample.samples if sample else 0,
                         work_factor=sample.work_factor if sample else None,
+                        sampled_at=sample.at if sample else None,
                     )
                 )
         verdict = self.verdict

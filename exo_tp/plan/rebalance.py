@@ -12,6 +12,15 @@ Hysteresis, so noise never flaps the cluster: each rank's speed is the median of
 for ``sustain_seconds`` without a break, and not within ``cooldown_seconds`` of the last one.
 Speeds jittering by +-5% give at most ~5% imbalance over a balanced split, under the 10%
 default.
+
+A re-plan costs a drain and a reload (``replan_cost_seconds``) and gains the imbalance back for
+as long as the new speeds last. How long a change in speed will last is unknown; how long it has
+lasted already is the best guess, so a re-plan is due only once the imbalance has lasted long
+enough for its gain to repay the cost: imbalance x seconds >= cost. A device 2.5x slower (0.75
+over an even split) waits 20 s; a rank read 20% slow for a while, as another program on its core
+or a busy neighbour on a shared host does, waits 75 s and is usually back by then. On this
+project's 2-core VM a rank at factor 1 read 25-45% below its peer for 20-60 s at a time, and
+each re-plan that followed was undone by the next.
 """
 
 from __future__ import annotations
@@ -57,6 +66,13 @@ class RebalancePolicy:
     min_samples: int = 3  # per rank, before any decision
     sustain_seconds: float = 8.0
     cooldown_seconds: float = 20.0
+    # a re-plan's drain and reload (10-20 s measured here): the imbalance must last until its
+    # gain repays that, imbalance x seconds >= cost
+    replan_cost_seconds: float = 15.0
+
+    def sustain_for(self, value: float) -> float:
+        """Seconds an imbalance of ``value`` must last before a re-plan is due."""
+        return max(self.sustain_seconds, self.replan_cost_seconds / max(value, 1e-9))
 
 
 @dataclass(frozen=True)
@@ -102,7 +118,8 @@ def decide(
         return Verdict(replace(state, over_since=None), value, speeds, False)
     since = state.over_since if state.over_since is not None else now
     due = (
-        now - since >= policy.sustain_seconds and now - state.last_replan >= policy.cooldown_seconds
+        now - since >= policy.sustain_for(value)
+        and now - state.last_replan >= policy.cooldown_seconds
     )
     if due:
         return Verdict(RebalanceState(last_replan=now), value, speeds, True)
