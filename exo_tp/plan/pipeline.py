@@ -104,8 +104,9 @@ def balance_layers(
 # Of the tokens a serving stage processes, the share that are generated (the rest are prompt
 # tokens): every token passes through every layer, but only generated ones (and a prompt's
 # last) through the LM head. Prompts twice as long as their answers: a third. (bench/serving.py
-# sends 40-100 token prompts for 32-token answers: 0.37. There SmolLM2 over 2 stages split
-# 16/14 measured fastest overlapped: 15/15 left the head's stage, 17/13 the first, the slower.)
+# sends 40-100 token prompts for 32-token answers: 0.37. There SmolLM2 over 2 stages spent the
+# most even CPU time per stage split 16/14: 15/15 left the head's stage, 17/13 the first, the
+# busier; the tokens/s of the splits differed less than runs of one split do.)
 GENERATED_SHARE = 1 / 3
 
 

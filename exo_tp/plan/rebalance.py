@@ -17,10 +17,10 @@ A re-plan costs a drain and a reload (``replan_cost_seconds``) and gains the imb
 as long as the new speeds last. How long a change in speed will last is unknown; how long it has
 lasted already is the best guess, so a re-plan is due only once the imbalance has lasted long
 enough for its gain to repay the cost: imbalance x seconds >= cost. A device 2.5x slower (0.75
-over an even split) waits 20 s; a rank read 20% slow for a while, as another program on its core
-or a busy neighbour on a shared host does, waits 75 s and is usually back by then. On this
-project's 2-core VM a rank at factor 1 read 25-45% below its peer for 20-60 s at a time, and
-each re-plan that followed was undone by the next.
+over an even split) waits 20 s; a rank 20% slow (0.125), as another program on its core or a
+busy neighbour on a shared host makes it for a while, waits 120 s and is usually back by then.
+On this project's 2-core VM a rank at factor 1 read 25-45% below its peer for 20-60 s at a
+time, and each re-plan that followed was undone by the next.
 """
 
 from __future__ import annotations
