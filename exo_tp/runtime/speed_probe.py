@@ -14,10 +14,9 @@ clock, not a rank's own timer. The ranks of a stage end each step together (its 
 join them) and read the same clock (one machine, or NTP), so they probe after the same step,
 at the same moment: whatever slows the whole machine then (a busy host, its memory bus) slows
 every rank's probe alike and cancels in the ratio of their speeds, which is all a re-plan
-reads. What slows one rank only does not cancel, and should not: on this project's 2-core VM,
-probed within 0.1 s of its peer, a rank at the same factor read 25-45% below it for a minute at
-a time while the node daemons and clients shared its core (the policy's cost term keeps that
-from re-planning, `exo_tp.plan.rebalance`).
+reads. What slows one rank only does not cancel: on this project's 2-core VM, probed within
+0.1 s of its peer, a rank at the same factor read 25-45% below it for a minute at a time (the
+policy's cost term keeps that from re-planning, `exo_tp.plan.rebalance`).
 
 Why not the rank's own linears: each call also costs a fixed time whatever its size, so timing
 the shard's own matrices made a rank with a small share look slower per byte than it is. A
