@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import random
 import shutil
@@ -459,11 +460,13 @@ def test_balance_panel_shows_the_leaders_live_speeds(cluster: LocalCluster, page
         rows = wait(page, agreeing, 120, "the balance panel never matched /v1/cluster")
 
         def probed_together(driver: Any) -> list[float] | None:
-            """The ranks' latest samples, once they come from one probe round (the ranks'
-            heartbeats arrive apart, so a round may not have reached the leader from all)."""
+            """The ranks' latest samples, once all come from one probe round: the same tick of
+            the PROBE_SECONDS grid (the ranks' heartbeats arrive apart, so the leader may hold
+            one rank's sample of the next round beside its peers' of this one)."""
             ranks = http_json(leader_url + "/v1/cluster")[1]["balance"]["ranks"]
             times = sorted(r["sampled_at"] for r in ranks if r["sampled_at"] is not None)
-            return times if len(times) == 3 and times[-1] - times[0] < PROBE_SECONDS else None
+            rounds = {math.floor(t / PROBE_SECONDS) for t in times}
+            return times if len(times) == 3 and len(rounds) == 1 else None
 
         # every rank probes after the same step, so their noise is shared: within a step or
         # two of one another (a decode step here: ~0.1 s), not a rank's own timer apart
