@@ -14,6 +14,11 @@ Modes:
   planner's rank among the measured plans, measured/predicted of every plan.
 - ``validate``: one rank alone at factor 1 and at each s, alternating: the decode slowdown
   should be s (within 10%).
+- ``mixed`` (a many-core machine): 3-6 ranks, each on its own core at its factor (--clusters,
+  e.g. 1,1.5,2;1,1,2,3): the fastest ranks alone (even TP), even TP, uneven TP with shares from
+  the bench scores and the planner's choice, measured and predicted as in ``plans``; the
+  uneven/even gain against the ideal max(s) * sum(1/s) / N (even TP runs at the slowest
+  rank's pace).
 - ``rebalance``: a 2-node `exo-tp run --local-nodes 2` cluster under 8 greedy streams; the
   second node's factor goes 1 -> s at run time. Tokens/s before the change, after it (before
   re-planning), after the re-plan, and the seconds the re-plan took; the shares before and
@@ -21,7 +26,7 @@ Modes:
   and window), plans itself at start-up: its tokens/s and shares, and after-re-plan / fresh
   (the issue's target: within 10%).
 
-    python bench/hetero_lab.py [--mode plans|validate|rebalance] [--factors 1.5,2,3]
+    python bench/hetero_lab.py [--mode plans|validate|rebalance|mixed] [--factors 1.5,2,3]
         [--tokens 48] [--rounds 3] [--quick]
 
 The last line of stdout is one JSON object. ``--quick``: one factor (2), few tokens, one round,
@@ -41,6 +46,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -147,28 +153,16 @@ def alternating(runs: dict[str, object], rounds: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def plans_for(
-    model: Path, factor: float, args: argparse.Namespace, fast: DeviceProfile, link: LinkCost
-) -> dict[str, object]:  # noqa: E501
-    spec = load_spec(model)
-    with tempfile.TemporaryDirectory() as home:
-        slow = profile(factor, CORES[1 % len(CORES)], Path(home), args.quick)
-    base = cluster_from_profiles(spec, [fast, slow])
-    cluster = Cluster(devices=base.devices, links=(Link(a=0, b=1, cost=link),), default_link=link)
-    speeds = [d.speed for d in cluster.devices]
+def measure_plans(
+    model: Path,
+    plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]],
+    device_factor: list[float],
+    cluster: Cluster,
+    args: argparse.Namespace,
+) -> tuple[dict[str, float], dict[str, float], str | None]:
+    """Every plan (on the devices it names) measured, median of --rounds alternating rounds,
+    and predicted by the cost model; and which other plan the planner's is, if any."""
     context, prompt = args.tokens + 64, 16
-    choice = choose_plan(spec, cluster, context_tokens=context, prompt_tokens=prompt)
-    device_factor = [1.0, factor]
-    plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]] = {
-        "fast_alone": (single_stage(plan_tensor_parallel(spec, [1])), (0,)),
-        "even_tp": (single_stage(plan_tensor_parallel(spec, [1, 1])), (0, 1)),
-        "uneven_tp": (single_stage(plan_tensor_parallel(spec, speeds)), (0, 1)),
-        "pipeline": (
-            plan_pipeline(spec, [[1], [1]], split_layers(spec.num_layers, speeds)),
-            (0, 1),
-        ),
-        "planner": (choice.best.plan, tuple(choice.best.devices)),
-    }
     predicted = {
         name: predict(plan, on, cluster, context, prompt).tokens_per_second
         for name, (plan, on) in plans.items()
@@ -194,6 +188,54 @@ def plans_for(
     measured = alternating(runs, args.rounds)
     if same:
         measured["planner"] = measured[same]
+    return measured, predicted, same
+
+
+def plan_rows(
+    plans: dict[str, object], measured: dict[str, float], predicted: dict[str, float]
+) -> dict[str, dict[str, float]]:
+    return {
+        n: {
+            "measured": round(measured[n], 3),
+            "predicted": round(predicted[n], 3),
+            "measured_over_predicted": round(measured[n] / predicted[n], 3),
+        }
+        for n in plans
+    }
+
+
+def print_plans(rows: dict[str, dict[str, float]]) -> None:
+    print(f"  {'plan':>10} {'measured':>9} {'predicted':>9} {'ratio':>6}")
+    for name, r in rows.items():
+        print(
+            f"  {name:>10} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
+            f"{r['measured_over_predicted']:>6.2f}"
+        )
+
+
+def plans_for(
+    model: Path, factor: float, args: argparse.Namespace, fast: DeviceProfile, link: LinkCost
+) -> dict[str, object]:  # noqa: E501
+    spec = load_spec(model)
+    with tempfile.TemporaryDirectory() as home:
+        slow = profile(factor, CORES[1 % len(CORES)], Path(home), args.quick)
+    base = cluster_from_profiles(spec, [fast, slow])
+    cluster = Cluster(devices=base.devices, links=(Link(a=0, b=1, cost=link),), default_link=link)
+    speeds = [d.speed for d in cluster.devices]
+    context, prompt = args.tokens + 64, 16
+    choice = choose_plan(spec, cluster, context_tokens=context, prompt_tokens=prompt)
+    device_factor = [1.0, factor]
+    plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]] = {
+        "fast_alone": (single_stage(plan_tensor_parallel(spec, [1])), (0,)),
+        "even_tp": (single_stage(plan_tensor_parallel(spec, [1, 1])), (0, 1)),
+        "uneven_tp": (single_stage(plan_tensor_parallel(spec, speeds)), (0, 1)),
+        "pipeline": (
+            plan_pipeline(spec, [[1], [1]], split_layers(spec.num_layers, speeds)),
+            (0, 1),
+        ),
+        "planner": (choice.best.plan, tuple(choice.best.devices)),
+    }
+    measured, predicted, same = measure_plans(model, plans, device_factor, cluster, args)
     ideal = (1 + factor) / 2
     gain = measured["uneven_tp"] / measured["even_tp"]
     ranking = sorted(measured, key=lambda n: -measured[n])
@@ -201,18 +243,12 @@ def plans_for(
         "bench_speed_ratio": speeds[0] / speeds[1],
         "planner_choice": choice.best.kind,
         "planner_plan_is": same,
-        "plans": {
-            n: {
-                "measured": round(measured[n], 3),
-                "predicted": round(predicted[n], 3),
-                "measured_over_predicted": round(measured[n] / predicted[n], 3),
-            }
-            for n in plans
-        },
+        "plans": plan_rows(plans, measured, predicted),
         "uneven_over_even": round(gain, 3),
         "ideal_uneven_over_even": ideal,
         "fraction_of_ideal_gain": round((gain - 1) / (ideal - 1), 3),
-        "planner_rank": ranking.index("planner") + 1,
+        # plans measured faster than the planner's (its own twin is not one of them)
+        "planner_rank": 1 + sum(v > measured["planner"] for v in measured.values()),
         "planner_over_best": round(measured["planner"] / measured[ranking[0]], 3),
     }
 
@@ -231,12 +267,7 @@ def run_plans(args: argparse.Namespace) -> dict[str, object]:
             f"s = {factor:g}: bench ratio {result['bench_speed_ratio']:.2f}, planner chose "
             f"{result['planner_choice']} (rank {result['planner_rank']})"
         )
-        print(f"  {'plan':>10} {'measured':>9} {'predicted':>9} {'ratio':>6}")
-        for name, r in result["plans"].items():  # type: ignore[union-attr]
-            print(
-                f"  {name:>10} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
-                f"{r['measured_over_predicted']:>6.2f}"
-            )
+        print_plans(result["plans"])  # type: ignore[arg-type]
         print(
             f"  uneven/even {result['uneven_over_even']:.2f} (ideal "
             f"{result['ideal_uneven_over_even']:.2f}: {result['fraction_of_ideal_gain']:.0%} "
@@ -513,21 +544,110 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
+def run_mixed(args: argparse.Namespace) -> dict[str, object]:
+    """3-6 ranks with mixed factors (a many-core machine: one core per rank). Each distinct
+    factor is profiled once by `exo-tp bench`; every pair of ranks gets the measured link."""
+    model = resolve_model(args.model)
+    spec = load_spec(model)
+    widest = max(len(c) for c in args.clusters)
+    if widest > len(CORES):
+        raise SystemExit(f"{widest} ranks need {widest} cores; this machine lends {len(CORES)}")
+    # Each distinct factor profiled at once, each on its own core and in its own home.
+    factors = sorted({f for c in args.clusters for f in c})
+    with tempfile.TemporaryDirectory() as home, ThreadPoolExecutor(len(factors)) as pool:
+        measuring = [
+            pool.submit(profile, f, CORES[i % len(CORES)], Path(home) / str(i), args.quick)
+            for i, f in enumerate(factors)
+        ]
+        profiles = dict(zip(factors, (m.result() for m in measuring), strict=True))
+    link = measure_link()
+    out: dict[str, object] = {}
+    for factors in args.clusters:
+        name = ",".join(f"{f:g}" for f in factors)
+        print(f"factors {name}", file=sys.stderr, flush=True)
+        base = cluster_from_profiles(spec, [profiles[f] for f in factors])
+        cluster = Cluster(devices=base.devices, default_link=link)
+        speeds = [d.speed for d in cluster.devices]
+        everyone = tuple(range(len(factors)))
+        fastest = tuple(i for i, f in enumerate(factors) if f == min(factors))
+        choice = choose_plan(spec, cluster, context_tokens=args.tokens + 64, prompt_tokens=16)
+        plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]] = {
+            "fastest_only": (
+                single_stage(plan_tensor_parallel(spec, [1] * len(fastest))),
+                fastest,
+            ),
+            "even_tp": (single_stage(plan_tensor_parallel(spec, [1] * len(factors))), everyone),
+            "uneven_tp": (single_stage(plan_tensor_parallel(spec, speeds)), everyone),
+            "planner": (choice.best.plan, tuple(choice.best.devices)),
+        }
+        measured, predicted, same = measure_plans(model, plans, list(factors), cluster, args)
+        # Even TP runs at the slowest rank's pace; ideal uneven TP at the summed speeds.
+        ideal = max(factors) * sum(1 / f for f in factors) / len(factors)
+        gain = measured["uneven_tp"] / measured["even_tp"]
+        ranking = sorted(measured, key=lambda n: -measured[n])
+        result = {
+            "planner_choice": choice.best.kind,
+            "planner_devices": list(choice.best.devices),
+            "planner_plan_is": same,
+            "uneven_shares": [round(w, 3) for w in plans["uneven_tp"][0].stages[0].tp.weights],
+            "plans": plan_rows(plans, measured, predicted),
+            "uneven_over_even": round(gain, 3),
+            "ideal_uneven_over_even": round(ideal, 3),
+            "fraction_of_ideal_gain": round((gain - 1) / (ideal - 1), 3),
+            # plans measured faster than the planner's (its own twin is not one of them)
+            "planner_rank": 1 + sum(v > measured["planner"] for v in measured.values()),
+            "planner_over_best": round(measured["planner"] / measured[ranking[0]], 3),
+        }
+        out[name] = result
+        print(
+            f"factors {name}: planner chose {choice.best.kind} on {list(choice.best.devices)} "
+            f"(rank {result['planner_rank']})"
+        )
+        print_plans(result["plans"])  # type: ignore[arg-type]
+        print(
+            f"  uneven/even {gain:.2f} (ideal {ideal:.2f}: "
+            f"{result['fraction_of_ideal_gain']:.0%} of the ideal gain)",
+            flush=True,
+        )
+    return {
+        "mode": "mixed",
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "cores": len(CORES),
+        "clusters": out,
+        "link_latency_us": round(link.latency * 1e6, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("plans", "validate", "rebalance"), default="plans")
+    parser.add_argument(
+        "--mode", choices=("plans", "validate", "rebalance", "mixed"), default="plans"
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--factors", default="1.5,2,3")
+    parser.add_argument(
+        "--clusters",
+        default="1,1.5,2;1,1,2,3;1,1,1.5,1.5,2,3",
+        help="mixed: each cluster's rank factors, clusters apart by ';'",
+    )
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="check the lab runs (tiny settings)")
     args = parser.parse_args()
     args.factors = [float(f) for f in args.factors.split(",")]
+    args.clusters = [[float(f) for f in c.split(",")] for c in args.clusters.split(";") if c]
     if args.quick:
         args.factors, args.tokens, args.rounds = [2.0], 6, 1
+        args.clusters = [c for c in args.clusters if len(c) <= len(CORES)] or [[1.0, 2.0]]
     if len(CORES) < 2:
         raise SystemExit("the lab needs two cores")
-    run = {"plans": run_plans, "validate": run_validate, "rebalance": run_rebalance}[args.mode]
+    run = {
+        "plans": run_plans,
+        "validate": run_validate,
+        "rebalance": run_rebalance,
+        "mixed": run_mixed,
+    }[args.mode]
     print(json.dumps(run(args)))
 
 
