@@ -10,11 +10,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,9 +55,12 @@ def wait_ready(
     timeout: float = 180,
     nodes: int | None = None,
     headers: dict[str, str] | None = None,
+    logs: Sequence[Path] = (),
 ) -> None:
     """Until every node says the cluster serves (and, if given, spans ``nodes`` ranks).
-    ``headers``: sent with each request (an API key)."""
+    ``headers``: sent with each request (an API key); ``logs``: the nodes' logs, whose ends
+    the timeout's error shows (why a cluster never formed is in them, and CI keeps nothing
+    else)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -77,7 +81,17 @@ def wait_ready(
         except (OSError, ValidationError, json.JSONDecodeError) as error:
             last = error
         time.sleep(0.5)
-    raise TimeoutError(f"cluster not ready after {timeout}s: {last}")
+    raise TimeoutError(f"cluster not ready after {timeout}s: {last}{log_tails(logs)}")
+
+
+def log_tails(logs: Sequence[Path], lines: int = 40) -> str:
+    """The last ``lines`` lines of each log, headed by its name."""
+    parts = []
+    for path in logs:
+        with suppress(OSError):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"\n--- the end of {path.name} ---\n" + "\n".join(tail))
+    return "".join(parts)
 
 
 def free_port_base(count: int) -> int:
@@ -138,7 +152,12 @@ def local_cluster(
         args += ["--weights", ",".join(map(str, weights))]
     elif "--profile" not in extra and not bench:
         args.append("--no-bench")
-    stderr = log.open("w") if log else subprocess.DEVNULL
+    # Without a log asked for, one all the same (deleted afterwards): a cluster that never
+    # gets ready shows its end in the error.
+    own_log = None if log else Path(tempfile.mkstemp(prefix="exo-tp-cluster-", suffix=".log")[1])
+    log = log or own_log
+    assert log is not None
+    stderr = log.open("w")
     proc = subprocess.Popen(
         args,
         stdout=subprocess.DEVNULL,
@@ -150,7 +169,7 @@ def local_cluster(
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
     try:
         if ready:
-            wait_ready(urls, nodes=count, headers=headers)
+            wait_ready(urls, nodes=count, headers=headers, logs=[log])
         yield LocalCluster(urls, proc)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -158,6 +177,9 @@ def local_cluster(
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        stderr.close()
+        if own_log is not None:
+            own_log.unlink(missing_ok=True)
 
 
 def _limit_files(limit: tuple[int, int]) -> None:
@@ -203,7 +225,12 @@ def loopback_nodes(
             variables = {"EXO_TP_SECRET": secret, **(env or {}), **own}
             nodes.start(node_job(i, options_from_flags(flags), variables, logs / f"n{i}.log"))
         if ready:
-            wait_ready(urls, nodes=count, headers=headers)
+            wait_ready(
+                urls,
+                nodes=count,
+                headers=headers,
+                logs=[logs / f"n{i}.log" for i in range(count)],
+            )
         yield LoopbackNodes(urls, cluster, secret)
 
 
