@@ -205,10 +205,10 @@ def plan_rows(
 
 
 def print_plans(rows: dict[str, dict[str, float]]) -> None:
-    print(f"  {'plan':>10} {'measured':>9} {'predicted':>9} {'ratio':>6}")
+    print(f"  {'plan':>12} {'measured':>9} {'predicted':>9} {'ratio':>6}")
     for name, r in rows.items():
         print(
-            f"  {name:>10} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
+            f"  {name:>12} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
             f"{r['measured_over_predicted']:>6.2f}"
         )
 
