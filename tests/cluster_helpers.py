@@ -154,9 +154,11 @@ def local_cluster(
         args.append("--no-bench")
     # Without a log asked for, one all the same (deleted afterwards): a cluster that never
     # gets ready shows its end in the error.
-    own_log = None if log else Path(tempfile.mkstemp(prefix="exo-tp-cluster-", suffix=".log")[1])
-    log = log or own_log
-    assert log is not None
+    own_log = None
+    if log is None:
+        handle, name = tempfile.mkstemp(prefix="exo-tp-cluster-", suffix=".log")
+        os.close(handle)
+        log = own_log = Path(name)
     stderr = log.open("w")
     proc = subprocess.Popen(
         args,
