@@ -153,6 +153,12 @@ def alternating(runs: dict[str, object], rounds: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+def window(args: argparse.Namespace) -> tuple[int, int]:
+    """The context and prompt tokens every plan is chosen and predicted for (the launches
+    decode --tokens after the bench prompt)."""
+    return args.tokens + 64, 16
+
+
 def measure_plans(
     model: Path,
     plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]],
@@ -162,7 +168,7 @@ def measure_plans(
 ) -> tuple[dict[str, float], dict[str, float], str | None]:
     """Every plan (on the devices it names) measured, median of --rounds alternating rounds,
     and predicted by the cost model; and which other plan the planner's is, if any."""
-    context, prompt = args.tokens + 64, 16
+    context, prompt = window(args)
     predicted = {
         name: predict(plan, on, cluster, context, prompt).tokens_per_second
         for name, (plan, on) in plans.items()
@@ -204,6 +210,28 @@ def plan_rows(
     }
 
 
+def gains(measured: dict[str, float], ideal: float) -> dict[str, float]:
+    """Uneven over even TP against its ``ideal``, and the planner's place among the plans."""
+    gain = measured["uneven_tp"] / measured["even_tp"]
+    return {
+        "uneven_over_even": round(gain, 3),
+        "ideal_uneven_over_even": round(ideal, 3),
+        "fraction_of_ideal_gain": round((gain - 1) / (ideal - 1), 3),
+        # plans measured faster than the planner's (its own twin is not one of them)
+        "planner_rank": 1 + sum(v > measured["planner"] for v in measured.values()),
+        "planner_over_best": round(measured["planner"] / max(measured.values()), 3),
+    }
+
+
+def print_gains(result: dict[str, object]) -> None:
+    print(
+        f"  uneven/even {result['uneven_over_even']:.2f} (ideal "
+        f"{result['ideal_uneven_over_even']:.2f}: {result['fraction_of_ideal_gain']:.0%} "
+        f"of the ideal gain)",
+        flush=True,
+    )
+
+
 def print_plans(rows: dict[str, dict[str, float]]) -> None:
     print(f"  {'plan':>12} {'measured':>9} {'predicted':>9} {'ratio':>6}")
     for name, r in rows.items():
@@ -222,7 +250,7 @@ def plans_for(
     base = cluster_from_profiles(spec, [fast, slow])
     cluster = Cluster(devices=base.devices, links=(Link(a=0, b=1, cost=link),), default_link=link)
     speeds = [d.speed for d in cluster.devices]
-    context, prompt = args.tokens + 64, 16
+    context, prompt = window(args)
     choice = choose_plan(spec, cluster, context_tokens=context, prompt_tokens=prompt)
     device_factor = [1.0, factor]
     plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]] = {
@@ -236,20 +264,12 @@ def plans_for(
         "planner": (choice.best.plan, tuple(choice.best.devices)),
     }
     measured, predicted, same = measure_plans(model, plans, device_factor, cluster, args)
-    ideal = (1 + factor) / 2
-    gain = measured["uneven_tp"] / measured["even_tp"]
-    ranking = sorted(measured, key=lambda n: -measured[n])
     return {
         "bench_speed_ratio": speeds[0] / speeds[1],
         "planner_choice": choice.best.kind,
         "planner_plan_is": same,
         "plans": plan_rows(plans, measured, predicted),
-        "uneven_over_even": round(gain, 3),
-        "ideal_uneven_over_even": ideal,
-        "fraction_of_ideal_gain": round((gain - 1) / (ideal - 1), 3),
-        # plans measured faster than the planner's (its own twin is not one of them)
-        "planner_rank": 1 + sum(v > measured["planner"] for v in measured.values()),
-        "planner_over_best": round(measured["planner"] / measured[ranking[0]], 3),
+        **gains(measured, ideal=(1 + factor) / 2),
     }
 
 
@@ -268,11 +288,7 @@ def run_plans(args: argparse.Namespace) -> dict[str, object]:
             f"{result['planner_choice']} (rank {result['planner_rank']})"
         )
         print_plans(result["plans"])  # type: ignore[arg-type]
-        print(
-            f"  uneven/even {result['uneven_over_even']:.2f} (ideal "
-            f"{result['ideal_uneven_over_even']:.2f}: {result['fraction_of_ideal_gain']:.0%} "
-            f"of the ideal gain)"
-        )
+        print_gains(result)
     return {
         "mode": "plans",
         "tokens": args.tokens,
@@ -570,7 +586,8 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
         speeds = [d.speed for d in cluster.devices]
         everyone = tuple(range(len(factors)))
         fastest = tuple(i for i, f in enumerate(factors) if f == min(factors))
-        choice = choose_plan(spec, cluster, context_tokens=args.tokens + 64, prompt_tokens=16)
+        context, prompt = window(args)
+        choice = choose_plan(spec, cluster, context_tokens=context, prompt_tokens=prompt)
         plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]] = {
             "fastest_only": (
                 single_stage(plan_tensor_parallel(spec, [1] * len(fastest))),
@@ -583,20 +600,13 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
         measured, predicted, same = measure_plans(model, plans, list(factors), cluster, args)
         # Even TP runs at the slowest rank's pace; ideal uneven TP at the summed speeds.
         ideal = max(factors) * sum(1 / f for f in factors) / len(factors)
-        gain = measured["uneven_tp"] / measured["even_tp"]
-        ranking = sorted(measured, key=lambda n: -measured[n])
         result = {
             "planner_choice": choice.best.kind,
             "planner_devices": list(choice.best.devices),
             "planner_plan_is": same,
             "uneven_shares": [round(w, 3) for w in plans["uneven_tp"][0].stages[0].tp.weights],
             "plans": plan_rows(plans, measured, predicted),
-            "uneven_over_even": round(gain, 3),
-            "ideal_uneven_over_even": round(ideal, 3),
-            "fraction_of_ideal_gain": round((gain - 1) / (ideal - 1), 3),
-            # plans measured faster than the planner's (its own twin is not one of them)
-            "planner_rank": 1 + sum(v > measured["planner"] for v in measured.values()),
-            "planner_over_best": round(measured["planner"] / measured[ranking[0]], 3),
+            **gains(measured, ideal),
         }
         out[name] = result
         print(
@@ -604,11 +614,7 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
             f"(rank {result['planner_rank']})"
         )
         print_plans(result["plans"])  # type: ignore[arg-type]
-        print(
-            f"  uneven/even {gain:.2f} (ideal {ideal:.2f}: "
-            f"{result['fraction_of_ideal_gain']:.0%} of the ideal gain)",
-            flush=True,
-        )
+        print_gains(result)
     return {
         "mode": "mixed",
         "tokens": args.tokens,
