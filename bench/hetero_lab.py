@@ -48,7 +48,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from _common import ROOT, env, generation_tps, launch_command
 
@@ -223,22 +223,21 @@ def gains(measured: dict[str, float], ideal: float) -> dict[str, float]:
     }
 
 
-def print_gains(result: dict[str, object]) -> None:
+def print_result(heading: str, result: dict[str, Any]) -> None:
+    """One setup's plans, measured against predicted, and the gains."""
+    print(f"{heading} (planner's rank {result['planner_rank']})")
+    print(f"  {'plan':>12} {'measured':>9} {'predicted':>9} {'ratio':>6}")
+    for name, r in result["plans"].items():
+        print(
+            f"  {name:>12} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
+            f"{r['measured_over_predicted']:>6.2f}"
+        )
     print(
         f"  uneven/even {result['uneven_over_even']:.2f} (ideal "
         f"{result['ideal_uneven_over_even']:.2f}: {result['fraction_of_ideal_gain']:.0%} "
         f"of the ideal gain)",
         flush=True,
     )
-
-
-def print_plans(rows: dict[str, dict[str, float]]) -> None:
-    print(f"  {'plan':>12} {'measured':>9} {'predicted':>9} {'ratio':>6}")
-    for name, r in rows.items():
-        print(
-            f"  {name:>12} {r['measured']:>9.2f} {r['predicted']:>9.2f} "
-            f"{r['measured_over_predicted']:>6.2f}"
-        )
 
 
 def plans_for(
@@ -283,12 +282,11 @@ def run_plans(args: argparse.Namespace) -> dict[str, object]:
         print(f"s = {factor:g}", file=sys.stderr, flush=True)
         result = plans_for(model, factor, args, fast, link)
         out[f"{factor:g}"] = result
-        print(
+        print_result(
             f"s = {factor:g}: bench ratio {result['bench_speed_ratio']:.2f}, planner chose "
-            f"{result['planner_choice']} (rank {result['planner_rank']})"
+            f"{result['planner_choice']}",
+            result,
         )
-        print_plans(result["plans"])  # type: ignore[arg-type]
-        print_gains(result)
     return {
         "mode": "plans",
         "tokens": args.tokens,
@@ -609,12 +607,10 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
             **gains(measured, ideal),
         }
         out[name] = result
-        print(
-            f"factors {name}: planner chose {choice.best.kind} on {list(choice.best.devices)} "
-            f"(rank {result['planner_rank']})"
+        print_result(
+            f"factors {name}: planner chose {choice.best.kind} on {list(choice.best.devices)}",
+            result,
         )
-        print_plans(result["plans"])  # type: ignore[arg-type]
-        print_gains(result)
     return {
         "mode": "mixed",
         "tokens": args.tokens,
