@@ -94,6 +94,7 @@ class Cluster:
     urls: list[str]
     ids: list[str]
     kill: Callable[[int], None]  # SIGKILL node i and everything it started
+    logs: list[Path]  # node i's log (a failed readiness wait shows their ends)
 
 
 def _netns_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
@@ -111,7 +112,8 @@ def _netns_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
                 env={**env, "EXO_TP_SECRET": secret},
             )  # fmt: skip
         urls = [h.url for h in hosts]
-        wait_ready(urls, nodes=3)
+        logs = [h.log for h in hosts if h.log is not None]
+        wait_ready(urls, nodes=3, logs=logs)
 
         def kill(i: int) -> None:
             proc = hosts[i].proc
@@ -121,7 +123,7 @@ def _netns_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
-        yield Cluster(urls, [f"node-{i}" for i in range(3)], kill)
+        yield Cluster(urls, [f"node-{i}" for i in range(3)], kill, logs)
     finally:
         lab.down()
 
@@ -141,7 +143,9 @@ def _loopback_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
             )
             os.kill(node.pid, signal.SIGKILL)
 
-        yield Cluster(running.urls, [f"n{i}" for i in range(len(running.urls))], kill)
+        count = len(running.urls)
+        logs = [models / f"n{i}.log" for i in range(count)]
+        yield Cluster(running.urls, [f"n{i}" for i in range(count)], kill, logs)
 
 
 @pytest.fixture(scope="module")
@@ -457,7 +461,7 @@ def test_killed_node_fails_the_job_then_cluster_serves(
     assert time.monotonic() - killed < 10
     assert cluster.ids[-1] in done.error.message, done.error
     # the cluster serves again, without the killed node
-    wait_ready(cluster.urls[:-1], nodes=len(cluster.ids) - 1)
+    wait_ready(cluster.urls[:-1], nodes=len(cluster.ids) - 1, logs=cluster.logs[:-1])
 
 
 def test_files_and_jobs_survive_a_restart(tmp_path: Path) -> None:
