@@ -140,6 +140,10 @@ class Leader:
         dispatcher.on_conductor_lost = self._conductor_lost
         # A fine-tuning job holds the cluster (exo_tp.node.finetune_jobs): no epoch forms.
         self.paused: str | None = None
+        # One round of the loop (which may form an epoch across many awaits) or one pause at a
+        # time: a pause that let go of the epoch mid-round would leave the round forming over
+        # ranks the job is about to take.
+        self._round = asyncio.Lock()
         self.balance = LiveBalance(
             RebalancePolicy(threshold=config.rebalance_threshold), config.rebalance
         )
@@ -154,14 +158,16 @@ class Leader:
     # ---- a fine-tuning job holds the cluster -----------------------------------------------
 
     async def pause(self, reason: str) -> None:
-        """Stop serving and let every serving rank go; no epoch forms until `resume`."""
+        """Stop serving and let every serving rank go; no epoch forms until `resume`. Waits
+        for a formation round in progress to end first (it then releases that epoch)."""
         self.paused = reason
-        self._dispatcher.detach(reason)
-        self._dispatcher.resume()
-        led, self.led = self.led, None
-        if led is not None:
-            peers = [self.peers.get(n) for n in set(led.nodes)]
-            await asyncio.gather(*(self._release(p, led.number) for p in peers if p))
+        async with self._round:
+            self._dispatcher.detach(reason)
+            self._dispatcher.resume()
+            led, self.led = self.led, None
+            if led is not None:
+                peers = [self.peers.get(n) for n in set(led.nodes)]
+                await asyncio.gather(*(self._release(p, led.number) for p in peers if p))
 
     def resume(self) -> None:
         """Serve again: the next round forms a new epoch."""
@@ -173,7 +179,8 @@ class Leader:
         while True:
             await asyncio.sleep(0.2)
             try:
-                await self._lead_once()
+                async with self._round:
+                    await self._lead_once()
             except (
                 aiohttp.ClientError,
                 TimeoutError,
@@ -183,6 +190,10 @@ class Leader:
             ) as error:
                 log.warning("formation round failed: %s", error)
                 self._fail("formation failed: " + (str(error) or type(error).__name__))
+                await asyncio.sleep(1.0)
+            except Exception as error:  # a bug: the cluster must not stop forming over it
+                log.exception("formation round failed")
+                self._fail(f"formation failed: {type(error).__name__}: {error}")
                 await asyncio.sleep(1.0)
 
     def _eligible(self) -> list[Announcement]:
