@@ -218,7 +218,10 @@ class Node:
     async def _maintain(self, peers: Peers) -> None:
         """Poll the peers every second; let a worker go once its leader is gone."""
         while True:
-            await peers.poll_once()
-            await self.handlers.drop_orphan()
-            await self.finetune_ranks.drop_orphan(peers.alive_ids())
+            try:
+                await peers.poll_once()
+                await self.handlers.drop_orphan()
+                await self.finetune_ranks.drop_orphan(peers.alive_ids())
+            except Exception:  # a bug: without this loop the node drops out of the cluster
+                log.exception("maintenance round failed")
             await asyncio.sleep(1.0 if len(peers.membership.members) > 1 else 0.5)
