@@ -567,13 +567,13 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
     if widest > len(CORES):
         raise SystemExit(f"{widest} ranks need {widest} cores; this machine lends {len(CORES)}")
     # Each distinct factor profiled at once, each on its own core and in its own home.
-    factors = sorted({f for c in args.clusters for f in c})
-    with tempfile.TemporaryDirectory() as home, ThreadPoolExecutor(len(factors)) as pool:
+    distinct = sorted({f for c in args.clusters for f in c})
+    with tempfile.TemporaryDirectory() as home, ThreadPoolExecutor(len(distinct)) as pool:
         measuring = [
             pool.submit(profile, f, CORES[i % len(CORES)], Path(home) / str(i), args.quick)
-            for i, f in enumerate(factors)
+            for i, f in enumerate(distinct)
         ]
-        profiles = dict(zip(factors, (m.result() for m in measuring), strict=True))
+        profiles = dict(zip(distinct, (m.result() for m in measuring), strict=True))
     link = measure_link()
     out: dict[str, object] = {}
     for factors in args.clusters:

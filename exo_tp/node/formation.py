@@ -181,6 +181,7 @@ class Leader:
             try:
                 async with self._round:
                     await self._lead_once()
+                continue
             except (
                 aiohttp.ClientError,
                 TimeoutError,
@@ -189,12 +190,12 @@ class Leader:
                 ExoTpError,
             ) as error:
                 log.warning("formation round failed: %s", error)
-                self._fail("formation failed: " + (str(error) or type(error).__name__))
-                await asyncio.sleep(1.0)
+                reason = str(error) or type(error).__name__
             except Exception as error:  # a bug: the cluster must not stop forming over it
                 log.exception("formation round failed")
-                self._fail(f"formation failed: {type(error).__name__}: {error}")
-                await asyncio.sleep(1.0)
+                reason = f"{type(error).__name__}: {error}"
+            self._fail("formation failed: " + reason)
+            await asyncio.sleep(1.0)
 
     def _eligible(self) -> list[Announcement]:
         now = time.monotonic()
