@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from exo_tp.cli.run import options_from_flags
 from exo_tp.node.local_cluster import LocalCluster as SupervisedNodes
 from exo_tp.node.local_cluster import node_job
-from exo_tp.node.views import HealthView, PlanView
+from exo_tp.node.views import ClusterView, HealthView, PlanView
 from exo_tp.transport.ports import port_is_free
 
 CLI = [sys.executable, "-m", "exo_tp"]
@@ -59,8 +59,8 @@ def wait_ready(
 ) -> None:
     """Until every node says the cluster serves (and, if given, spans ``nodes`` ranks).
     ``headers``: sent with each request (an API key); ``logs``: the nodes' logs, whose ends
-    the timeout's error shows (why a cluster never formed is in them, and CI keeps nothing
-    else)."""
+    the timeout's error shows beside the leader's last reason (why a cluster never formed is
+    in them, and CI keeps nothing else)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -73,11 +73,13 @@ def wait_ready(
                 PlanView.model_validate(http_json(f"{u}/v1/plan", timeout=2, headers=headers)[1])
                 for u in urls
             ]
-            last = (states, [p.nodes for p in plans])
             if all(s == "ready" for s in states) and (
                 nodes is None or all(len(p.nodes) == nodes for p in plans)
             ):
                 return
+            # why not yet, as the leader says it (a failed epoch names its rank and cause)
+            view = http_json(f"{urls[0]}/v1/cluster", timeout=2, headers=headers)[1]
+            last = (states, [p.nodes for p in plans], ClusterView.model_validate(view).state_reason)
         except (OSError, ValidationError, json.JSONDecodeError) as error:
             last = error
         time.sleep(0.5)
@@ -110,6 +112,7 @@ class LocalCluster:
 
     urls: list[str]
     proc: subprocess.Popen
+    log: Path  # the nodes' stderr (one file for the whole cluster)
 
 
 @contextmanager
@@ -172,7 +175,7 @@ def local_cluster(
     try:
         if ready:
             wait_ready(urls, nodes=count, headers=headers, logs=[log])
-        yield LocalCluster(urls, proc)
+        yield LocalCluster(urls, proc, log)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -195,6 +198,7 @@ class LoopbackNodes:
     urls: list[str]
     cluster: str
     secret: str
+    logs: list[Path]  # node i's stderr
 
 
 @contextmanager
@@ -217,6 +221,7 @@ def loopback_nodes(
     base = free_port_base(count)
     cluster, secret = f"test-{secrets.token_hex(4)}", secrets.token_hex(16)
     urls = [f"http://127.0.0.1:{base + i}" for i in range(count)]
+    node_logs = [logs / f"n{i}.log" for i in range(count)]
     with SupervisedNodes() as nodes:
         for i, extra in enumerate(node_args):
             flags = ["--host", "127.0.0.1", "--api-port", str(base + i), "--node-id", f"n{i}"]
@@ -225,15 +230,10 @@ def loopback_nodes(
             flags += [*(() if "--rebalance" in extra else ("--rebalance", "off")), *extra]
             own = node_env[i] if node_env else {}
             variables = {"EXO_TP_SECRET": secret, **(env or {}), **own}
-            nodes.start(node_job(i, options_from_flags(flags), variables, logs / f"n{i}.log"))
+            nodes.start(node_job(i, options_from_flags(flags), variables, node_logs[i]))
         if ready:
-            wait_ready(
-                urls,
-                nodes=count,
-                headers=headers,
-                logs=[logs / f"n{i}.log" for i in range(count)],
-            )
-        yield LoopbackNodes(urls, cluster, secret)
+            wait_ready(urls, nodes=count, headers=headers, logs=node_logs)
+        yield LoopbackNodes(urls, cluster, secret, node_logs)
 
 
 def can_make_namespaces() -> str | None:

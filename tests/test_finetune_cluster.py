@@ -143,9 +143,8 @@ def _loopback_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
             )
             os.kill(node.pid, signal.SIGKILL)
 
-        count = len(running.urls)
-        logs = [models / f"n{i}.log" for i in range(count)]
-        yield Cluster(running.urls, [f"n{i}" for i in range(count)], kill, logs)
+        ids = [f"n{i}" for i in range(len(running.urls))]
+        yield Cluster(running.urls, ids, kill, running.logs)
 
 
 @pytest.fixture(scope="module")

@@ -499,7 +499,7 @@ def test_model_picker_lists_loads_and_downloads(cluster: LocalCluster, page: Any
             By.CSS_SELECTOR, '#models tr[data-model="smollm2-135m-q4"] button'
         ).click()
         wait(page, lambda d: serving_in_page(d, "smollm2-135m-q4"), 120, "Load never switched")
-        wait_ready(cluster.urls, nodes=3)
+        wait_ready(cluster.urls, nodes=3, logs=[cluster.log])
         status, answer = http_json(
             cluster.urls[0] + "/v1/completions",
             {"model": "smollm2-135m-q4", "prompt": "Hello", "max_tokens": 2},
@@ -509,7 +509,7 @@ def test_model_picker_lists_loads_and_downloads(cluster: LocalCluster, page: Any
     finally:
         click(page, f'#models tr[data-model="{MODEL}"] button')
         wait(page, lambda d: serving_in_page(d, MODEL), 120, "Load never switched back")
-        wait_ready(cluster.urls, nodes=3)
+        wait_ready(cluster.urls, nodes=3, logs=[cluster.log])
     # No hub is reachable from these nodes: the typed id's download fails, and says why.
     set_field(page, "model-input", "tiny-org/absent")
     page.find_element(By.CSS_SELECTOR, "#model-form button").click()
