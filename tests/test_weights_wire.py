@@ -96,18 +96,15 @@ def test_requests_are_signed_typed_and_refused_clearly(
             with pytest.raises(TransferError, match="401"):
                 await fetch_manifest(s, a, "wrong", manifest.identity)
             assert await fetch_manifest(s, a, SECRET, manifest.identity) == manifest
+
             # a manifest answered by someone without the secret is not trusted
+            async def unsigned_manifest(_: web.Request) -> web.Response:
+                return web.Response(
+                    body=manifest.model_dump_json(), content_type="application/json"
+                )
+
             forged = web.Application()
-            forged.add_routes(
-                [
-                    web.post(
-                        f"{MOUNT}/manifest",
-                        lambda _: web.Response(
-                            body=manifest.model_dump_json(), content_type="application/json"
-                        ),
-                    )
-                ]
-            )
+            forged.add_routes([web.post(f"{MOUNT}/manifest", unsigned_manifest)])
             runner = web.AppRunner(forged, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0).start()
