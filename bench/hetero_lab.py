@@ -173,6 +173,9 @@ def measure_plans(
         name: predict(plan, on, cluster, context, prompt).tokens_per_second
         for name, (plan, on) in plans.items()
     }
+    # Printed before the runs: a lent machine's time limit can cut the rounds short.
+    for name, tps in predicted.items():
+        print(f"  predicted {name} on {list(plans[name][1])}: {tps:.3f}", file=sys.stderr)
 
     # The planner's choice is usually one of the other plans: the same launch, measured once
     # (two runs of one command differ only by the machine's drift between them).
@@ -574,6 +577,7 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
             for i, f in enumerate(distinct)
         ]
         profiles = dict(zip(distinct, (m.result() for m in measuring), strict=True))
+    print(f"profiled factors {distinct}", file=sys.stderr, flush=True)
     link = measure_link()
     out: dict[str, object] = {}
     for factors in args.clusters:
