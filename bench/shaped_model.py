@@ -4,9 +4,11 @@ The lab's many-core runs go to a lent machine that reaches no hub and takes a sm
 tree: it gets the model's config.json and tokenizer files, and this builds the weights there
 with the test suite's writer of random models (tests/tiny_models.py, mlx-lm's own classes).
 Decode speed does not depend on the weights' values. The end-of-sequence tokens' output rows
-are zeroed, so greedy decoding never stops early (every run decodes all its tokens).
+are zeroed, so greedy decoding never stops early (every run decodes all its tokens). KEY=VALUE
+pairs change the config first (another shape with the same tokenizer: e.g. hidden_size=1024
+intermediate_size=4096 num_hidden_layers=16 num_attention_heads=16 num_key_value_heads=4).
 
-    python bench/shaped_model.py FROM_FOLDER OUT_FOLDER
+    python bench/shaped_model.py FROM_FOLDER OUT_FOLDER [KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from _common import ROOT
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3 or not all("=" in a for a in sys.argv[3:]):
         raise SystemExit(__doc__.strip().splitlines()[-1].strip())
     source, out = Path(sys.argv[1]), Path(sys.argv[2])
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from tiny_models import write_tiny_model
 
     config = json.loads((source / "config.json").read_text())
+    for pair in sys.argv[3:]:
+        key, value = pair.split("=", 1)
+        config[key] = json.loads(value)
     write_tiny_model(out, config, source, form="mlx")
     path = out / "model.safetensors"
     weights = mx.load(str(path))
