@@ -31,7 +31,10 @@ def main() -> None:
     config = json.loads((source / "config.json").read_text())
     for pair in sys.argv[3:]:
         key, value = pair.split("=", 1)
-        config[key] = json.loads(value)
+        try:
+            config[key] = json.loads(value)  # numbers, lists, true/false
+        except json.JSONDecodeError:
+            config[key] = value  # a bare string (model_type=qwen2)
     write_tiny_model(out, config, source, form="mlx")
     path = out / "model.safetensors"
     weights = mx.load(str(path))
