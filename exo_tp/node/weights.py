@@ -141,7 +141,11 @@ class NodeWeights:
             try:
                 info = StoreInfo.model_validate_json(info_path.read_text())
                 if info.manifest.identity in self.stores:
-                    raise ExoTpError("this node already uses another store of that model")
+                    # Expected, not a fault: `--local-nodes` gives each local node its own
+                    # store of a model, and a node serves one, leaving the others to them.
+                    log.debug("store %s: this node serves another of that model", info_path.parent)
+                    lock.close()
+                    continue
                 self._serve_store(info.name, ShardStore(info_path.parent, info.manifest))
                 self._locks.append(lock)
             except (OSError, ValueError, ExoTpError) as error:
