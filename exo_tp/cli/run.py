@@ -550,10 +550,11 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
 
 def options_from_flags(flags: Sequence[str]) -> NodeOptions:
     """`exo-tp run FLAGS...` as options, defaults included (for benches and tests that start
-    nodes with `exo_tp.node.local_cluster.LocalCluster`)."""
-    from exo_tp.cli.main import build_parser
-
-    return node_options(build_parser().parse_args(["run", *flags]))
+    nodes with `exo_tp.node.local_cluster.LocalCluster`). Only `run`'s own parser: the
+    command line's (`exo_tp.cli.main`) imports this module."""
+    parser = argparse.ArgumentParser(prog="exo-tp")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return node_options(parser.parse_args(["run", *flags]))
 
 
 def local_models(args: argparse.Namespace) -> list[str]:

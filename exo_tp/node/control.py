@@ -17,8 +17,8 @@ from aiohttp import web
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.balance_messages import BalanceView
 from exo_tp.node.finetune_messages import FineTunedModel, FinetuneRankStatus
-from exo_tp.node.rebalance import BalanceView
 from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.plan.rebalance import RankSpeed

@@ -13,9 +13,11 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Protocol
 
-from exo_tp.frozen import Frozen
+from exo_tp.node.balance_messages import BalanceView, RankBalanceView, RebalanceView
+from exo_tp.node.control import NodeStatus
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.rebalance import (
     RankSpeed,
     RebalancePolicy,
@@ -26,10 +28,6 @@ from exo_tp.plan.rebalance import (
     decide,
 )
 
-if TYPE_CHECKING:
-    from exo_tp.node.control import NodeStatus
-    from exo_tp.node.formation import Epoch
-
 log = logging.getLogger(__name__)
 
 # Longest a planned re-plan waits for requests in flight to finish: long, since cutting them
@@ -39,36 +37,16 @@ DRAIN_SECONDS = 600.0
 SAMPLE_MAX_AGE = 15.0  # a sample older than this (an idle cluster probes nothing) is not news
 
 
-class RankBalanceView(Frozen):
-    rank: int
-    node_id: str
-    share: float | None  # of the shard bytes
-    speed_bytes_per_second: float | None  # smoothed (the policy's figure)
-    latest_bytes_per_second: float | None
-    samples: int
-    work_factor: float | None  # the lab's emulated slowdown, when set
-    sampled_at: float | None  # wall-clock time of the latest sample
+class Epoch(Protocol):
+    """What the balance reads of the leader's epoch (`exo_tp.node.formation.Epoch`: the
+    formation drives this module, so a protocol here keeps the import one way)."""
 
-
-class RebalanceView(Frozen):
-    from_epoch: int
-    imbalance: float
-    speeds: dict[str, float]  # bytes/s per node when it re-planned
-    at: float
-    drained_seconds: float
-
-
-class BalanceView(Frozen):
-    """Live rank speeds, shares and imbalance (the leader's), and past re-plans."""
-
-    enabled: bool
-    threshold: float
-    imbalance: float | None
-    over_threshold_seconds: float | None  # how long the imbalance has been over the threshold
-    state: Literal["serving", "draining"]
-    skipped: str  # why the last due re-plan was not done ('' if none)
-    ranks: tuple[RankBalanceView, ...]
-    rebalances: tuple[RebalanceView, ...]
+    @property
+    def number(self) -> int: ...
+    @property
+    def nodes(self) -> tuple[str, ...]: ...
+    @property
+    def plan(self) -> PipelinePlan | None: ...
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from exo_tp.api.errors import FORWARD_PREFIX
 from exo_tp.frozen import replace
+from exo_tp.node.balance_messages import BalanceView
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import NodeStatus
 from exo_tp.node.control_handlers import ControlHandlers
@@ -20,7 +21,6 @@ from exo_tp.node.finetune_ranks import FinetuneRanks
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
 from exo_tp.node.listeners import Listeners
-from exo_tp.node.rebalance import BalanceView
 from exo_tp.node.views import (
     ClusterView,
     HealthView,

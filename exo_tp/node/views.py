@@ -12,8 +12,8 @@ from exo_tp.api.server_limits import ListenerStats
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.announcement import Announcement
+from exo_tp.node.balance_messages import BalanceView
 from exo_tp.node.control import MachineMemory, NodeStatus, Stall, WorkerState
-from exo_tp.node.rebalance import BalanceView
 from exo_tp.node.weight_messages import FetchSummary, WeightsStatus
 from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.plan.pipeline import PipelinePlan, Stage
