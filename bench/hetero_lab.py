@@ -27,7 +27,12 @@ Modes:
   (the issue's target: within 10%).
 
     python bench/hetero_lab.py [--mode plans|validate|rebalance|mixed] [--factors 1.5,2,3]
-        [--tokens 48] [--rounds 3] [--quick]
+        [--tokens 48] [--rounds 3] [--quick] [--state DIR]
+
+``--state DIR`` (mixed mode, for a lent machine's calls of at most 10 minutes): the profiles,
+the link and every run's tokens/s are saved in DIR as they are measured and reused when the
+mode starts again with the same DIR, so a call cut short loses only the run in progress and
+the next call (DIR carried back) continues from there.
 
 The last line of stdout is one JSON object. ``--quick``: one factor (2), few tokens, one round,
 quick profiles: checks the lab runs, measures nothing worth reporting.
@@ -54,6 +59,7 @@ from _common import ROOT, env, generation_tps, launch_command
 
 sys.path.insert(0, str(ROOT))
 
+from exo_tp.frozen import Frozen  # noqa: E402
 from exo_tp.lab.factor import write_factor_file  # noqa: E402
 from exo_tp.models.registry import resolve_model  # noqa: E402
 from exo_tp.plan import load_spec, plan_tensor_parallel  # noqa: E402
@@ -67,8 +73,53 @@ from exo_tp.plan.search import choose_plan  # noqa: E402
 CORES = sorted(os.sched_getaffinity(0))
 
 
+class LabState:
+    """--state DIR: what a mode has measured so far, kept across calls (none without DIR)."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+        self.samples: dict[str, float] = {}
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            log = folder / "samples.jsonl"
+            if log.exists():
+                for line in log.read_text().splitlines():
+                    with contextlib.suppress(ValueError, KeyError):
+                        entry = json.loads(line)
+                        self.samples[str(entry["key"])] = float(entry["tokens_per_second"])
+            if self.samples:
+                print(f"  reusing {len(self.samples)} runs from {log}", file=sys.stderr)
+
+    def sample(self, key: str, measure: Any) -> float:
+        """The run's tokens/s: from an earlier call if it was measured, else measured now."""
+        if key in self.samples:
+            return self.samples[key]
+        value = float(measure())
+        self.samples[key] = value
+        if self.folder is not None:
+            with open(self.folder / "samples.jsonl", "a") as log:
+                log.write(json.dumps({"key": key, "tokens_per_second": value}) + "\n")
+        return value
+
+    def kept(self, name: str, kind: Any, measure: Any) -> Any:
+        """A pydantic value (profiles, the link) measured once per DIR."""
+        path = None if self.folder is None else self.folder / f"{name}.json"
+        if path is not None and path.exists():
+            return kind.model_validate_json(path.read_text())
+        value = measure()
+        if path is not None:
+            path.write_text(value.model_dump_json())
+        return value
+
+
 def _pinned(core: int):  # noqa: ANN202 (a preexec_fn)
     return lambda: os.sched_setaffinity(0, [core])
+
+
+class Profiles(Frozen):
+    """The bench's profile of each distinct work factor (kept by --state)."""
+
+    by_factor: dict[float, DeviceProfile]
 
 
 def profile(factor: float, core: int, home: Path, quick: bool) -> DeviceProfile:
@@ -141,14 +192,17 @@ def decode_tps(model: Path, plan: PipelinePlan, factors: list[float], tokens: in
         return generation_tps(report)
 
 
-def alternating(runs: dict[str, object], rounds: int) -> dict[str, float]:
+def alternating(
+    runs: dict[str, object], rounds: int, state: LabState | None = None, scope: str = ""
+) -> dict[str, float]:
     """Median of ``rounds`` rounds of every run, the order reversed each round (drift in the
-    machine's state hits every run alike)."""
+    machine's state hits every run alike). With a ``state``, runs it holds are not repeated."""
+    state = state or LabState(None)
     samples: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for r in range(rounds):
         for name in names if r % 2 == 0 else reversed(names):
-            samples[name].append(runs[name]())  # type: ignore[operator]
+            samples[name].append(state.sample(f"{scope}/{name}/{r}", runs[name]))
             print(f"  round {r + 1} {name}: {samples[name][-1]:.3f}", file=sys.stderr, flush=True)
     return {name: statistics.median(v) for name, v in samples.items()}
 
@@ -165,6 +219,8 @@ def measure_plans(
     device_factor: list[float],
     cluster: Cluster,
     args: argparse.Namespace,
+    state: LabState | None = None,
+    scope: str = "",
 ) -> tuple[dict[str, float], dict[str, float], str | None]:
     """Every plan (on the devices it names) measured, median of --rounds alternating rounds,
     and predicted by the cost model; and which other plan the planner's is, if any."""
@@ -194,7 +250,7 @@ def measure_plans(
         for name, (plan, on) in plans.items()
         if not (name == "planner" and same)
     }
-    measured = alternating(runs, args.rounds)
+    measured = alternating(runs, args.rounds, state, scope)
     if same:
         measured["planner"] = measured[same]
     return measured, predicted, same
@@ -570,15 +626,25 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
     if widest > len(CORES):
         raise SystemExit(f"{widest} ranks need {widest} cores; this machine lends {len(CORES)}")
     # Each distinct factor profiled at once, each on its own core and in its own home.
+    state = LabState(args.state)
     distinct = sorted({f for c in args.clusters for f in c})
-    with tempfile.TemporaryDirectory() as home, ThreadPoolExecutor(len(distinct)) as pool:
-        measuring = [
-            pool.submit(profile, f, CORES[i % len(CORES)], Path(home) / str(i), args.quick)
-            for i, f in enumerate(distinct)
-        ]
-        profiles = dict(zip(distinct, (m.result() for m in measuring), strict=True))
+
+    def profile_all() -> Profiles:
+        with tempfile.TemporaryDirectory() as home, ThreadPoolExecutor(len(distinct)) as pool:
+            measuring = [
+                pool.submit(profile, f, CORES[i % len(CORES)], Path(home) / str(i), args.quick)
+                for i, f in enumerate(distinct)
+            ]
+            return Profiles(
+                by_factor={f: m.result() for f, m in zip(distinct, measuring, strict=True)}
+            )
+
+    kept = state.kept("profiles", Profiles, profile_all).by_factor
+    if missing := [f for f in distinct if f not in kept]:
+        raise SystemExit(f"--state {args.state} was profiled for other factors (not {missing})")
+    profiles = {f: kept[f] for f in distinct}
     print(f"profiled factors {distinct}", file=sys.stderr, flush=True)
-    link = measure_link()
+    link = state.kept("link", LinkCost, measure_link)
     out: dict[str, object] = {}
     for factors in args.clusters:
         name = ",".join(f"{f:g}" for f in factors)
@@ -599,7 +665,9 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
             "uneven_tp": (single_stage(plan_tensor_parallel(spec, speeds)), everyone),
             "planner": (choice.best.plan, tuple(choice.best.devices)),
         }
-        measured, predicted, same = measure_plans(model, plans, list(factors), cluster, args)
+        measured, predicted, same = measure_plans(
+            model, plans, list(factors), cluster, args, state, name
+        )
         # Even TP runs at the slowest rank's pace; ideal uneven TP at the summed speeds.
         ideal = max(factors) * sum(1 / f for f in factors) / len(factors)
         result = {
@@ -640,6 +708,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="check the lab runs (tiny settings)")
+    parser.add_argument(
+        "--state",
+        type=Path,
+        help="mixed: keep the profiles, the link and each run's tokens/s here, and reuse them",
+    )
     args = parser.parse_args()
     args.factors = [float(f) for f in args.factors.split(",")]
     args.clusters = [[float(f) for f in c.split(",")] for c in args.clusters.split(";") if c]
