@@ -51,9 +51,10 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from _common import ROOT, env, generation_tps, launch_command
 
@@ -71,6 +72,7 @@ from exo_tp.plan.predict import predict  # noqa: E402
 from exo_tp.plan.search import choose_plan  # noqa: E402
 
 CORES = sorted(os.sched_getaffinity(0))
+M = TypeVar("M", bound=Frozen)
 
 
 class LabState:
@@ -90,7 +92,7 @@ class LabState:
             if self.samples:
                 print(f"  reusing {len(self.samples)} runs from {log}", file=sys.stderr)
 
-    def sample(self, key: str, measure: Any) -> float:
+    def sample(self, key: str, measure: Callable[[], float]) -> float:
         """The run's tokens/s: from an earlier call if it was measured, else measured now."""
         if key in self.samples:
             return self.samples[key]
@@ -101,7 +103,7 @@ class LabState:
                 log.write(json.dumps({"key": key, "tokens_per_second": value}) + "\n")
         return value
 
-    def kept(self, name: str, kind: Any, measure: Any) -> Any:
+    def kept(self, name: str, kind: type[M], measure: Callable[[], M]) -> M:
         """A pydantic value (profiles, the link) measured once per DIR."""
         path = None if self.folder is None else self.folder / f"{name}.json"
         if path is not None and path.exists():
@@ -193,7 +195,10 @@ def decode_tps(model: Path, plan: PipelinePlan, factors: list[float], tokens: in
 
 
 def alternating(
-    runs: dict[str, object], rounds: int, state: LabState | None = None, scope: str = ""
+    runs: dict[str, Callable[[], float]],
+    rounds: int,
+    state: LabState | None = None,
+    scope: str = "",
 ) -> dict[str, float]:
     """Median of ``rounds`` rounds of every run, the order reversed each round (drift in the
     machine's state hits every run alike). With a ``state``, runs it holds are not repeated."""
@@ -666,7 +671,7 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
             "planner": (choice.best.plan, tuple(choice.best.devices)),
         }
         measured, predicted, same = measure_plans(
-            model, plans, list(factors), cluster, args, state, name
+            model, plans, list(factors), cluster, args, state, f"{args.model} x{args.tokens} {name}"
         )
         # Even TP runs at the slowest rank's pace; ideal uneven TP at the summed speeds.
         ideal = max(factors) * sum(1 / f for f in factors) / len(factors)
