@@ -263,6 +263,7 @@ def test_picker_loads_a_hub_model_one_node_downloads(
                 time.sleep(0.5)
             assert status == 404, error
             assert "no such model on the hub" in error["error"]["message"]
+            assert error["error"]["type"] == "invalid_request_error", error
         downloaders = [h for h in (hub, other) if h.served]
         assert len(downloaders) == 1  # one node downloaded; the other asked no hub at all
         silent = other if downloaders[0] is hub else hub

@@ -523,6 +523,14 @@ def test_model_picker_lists_loads_and_downloads(cluster: LocalCluster, page: Any
         "no failed download",
     )
     assert "cannot reach the hub" in text
+    # The API says the same, as a server-side failure (OpenAI's convention for a 5xx).
+    status, error = http_json(
+        cluster.urls[0] + "/v1/chat/completions",
+        {"model": "tiny-org/absent", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=60,
+    )
+    assert status == 503 and error["error"]["type"] == "server_error", (status, error)
+    assert "cannot reach the hub" in error["error"]["message"], error
 
 
 def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> None:
