@@ -39,6 +39,7 @@ from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -296,9 +297,13 @@ def test_page_shows_three_devices_and_the_plan(cluster: LocalCluster, page: Any)
 
 
 def set_field(driver: Any, element_id: str, value: str) -> None:
+    """Type ``value`` over the field as a user does (select all, then type): a clear() fires
+    no input event, so the page's own update (the served model fills the model field until
+    the user edits it) could land between the clear and the typing and join the two."""
     field = driver.find_element(By.ID, element_id)
-    field.clear()
-    field.send_keys(value)
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(value or Keys.DELETE)
+    assert field.get_attribute("value") == value, (element_id, field.get_attribute("value"))
 
 
 def send(driver: Any, text: str) -> None:
