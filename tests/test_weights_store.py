@@ -6,6 +6,7 @@ today); the store side never sees the folder's weight files.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from safetensors import safe_open
 from tiny_models import write_tiny_model
 
 from exo_tp.errors import ExoTpError
+from exo_tp.node.weights import STORE_INFO, NodeWeights, StoreInfo
 from exo_tp.plan import load_spec, plan_tensor_parallel
 from exo_tp.plan.pipeline import PipelinePlan, single_stage
 from exo_tp.shard.apply import load_shard
@@ -25,7 +27,7 @@ from exo_tp.weights.boxes import Boxes, rank_boxes
 from exo_tp.weights.build import manifest_for
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.pieces import read_piece
-from exo_tp.weights.store import ShardStore
+from exo_tp.weights.store import ShardStore, store_root
 
 
 @pytest.fixture(scope="session")
@@ -163,3 +165,35 @@ def test_store_refuses_corrupt_pieces_and_survives_restart(
     again.close()
     assert ShardStore(tmp_path / "store", manifest).held == again.held
     shutil.rmtree(tmp_path / "store")
+
+
+def test_local_nodes_keep_their_own_stores(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    default_models: dict[str, Path],
+    manifest_cache: Path,
+) -> None:
+    """Nodes of one machine start in any order over the stores earlier runs left: each takes
+    the shared store or its own named one, never another node's. (A third node once took the
+    second's, and the second then had no store for the model: its epoch failed with "the
+    shard store ... is in use by another process".)"""
+    monkeypatch.setenv("EXO_TP_HOME", str(tmp_path))
+    manifest = manifest_for(default_models["smollm2-135m-q4"], manifest_cache)
+    shared = store_root(manifest.identity)
+    for root in (shared, shared.with_name(f"{shared.name}-local-1")):
+        ShardStore(root, manifest).close()
+        (root / STORE_INFO).write_text(StoreInfo(name="q4", manifest=manifest).model_dump_json())
+    nodes = {name: NodeWeights(name, "secret") for name in ("local-0", "local-2", "local-1")}
+    try:
+        held = {
+            name: [store.folder.name for _, store in node.stores.values()]
+            for name, node in nodes.items()
+        }
+        assert held == {
+            "local-0": [shared.name],
+            "local-2": [],  # it makes its own when an epoch needs the model
+            "local-1": [f"{shared.name}-local-1"],
+        }
+    finally:
+        for node in nodes.values():
+            asyncio.run(node.close())

@@ -134,23 +134,38 @@ class NodeWeights:
         self._open_stores()
 
     def _open_stores(self) -> None:
-        for info_path in sorted((cache_home() / "stores").glob(f"*/{STORE_INFO}")):
+        """Serve, one per model, the stores left by earlier runs that this node may use: its
+        own (``<model>-<node id>``, first) or the shared one (``<model>``). Another node's
+        named store is never taken: a node that cannot claim the shared store falls back to
+        its own name only (`_create`), so taking it left that node with no store at all (its
+        epoch failed: "in use by another process")."""
+        own = f"-{self.node_id}"
+        found = sorted(
+            (cache_home() / "stores").glob(f"*/{STORE_INFO}"),
+            key=lambda path: not path.parent.name.endswith(own),
+        )
+        for info_path in found:
+            try:
+                info = StoreInfo.model_validate_json(info_path.read_text())
+            except (OSError, ValueError) as error:
+                log.warning("not using the shard store %s: %s", info_path.parent, error)
+                continue
+            shared = store_root(info.manifest.identity).name
+            if info.manifest.identity in self.stores or info_path.parent.name not in (
+                shared,
+                shared + own,
+            ):
+                continue  # one store per model; the others are other nodes' or spare
             lock = claim(info_path.parent)
             if lock is None:
                 continue  # another node on this machine uses it
             try:
-                info = StoreInfo.model_validate_json(info_path.read_text())
-                if info.manifest.identity in self.stores:
-                    # Expected, not a fault: `--local-nodes` gives each local node its own
-                    # store of a model, and a node serves one, leaving the others to them.
-                    log.debug("store %s: this node serves another of that model", info_path.parent)
-                    lock.close()
-                    continue
                 self._serve_store(info.name, ShardStore(info_path.parent, info.manifest))
-                self._locks.append(lock)
             except (OSError, ValueError, ExoTpError) as error:
                 log.warning("not using the shard store %s: %s", info_path.parent, error)
                 lock.close()
+                continue
+            self._locks.append(lock)
 
     def _serve_store(self, name: str, store: ShardStore) -> None:
         self.stores[store.manifest.identity] = (name, store)
