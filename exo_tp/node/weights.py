@@ -139,10 +139,9 @@ class NodeWeights:
         named store is never taken: a node that cannot claim the shared store falls back to
         its own name only (`_create`), so taking it left that node with no store at all (its
         epoch failed: "in use by another process")."""
-        own = f"-{self.node_id}"
         found = sorted(
             (cache_home() / "stores").glob(f"*/{STORE_INFO}"),
-            key=lambda path: not path.parent.name.endswith(own),
+            key=lambda path: not path.parent.name.endswith(f"-{self.node_id}"),
         )
         for info_path in found:
             try:
@@ -150,11 +149,8 @@ class NodeWeights:
             except (OSError, ValueError) as error:
                 log.warning("not using the shard store %s: %s", info_path.parent, error)
                 continue
-            shared = store_root(info.manifest.identity).name
-            if info.manifest.identity in self.stores or info_path.parent.name not in (
-                shared,
-                shared + own,
-            ):
+            identity = info.manifest.identity
+            if identity in self.stores or info_path.parent not in self._store_roots(identity):
                 continue  # one store per model; the others are other nodes' or spare
             lock = claim(info_path.parent)
             if lock is None:
@@ -303,13 +299,17 @@ class NodeWeights:
                 self._serve_store(name, await asyncio.to_thread(self._create, manifest, name))
         return self.stores[manifest.identity][1]
 
-    def _create(self, manifest: ModelManifest, name: str) -> ShardStore:
+    def _store_roots(self, identity: str) -> tuple[Path, Path]:
+        """The stores of a model this node may use: the shared one, then its own (when
+        another node on this machine and cache holds the shared one)."""
+        shared = store_root(identity)
+        return shared, shared.with_name(f"{shared.name}-{self.node_id}")
 
-        root = store_root(manifest.identity)
-        lock = claim(root)
-        if lock is None:  # another node on this machine and cache has that one
-            root = root.with_name(f"{root.name}-{self.node_id}")
-            lock = claim(root)
+    def _create(self, manifest: ModelManifest, name: str) -> ShardStore:
+        shared, own = self._store_roots(manifest.identity)
+        root, lock = shared, claim(shared)
+        if lock is None:
+            root, lock = own, claim(own)
         if lock is None:
             raise ExoTpError(f"the shard store {root} is in use by another process")
         self._locks.append(lock)
