@@ -35,17 +35,14 @@ class ApiError(Exception):
         *,
         param: str | None = None,
         code: str | None = None,
-        kind: str = "invalid_request_error",
+        kind: str | None = None,
         retry_after: int | None = None,
     ):
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status,
-            message,
-            param,
-            code,
-            kind,
-        )
+        self.status, self.message, self.param, self.code = status, message, param, code
+        # Unless given: OpenAI's convention, a 5xx is the server's failure and anything else
+        # the request's (clients read the type to tell which).
+        self.kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
         self.retry_after = retry_after  # seconds, sent as the Retry-After header
 
     def headers(self) -> dict[str, str]:
@@ -98,5 +95,4 @@ def error_shape(path: str, status: int, message: str) -> dict[str, Any]:
         431: "request_header_too_large",
         503: "too_many_connections",
     }
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return shaped_body(path, ApiError(status, message, kind=kind, code=codes.get(status)))
+    return shaped_body(path, ApiError(status, message, code=codes.get(status)))

@@ -220,12 +220,7 @@ class NodeBackend:
         try:
             progress = self._downloads.want(ref, lambda key: self._requests.load(key, name))
         except HubError as error:
-            # A 5xx (the hub unreachable, the disk full) is the server's trouble, not the
-            # request's: OpenAI's clients read the type to tell them apart.
-            kind = "server_error" if error.status >= 500 else "invalid_request_error"
-            return ApiError(
-                error.status, str(error), param="model", code="model_unavailable", kind=kind
-            )
+            return ApiError(error.status, str(error), param="model", code="model_unavailable")
         got = f" ({progress.done / 1e6:.1f} of {progress.total / 1e6:.1f} MB)" if progress else ""
         return ApiError(
             503,
