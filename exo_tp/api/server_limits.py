@@ -39,6 +39,8 @@ from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from pydantic import BaseModel, ConfigDict
 
+from exo_tp.api.errors import ApiError
+
 log = logging.getLogger(__name__)
 
 # (path of the failed request or "", HTTP status, message) -> the JSON body to answer with
@@ -122,8 +124,7 @@ def default_cluster_connections(limit: int | None = None) -> int:
 
 def openai_shape(path: str, status: int, message: str) -> dict[str, Any]:
     del path
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return ApiError(status, message).body()
 
 
 def plain_shape(path: str, status: int, message: str) -> dict[str, Any]:
