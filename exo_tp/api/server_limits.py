@@ -40,6 +40,7 @@ from aiohttp.web_protocol import RequestHandler
 from pydantic import BaseModel, ConfigDict
 
 from exo_tp.api.errors import ApiError
+from exo_tp.wire.errors import WireError
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +129,9 @@ def openai_shape(path: str, status: int, message: str) -> dict[str, Any]:
 
 
 def plain_shape(path: str, status: int, message: str) -> dict[str, Any]:
-    """The control plane's error body (`exo_tp.node.control.Refused`)."""
+    """The control plane's error body: the signed routes' `WireError`."""
     del path, status
-    return {"error": message}
+    return WireError(error=message).model_dump()
 
 
 class _Admission:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +28,7 @@ from exo_tp.api.server_limits import (
     raise_fd_limit,
     serve,
 )
+from exo_tp.wire.http import refuse
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +41,7 @@ async def _signature_headers_first(
 ) -> web.StreamResponse:
     """An anonymous request is refused from its head alone: its body is never waited for."""
     if not all(h in request.headers for h in SIGNATURE_HEADERS):
-        return web.Response(
-            body=json.dumps({"error": "bad or missing signature"}),
-            status=401,
-            content_type="application/json",
-        )
+        return refuse(401, "bad or missing signature")
     return await handler(request)
 
 

@@ -146,7 +146,8 @@ def get(path: str, handle: Callable[[], Awaitable[Answer]]) -> Route:
     return Route("GET", path, None, handle)
 
 
-def _error(status: int, message: str) -> web.Response:
+def refuse(status: int, message: str) -> web.Response:
+    """A signed route's refusal: a `WireError` body, whatever the status."""
     return web.Response(
         body=WireError(error=message).model_dump_json(),
         status=status,
@@ -159,11 +160,11 @@ def _handler(secret: str, route: Route) -> Callable[[web.Request], Awaitable[web
         try:
             args = [route.body.model_validate_json(await request.read())] if route.body else []
         except ValidationError as bad:
-            return _error(400, f"bad request: {bad.errors()[0]['msg']}")
+            return refuse(400, f"bad request: {bad.errors()[0]['msg']}")
         try:
             answer = await route.handle(*args)
         except PeerRefused as refused:
-            return _error(refused.status, refused.error)
+            return refuse(refused.status, refused.error)
         if isinstance(answer, Stream):
             response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
             response.content_length = answer.length
@@ -195,7 +196,7 @@ def signed_app(
         if not control_request_ok(
             secret, request.path, await request.read(), dict(request.headers)
         ):
-            return _error(401, "bad or missing signature")
+            return refuse(401, "bad or missing signature")
         return await handler(request)
 
     app = web.Application(middlewares=[signed], client_max_size=client_max_size)
