@@ -79,6 +79,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from tiny_models import write_tiny_model  # noqa: E402
 
+from exo_tp.process.blas import share_cores  # noqa: E402
 from exo_tp.transport.ports import free_ports, port_is_free  # noqa: E402
 from exo_tp.transport.ring import ring_env, write_hostfile  # noqa: E402
 
@@ -363,8 +364,10 @@ def mlx_lm_distributed(model: Path, ranks: int, logs: Path) -> Server:
     hostfile = logs / "mlx_lm_hosts.json"
     write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(ranks)])
     args = ["--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    # Its ranks split the cores for OpenBLAS's threads as exo-tp's local ranks do.
+    shared = {**env(), **share_cores(ranks, env())}
     commands = [
-        ([sys.executable, "-c", MLX_LM_RANK, *args], {**env(), **ring_env(r, hostfile)})
+        ([sys.executable, "-c", MLX_LM_RANK, *args], {**shared, **ring_env(r, hostfile)})
         for r in range(ranks)
     ]
     return Server("mlx_lm_distributed", commands, port, MLX_LM_DEFAULT_MODEL, logs)

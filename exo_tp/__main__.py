@@ -1,3 +1,3 @@
-from exo_tp.cli.main import main
+from exo_tp.cli.entry import main
 
 raise SystemExit(main())

@@ -79,6 +79,7 @@ def launch(
     max_tokens: int,
     *extra: str,
     logits: bool = True,
+    env: dict[str, str] | None = None,
 ) -> LaunchResult:
     report, logits_file = tmp / "report.json", tmp / "logits.npy"
     args = [
@@ -99,7 +100,7 @@ def launch(
     ]
     if logits:
         args += ["--logits-out", str(logits_file)]
-    result = run_cli(*args)
+    result = run_cli(*args, env=env)
     return LaunchResult(
         result.stdout,
         result.stderr,

@@ -47,6 +47,7 @@ from exo_tp.cli.security_args import (
     node_secret,
 )
 from exo_tp.frozen import replace
+from exo_tp.process.blas import blas_threads, usable_cores
 from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
@@ -606,7 +607,10 @@ def _run_local(args: argparse.Namespace, options: NodeOptions) -> int:
     with tempfile.TemporaryDirectory(prefix="exo-tp-local-") as tmp:
         # One measurement for the whole machine, before the nodes start: N nodes measuring at
         # once would share its cores and each see a fraction of its speed.
-        profile = node_profile(options) if args.profile or not args.weights else None
+        # Measured with the BLAS threads each node's rank will have (a core each in the lab).
+        threads = 1 if labs is not None else usable_cores() // count
+        with blas_threads(threads):
+            profile = node_profile(options) if args.profile or not args.weights else None
         if profile is not None and labs is not None:  # the lab: each node its own device
             scaled = [str(p) for p in scaled_profiles(args, profile, count, tmp)]
             return _local_cluster(args, shared, list(scaled), labs, no_bench=False, env=env)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.job import RANK_ENV, RANK_EVENTS, FinetuneJob, RankDone, RankReport
+from exo_tp.process.blas import share_cores
 from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, Supervisor, clean_environment
 from exo_tp.transport.ports import free_ports
@@ -26,6 +27,7 @@ from exo_tp.transport.ring import ring_env, write_hostfile
 def _env(rank: int, size: int, hostfile: Path) -> dict[str, str]:
     env = clean_environment()
     env[RANK_ENV] = str(rank)
+    env.update(share_cores(size, env))  # every rank on this machine
     return {**env, **ring_env(rank, hostfile)} if size > 1 else env
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
 from exo_tp.plan.devices import DeviceProfile
+from exo_tp.process.blas import THREADS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ def lab_environment(
         env[FACTOR_FILE_ENV] = str(Path(factor_file).resolve())
     if cpus:
         env[CPUS_ENV] = ",".join(str(c) for c in cpus)
+        # A rank pinned to k cores runs k BLAS threads (ignored by MLX's bundled BLAS).
+        env[THREADS_ENV] = str(len(cpus))
     return env
 
 

@@ -31,6 +31,7 @@ from exo_tp.node.finetune_messages import (
 )
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
+from exo_tp.process.blas import group_threads
 from exo_tp.process.events import Exited, Failed, Heartbeat, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, clean_environment
 from exo_tp.transport.ring import ring_env, write_hostfile
@@ -153,6 +154,7 @@ class FinetuneRanks:
     def _start(self, body: FinetuneAssign, jobfile: Path, job_dir: Path) -> Child:
         env = clean_environment()
         env[RANK_ENV] = str(body.rank)
+        env.update(group_threads(body.hostfile, body.rank, env))
         if len(body.hostfile) > 1:
             hostfile = job_dir / f"hostfile-{body.rank}.json"
             write_hostfile(hostfile, body.hostfile)

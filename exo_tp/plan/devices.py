@@ -101,6 +101,8 @@ class DeviceProfile(Frozen):
     decode_seconds_per_byte: float = Field(gt=0)
     # Prefill score: FLOP/s on prefill-shaped matmuls.
     prefill_flops: float = Field(gt=0)
+    # The BLAS a CPU build's float32 matmuls ran on ("": not recorded, or a GPU).
+    blas: str = ""
     decode_dtype: str = ENGINE_DTYPE  # the dtype both headline scores were measured at
     # Seconds one decoder layer adds to a decoded token beyond its weight reads (operation
     # dispatch, norms, rope, short attention: exo_tp.profile.overhead). 0: not measured.

@@ -1,9 +1,9 @@
 """The device profile cached in the user's cache folder, reused until ``--refresh``.
 
-A cached profile is reused only if it was measured on the same chip, core count, MLX version and
-device, and is not a ``--quick`` one when a full measurement is asked for. Memory figures are
-always read afresh. An unreadable or invalid cache is reported on stderr and measured again,
-never a crash.
+A cached profile is reused only if it was measured on the same chip, core count, MLX version,
+device and BLAS, and is not a ``--quick`` one when a full measurement is asked for. Memory
+figures are always read afresh. An unreadable or invalid cache is reported on stderr and
+measured again, never a crash.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def load_cached(path: Path, if_invalid: str = "measuring again") -> DeviceProfil
 
 def _stale(cached: DeviceProfile, now: SystemInfo, quick: bool) -> str | None:
     """Why ``cached`` cannot stand for this device now (None: it can)."""
-    for field in ("chip", "cores", "mlx_version", "mlx_device"):
+    for field in ("chip", "cores", "mlx_version", "mlx_device", "blas"):
         if getattr(cached, field) != getattr(now, field):
             return f"{field} changed ({getattr(cached, field)} -> {getattr(now, field)})"
     if cached.quick and not quick:

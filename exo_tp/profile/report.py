@@ -27,6 +27,7 @@ def render_profile(p: DeviceProfile, cached: bool = False) -> str:
         + (f", node {p.node_id}" if p.node_id else ""),
         f"mlx      {p.mlx_version} on {p.mlx_device}; distributed backends: "
         f"{', '.join(p.backends) or 'none'}",
+        *([f"blas     {p.blas}"] if p.blas else []),
         f"memory   {size(p.memory_available)} available of {size(p.memory_total)}; "
         f"read bandwidth {rate(p.memory_bandwidth)}",
         f"decode   {p.decode_seconds_per_byte:.3e} s/byte ({rate(p.decode_speed)} of "

@@ -1,8 +1,8 @@
-"""What this device is: chip, cores, memory, MLX version and device, distributed backends."""
+"""What this device is: chip, cores, memory, MLX version and device, distributed backends, and
+the BLAS a CPU build multiplies with."""
 
 from __future__ import annotations
 
-import os
 import platform
 import socket
 
@@ -10,6 +10,7 @@ import mlx.core as mx
 import psutil
 
 from exo_tp.plan.spec import Frozen
+from exo_tp.process.blas import active_blas, usable_cores
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
 
@@ -23,6 +24,7 @@ class SystemInfo(Frozen):
     memory_total: int
     memory_available: int
     backends: tuple[str, ...]
+    blas: str  # where float32 matmuls go on a CPU build (exo_tp.process.blas)
 
 
 def _chip() -> str:
@@ -31,13 +33,6 @@ def _chip() -> str:
     except (AttributeError, RuntimeError):  # older MLX, or no device info for this device
         name = ""
     return name or platform.processor() or platform.machine() or "unknown"
-
-
-def _cores() -> int:
-    # The cores this process may run on (taskset/cgroups), not every core of the machine.
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _backends() -> tuple[str, ...]:
@@ -63,10 +58,11 @@ def system_info() -> SystemInfo:
     return SystemInfo(
         hostname=socket.gethostname(),
         chip=_chip(),
-        cores=_cores(),
+        cores=usable_cores(),
         mlx_version=mx.__version__,
         mlx_device=mx.default_device().type.name,
         memory_total=total,
         memory_available=available,
         backends=_backends(),
+        blas=active_blas() if mx.default_device().type == mx.DeviceType.cpu else "",
     )

@@ -30,6 +30,7 @@ from exo_tp.lab.factor import FACTOR_ENV, FACTOR_FILE_ENV, pin_from_env
 from exo_tp.models.registry import resolve_model
 from exo_tp.models.tokenizer import load_model_tokenizer
 from exo_tp.plan.cost import kv_bytes_per_token
+from exo_tp.process.blas import active_blas
 from exo_tp.process.child import connect_supervisor
 from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import group_links
@@ -269,7 +270,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
     mine = stage.tp.ranks[job.local_rank]
     log.info(
         "epoch %d rank %d: stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads "
-        "%d-%d, kv %s, vocab %d-%d, %.0f MB active",
+        "%d-%d, kv %s, vocab %d-%d, %.0f MB active; float32 matmuls on %s",
         job.epoch,
         job.rank,
         job.stage_index + 1,
@@ -283,6 +284,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         mine.vocab.start,
         mine.vocab.stop,
         mx.get_active_memory() / 1e6,
+        active_blas(),
     )
     driver = _open_hops(job, key, model)
     tokenizer = load_model_tokenizer(model_dir)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from exo_tp.plan.rebalance import RankSpeed
+from exo_tp.process.blas import group_threads
 from exo_tp.process.supervisor import (
     Child,
     Job,
@@ -28,10 +29,11 @@ FOLDER_PREFIX = "exo-tp-rank-"
 
 
 def rank_environment(job: Assignment, folder: Path, key: bytes) -> dict[str, str]:
-    """The rank's environment: `clean_environment` plus its link key and its stage's group
-    (none for a stage of one rank)."""
+    """The rank's environment: `clean_environment` plus its link key, its part of the host's
+    cores for OpenBLAS, and its stage's group (none for a stage of one rank)."""
     env = clean_environment()
     env[LINK_KEY_ENV] = key.hex()
+    env.update(group_threads(job.hostfile, job.rank, env))
     stage = job.plan.stages[job.stage_index]
     if stage.size > 1 and job.backend == "jaccl":
         devices = folder / "ibv_devices.json"

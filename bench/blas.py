@@ -1,0 +1,109 @@
+"""MLX's bundled BLAS against the system's OpenBLAS (preloaded by `exo-tp`, exo_tp/process/blas.py),
+side by side in one run: prefill and decode tokens/s of single-device mlx-lm and of `exo-tp
+launch` on 2 ranks, each under ``EXO_TP_BLAS=bundled`` and ``auto``, alternating, median of
+``--rounds``. Last line: JSON with every figure and the OpenBLAS / bundled ratios.
+
+    python bench/blas.py [--rounds 3] [--prompt-tokens 700] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import ROOT, env, generation_tps, launch_command, resolve
+
+sys.path.insert(0, str(ROOT))
+from exo_tp.process.blas import blas_library  # noqa: E402
+
+# mlx-lm alone, float32 as exo-tp's ranks compute on CPU, one prompt of N tokens then K more.
+_SINGLE = """
+import json, sys, mlx.core as mx
+from mlx_lm import load, stream_generate
+model, tok = load(sys.argv[1]); model.set_dtype(mx.float32)
+for r in stream_generate(model, tok, sys.argv[2], max_tokens=int(sys.argv[3])): pass
+print(json.dumps({"prefill": r.prompt_tps, "decode": r.generation_tps}))
+"""
+
+
+def _prompt(tokens: int) -> str:
+    # Short distinct lines of code, about 11 tokens each (the agentic case: a file in context).
+    return "\n".join(f"def f{i}(x): return x * {i}" for i in range(max(1, tokens // 11)))
+
+
+def _env(blas: str) -> dict[str, str]:
+    """`_common.env` (the checkout on PYTHONPATH, the chosen BLAS preloaded) for ``blas``."""
+    os.environ["EXO_TP_BLAS"] = blas
+    return env()
+
+
+def _single(model: Path, prompt: str, tokens: int, blas: str) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", _SINGLE, str(model), prompt, str(tokens)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_env(blas),
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _exo_tp(model: Path, prompt: str, tokens: int, blas: str) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        command = launch_command(model, [1, 1], tokens, report)
+        command[command.index("--prompt") + 1] = prompt
+        subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            check=True,
+            env=_env(blas),
+        )
+        stats = json.loads(report.read_text())
+        return {"prefill": stats["prompt_tps"], "decode": generation_tps(report)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=700)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    library = blas_library(os.environ.get("EXO_TP_BLAS"))
+    if library is None:
+        raise SystemExit("no OpenBLAS to compare with (apt-get install libopenblas0-pthread)")
+    model, prompt = resolve(args.model), _prompt(args.prompt_tokens)
+    runs: dict[str, list[dict[str, float]]] = {}
+    for round_ in range(args.rounds):
+        for who, run in (("mlx_lm", _single), ("exo_tp_2_ranks", _exo_tp)):
+            for blas in ("bundled", "auto"):
+                figures = run(model, prompt, args.tokens, blas)
+                runs.setdefault(f"{who}/{blas}", []).append(figures)
+                print(
+                    f"round {round_ + 1} {who:<15} {blas:<8} prefill {figures['prefill']:7.1f}"
+                    f" tok/s  decode {figures['decode']:6.2f} tok/s",
+                    flush=True,
+                )
+    median = {
+        name: {k: statistics.median(r[k] for r in rows) for k in ("prefill", "decode")}
+        for name, rows in runs.items()
+    }
+    ratios = {
+        f"{who}_{kind}_openblas_over_bundled": median[f"{who}/auto"][kind]
+        / median[f"{who}/bundled"][kind]
+        for who in ("mlx_lm", "exo_tp_2_ranks")
+        for kind in ("prefill", "decode")
+    }
+    print(json.dumps({"openblas": library, "median_tok_s": median, **ratios}))
+
+
+if __name__ == "__main__":
+    main()
