@@ -55,7 +55,9 @@ def _start_bench(
             str(port_base),
             *extra,
         ],
-        env={**os.environ, "EXO_TP_HOME": str(home)},
+        # The seeded profile stands for this pytest process's device, which multiplies with
+        # MLX's bundled BLAS: the bench must too, or it measures its own (OpenBLAS's) again.
+        env={**os.environ, "EXO_TP_HOME": str(home), "EXO_TP_BLAS": "bundled"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

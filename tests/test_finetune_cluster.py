@@ -149,7 +149,13 @@ def _loopback_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def cluster(models: Path) -> Iterator[Cluster]:
-    env = {"EXO_TP_HOME": str(models / "home")}  # files, jobs, adapters and weight stores
+    env = {
+        "EXO_TP_HOME": str(models / "home"),  # files, jobs, adapters and weight stores
+        # The references (mlx-lm's LoRA training) run in this process, on MLX's bundled BLAS;
+        # Adam turns another library's summation order into weight differences near the
+        # bound (9.9e-5 with OpenBLAS), so the nodes multiply with the same library.
+        "EXO_TP_BLAS": "bundled",
+    }
     if can_make_namespaces() is None:
         yield from _netns_cluster(models, env)
     else:

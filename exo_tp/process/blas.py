@@ -4,15 +4,15 @@ The `mlx[cpu]` wheel ships the reference BLAS: about 7 GFLOP/s a core on this ma
 the shape, so a prompt of 16 tokens costs 16 decode steps and a batch of 16 streams 16 times
 one. MLX resolves `cblas_sgemm` when it loads, from whatever library the dynamic loader offers
 first, so preloading the system's OpenBLAS (`libopenblas0-pthread` on Debian) swaps in an
-optimised kernel with no change to MLX: 110-120 GFLOP/s a core on batched matmuls here, and
-a prefill 7x faster (docs/benchmarks.md, "BLAS"). macOS builds use Accelerate and are left
-alone.
+optimised kernel with no change to MLX: 110-120 GFLOP/s a core on batched matmuls here,
+prefill 9.6-13.7x and decode 1.2-1.5x faster (docs/benchmarks.md, "BLAS"). macOS builds use
+Accelerate and are left alone.
 
 `EXO_TP_BLAS` chooses: ``auto`` (the default: OpenBLAS when the system has it), ``bundled``
 (MLX's own), or the path of a CBLAS library. The choice travels in the environment: `exo-tp`
 re-executes itself once with the library preloaded (`preload_blas`), and every process it
 starts inherits it. Processes that share this machine's cores split OpenBLAS's threads
-(`share_cores`), so local ranks do not oversubscribe the cores.
+(`share_cores`, `group_threads`), so local ranks do not oversubscribe the cores.
 """
 
 from __future__ import annotations
