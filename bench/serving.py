@@ -756,6 +756,11 @@ def parse_args() -> argparse.Namespace:
         type=int,
         help="exo-tp's decode batch (default: the largest stream count)",
     )
+    parser.add_argument(
+        "--exo-tp-flags",
+        default="",
+        help="more `exo-tp run` flags for every exo-tp contender, e.g. '--prefill-batch-size 8'",
+    )
     parser.add_argument("--ready-timeout", type=float, default=300)
     parser.add_argument(
         "--logs", type=Path, help="keep the servers' logs (and the random model) in this folder"
@@ -814,7 +819,7 @@ async def run(args: argparse.Namespace, logs: Path, results: Results) -> None:
             return mlx_lm_distributed(random_dir, args.ranks, logs)
         model = str(random_dir) if key == "c" else args.model
         ranks = 2 if key in PIPELINE else args.ranks
-        extra = PIPELINE.get(key, ())
+        extra = (*PIPELINE.get(key, ()), *args.exo_tp_flags.split())
         return exo_tp(f"exo_tp_{key}", model, ranks, logs, results.flags, serving, extra)
 
     for key in CONTENDERS:

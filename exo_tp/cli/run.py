@@ -47,7 +47,7 @@ from exo_tp.cli.security_args import (
     node_secret,
 )
 from exo_tp.frozen import replace
-from exo_tp.process.blas import blas_threads, usable_cores
+from exo_tp.process.blas import BUNDLED_BLAS, active_blas, blas_threads, usable_cores
 from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from exo_tp.security.access import ApiAccess
 
 log = logging.getLogger(__name__)
+# Prompts prefilled together where that is cheap (mlx-lm's BatchGenerator default).
+BATCHED_PREFILL = 8
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -166,9 +168,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serving.add_argument(
         "--prefill-batch-size",
         type=positive_int,
-        default=1,
-        help="joining prompts prefilled together in one step (default 1: one at a time, "
-        "shortest first, which gives the earliest first tokens on CPUs; raise it on GPUs)",
+        default=None,
+        help="joining prompts prefilled together in one step (default: 1, one at a time and "
+        "shortest first, on MLX's bundled CPU BLAS, where a step costs its token count; "
+        f"{BATCHED_PREFILL} with OpenBLAS or on a GPU, where prompts prefill together cheaply)",
     )
     serving.add_argument(
         "--objective",
@@ -493,6 +496,15 @@ def serve_node(
     return asyncio.run(_serve(options, host, bind, secret.value, access, on_serving))
 
 
+def default_prefill_batch() -> int:
+    """Prompts prefilled together by default, from the BLAS this process multiplies with (the
+    leader's choice is every rank's: they must batch alike). On MLX's bundled BLAS a step costs
+    about its token count, so prompts join one at a time (the earliest first tokens); with a
+    real BLAS or a GPU a batched prefill costs little more than one prompt's (mlx-lm's 8:
+    docs/benchmarks.md, "First tokens")."""
+    return 1 if active_blas() == BUNDLED_BLAS else BATCHED_PREFILL
+
+
 def serving_options(args: argparse.Namespace) -> ServingOptions:
     from pydantic import ValidationError
 
@@ -503,7 +515,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
         return ServingOptions(
             max_concurrency=args.max_concurrency,
             prefill_step_size=args.prefill_step_size,
-            prefill_batch_size=args.prefill_batch_size,
+            prefill_batch_size=args.prefill_batch_size or default_prefill_batch(),
             overlap=args.overlap,
             objective=args.objective,
             prompt_cache_size=args.prompt_cache_size,

@@ -34,6 +34,7 @@ THREADS_ENV = "OPENBLAS_NUM_THREADS"
 # Set by `preload_blas` in the process it re-executes: what it preloaded, so that neither it
 # nor a child re-executes again, and `share_cores` knows OpenBLAS is in use.
 PRELOADED_ENV = "EXO_TP_BLAS_PRELOADED"
+BUNDLED_BLAS = "MLX's bundled BLAS"  # what `active_blas` says without a preloaded library
 
 
 def blas_library(setting: str | None) -> str | None:
@@ -95,7 +96,7 @@ def active_blas() -> str:
         return "MLX's own"
     library = _sgemm_library()
     if library is None:
-        return "MLX's bundled BLAS"
+        return BUNDLED_BLAS
     get = _openblas("openblas_get_num_threads")
     count = get() if get is not None else 0
     threads = f"{count} thread{'s' if count != 1 else ''}" if count else "its own threads"
