@@ -22,15 +22,16 @@ print(json.dumps({"tps": r.generation_tps, "tokens": r.generation_tokens}))
 """
 
 
-def env() -> dict[str, str]:
+def env(blas: str | None = None) -> dict[str, str]:
     """The environment with this checkout first on PYTHONPATH (workers import exo_tp), and the
-    BLAS that `exo-tp` preloads (``EXO_TP_BLAS``) preloaded for every contender alike: mlx-lm
-    baselines multiply with the same library as exo-tp's ranks."""
+    BLAS that `exo-tp` preloads (``EXO_TP_BLAS``, or ``blas`` if given) preloaded for every
+    contender alike: mlx-lm baselines multiply with the same library as exo-tp's ranks."""
     sys.path.insert(0, str(ROOT))
-    from exo_tp.process.blas import preload_environment
+    from exo_tp.process.blas import BLAS_ENV, preload_environment
 
+    chosen = {**os.environ, BLAS_ENV: blas} if blas else None
     return {
-        **preload_environment(),
+        **preload_environment(chosen),
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
 

@@ -37,19 +37,13 @@ def _prompt(tokens: int) -> str:
     return "\n".join(f"def f{i}(x): return x * {i}" for i in range(max(1, tokens // 11)))
 
 
-def _env(blas: str) -> dict[str, str]:
-    """`_common.env` (the checkout on PYTHONPATH, the chosen BLAS preloaded) for ``blas``."""
-    os.environ["EXO_TP_BLAS"] = blas
-    return env()
-
-
 def _single(model: Path, prompt: str, tokens: int, blas: str) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-c", _SINGLE, str(model), prompt, str(tokens)],
         capture_output=True,
         text=True,
         check=True,
-        env=_env(blas),
+        env=env(blas),
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -64,7 +58,7 @@ def _exo_tp(model: Path, prompt: str, tokens: int, blas: str) -> dict[str, float
             capture_output=True,
             text=True,
             check=True,
-            env=_env(blas),
+            env=env(blas),
         )
         stats = json.loads(report.read_text())
         return {"prefill": stats["prompt_tps"], "decode": generation_tps(report)}
