@@ -15,6 +15,7 @@ from helpers import run_cli
 
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.devices import DeviceProfile, LinkProfile, MatmulScore, read_profile
+from exo_tp.process.blas import blas_library, usable_cores
 from exo_tp.profile.cache import _stale, load_cached
 from exo_tp.profile.kernels import DECODE_SHAPES, DTYPES, PREFILL_SHAPES, PREFILL_TOKENS
 from exo_tp.profile.system import system_info
@@ -105,6 +106,29 @@ def test_cached_profile_is_reused_until_refresh(quick: tuple) -> None:
     assert again.measured_at == first.measured_at
     assert again.kernels == first.kernels
     assert again.decode_seconds_per_byte == first.decode_seconds_per_byte
+
+
+@pytest.mark.skipif(
+    blas_library(None) is None or usable_cores() < 2, reason="needs OpenBLAS and 2 cores"
+)
+def test_each_blas_thread_count_keeps_its_own_cached_profile(quick: tuple) -> None:
+    """`run --local-nodes 2` measures with a thread per rank, `exo-tp bench` with every core:
+    neither may find the other's profile stale and overwrite it."""
+    home, first, _, _ = quick
+    one_thread = {"EXO_TP_HOME": str(home), "OPENBLAS_NUM_THREADS": "1"}
+
+    def bench_on_one_thread() -> tuple[DeviceProfile, str]:
+        result = run_cli("bench", "--quick", "--json", env=one_thread, timeout=300)
+        return DeviceProfile.model_validate_json(result.stdout.splitlines()[-1]), result.stdout
+
+    narrow, out = bench_on_one_thread()
+    assert "measured in" in out and narrow.blas.endswith("(1 thread)"), narrow.blas
+    assert (home / "profile-1-blas-threads.json").exists()
+    again, out = bench_on_one_thread()
+    assert "cached profile" in out and again.measured_at == narrow.measured_at
+    wide, out, _ = _bench(home, "--quick", "--json")
+    assert "cached profile" in out and wide.measured_at == first.measured_at
+    assert wide.blas != narrow.blas
 
 
 def test_corrupt_cached_profile_is_measured_again(tmp_path: Path) -> None:

@@ -97,10 +97,15 @@ def active_blas() -> str:
     library = _sgemm_library()
     if library is None:
         return BUNDLED_BLAS
-    get = _openblas("openblas_get_num_threads")
-    count = get() if get is not None else 0
+    count = openblas_threads()
     threads = f"{count} thread{'s' if count != 1 else ''}" if count else "its own threads"
     return f"{library} ({threads})"
+
+
+def openblas_threads() -> int | None:
+    """OpenBLAS's thread count in this process right now; None without OpenBLAS."""
+    get = _openblas("openblas_get_num_threads")
+    return int(get()) if get is not None else None
 
 
 @contextlib.contextmanager

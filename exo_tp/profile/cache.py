@@ -16,6 +16,7 @@ from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
 from exo_tp.paths import cache_home
 from exo_tp.plan.devices import DeviceProfile, read_profile
+from exo_tp.process.blas import openblas_threads, usable_cores
 from exo_tp.profile.device import measure_device
 from exo_tp.profile.progress import Progress
 from exo_tp.profile.system import SystemInfo, system_info
@@ -24,10 +25,17 @@ log = logging.getLogger(__name__)
 
 
 def profile_path(work_factor: float = 1.0) -> Path:
-    """The cache file; a lab work factor (exo_tp.lab) has its own, never the real device's."""
-    if work_factor != 1:
-        return cache_home() / f"profile-work-factor-{work_factor:g}.json"
-    return cache_home() / "profile.json"
+    """The cache file; a lab work factor (exo_tp.lab) has its own, never the real device's.
+
+    So does each OpenBLAS thread count other than one per usable core (what `exo-tp bench`
+    runs): `run --local-nodes N` measures with the threads each of its ranks gets, and one
+    shared file would make each of the two commands find the other's profile stale and measure
+    again, every time."""
+    name = "profile" if work_factor == 1 else f"profile-work-factor-{work_factor:g}"
+    threads = openblas_threads()
+    if threads is not None and threads != usable_cores():
+        name += f"-{threads}-blas-threads"
+    return cache_home() / f"{name}.json"
 
 
 def load_cached(path: Path, if_invalid: str = "measuring again") -> DeviceProfile | None:
