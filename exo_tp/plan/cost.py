@@ -26,9 +26,10 @@ costs, per segment between two collectives (attention; FFN; the LM head), the sl
 reads for that segment, not the slowest rank's reads for the whole token; each rank also pays
 its device's per-layer overhead (`DeviceProfile.layer_overhead_seconds`, measured by the bench:
 operation dispatch, norms, rope, short attention), which no split divides; the last stage
-pays TOKEN_OVERHEAD_LAYERS of it once per token (sampling, the step loop); a collective costs
-its link plus COLLECTIVE_OVERHEAD_LAYERS of it (handing the stream over and waking the ring
-threads inside a graph, beyond what the link probe's in-graph figure sees).
+pays TOKEN_OVERHEAD_LAYERS of it once per token (sampling, the step loop); a collective costs at
+least COLLECTIVE_OVERHEAD_LAYERS of it (handing the stream over and waking the ring threads
+inside a graph), or its link's latency where that is larger: both figures estimate one cost, and
+the link probe's in-graph figure sees it all on some machines and little of it on others.
 """
 
 from __future__ import annotations
@@ -48,10 +49,13 @@ TOKEN_BYTES = 4  # a token id on the wire (int32)
 # for a 2-stage pipeline over plain mlx-lm (two hops) against an 18 µs raw one-way hop.
 HOP_OVERHEAD = 4e-3
 # Fitted on the lab (docs/benchmarks.md): per token, the last stage's sampling and step loop
-# cost 8 layers' overhead; a collective adds 0.65 of one layer's overhead to its link's cost
-# (the lab's CPU: 340 us per layer, so 2.7 ms per token and 220 us per collective).
+# cost 8 layers' overhead. A collective costs at least half of one layer's overhead: measured
+# directly (a 2-rank decode with its all_sums and a build without them) at 0.17 ms on a VM whose
+# layers cost 0.34 ms and whose link probe saw 56-60 us in a graph, and at ~0.4 ms on a noisier
+# VM whose layers cost 0.5-0.8 ms and whose probe saw 180-460 us. The model first added 0.65 of
+# a layer to the probe's figure: it priced the second VM's collectives at twice their cost.
 TOKEN_OVERHEAD_LAYERS = 8.0
-COLLECTIVE_OVERHEAD_LAYERS = 0.65
+COLLECTIVE_OVERHEAD_LAYERS = 0.5
 # Collectives that run once per forward on the first / last stage only.
 FIRST_STAGE_COLLECTIVES = frozenset({"embedding"})
 LAST_STAGE_COLLECTIVES = frozenset({"logits"})
@@ -218,6 +222,14 @@ def all_sum_seconds(ranks: int, nbytes: float, link: LinkCost) -> float:
     if ranks < 2:
         return 0.0
     return (ranks - 1) * link.latency + 2 * (ranks - 1) / ranks * nbytes / link.bandwidth
+
+
+def collective_floor(ranks: int, link: LinkCost, layer_overhead: float) -> float:
+    """What each collective costs beyond its link model: the part of COLLECTIVE_OVERHEAD_LAYERS
+    of a layer's overhead that the link's latency does not already account for."""
+    if ranks < 2:
+        return 0.0
+    return max(0.0, COLLECTIVE_OVERHEAD_LAYERS * layer_overhead - (ranks - 1) * link.latency)
 
 
 def all_gather_seconds(ranks: int, nbytes_per_rank: float, link: LinkCost) -> float:

@@ -21,13 +21,13 @@ from pydantic import ConfigDict, computed_field
 
 from exo_tp.plan.cluster import Cluster
 from exo_tp.plan.cost import (
-    COLLECTIVE_OVERHEAD_LAYERS,
     FLOAT_BYTES,
     TOKEN_BYTES,
     TOKEN_OVERHEAD_LAYERS,
     LinkCost,
     RankLoad,
     collective_count,
+    collective_floor,
     collective_seconds,
     hop_seconds,
     prefill_flops,
@@ -140,7 +140,7 @@ def _stage_cost(
     decode = prefill = 0.0
     if link is not None:
         count = collective_count(stage.tp, stage.layers.size, first, last)
-        fixed = count * COLLECTIVE_OVERHEAD_LAYERS * overhead
+        fixed = count * collective_floor(stage.tp.size, link, overhead)
         decode = fixed + collective_seconds(stage.tp, stage.layers.size, first, last, link)
         prefill = fixed + collective_seconds(stage.tp, stage.layers.size, first, last, link, prompt)
     return StageCost(

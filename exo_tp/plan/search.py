@@ -35,10 +35,10 @@ from exo_tp.arch import table_for
 from exo_tp.errors import PlanError
 from exo_tp.plan.cluster import Cluster, DeviceCost
 from exo_tp.plan.cost import (
-    COLLECTIVE_OVERHEAD_LAYERS,
     FLOAT_BYTES,
     TOKEN_OVERHEAD_LAYERS,
     all_sum_seconds,
+    collective_floor,
     prefill_flops,
     rank_load,
     read_seconds,
@@ -234,7 +234,7 @@ class _Layouts:
         collectives = 0.0
         if link is not None:
             one = all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
-            collectives = 2 * (one + COLLECTIVE_OVERHEAD_LAYERS * overhead)
+            collectives = 2 * (one + collective_floor(len(group), link, overhead))
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes)
