@@ -197,9 +197,8 @@ def test_nodes_announce_their_scores_plan_with_them_and_show_measured_links(
     assert {link.a, link.b} == {"n0", "n1"}
     assert link.up and link.group_size == 2
     assert link.send_recv_latency and link.all_sum_latency and link.all_sum_bandwidth, link
-    # same order of magnitude as plain TCP on the same loopback: catches unit mistakes
-    assert one_way / 10 < link.send_recv_latency < one_way * 100, (link, one_way)
-    assert link.send_recv_latency < link.all_sum_latency * 5, link
+    # Seconds, not ms or µs (as in test_bench_links: a busy VM measures far above TCP's).
+    assert one_way / 10 < link.send_recv_latency < 0.01, (link, one_way)
     assert rate / 100 < link.all_sum_bandwidth < rate * 4, (link, rate)
 
 
@@ -221,7 +220,9 @@ def test_first_start_measures_one_quick_profile_for_a_local_cluster(
     ) as cluster:
         view = cluster_view(cluster.urls[1])
         plan = plan_view(cluster.urls[1])
-    cached = read_profile(home / "profile.json")
+    # One file: profile.json, or profile-1-blas-threads.json with OpenBLAS (a thread per rank).
+    (path,) = home.glob("profile*.json")
+    cached = read_profile(path)
     assert cached.quick and cached.kernels
     assert log.read_text().count("measuring a quick one") == 1, log.read_text()[-3000:]
     for node in view.nodes:
