@@ -21,8 +21,10 @@ from exo_tp.profile.kernels import DECODE_SHAPES, DTYPES, PREFILL_SHAPES, PREFIL
 from exo_tp.profile.system import system_info
 
 
-def _bench(home: Path, *args: str) -> tuple[DeviceProfile, str, str]:
-    result = run_cli("bench", *args, env={"EXO_TP_HOME": str(home)}, timeout=300)
+def _bench(
+    home: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[DeviceProfile, str, str]:
+    result = run_cli("bench", *args, env={"EXO_TP_HOME": str(home), **(env or {})}, timeout=300)
     profile = DeviceProfile.model_validate_json(result.stdout.strip().splitlines()[-1])
     return profile, result.stdout, result.stderr
 
@@ -115,16 +117,11 @@ def test_each_blas_thread_count_keeps_its_own_cached_profile(quick: tuple) -> No
     """`run --local-nodes 2` measures with a thread per rank, `exo-tp bench` with every core:
     neither may find the other's profile stale and overwrite it."""
     home, first, _, _ = quick
-    one_thread = {"EXO_TP_HOME": str(home), "OPENBLAS_NUM_THREADS": "1"}
-
-    def bench_on_one_thread() -> tuple[DeviceProfile, str]:
-        result = run_cli("bench", "--quick", "--json", env=one_thread, timeout=300)
-        return DeviceProfile.model_validate_json(result.stdout.splitlines()[-1]), result.stdout
-
-    narrow, out = bench_on_one_thread()
+    one_thread = {"OPENBLAS_NUM_THREADS": "1"}
+    narrow, out, _ = _bench(home, "--quick", "--json", env=one_thread)
     assert "measured in" in out and narrow.blas.endswith("(1 thread)"), narrow.blas
     assert (home / "profile-1-blas-threads.json").exists()
-    again, out = bench_on_one_thread()
+    again, out, _ = _bench(home, "--quick", "--json", env=one_thread)
     assert "cached profile" in out and again.measured_at == narrow.measured_at
     wide, out, _ = _bench(home, "--quick", "--json")
     assert "cached profile" in out and wide.measured_at == first.measured_at
