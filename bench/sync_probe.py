@@ -1,0 +1,160 @@
+"""What a tensor-parallel collective costs when one rank trails the other.
+
+Two ranks (MLX `ring` over loopback, one core each, OpenBLAS on one thread) run the decode of a
+stack of SmolLM2-sized half layers (hidden 576, FFN 768: one rank's share of an even 2-way
+split) with an all_sum after each attention and each FFN, as exo-tp's shards do. Rank i does
+``f_i`` times the matmul work of each segment (extra products folded in as exact zeros, as the
+lab's work factor does), for the pairs in --pairs. Per pair, alternating rounds measure each
+rank's step without the all_sums and the pair's step with them; a collective's cost is the
+step with them minus the slower rank's step without, per all_sum. Each pair's cost is printed
+beside its ratio to the balanced pair's (1, 1).
+
+The question it answers: does a collective cost less when one rank clearly trails (the other is
+already waiting), so that a cost model should discount it for unbalanced splits? On the 2-core
+VM, three runs said yes, somewhat and no (docs/benchmarks.md, "Heterogeneous lab").
+
+    python bench/sync_probe.py [--pairs 1,1:1,2:2,2:1,3:3,3] [--rounds 6] [--layers 12]
+
+The last line of stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import env
+
+RANK = """
+import json, os, statistics, sys, time
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.llama import ModelArgs, TransformerBlock
+
+group = mx.distributed.init(backend="ring", strict=True)
+rank, layers, rounds = group.rank(), int(sys.argv[1]), int(sys.argv[2])
+pairs = json.loads(sys.argv[3])
+args = ModelArgs(model_type="llama", hidden_size=576, num_hidden_layers=layers,
+                 intermediate_size=768, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=64, rms_norm_eps=1e-5, vocab_size=256)
+copies = max(max(p) for p in pairs)
+stacks = [[TransformerBlock(args) for _ in range(layers)] for _ in range(copies)]
+caches = [KVCache() for _ in range(layers)]
+mx.eval([[b.parameters() for b in s] for s in stacks])
+h = mx.random.normal((1, 64, 576))
+for block, cache in zip(stacks[0], caches):
+    h = block(h, mask="causal", cache=cache)
+x = mx.random.normal((1, 1, 576)) * 0.1
+mx.eval(h, x)
+
+def step(reduce, factor):
+    y = x
+    for i, cache in enumerate(caches):
+        block = stacks[0][i]
+        n = block.input_layernorm(y)
+        a = block.self_attn(n, cache=cache)
+        for extra in stacks[1:factor]:  # the same projections' reads again, an exact zero
+            a = a + 0 * extra[i].self_attn.o_proj(extra[i].self_attn.q_proj(n))[..., :1]
+        y = y + (mx.distributed.all_sum(a, group=group) if reduce else a)
+        n = block.post_attention_layernorm(y)
+        m = block.mlp(n)
+        for extra in stacks[1:factor]:
+            m = m + 0 * extra[i].mlp(n)[..., :1]
+        y = y + (mx.distributed.all_sum(m, group=group) if reduce else m)
+        cache.offset -= 1  # decode "the next token" again: the context stays the same
+    mx.eval(y)
+
+def median(fn, n=11):
+    fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+samples = {str(p): [] for p in pairs}
+for r in range(rounds):
+    for pair in pairs if r % 2 == 0 else pairs[::-1]:
+        alone = median(lambda: step(False, pair[rank]))
+        together = median(lambda: step(True, pair[rank]))
+        both = mx.distributed.all_gather(mx.array([alone]), group=group).tolist()
+        samples[str(pair)].append([both[0], both[1], together])
+if rank == 0:
+    print(json.dumps(samples))
+"""
+
+
+def _pinned(core: int):  # noqa: ANN202 (a preexec_fn)
+    return lambda: os.sched_setaffinity(0, [core])
+
+
+def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> dict[str, list[list[float]]]:
+    environment = env()  # also puts this checkout on sys.path
+    from exo_tp.process.blas import THREADS_ENV
+    from exo_tp.transport.ports import free_ports
+
+    cores = sorted(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = Path(tmp) / "hosts.json"
+        hosts.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
+        base = {**environment, "MLX_HOSTFILE": str(hosts), THREADS_ENV: "1"}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RANK, str(layers), str(rounds), json.dumps(pairs)],
+                env={**base, "MLX_RANK": str(rank)},
+                stdout=subprocess.PIPE,
+                text=True,
+                preexec_fn=_pinned(cores[rank % len(cores)]),
+            )
+            for rank in range(2)
+        ]
+        outs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("a rank failed")
+    return json.loads(outs[0].strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", default="1,1:1,2:2,2:1,3:3,3")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--layers", type=int, default=12)
+    args = parser.parse_args()
+    pairs = [[int(f) for f in p.split(",")] for p in args.pairs.split(":")]
+    if [1, 1] not in pairs:
+        pairs.insert(0, [1, 1])  # what every pair is compared with
+    samples = run_ranks(args.layers, args.rounds, pairs)
+    per_step = 2 * args.layers  # all_sums per step
+
+    def cost(s: list[float]) -> float:
+        return (s[2] - max(s[0], s[1])) / per_step
+
+    balanced = statistics.median(cost(s) for s in samples["[1, 1]"])
+    rows = {}
+    print(f"{'pair':>8} {'ms r0':>7} {'ms r1':>7} {'gap us':>7} {'cost us':>8} {'/ (1,1)':>8}")
+    for key, got in samples.items():
+        measured = statistics.median(cost(s) for s in got)
+        rows[key] = {
+            "rank_ms": [round(statistics.median(s[i] for s in got) * 1e3, 2) for i in (0, 1)],
+            "gap_us": round(statistics.median(abs(s[1] - s[0]) for s in got) / per_step * 1e6, 1),
+            "collective_us": round(measured * 1e6, 1),
+            "collective_us_each_round": [round(cost(s) * 1e6) for s in got],
+            "over_balanced": round(measured / balanced, 3),
+        }
+        r = rows[key]
+        print(
+            f"{key:>8} {r['rank_ms'][0]:7.1f} {r['rank_ms'][1]:7.1f} {r['gap_us']:7.0f} "
+            f"{r['collective_us']:8.0f} {r['over_balanced']:8.2f}"
+        )
+    print(json.dumps({"layers": args.layers, "rounds": args.rounds, "pairs": rows}))
+
+
+if __name__ == "__main__":
+    main()
