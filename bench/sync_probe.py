@@ -32,10 +32,11 @@ from pathlib import Path
 from _common import env
 
 RANK = """
-import json, os, statistics, sys, time
+import json, sys
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.llama import ModelArgs, TransformerBlock
+from exo_tp.profile.collective_speed import median_seconds
 
 group = mx.distributed.init(backend="ring", strict=True)
 rank, layers, rounds = group.rank(), int(sys.argv[1]), int(sys.argv[2])
@@ -70,20 +71,11 @@ def step(reduce, factor):
         cache.offset -= 1  # decode "the next token" again: the context stays the same
     mx.eval(y)
 
-def median(fn, n=11):
-    fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
 samples = {str(p): [] for p in pairs}
 for r in range(rounds):
     for pair in pairs if r % 2 == 0 else pairs[::-1]:
-        alone = median(lambda: step(False, pair[rank]))
-        together = median(lambda: step(True, pair[rank]))
+        alone = median_seconds(lambda: step(False, pair[rank]), 11)
+        together = median_seconds(lambda: step(True, pair[rank]), 11)
         both = mx.distributed.all_gather(mx.array([alone]), group=group).tolist()
         samples[str(pair)].append([both[0], both[1], together])
 if rank == 0:
