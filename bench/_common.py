@@ -36,6 +36,11 @@ def env(blas: str | None = None) -> dict[str, str]:
     }
 
 
+def pinned(core: int):  # noqa: ANN201 (a preexec_fn)
+    """A ``preexec_fn`` that pins the child process to ``core``."""
+    return lambda: os.sched_setaffinity(0, [core])
+
+
 def single_process_tps(model: Path, tokens: int) -> float:
     """Decode tokens/s of plain mlx-lm in one process (float32, greedy)."""
     out = subprocess.run(

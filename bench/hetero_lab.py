@@ -56,7 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from _common import ROOT, env, generation_tps, launch_command
+from _common import ROOT, env, generation_tps, launch_command, pinned
 
 sys.path.insert(0, str(ROOT))
 
@@ -114,10 +114,6 @@ class LabState:
         return value
 
 
-def _pinned(core: int):  # noqa: ANN202 (a preexec_fn)
-    return lambda: os.sched_setaffinity(0, [core])
-
-
 class Profiles(Frozen):
     """The bench's profile of each distinct work factor (kept by --state)."""
 
@@ -134,7 +130,7 @@ def profile(factor: float, core: int, home: Path, quick: bool) -> DeviceProfile:
         text=True,
         check=True,
         env={**env(), "EXO_TP_HOME": str(home)},
-        preexec_fn=_pinned(core),
+        preexec_fn=pinned(core),
     )
     return DeviceProfile.model_validate_json(out.stdout.strip().splitlines()[-1])
 

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import env
+from _common import env, pinned
 
 RANK = """
 import json, sys
@@ -83,10 +83,6 @@ if rank == 0:
 """
 
 
-def _pinned(core: int):  # noqa: ANN202 (a preexec_fn)
-    return lambda: os.sched_setaffinity(0, [core])
-
-
 def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> dict[str, list[list[float]]]:
     environment = env()  # also puts this checkout on sys.path
     from exo_tp.process.blas import THREADS_ENV
@@ -103,7 +99,7 @@ def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> dict[str, lis
                 env={**base, "MLX_RANK": str(rank)},
                 stdout=subprocess.PIPE,
                 text=True,
-                preexec_fn=_pinned(cores[rank % len(cores)]),
+                preexec_fn=pinned(cores[rank % len(cores)]),
             )
             for rank in range(2)
         ]
