@@ -120,10 +120,12 @@ class Profiles(Frozen):
     by_factor: dict[float, DeviceProfile]
 
 
-def profile(factor: float, core: int, home: Path, quick: bool) -> DeviceProfile:
-    """`exo-tp bench` of a device pinned to ``core`` at ``factor``."""
+def profile(factor: float, core: int, home: Path, args: argparse.Namespace) -> DeviceProfile:
+    """`exo-tp bench` of a device pinned to ``core`` at ``factor``, with the lab model's
+    matrix shapes (the planner prices each matrix by its shape)."""
     command = [sys.executable, "-m", "exo_tp", "bench", "--refresh", "--json"]
-    command += ["--work-factor", f"{factor:g}"] + (["--quick"] if quick else [])
+    command += ["--model", args.model]
+    command += ["--work-factor", f"{factor:g}"] + (["--quick"] if args.quick else [])
     out = subprocess.run(
         command,
         capture_output=True,
@@ -226,13 +228,21 @@ def measure_plans(
     """Every plan (on the devices it names) measured, median of --rounds alternating rounds,
     and predicted by the cost model; and which other plan the planner's is, if any."""
     context, prompt = window(args)
-    predicted = {
-        name: predict(plan, on, cluster, context, prompt).tokens_per_second
-        for name, (plan, on) in plans.items()
+    priced = {
+        name: predict(plan, on, cluster, context, prompt) for name, (plan, on) in plans.items()
     }
+    predicted = {name: p.tokens_per_second for name, p in priced.items()}
     # Printed before the runs: a lent machine's time limit can cut the rounds short.
-    for name, tps in predicted.items():
-        print(f"  predicted {name} on {list(plans[name][1])}: {tps:.3f}", file=sys.stderr)
+    for name, p in priced.items():
+        parts = ", ".join(
+            f"compute {s.compute_seconds * 1e3:.1f} + collectives {s.collective_seconds * 1e3:.1f}"
+            for s in p.stages
+        )
+        print(
+            f"  predicted {name} on {list(plans[name][1])}: {p.tokens_per_second:.3f} tok/s "
+            f"(ms per token: {parts}; hops {p.hop_seconds * 1e3:.1f})",
+            file=sys.stderr,
+        )
 
     # The planner's choice is usually one of the other plans: the same launch, measured once
     # (two runs of one command differ only by the machine's drift between them).
@@ -305,7 +315,7 @@ def plans_for(
 ) -> dict[str, object]:  # noqa: E501
     spec = load_spec(model)
     with tempfile.TemporaryDirectory() as home:
-        slow = profile(factor, CORES[1 % len(CORES)], Path(home), args.quick)
+        slow = profile(factor, CORES[1 % len(CORES)], Path(home), args)
     base = cluster_from_profiles(spec, [fast, slow])
     cluster = Cluster(devices=base.devices, links=(Link(a=0, b=1, cost=link),), default_link=link)
     speeds = [d.speed for d in cluster.devices]
@@ -335,7 +345,7 @@ def plans_for(
 def run_plans(args: argparse.Namespace) -> dict[str, object]:
     model = resolve_model(args.model)
     with tempfile.TemporaryDirectory() as home:
-        fast = profile(1.0, CORES[0], Path(home), args.quick)
+        fast = profile(1.0, CORES[0], Path(home), args)
     link = measure_link()
     out: dict[str, object] = {}
     for factor in args.factors:
@@ -546,7 +556,7 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
         files = [Path(tmp) / "f0", Path(tmp) / "f1"]
         for f in files:
             write_factor_file(f, 1.0)
-        measured = profile(1.0, CORES[0], Path(tmp) / "home", args.quick)
+        measured = profile(1.0, CORES[0], Path(tmp) / "home", args)
         machine = Path(tmp) / "profile.json"
         machine.write_text(measured.model_dump_json())
         port = 24000 + os.getpid() % 2000
@@ -633,7 +643,7 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
     def profile_all() -> Profiles:
         with tempfile.TemporaryDirectory() as home, ThreadPoolExecutor(len(distinct)) as pool:
             measuring = [
-                pool.submit(profile, f, CORES[i % len(CORES)], Path(home) / str(i), args.quick)
+                pool.submit(profile, f, CORES[i % len(CORES)], Path(home) / str(i), args)
                 for i, f in enumerate(distinct)
             ]
             return Profiles(

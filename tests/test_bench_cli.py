@@ -14,10 +14,13 @@ import pytest
 from helpers import run_cli
 
 from exo_tp.errors import ExoTpError
+from exo_tp.models.registry import DEFAULT_MODEL, resolve_model
 from exo_tp.plan.devices import DeviceProfile, LinkProfile, MatmulScore, read_profile
+from exo_tp.plan.spec import load_spec
 from exo_tp.process.blas import blas_library, usable_cores
 from exo_tp.profile.cache import _stale, load_cached
 from exo_tp.profile.kernels import DECODE_SHAPES, DTYPES, PREFILL_SHAPES, PREFILL_TOKENS
+from exo_tp.profile.shapes import model_shapes
 from exo_tp.profile.system import system_info
 
 
@@ -108,6 +111,24 @@ def test_cached_profile_is_reused_until_refresh(quick: tuple) -> None:
     assert again.measured_at == first.measured_at
     assert again.kernels == first.kernels
     assert again.decode_seconds_per_byte == first.decode_seconds_per_byte
+
+
+def test_model_shapes_are_measured_once_and_kept_with_the_profile(quick: tuple) -> None:
+    """`bench --model` adds the model's matrix shapes to the cached profile (the rest is
+    reused) and a second run reuses them too; each is a product streamed from memory."""
+    home, first, _, _ = quick
+    dtype, wanted = model_shapes(load_spec(resolve_model(DEFAULT_MODEL)))
+    shaped, out, _ = _bench(home, "--quick", "--json", "--model", DEFAULT_MODEL)
+    assert "cached profile" in out and "the model's matrix shapes" in out
+    assert shaped.kernels == first.kernels
+    assert [(k.dtype, k.k, k.n) for k in shaped.shapes] == [(dtype, k, n) for k, n in wanted]
+    reference = _numpy_read_bandwidth()
+    for k in shaped.shapes:
+        assert k.kind == "matvec" and k.weight_bytes == k.k * k.n * 4
+        assert k.working_set_bytes >= 64 * 2**20
+        assert k.weight_bytes_per_second < reference * 4, (k, reference)
+    again, out, _ = _bench(home, "--quick", "--json", "--model", DEFAULT_MODEL)
+    assert again.shapes == shaped.shapes and "cached profile" in out
 
 
 @pytest.mark.skipif(

@@ -17,8 +17,10 @@ from exo_tp.plan.cost import (
     weight_format,
 )
 from exo_tp.plan.devices import DeviceProfile, LinkProfile, MatmulScore
+from exo_tp.plan.matvec import MatvecTable
 from exo_tp.plan.pipeline import plan_pipeline, single_stage
 from exo_tp.plan.predict import predict
+from exo_tp.profile.shapes import model_shapes
 
 LINK = LinkCost(latency=1e-4, bandwidth=1e9, measured=True)
 EVERY = Span(start=0, stop=2)
@@ -246,3 +248,86 @@ def test_cluster_from_profiles_uses_measured_links_and_headroom() -> None:
     assert cluster.link(1, 0) == LinkCost(latency=3e-4, bandwidth=2e9, measured=True)
     assert cluster.link(1, 2).latency >= 3600  # down: priced out
     assert cluster.link(0, 2) == cluster.default_link
+
+
+def test_matvec_table_interpolates_along_the_dimension_that_differs() -> None:
+    table = MatvecTable.of([(8, 16, 1e-6), (8, 32, 4e-6), (16, 8, 2e-6), (48, 8, 4e-6)])
+    assert table.seconds(8, 16) == 1e-6  # measured
+    assert table.seconds(8, 24) == pytest.approx(2.5e-6)  # halfway along n
+    assert table.seconds(32, 8) == pytest.approx(3e-6)  # halfway along k
+    assert table.seconds(8, 64) == pytest.approx(8e-6)  # past the end: its seconds per byte
+    assert table.seconds(8, 8) == pytest.approx(0.5e-6)  # nearer the n = 16 end than k = 16's
+    assert table.seconds(4, 8) == pytest.approx(0.5e-6)  # below k = 16: per byte from there
+    assert table.seconds(3, 5) is None  # no measured shape shares k or n
+    assert table.seconds(0, 8) == 0.0
+
+
+def test_each_matrix_of_a_split_is_priced_by_its_measured_shape() -> None:
+    """Even halves of the tiny model (q 8 -> 4, k/v 8 -> 2, o 4 -> 8, gate/up 8 -> 32, down
+    32 -> 8, head 8 -> 64) on a device that measured some of those shapes: each matrix costs
+    its shape's seconds, interpolated or scaled per byte; the norms' bytes cost the score."""
+    spec = tiny()
+    plan = single_stage(plan_tensor_parallel(spec, [1, 1]))
+    table = MatvecTable.of(
+        [(8, 2, 1e-6), (8, 16, 2e-6), (8, 64, 6e-6), (4, 8, 3e-6), (64, 8, 10e-6)]
+    )
+    device = DeviceCost(name="a", seconds_per_byte=1e-9, prefill_flops=1e9, memory=10**9)
+    shaped = device.model_copy(update={"matvec": table})
+    q, kv, o = 1e-6 + 1e-6 * 2 / 14, 1e-6, 3e-6
+    gate_up, down, head = 2e-6 + 4e-6 * 16 / 48, 3e-6 + 7e-6 * 28 / 60, 6e-6
+    # down (32 -> 8) lies on the k curve between k = 4 and k = 64 (n = 8)
+    per_layer = q + 2 * kv + o + 2 * gate_up + down
+    norms = (2 * 2 + 1) * 8 * 4 * 1e-9
+    for seconds_per_byte_only, expected in (
+        (False, 2 * per_layer + head + norms),
+        (True, 9120 * 1e-9),  # every byte at the score, as without the table
+    ):
+        cluster = Cluster(devices=(device if seconds_per_byte_only else shaped,) * 2)
+        p = predict(plan, [0, 1], cluster, 10, 4)
+        assert p.stages[0].compute_seconds == pytest.approx(expected)
+
+
+def test_the_bench_times_each_matrix_at_eighths_of_its_split_dimension() -> None:
+    # q 8 wide (an eighth rounds up to 8), k/v 4 (never past the width), FFN 64 in eighths,
+    # vocab 128 in eighths; o_proj and down read those slices into the hidden size.
+    outputs = {8, 4} | set(range(8, 65, 8)) | set(range(16, 129, 16))
+    inputs = {8} | set(range(8, 65, 8))
+    assert model_shapes(tiny()) == (
+        "float32",
+        tuple(sorted({(8, n) for n in outputs} | {(k, 8) for k in inputs})),
+    )
+    # Quantized: every slice a multiple of the group; the router (8 experts) is never split.
+    spec = tiny(
+        hidden_size=64,
+        head_dim=16,
+        ffn_sizes={"ffn": 256},
+        quantization=Quantization(group_size=32, bits=4),
+        num_experts=8,
+        experts_per_token=2,
+    )
+    fmt, shapes = model_shapes(spec)
+    assert fmt == "q4g32" and (64, 8) in shapes
+    assert {k for k, n in shapes if n == 64} == set(range(32, 257, 32))
+    assert all(k % 32 == 0 for k, _ in shapes)
+
+
+def test_cluster_prices_the_model_by_the_shapes_of_its_weight_format() -> None:
+    def shape(dtype: str, k: int, n: int, seconds: float) -> MatmulScore:
+        return MatmulScore(
+            kind="matvec",
+            dtype=dtype,
+            m=1,
+            k=k,
+            n=n,
+            seconds=seconds,
+            flops=2 * k * n / seconds,
+            weight_bytes_per_second=1.0,
+        )
+
+    profile = _profile("0@x").model_copy(
+        update={"shapes": (shape("float32", 8, 64, 1e-6), shape("q4g32", 8, 64, 2e-6))}
+    )
+    float_device = cluster_from_profiles(tiny(), [profile]).devices[0]
+    assert float_device.matvec == MatvecTable.of([(8, 64, 1e-6)])
+    q4 = tiny(quantization=Quantization(group_size=32, bits=4))
+    assert cluster_from_profiles(q4, [profile]).devices[0].matvec.seconds(8, 64) == 2e-6

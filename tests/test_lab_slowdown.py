@@ -98,11 +98,13 @@ def test_scaled_profile_scores_s_times_lower() -> None:
         decode_seconds_per_byte=3e-10,
         prefill_flops=4e9,
         kernels=(matvec,),
+        shapes=(matvec,),  # the model's shapes, as `bench --model` adds them
     )
     slow = scaled_profile(profile, 2.0)
     assert slow.decode_seconds_per_byte == pytest.approx(2 * profile.decode_seconds_per_byte)
     assert slow.prefill_flops == pytest.approx(profile.prefill_flops / 2)
     assert slow.kernels[0].seconds == pytest.approx(2 * seconds)
+    assert slow.shapes[0].seconds == pytest.approx(2 * seconds)
     assert slow.decode_speed_for("float32") == pytest.approx(
         profile.decode_speed_for("float32") / 2
     )

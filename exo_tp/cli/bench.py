@@ -47,6 +47,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds to wait for a peer, and for each link (default 10)",
     )
     p.add_argument(
+        "--model",
+        help="also time this model's matrices at slices of their split dimensions, so the "
+        "planner prices each matrix of a split by its shape (cached with the profile)",
+    )
+    p.add_argument(
         "--work-factor",
         type=float,
         default=1.0,
@@ -82,6 +87,13 @@ def run(args: argparse.Namespace) -> int:
 
     check_factor(args.work_factor, "--work-factor")
     peers = _peers(args)
+    shapes: tuple[str, tuple[tuple[int, int], ...]] = ("", ())
+    if args.model:
+        from exo_tp.models.registry import resolve_model
+        from exo_tp.plan.spec import load_spec
+        from exo_tp.profile.shapes import model_shapes
+
+        shapes = model_shapes(load_spec(resolve_model(args.model)))
     with Progress() as progress:
         # Links first: nodes started together are still in step (device runs take unequal time).
         links = measure_links(peers, args.link_timeout, args.quick, progress) if peers else ()
@@ -90,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             quick=args.quick,
             progress=progress,
             work_factor=args.work_factor,
+            shapes=shapes,
         )
     if peers:
         profile = replace(profile, node_id=peers.label(peers.rank), links=links)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
-from exo_tp.plan.devices import DeviceProfile
+from exo_tp.plan.devices import DeviceProfile, MatmulScore
 from exo_tp.process.blas import THREADS_ENV
 
 log = logging.getLogger(__name__)
@@ -169,18 +169,22 @@ def scaled_profile(profile: DeviceProfile, factor: float) -> DeviceProfile:
     check_factor(factor)
     if factor == 1:
         return profile
-    kernels = tuple(
-        replace(
-            k,
-            seconds=k.seconds * factor,
-            flops=k.flops / factor,
-            weight_bytes_per_second=k.weight_bytes_per_second / factor,
+
+    def slower(scores: tuple[MatmulScore, ...]) -> tuple[MatmulScore, ...]:
+        return tuple(
+            replace(
+                k,
+                seconds=k.seconds * factor,
+                flops=k.flops / factor,
+                weight_bytes_per_second=k.weight_bytes_per_second / factor,
+            )
+            for k in scores
         )
-        for k in profile.kernels
-    )
+
     return replace(
         profile,
         decode_seconds_per_byte=profile.decode_seconds_per_byte * factor,
         prefill_flops=profile.prefill_flops / factor,
-        kernels=kernels,
+        kernels=slower(profile.kernels),
+        shapes=slower(profile.shapes),
     )

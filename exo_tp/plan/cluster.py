@@ -9,6 +9,7 @@ from pydantic import Field
 
 from exo_tp.plan.cost import DEFAULT_LINK, LinkCost, weight_format
 from exo_tp.plan.devices import DeviceProfile
+from exo_tp.plan.matvec import MatvecTable
 from exo_tp.plan.spec import Frozen, ModelSpec
 
 # Share of a device's available memory a plan may fill: the OS, MLX buffers and activations
@@ -24,6 +25,8 @@ class DeviceCost(Frozen):
     prefill_flops: float = Field(gt=0)  # FLOP/s
     memory: int = Field(ge=0)  # bytes the model's weights and KV cache may use here
     layer_overhead: float = Field(default=0.0, ge=0)  # seconds per layer per token (0: unknown)
+    # the model's matrix shapes measured in its weight format (empty: priced by the score)
+    matvec: MatvecTable = MatvecTable()
 
     @property
     def speed(self) -> float:
@@ -83,6 +86,9 @@ def cluster_from_profiles(
             prefill_flops=p.prefill_flops,
             memory=int(p.memory_available * headroom),
             layer_overhead=p.layer_overhead_seconds,
+            matvec=MatvecTable.of(
+                (k.k, k.n, k.seconds) for k in p.shapes if k.kind == "matvec" and k.dtype == dtype
+            ),
         )
         for i, p in enumerate(profiles)
     )

@@ -2,7 +2,10 @@
 
 Decode reads every weight a rank uses for a token once, so a rank's compute time per token is
 ``read_bytes * seconds_per_byte`` (its decode score for the model's weight format, see
-`exo_tp.plan.devices`). Prefill is compute-bound: ``FLOPs / prefill_flops``.
+`exo_tp.plan.devices`), or, where the device timed the model's matrix shapes (`exo-tp bench
+--model`), the sum over the rank's matrices of each one's measured time (`exo_tp.plan.matvec`:
+a shard's slice of a matrix may read at another speed per byte than the whole). Prefill is
+compute-bound: ``FLOPs / prefill_flops``.
 
 Collectives are priced by a ring model fitted to the 2-rank link measurements of `exo-tp bench`
 (L: all_sum latency of 4 KB, B: all_sum payload rate of 8 MB). A ring step moving s bytes costs
@@ -35,10 +38,13 @@ the link probe's in-graph figure sees it all on some machines and little of it o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from pydantic import Field
 
 from exo_tp.plan.devices import ENGINE_DTYPE, quant_key
+from exo_tp.plan.matvec import Matrix, MatvecTable, Segment
+from exo_tp.plan.matvec import read_seconds as matrices_seconds
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import Frozen, ModelSpec
 
@@ -95,21 +101,41 @@ class LayerWeights(Frozen):
     read: int  # per decoded token
 
 
-def layer_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> LayerWeights:
+def layer_matrices(
+    spec: ModelSpec, shard: RankShard, moe: bool
+) -> list[tuple[Segment, int, int, int]]:
+    """(segment, k, n, count) of each weight shape one layer of this rank reads per decoded
+    token (``x @ W.T``, W stored (n, k))."""
     h = spec.hidden_size
     q_width = shard.heads.q_heads.size * spec.head_dim
     kv_width = len(shard.heads.kv_heads) * spec.head_dim  # replicated KV heads count each time
-    held = read = h * (2 * q_width + 2 * kv_width)  # q_proj, o_proj; k_proj, v_proj
+    read: list[tuple[Segment, int, int, int]] = [
+        ("attention", h, q_width, 1),  # q_proj
+        ("attention", h, kv_width, 2),  # k_proj, v_proj
+        ("attention", q_width, h, 1),  # o_proj
+    ]
     if not moe:
         rows = shard.ffn["ffn"].size if "ffn" in shard.ffn else 0
-        return LayerWeights(held=held + 3 * h * rows, read=read + 3 * h * rows)
-    expert = 3 * h * shard.ffn[_expert_kind(spec)].size
-    shared = 3 * h * shard.ffn["shared_expert_ffn"].size if "shared_expert_ffn" in shard.ffn else 0
-    router = h * spec.num_experts  # replicated on every rank
-    return LayerWeights(
-        held=held + spec.num_experts * expert + shared + router,
-        read=read + spec.experts_per_token * expert + shared + router,
-    )
+        return [*read, ("ffn", h, rows, 2), ("ffn", rows, h, 1)]  # gate, up; down
+    rows = shard.ffn[_expert_kind(spec)].size
+    shared = shard.ffn["shared_expert_ffn"].size if "shared_expert_ffn" in shard.ffn else 0
+    return [
+        *read,
+        ("ffn", h, rows, 2 * spec.experts_per_token),
+        ("ffn", rows, h, spec.experts_per_token),
+        ("ffn", h, shared, 2),
+        ("ffn", shared, h, 1),
+        ("ffn", h, spec.num_experts, 1),  # the router, replicated on every rank
+    ]
+
+
+def layer_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> LayerWeights:
+    read = sum(k * n * count for _, k, n, count in layer_matrices(spec, shard, moe))
+    if not moe:
+        return LayerWeights(held=read, read=read)
+    # An MoE layer holds every expert and reads experts_per_token of them.
+    unread = (spec.num_experts - spec.experts_per_token) * 3 * spec.hidden_size
+    return LayerWeights(held=read + unread * shard.ffn[_expert_kind(spec)].size, read=read)
 
 
 def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTES) -> int:
@@ -122,13 +148,12 @@ class RankLoad(Frozen):
 
     held_bytes: int  # weights in memory
     read_bytes: int  # weights read per decoded token
-    # ... of which the attention projections' and the LM head's (the FFN has the rest): the
-    # segments between a TP group's collectives, each waited for by its slowest rank
-    attention_read_bytes: int = 0
-    head_read_bytes: int = 0
     flops_per_token: float  # prefill arithmetic per token, without attention scores
     attention_width: int  # local query heads * head_dim, summed over its layers
     kv_bytes_per_token: int  # KV cache per token of context, all its layers
+    # the weights it reads per token shape by shape, and the norms' bytes (read with the FFN)
+    matrices: tuple[Matrix, ...] = ()
+    norm_bytes: int = 0
 
 
 def rank_load(
@@ -144,49 +169,71 @@ def rank_load(
         max(0, layers.stop - max(layers.start, spec.dense_layers)) if spec.num_experts else 0
     )
     dense_layers = layers.size - moe_layers
-    parts = [
-        (n, layer_weights(spec, shard, moe))
-        for n, moe in ((dense_layers, False), (moe_layers, True))
-        if n
-    ]
-    held = sum(n * w.held for n, w in parts)
-    read = sum(n * w.read for n, w in parts)
-    q_width = shard.heads.q_heads.size * spec.head_dim
-    kv_width = len(shard.heads.kv_heads) * spec.head_dim
-    attention = layers.size * spec.hidden_size * (2 * q_width + 2 * kv_width)
+    held = 0
+    shapes: dict[tuple[Segment, int, int], int] = {}  # weights read per token, by shape
+    for layer_count, moe in ((dense_layers, False), (moe_layers, True)):
+        if not layer_count:
+            continue
+        held += layer_count * layer_weights(spec, shard, moe).held
+        for segment, k, n, count in layer_matrices(spec, shard, moe):
+            shapes[segment, k, n] = shapes.get((segment, k, n), 0) + layer_count * count
     vocab = shard.vocab.size * spec.hidden_size
     norms = (2 * layers.size + (1 if last else 0)) * spec.hidden_size * float_bytes
     vocab_held = 0
     if last:
         vocab_held += vocab  # LM head shard (or the tied embedding it shares)
-        read += vocab
+        shapes["head", spec.hidden_size, shard.vocab.size] = 1
     if first and not (last and spec.tie_word_embeddings):
         vocab_held += vocab  # embedding shard; a lookup reads one row, not counted
+    read = sum(k * n * count for (_, k, n), count in shapes.items())
     return RankLoad(
         held_bytes=round((held + vocab_held) * per + norms),
         read_bytes=round(read * per + norms),
-        attention_read_bytes=round(attention * per),
-        head_read_bytes=round(vocab * per) if last else 0,
         flops_per_token=2.0 * read,
         attention_width=layers.size * shard.heads.q_heads.size * spec.head_dim,
         kv_bytes_per_token=layers.size * kv_bytes_per_token(spec, shard, float_bytes),
+        matrices=tuple(
+            Matrix(segment=g, k=k, n=n, count=c, bytes=round(k * n * c * per))
+            for (g, k, n), c in shapes.items()
+            if k and n and c
+        ),
+        norm_bytes=norms,
     )
 
 
-def segment_reads(load: RankLoad) -> tuple[int, int, int]:
-    """Weight bytes read per token in each segment between collectives: attention, FFN (with
-    the norms), LM head."""
-    ffn = load.read_bytes - load.attention_read_bytes - load.head_read_bytes
-    return load.attention_read_bytes, ffn, load.head_read_bytes
+SEGMENTS: tuple[Segment, ...] = ("attention", "ffn", "head")
 
 
-def read_seconds(loads: Sequence[RankLoad], seconds_per_byte: Sequence[float]) -> float:
+class ReadPrice(Protocol):
+    """What prices a rank's weight reads: its decode score, and its measured matvec shapes
+    for the model's weight format (empty: every byte at the score)."""
+
+    @property
+    def seconds_per_byte(self) -> float: ...
+
+    @property
+    def matvec(self) -> MatvecTable: ...
+
+
+def segment_seconds(load: RankLoad, device: ReadPrice) -> tuple[float, ...]:
+    """Seconds of weight reads per token in each segment between collectives: attention, FFN
+    (with the norms), LM head."""
+    return tuple(
+        matrices_seconds(
+            [m for m in load.matrices if m.segment == segment],
+            device.matvec,
+            device.seconds_per_byte,
+        )
+        + (load.norm_bytes * device.seconds_per_byte if segment == "ffn" else 0.0)
+        for segment in SEGMENTS
+    )
+
+
+def read_seconds(loads: Sequence[RankLoad], devices: Sequence[ReadPrice]) -> float:
     """Seconds per token of a TP group's weight reads: each segment waits for its slowest
     rank (a split balanced over the whole layer but not per segment still pays)."""
-    segments = [segment_reads(x) for x in loads]
-    return sum(
-        max(s[i] * spb for s, spb in zip(segments, seconds_per_byte, strict=True)) for i in range(3)
-    )
+    segments = [segment_seconds(x, d) for x, d in zip(loads, devices, strict=True)]
+    return sum(max(s[i] for s in segments) for i in range(len(SEGMENTS)))
 
 
 def _per_forward(

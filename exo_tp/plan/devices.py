@@ -108,6 +108,9 @@ class DeviceProfile(Frozen):
     # dispatch, norms, rope, short attention: exo_tp.profile.overhead). 0: not measured.
     layer_overhead_seconds: float = Field(default=0.0, ge=0)
     kernels: tuple[MatmulScore, ...] = ()
+    # Matvecs of a model's own matrix shapes (`exo-tp bench --model`), in its weight format:
+    # the planner prices each matrix of that model by these (exo_tp.plan.matvec).
+    shapes: tuple[MatmulScore, ...] = ()
     links: tuple[LinkProfile, ...] = ()  # this node's links to its peers (not cached)
     quick: bool = False
     measured_at: str = ""  # ISO 8601

@@ -146,7 +146,7 @@ def _stage_cost(
     return StageCost(
         devices=tuple(devices),
         layers=(stage.layers.start, stage.layers.stop),
-        compute_seconds=read_seconds(loads, [d.seconds_per_byte for d in specs])
+        compute_seconds=read_seconds(loads, specs)
         + overhead * (stage.layers.size + (TOKEN_OVERHEAD_LAYERS if last else 0.0)),
         collective_seconds=decode,
         row_seconds=max(

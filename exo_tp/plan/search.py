@@ -220,13 +220,12 @@ class _Layouts:
         devices: list[DeviceCost] = [self.cluster.devices[d] for d in group]
         every = [rank_load(spec, s, Span(start=0, stop=n), False, False) for s in tp.ranks]
         ends = [rank_load(spec, s, Span(start=0, stop=0), first, last) for s in tp.ranks]
-        spb = [d.seconds_per_byte for d in devices]
         overhead = max(d.layer_overhead for d in devices)
-        per_layer = read_seconds(every, spb) / n + overhead
+        per_layer = read_seconds(every, devices) / n + overhead
         per_row = max(
             prefill_flops(x, 1) / n / d.prefill_flops for x, d in zip(every, devices, strict=True)
         )
-        fixed = read_seconds(ends, spb) + (TOKEN_OVERHEAD_LAYERS * overhead if last else 0.0)
+        fixed = read_seconds(ends, devices) + (TOKEN_OVERHEAD_LAYERS * overhead if last else 0.0)
         fixed_row = max(
             prefill_flops(end, 1) / d.prefill_flops for end, d in zip(ends, devices, strict=True)
         )

@@ -17,7 +17,7 @@ from exo_tp.frozen import replace
 from exo_tp.paths import cache_home
 from exo_tp.plan.devices import DeviceProfile, read_profile
 from exo_tp.process.blas import openblas_threads, usable_cores
-from exo_tp.profile.device import measure_device
+from exo_tp.profile.device import measure_device, measure_shapes
 from exo_tp.profile.progress import Progress
 from exo_tp.profile.system import SystemInfo, system_info
 
@@ -98,16 +98,28 @@ def device_profile(
     progress: Progress | None = None,
     path: Path | None = None,
     work_factor: float = 1.0,
+    shapes: tuple[str, tuple[tuple[int, int], ...]] = ("", ()),
 ) -> tuple[DeviceProfile, bool]:
     """This device's profile and whether it came from the cache (``work_factor``: as the lab's
-    emulated device that much slower)."""
+    emulated device that much slower), with the matvecs of ``shapes`` ((weight format,
+    (k, n)...) of a model: `exo_tp.profile.shapes`) the cached one lacks measured now and
+    cached with it."""
     path = path or profile_path(work_factor)
-    cached = None if refresh else cached_profile(quick, path)
-    if cached is not None:
-        return cached, True
-    profile = measure_device(quick, progress, work_factor)
+    progress = progress or Progress(enabled=False)
+    profile = None if refresh else cached_profile(quick, path)
+    cached = profile is not None
+    if profile is None:
+        profile = measure_device(quick, progress, work_factor)
+    dtype, wanted = shapes
+    have = {(k.dtype, k.k, k.n) for k in profile.shapes}
+    missing = [s for s in wanted if (dtype, *s) not in have]
+    if cached and not missing:
+        return profile, True
+    if missing:
+        more = measure_shapes(dtype, missing, quick, progress, work_factor)
+        profile = replace(profile, shapes=profile.shapes + more)
     try:
         save(profile, path)
     except OSError as error:
         log.warning("cannot cache the profile in %s: %s", path, error.strerror or error)
-    return profile, False
+    return profile, cached

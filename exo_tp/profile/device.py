@@ -10,10 +10,17 @@ measured stretch (see `timing`).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from exo_tp.plan.devices import ENGINE_DTYPE, DeviceProfile, decode_seconds_per_byte, prefill_flops
-from exo_tp.profile.kernels import WeightSource, kernel_cases, measure_kernel
+from exo_tp.plan.devices import (
+    ENGINE_DTYPE,
+    DeviceProfile,
+    MatmulScore,
+    decode_seconds_per_byte,
+    prefill_flops,
+)
+from exo_tp.profile.kernels import KernelCase, WeightSource, kernel_cases, measure_kernel
 from exo_tp.profile.memory import read_bandwidth
 from exo_tp.profile.overhead import layer_overhead_seconds
 from exo_tp.profile.progress import Progress
@@ -24,6 +31,27 @@ from exo_tp.profile.system import system_info
 # burst of noise from other processes moves them less.
 MIN_SECONDS = {True: 0.1, False: 0.6}
 HEADLINE_FACTOR = 3
+
+
+def measure_shapes(
+    dtype: str,
+    shapes: Sequence[tuple[int, int]],
+    quick: bool,
+    progress: Progress,
+    work_factor: float = 1.0,
+) -> tuple[MatmulScore, ...]:
+    """Decode matvecs of ``shapes`` (k, n) in ``dtype`` (a model's, `exo_tp.profile.shapes`)."""
+    if not shapes:
+        return ()
+    progress.expect(len(shapes) + 1)
+    with progress.step("random weights for the model's shapes"):
+        source = WeightSource(tuple(shapes))
+    measured = []
+    for k, n in shapes:
+        case = KernelCase("matvec", dtype, 1, k, n)
+        with progress.step(case.label):
+            measured.append(measure_kernel(case, source, MIN_SECONDS[quick], work_factor))
+    return tuple(measured)
 
 
 def measure_device(

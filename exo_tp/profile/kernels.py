@@ -68,8 +68,9 @@ class WeightSource:
     """Random values every benchmark matrix is carved from (contiguous views), generated once:
     decode working sets are large, and generating them per kernel would dominate a quick run."""
 
-    def __init__(self) -> None:
-        largest = max(k * n for k, n in DECODE_SHAPES + PREFILL_SHAPES)
+    def __init__(self, shapes: tuple[tuple[int, int], ...] = ()) -> None:
+        """``shapes``: (k, n) of products beyond the bench's own it will be asked for."""
+        largest = max(k * n for k, n in DECODE_SHAPES + PREFILL_SHAPES + shapes)
         # Enough float32 words for any working set below even at 2 bytes per element.
         self.words = mx.random.uniform(-1, 1, (DECODE_WORKING_SET // 2 + largest,))
         mx.eval(self.words)

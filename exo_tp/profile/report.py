@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exo_tp.plan.devices import DeviceProfile, LinkProfile
+from exo_tp.plan.devices import DeviceProfile, LinkProfile, MatmulScore
 from exo_tp.plan.human import duration, rate, size
 
 
@@ -13,6 +13,14 @@ def _link_line(link: LinkProfile) -> str:
         f"{link.a} <-> {link.b}  up  all_sum 4 KB {duration(link.all_sum_latency or 0)}"
         f", 8 MB {rate(link.all_sum_bandwidth or 0)}"
         f", send/recv one way {duration(link.send_recv_latency or 0)}"
+    )
+
+
+def _kernel_line(k: MatmulScore) -> str:
+    return (
+        f"{k.kind:<7} {k.dtype:<9} {f'{k.m}x{k.k} . {k.k}x{k.n}':<24} "
+        f"{duration(k.seconds):>9} {rate(k.weight_bytes_per_second):>12} "
+        f"{rate(k.flops, 'FLOP'):>14} {size(k.working_set_bytes):>12}"
     )
 
 
@@ -38,12 +46,10 @@ def render_profile(p: DeviceProfile, cached: bool = False) -> str:
         f"{'kind':<7} {'dtype':<9} {'shape (M x K . K x N)':<24} {'time':>9} {'weights':>12} "
         f"{'compute':>14} {'working set':>12}",
     ]
-    for k in p.kernels:
-        lines.append(
-            f"{k.kind:<7} {k.dtype:<9} {f'{k.m}x{k.k} . {k.k}x{k.n}':<24} "
-            f"{duration(k.seconds):>9} {rate(k.weight_bytes_per_second):>12} "
-            f"{rate(k.flops, 'FLOP'):>14} {size(k.working_set_bytes):>12}"
-        )
+    lines += [_kernel_line(k) for k in p.kernels]
+    if p.shapes:
+        lines += ["", "the model's matrix shapes (the planner prices each matrix by these)"]
+        lines += [_kernel_line(k) for k in p.shapes]
     if p.links:
         lines += ["", "links (MLX ring, 2 ranks per pair)"] + [_link_line(x) for x in p.links]
     return "\n".join(lines)
