@@ -284,6 +284,7 @@ def test_plan_from_profiles(tmp_path: Path, quick: tuple) -> None:
     out = run_cli("plan", "--profile", str(measured), "--profile", str(slower)).stdout
     for part in ("predicted decode", "KV cache", "vocab rows", "compared", "a.json", "b.json"):
         assert part in out, out
+    assert "weight reads priced: a.json per byte" in out  # measured without --model
     choice = json.loads(
         run_cli("plan", "--profile", str(measured), "--profile", str(slower), "--json").stdout
     )

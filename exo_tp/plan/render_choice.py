@@ -72,9 +72,16 @@ def render_choice(choice: Choice, cluster: Cluster) -> str:
         )
     else:
         ranking = "ranked by time per token of one request (the fastest stages hold most layers)"
+    priced = [
+        f"{d.name} by {len(d.matvec.points)} measured matrix shapes"
+        if d.matvec.points
+        else f"{d.name} per byte (its profile has no shapes of this model: exo-tp bench --model)"
+        for d in cluster.devices
+    ]
     lines = [
         f"chosen: {describe_candidate(best, names)}",
         f"objective: {choice.objective} ({choice.reason}); {ranking}",
+        f"weight reads priced: {'; '.join(priced)}",
         "",
     ]
     for index, stage in enumerate(best.plan.stages):
