@@ -257,7 +257,8 @@ def test_matvec_table_interpolates_along_the_dimension_that_differs() -> None:
     assert table.seconds(32, 8) == pytest.approx(3e-6)  # halfway along k
     assert table.seconds(8, 64) == pytest.approx(8e-6)  # past the end: its seconds per byte
     assert table.seconds(8, 8) == pytest.approx(0.5e-6)  # nearer the n = 16 end than k = 16's
-    assert table.seconds(4, 8) == pytest.approx(0.5e-6)  # below k = 16: per byte from there
+    assert table.seconds(12, 8) == pytest.approx(1.5e-6)  # below k = 16: per byte from there
+    assert table.seconds(4, 8) is None  # 4x below any measured k: too far to tell
     assert table.seconds(3, 5) is None  # no measured shape shares k or n
     assert table.seconds(0, 8) == 0.0
 

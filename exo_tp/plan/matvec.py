@@ -20,6 +20,10 @@ from pydantic import Field
 from exo_tp.plan.spec import Frozen
 
 Segment = Literal["attention", "ffn", "head"]  # the parts of a token between TP collectives
+# How far past a measured curve's end a shape is still priced from it (a ratio of the varying
+# dimension): the bench's eighths cover a split down to an eighth, and a shape far from any
+# measured one reads no more like it than like the decode score's mean.
+MAX_EXTRAPOLATION = 2.0
 
 
 class Matrix(Frozen):
@@ -75,8 +79,8 @@ class MatvecTable(Frozen):
 
     def seconds(self, k: int, n: int) -> float | None:
         """Seconds of one (k -> n) product: measured, interpolated along a measured curve
-        through it, else scaled per byte from the nearest end of one; None if no measured
-        shape shares k or n."""
+        through it, else scaled per byte from the nearest end of one within
+        MAX_EXTRAPOLATION; None if there is none (priced by the decode score then)."""
         if k <= 0 or n <= 0:
             return 0.0
         curves = self._curves(k, n)
@@ -87,7 +91,8 @@ class MatvecTable(Frozen):
                 return inside
         if not curves:
             return None
-        return min(_extrapolate(curve, x) for curve, x in curves)[1]
+        distance, seconds = min(_extrapolate(curve, x) for curve, x in curves)
+        return seconds if distance <= math.log(MAX_EXTRAPOLATION) + 1e-9 else None
 
 
 def read_seconds(matrices: Sequence[Matrix], table: MatvecTable, seconds_per_byte: float) -> float:
