@@ -87,11 +87,12 @@ def run(args: argparse.Namespace) -> int:
 
     check_factor(args.work_factor, "--work-factor")
     peers = _peers(args)
-    shapes: tuple[str, tuple[tuple[int, int], ...]] = ("", ())
+    from exo_tp.profile.shapes import NO_SHAPES, model_shapes
+
+    shapes = NO_SHAPES
     if args.model:
         from exo_tp.models.registry import resolve_model
         from exo_tp.plan.spec import load_spec
-        from exo_tp.profile.shapes import model_shapes
 
         shapes = model_shapes(load_spec(resolve_model(args.model)))
     with Progress() as progress:

@@ -43,8 +43,7 @@ from typing import Protocol
 from pydantic import Field
 
 from exo_tp.plan.devices import ENGINE_DTYPE, quant_key
-from exo_tp.plan.matvec import Matrix, MatvecTable, Segment
-from exo_tp.plan.matvec import read_seconds as matrices_seconds
+from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import Frozen, ModelSpec
 

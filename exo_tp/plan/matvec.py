@@ -95,7 +95,9 @@ class MatvecTable(Frozen):
         return seconds if distance <= math.log(MAX_EXTRAPOLATION) + 1e-9 else None
 
 
-def read_seconds(matrices: Sequence[Matrix], table: MatvecTable, seconds_per_byte: float) -> float:
+def matrices_seconds(
+    matrices: Sequence[Matrix], table: MatvecTable, seconds_per_byte: float
+) -> float:
     """Seconds to read ``matrices``: by shape where ``table`` knows it, else by bytes."""
     total = 0.0
     for m in matrices:

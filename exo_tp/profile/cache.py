@@ -19,6 +19,7 @@ from exo_tp.plan.devices import DeviceProfile, read_profile
 from exo_tp.process.blas import openblas_threads, usable_cores
 from exo_tp.profile.device import measure_device, measure_shapes
 from exo_tp.profile.progress import Progress
+from exo_tp.profile.shapes import NO_SHAPES, ModelShapes
 from exo_tp.profile.system import SystemInfo, system_info
 
 log = logging.getLogger(__name__)
@@ -98,12 +99,11 @@ def device_profile(
     progress: Progress | None = None,
     path: Path | None = None,
     work_factor: float = 1.0,
-    shapes: tuple[str, tuple[tuple[int, int], ...]] = ("", ()),
+    shapes: ModelShapes = NO_SHAPES,
 ) -> tuple[DeviceProfile, bool]:
     """This device's profile and whether it came from the cache (``work_factor``: as the lab's
-    emulated device that much slower), with the matvecs of ``shapes`` ((weight format,
-    (k, n)...) of a model: `exo_tp.profile.shapes`) the cached one lacks measured now and
-    cached with it."""
+    emulated device that much slower), with the matvecs of a model's ``shapes`` the cached one
+    lacks measured now and cached with it."""
     path = path or profile_path(work_factor)
     progress = progress or Progress(enabled=False)
     profile = None if refresh else cached_profile(quick, path)
