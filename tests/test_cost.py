@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from exo_tp.plan import ModelSpec, Quantization, Span, plan_tensor_parallel
-from exo_tp.plan.cluster import Cluster, DeviceCost, Link, cluster_from_profiles
+from exo_tp.plan.cluster import (
+    Cluster,
+    DeviceCost,
+    Link,
+    cluster_from_profiles,
+    profile_read_speed,
+)
 from exo_tp.plan.cost import (
     HOP_OVERHEAD,
     LinkCost,
@@ -332,3 +338,40 @@ def test_cluster_prices_the_model_by_the_shapes_of_its_weight_format() -> None:
     assert float_device.matvec == MatvecTable.of([(8, 64, 1e-6)])
     q4 = tiny(quantization=Quantization(group_size=32, bits=4))
     assert cluster_from_profiles(q4, [profile]).devices[0].matvec.seconds(8, 64) == 2e-6
+
+
+def test_a_device_with_shapes_shares_at_the_speed_they_price_the_whole_model() -> None:
+    """The tiny model on one rank reads q 8 -> 8, k/v 8 -> 4 (twice), o 8 -> 8, gate/up
+    8 -> 64 (twice) and down 64 -> 8 per layer, the head 8 -> 128 once, and 160 bytes of norms
+    at the score: its share speed is those bytes over those seconds, from the profile the
+    bench wrote and from the summary a node sends its leader alike."""
+
+    def shape(k: int, n: int, seconds: float) -> MatmulScore:
+        return MatmulScore(
+            kind="matvec",
+            dtype="float32",
+            m=1,
+            k=k,
+            n=n,
+            seconds=seconds,
+            flops=2 * k * n / seconds,
+            weight_bytes_per_second=1.0,
+        )
+
+    measured = (shape(8, 8, 1e-6), shape(8, 4, 0.5e-6), shape(8, 64, 4e-6), shape(64, 8, 6e-6))
+    profile = _profile("0@x").model_copy(update={"shapes": (*measured, shape(8, 128, 10e-6))})
+    per_layer = 1e-6 + 2 * 0.5e-6 + 1e-6 + 2 * 4e-6 + 6e-6
+    seconds = 2 * per_layer + 10e-6 + 160 * 5e-10
+    whole = 2 * 4 * (8 * 8 + 2 * 8 * 4 + 8 * 8 + 3 * 8 * 64) + 4 * 8 * 128 + 160
+    assert whole == 18080
+    device = cluster_from_profiles(tiny(), [profile]).devices[0]
+    assert device.speed == pytest.approx(whole / seconds)
+    assert profile_read_speed(tiny(), profile.summary()) == pytest.approx(whole / seconds)
+    # The head unmeasured: 8 -> 128 is twice 8 -> 64, so it reads as 8 -> 64 does per byte
+    partial = profile.model_copy(update={"shapes": measured})
+    assert profile_read_speed(tiny(), partial) == pytest.approx(
+        whole / (2 * per_layer + 2 * 4e-6 + 160 * 5e-10)
+    )
+    # No shapes of the model's format: the decode score
+    q4 = tiny(quantization=Quantization(group_size=32, bits=4), hidden_size=64, head_dim=16)
+    assert profile_read_speed(q4, profile) == pytest.approx(profile.decode_speed_for("q4g32"))

@@ -1,5 +1,7 @@
 """A node cluster plans from its members' profiles: the planner leaves a 20x slower node out,
-the others serve single-device mlx-lm's answer, and /v1/plan carries the prediction."""
+the others serve single-device mlx-lm's answer, and /v1/plan carries the prediction. The slow
+node's headline score is as fast as the others': only the model's matrix shapes it measured
+(`exo-tp bench --model`) say it is slow, so the leader must price by them."""
 
 from __future__ import annotations
 
@@ -11,12 +13,35 @@ from cluster_helpers import http_json, local_cluster, wait_ready
 from helpers import mlx_lm_reference
 from node_views import cluster_view, plan_view
 
-from exo_tp.plan.devices import DeviceProfile
+from exo_tp.plan.cost import bytes_per_weight
+from exo_tp.plan.devices import DeviceProfile, MatmulScore
+from exo_tp.plan.spec import load_spec
+from exo_tp.profile.shapes import model_shapes
 
 PROMPT = "What is the capital of France?"
 
 
-def _profile(path: Path, gb_per_s: float) -> Path:
+def _shapes(model: Path, gb_per_s: float) -> tuple[MatmulScore, ...]:
+    """Every shape the bench times for ``model``, each read at ``gb_per_s``."""
+    spec = load_spec(model)
+    dtype, shapes = model_shapes(spec)
+    per = bytes_per_weight(spec)
+    return tuple(
+        MatmulScore(
+            kind="matvec",
+            dtype=dtype,
+            m=1,
+            k=k,
+            n=n,
+            seconds=k * n * per / (gb_per_s * 1e9),
+            flops=2 * gb_per_s * 1e9 / per,
+            weight_bytes_per_second=gb_per_s * 1e9,
+        )
+        for k, n in shapes
+    )
+
+
+def _profile(path: Path, gb_per_s: float, shapes: tuple[MatmulScore, ...] = ()) -> Path:
     profile = DeviceProfile(
         chip="lab cpu",
         cores=1,
@@ -28,15 +53,17 @@ def _profile(path: Path, gb_per_s: float) -> Path:
         memory_bandwidth=gb_per_s * 1e9,
         decode_seconds_per_byte=1 / (gb_per_s * 1e9),
         prefill_flops=2e10,
+        shapes=shapes,
     )
     path.write_text(profile.model_dump_json())
     return path
 
 
 def test_planner_leaves_a_slow_node_out(tmp_path: Path, default_models: dict[str, Path]) -> None:
+    slow_shapes = _shapes(default_models["smollm2-135m"], 0.15)
     profiles = [
-        _profile(tmp_path / f"{name}.json", speed)
-        for name, speed in (("fast-a", 3.0), ("fast-b", 3.0), ("slow", 0.15))
+        _profile(tmp_path / f"{name}.json", 3.0, shapes)
+        for name, shapes in (("fast-a", ()), ("fast-b", ()), ("slow", slow_shapes))
     ]
     extra = ("--profiles", ",".join(map(str, profiles)))
     with local_cluster(3, ready=False, extra=extra) as cluster:

@@ -15,6 +15,7 @@ from exo_tp.node.announcement import SERVICE_TYPE, Announcement
 from exo_tp.node.formation import node_weights
 from exo_tp.node.views import ClusterView
 from exo_tp.plan.devices import DeviceProfile, MatmulScore, ProfileSummary, read_profile
+from exo_tp.plan.spec import ModelSpec, Quantization
 from exo_tp.profile.system import system_info
 
 Q4_MODEL = "smollm2-135m-q4"  # weights in format q4g32
@@ -79,20 +80,37 @@ def _member(node_id: str, weight: float = 0.0, score: float = 0.0) -> Announceme
     )
 
 
+def _spec(quantized: bool) -> ModelSpec:
+    """A small Llama, its weights in float32 or in the 4-bit group-32 format."""
+    return ModelSpec(
+        model_type="llama",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        ffn_sizes={"ffn": 256},
+        vocab_size=512,
+        tie_word_embeddings=True,
+        quantization=Quantization(group_size=32, bits=4) if quantized else None,
+    )
+
+
 def test_node_weights() -> None:
     fast, slow = _profile(1e9).summary(), _profile(0.25e9).summary()
     members = [_member("a"), _member("b"), _member("c", score=1e-9), _member("d")]
     profiles = {"a": fast, "b": slow, "c": None, "d": None}
+    q4, f32 = _spec(quantized=True), _spec(quantized=False)
     # a profile gives the speed of the model's weight format; else the announced headline
     # score; else the mean of the others
-    assert node_weights(members, profiles, "q4g32") == pytest.approx([1e9, 0.25e9, 1e9, 0.75e9])
-    assert node_weights(members[:2], profiles, "float32") == pytest.approx([1 / 3e-10] * 2)
+    assert node_weights(members, profiles, q4) == pytest.approx([1e9, 0.25e9, 1e9, 0.75e9])
+    assert node_weights(members[:2], profiles, f32) == pytest.approx([1 / 3e-10] * 2)
     manual = [_member("a", weight=5), _member("b", weight=3)]
-    assert node_weights(manual, profiles, "q4g32") == [5, 3]
+    assert node_weights(manual, profiles, q4) == [5, 3]
     # manual weights are relative numbers, speeds are bytes/s: never mixed
     mixed = [_member("a", weight=5), _member("b")]
-    assert node_weights(mixed, profiles, "q4g32") == pytest.approx([1e9, 0.25e9])
-    assert node_weights([_member("x"), _member("y")], {}, "float32") == [1.0, 1.0]
+    assert node_weights(mixed, profiles, q4) == pytest.approx([1e9, 0.25e9])
+    assert node_weights([_member("x"), _member("y")], {}, f32) == [1.0, 1.0]
 
 
 def test_profile_summary_keeps_the_scores() -> None:

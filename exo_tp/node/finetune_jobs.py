@@ -65,7 +65,6 @@ from exo_tp.node.finetune_requests import new_job
 from exo_tp.node.formation import node_weights
 from exo_tp.node.weight_messages import WeightOrder
 from exo_tp.node.weights import ManifestPending
-from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
 from exo_tp.weights.transfer import plan_shares
 from exo_tp.wire.errors import PeerRefused
@@ -296,7 +295,7 @@ class FineTuning:
             profiles[member.node_id] = status.profile if status else None
             available = status.memory.available if status else None
             memory.append(float(available or member.memory_available or 1))
-        speeds = node_weights(members, profiles, weight_format(model.spec))
+        speeds = node_weights(members, profiles, model.spec)
         plan = plan_finetune(memory, speeds, job.hyperparameters.batch_size)
         orders = await self._orders(model, members, plan)
         ports = await asyncio.gather(*(self._control.ports(m, 0) for m in members))

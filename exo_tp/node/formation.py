@@ -42,8 +42,10 @@ from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.node.placement import Member, Members, Placement, place, plan_of
 from exo_tp.node.rebalance import LiveBalance
 from exo_tp.plan import ModelSpec
+from exo_tp.plan.cluster import profile_read_speed, shape_table
 from exo_tp.plan.cost import weight_format
 from exo_tp.plan.devices import ProfileSummary
+from exo_tp.plan.matvec import MatvecTable
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
@@ -88,12 +90,12 @@ def _rank_name(led: Epoch, node_id: str) -> str:
 
 
 def node_weights(
-    members: list[Announcement], profiles: dict[str, ProfileSummary | None], fmt: str
+    members: list[Announcement], profiles: dict[str, ProfileSummary | None], spec: ModelSpec
 ) -> list[float]:
     """Share weight of each member: the manual weights if every member set one; else each
-    member's decode speed (bytes/s) for the model's weight format, from its profile summary
-    (or its announced headline score); a member with neither gets the others' mean speed.
-    ``fmt``: the model's weight format (`exo_tp.plan.cost.weight_format`)."""
+    member's decode speed (bytes/s) for ``spec`` from its profile summary (at the model's
+    matrix shapes where it measured them, else its score for the model's weight format), or
+    its announced headline score; a member with neither gets the others' mean speed."""
     if all(a.weight > 0 for a in members):
         return [a.weight for a in members]
     if any(a.weight > 0 for a in members):
@@ -105,7 +107,7 @@ def node_weights(
     def speed(a: Announcement) -> float | None:
         profile = profiles.get(a.node_id)
         if profile is not None:
-            return profile.decode_speed_for(fmt)
+            return profile_read_speed(spec, profile)
         return 1.0 / a.decode_seconds_per_byte if a.decode_seconds_per_byte > 0 else None
 
     speeds = [speed(a) for a in members]
@@ -344,10 +346,17 @@ class Leader:
             profiles[a.node_id] = (
                 own_profile if a.node_id == self.me else (status.profile if status else None)
             )
-        weights = node_weights(members, profiles, weight_format(spec))
+        weights = node_weights(members, profiles, spec)
+        fmt = weight_format(spec)
+        tables = [
+            shape_table(p, fmt) if (p := profiles[a.node_id]) else MatvecTable() for a in members
+        ]
         live = self.balance.live_weights([a.node_id for a in members])
         if live:  # rebalanced: the ranks' live speeds (on the profiles' scale)
+            profiled = weights
             weights = [live.get(a.node_id, w) for a, w in zip(members, weights, strict=True)]
+            # the shapes read as much slower (or faster) as the rank now runs
+            tables = [t.scaled(p / w) for t, p, w in zip(tables, profiled, weights, strict=True)]
         measured = all(
             a.weight <= 0 and (profiles[a.node_id] is not None or a.decode_seconds_per_byte > 0)
             for a in members
@@ -357,11 +366,12 @@ class Leader:
                 Member(
                     node_id=a.node_id,
                     weight=w,
+                    matvec=t,
                     prefill_flops=a.prefill_flops,
                     layer_overhead=a.layer_overhead_seconds,
                     memory_available=a.memory_available,
                 )
-                for a, w in zip(members, weights, strict=True)
+                for a, w, t in zip(members, weights, tables, strict=True)
             ),
             measured=measured,  # weights are then decode speeds for the model's weight format
             stages=self.config.stages,
@@ -493,17 +503,16 @@ class Leader:
             }
             announced = [m for m in members if m.node_id in statuses]
             assert led.plan is not None
-            fmt = weight_format(led.plan.stages[0].tp.spec)
+            spec = led.plan.stages[0].tp.spec
             weights = dict(
                 zip(
                     [a.node_id for a in announced],
-                    node_weights(announced, profiles, fmt),
+                    node_weights(announced, profiles, spec),
                     strict=True,
                 )
             )
             balance.begin(led, [m.node_id for m in members], weights)
             me = self.peers.status(self.me)
-            spec = led.plan.stages[0].tp.spec
             eligible = self.members_for(spec, members, me.profile if me else None)
             queue = self._dispatcher.in_flight + self._dispatcher.waiting
             candidate, chosen, _, _ = plan_of(spec, eligible, self.config.serving.objective, queue)

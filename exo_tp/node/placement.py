@@ -22,6 +22,7 @@ from __future__ import annotations
 from exo_tp.frozen import Frozen
 from exo_tp.plan import ModelSpec, plan_tensor_parallel
 from exo_tp.plan.cluster import MEMORY_HEADROOM, Cluster, DeviceCost
+from exo_tp.plan.matvec import MatvecTable
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.render_choice import describe_candidate
@@ -43,7 +44,11 @@ class Member(Frozen):
     """One eligible member, as placement sees it."""
 
     node_id: str
-    weight: float  # share weight: its manual --weight, or decode bytes/s for the model's format
+    # share weight: its manual --weight, or decode bytes/s of the model (at its measured
+    # matrix shapes when it has them, else the decode score for the model's format)
+    weight: float
+    # the model's matrix shapes it measured (exo-tp bench --model), at its live speed
+    matvec: MatvecTable = MatvecTable()
     prefill_flops: float = 0.0  # announced; 0: unknown
     layer_overhead: float = 0.0  # seconds per layer per token, announced; 0: unknown
     memory_available: int = 0  # bytes, announced; 0: unknown
@@ -75,19 +80,24 @@ class Placement(Frozen):
 
 
 def planner_cluster(members: Members) -> Cluster:
-    """Devices at the members' speeds (decode bytes/s for the model's weight format) with their
-    announced prefill scores and memory; links are assumed (the planner's default LAN link):
-    a cluster measures its links only once its workers run."""
+    """Devices at the members' speeds (decode bytes/s for the model), weight reads priced by
+    their measured shapes where they have them, with their announced prefill scores and
+    memory; links are assumed (the planner's default LAN link): a cluster measures its links
+    only once its workers run."""
     return Cluster(
         devices=tuple(
             DeviceCost(
                 name=m.node_id,
+                # With shapes, every matrix is priced by them; what is left (the norms) reads
+                # at the model's mean speed.
                 seconds_per_byte=1.0 / m.weight,
                 prefill_flops=m.prefill_flops if m.prefill_flops > 0 else 1e9,
                 layer_overhead=m.layer_overhead,
                 memory=int(m.memory_available * MEMORY_HEADROOM)
                 if m.memory_available
                 else UNKNOWN_MEMORY,
+                matvec=m.matvec,
+                read_speed=m.weight if m.matvec.points else 0.0,
             )
             for m in members.members
         )
@@ -116,9 +126,14 @@ def plan_of(
             f"{c.prediction.tokens_per_second:.3g} tok/s {describe_candidate(c, list(names))}"
             for c in choice.alternatives
         )
+        shaped = [
+            f"{m.node_id} ({len(m.matvec.points)})" for m in cluster.members if m.matvec.points
+        ]
         notes = (
             f"planner: {describe_candidate(choice.best, list(names))} "
-            f"(objective {choice.objective}: {choice.reason}); runner-ups: {runner_ups}",
+            f"(objective {choice.objective}: {choice.reason}); runner-ups: {runner_ups}; "
+            f"weight reads priced by measured shapes: {', '.join(shaped) or 'none'} "
+            "(the others by their decode score)",
         )
         chosen = tuple(names[d] for d in choice.best.devices)
         return choice.best.plan, chosen, choice.best.prediction, notes

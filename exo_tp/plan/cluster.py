@@ -7,10 +7,19 @@ from functools import cached_property
 
 from pydantic import Field
 
-from exo_tp.plan.cost import DEFAULT_LINK, LinkCost, weight_format
-from exo_tp.plan.devices import DeviceProfile
+from exo_tp.plan.cost import (
+    DEFAULT_LINK,
+    LinkCost,
+    ReadPrice,
+    rank_load,
+    segment_seconds,
+    weight_format,
+)
+from exo_tp.plan.devices import DeviceProfile, ProfileSummary
 from exo_tp.plan.matvec import MatvecTable
+from exo_tp.plan.shard_plan import Span
 from exo_tp.plan.spec import Frozen, ModelSpec
+from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 
 # Share of a device's available memory a plan may fill: the OS, MLX buffers and activations
 # need the rest.
@@ -27,11 +36,16 @@ class DeviceCost(Frozen):
     layer_overhead: float = Field(default=0.0, ge=0)  # seconds per layer per token (0: unknown)
     # the model's matrix shapes measured in its weight format (empty: priced by the score)
     matvec: MatvecTable = MatvecTable()
+    # bytes/s reading the whole model at those shapes (`model_read_speed`; 0: by the score)
+    read_speed: float = Field(default=0.0, ge=0)
 
     @property
     def speed(self) -> float:
-        """Weight bytes read per second at decode: the share weight."""
-        return 1.0 / self.seconds_per_byte
+        """Weight bytes read per second at decode: the share weight (and the order devices
+        are tried and grouped in). With measured shapes it is the speed they price the model
+        at, so shares and subsets follow what the planner predicts, not a mean over other
+        shapes."""
+        return self.read_speed or 1.0 / self.seconds_per_byte
 
 
 class Link(Frozen):
@@ -69,6 +83,43 @@ class Cluster(Frozen):
         return slowest([self.link(a, b) for a, b in pairs])
 
 
+def shape_table(profile: DeviceProfile | ProfileSummary, dtype: str) -> MatvecTable:
+    """The matvec shapes ``profile`` measured in weight format ``dtype``."""
+    return MatvecTable.of((x.k, x.n, x.seconds) for x in profile.shape_seconds if x.dtype == dtype)
+
+
+class _Reads(Frozen):
+    seconds_per_byte: float
+    matvec: MatvecTable
+
+
+def profile_read_speed(spec: ModelSpec, profile: DeviceProfile | ProfileSummary) -> float:
+    """``model_read_speed`` of a profiled device: its share weight for ``spec``."""
+    dtype = weight_format(spec)
+    reads = _Reads(
+        seconds_per_byte=1.0 / profile.decode_speed_for(dtype),
+        matvec=shape_table(profile, dtype),
+    )
+    return model_read_speed(spec, reads)
+
+
+def model_read_speed(spec: ModelSpec, price: ReadPrice) -> float:
+    """Bytes/s at which a device reads every matrix of ``spec`` (one rank holding the whole
+    model) at its measured shapes; its decode score's speed when it measured none."""
+    if not price.matvec.points:
+        return 1.0 / price.seconds_per_byte
+    whole = plan_tensor_parallel(spec, [1.0]).ranks[0]
+    load = rank_load(spec, whole, Span(start=0, stop=spec.num_layers), True, True)
+    return load.read_bytes / sum(segment_seconds(load, price))
+
+
+def with_read_speed(spec: ModelSpec, device: DeviceCost) -> DeviceCost:
+    """``device`` with its share speed for ``spec`` at its measured shapes, if it has any."""
+    if not device.matvec.points:
+        return device
+    return device.model_copy(update={"read_speed": model_read_speed(spec, device)})
+
+
 def cluster_from_profiles(
     spec: ModelSpec,
     profiles: Sequence[DeviceProfile],
@@ -80,14 +131,15 @@ def cluster_from_profiles(
     Devices are named ``names[i]``, else by node id or host name."""
     dtype = weight_format(spec)
     devices = tuple(
-        DeviceCost(
-            name=names[i] if i < len(names) else p.node_id or p.hostname or f"device {i}",
-            seconds_per_byte=p.seconds_per_byte(dtype),
-            prefill_flops=p.prefill_flops,
-            memory=int(p.memory_available * headroom),
-            layer_overhead=p.layer_overhead_seconds,
-            matvec=MatvecTable.of(
-                (k.k, k.n, k.seconds) for k in p.shapes if k.kind == "matvec" and k.dtype == dtype
+        with_read_speed(
+            spec,
+            DeviceCost(
+                name=names[i] if i < len(names) else p.node_id or p.hostname or f"device {i}",
+                seconds_per_byte=p.seconds_per_byte(dtype),
+                prefill_flops=p.prefill_flops,
+                memory=int(p.memory_available * headroom),
+                layer_overhead=p.layer_overhead_seconds,
+                matvec=shape_table(p, dtype),
             ),
         )
         for i, p in enumerate(profiles)

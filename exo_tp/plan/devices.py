@@ -49,6 +49,16 @@ class MatmulScore(Frozen):
     working_set_bytes: int = Field(default=0, ge=0)  # distinct weights cycled through per pass
 
 
+class ShapeSeconds(Frozen):
+    """One measured matvec of a model's shape (`exo-tp bench --model`), as a node tells its
+    cluster: (k -> n) in weight format ``dtype``."""
+
+    dtype: str
+    k: int = Field(gt=0)
+    n: int = Field(gt=0)
+    seconds: float = Field(gt=0)
+
+
 class LinkProfile(Frozen):
     """A measured link between two nodes, seen from node ``a``: ``rank@address`` labels from
     `exo-tp bench --peers`, node ids in a running cluster."""
@@ -128,11 +138,22 @@ class DeviceProfile(Frozen):
     def decode_speed_for(self, dtype: str) -> float:
         return 1.0 / self.seconds_per_byte(dtype)
 
+    @property
+    def shape_seconds(self) -> tuple[ShapeSeconds, ...]:
+        return tuple(
+            ShapeSeconds(dtype=k.dtype, k=k.k, n=k.n, seconds=k.seconds)
+            for k in self.shapes
+            if k.kind == "matvec"
+        )
+
     def summary(self) -> ProfileSummary:
         formats = sorted({k.dtype for k in self.kernels if k.kind == "matvec"})
         return ProfileSummary(
-            **self.model_dump(include=set(ProfileSummary.model_fields) - {"seconds_per_byte"}),
+            **self.model_dump(
+                include=set(ProfileSummary.model_fields) - {"seconds_per_byte", "shapes"}
+            ),
             seconds_per_byte={f: self.seconds_per_byte(f) for f in formats},
+            shapes=self.shape_seconds,
         )
 
 
@@ -153,8 +174,14 @@ class ProfileSummary(Frozen):
     # decode score of each measured weight format ("float32", "q4g32", ...)
     seconds_per_byte: dict[str, float] = {}
     layer_overhead_seconds: float = Field(default=0.0, ge=0)
+    # its models' matrix shapes (`exo-tp bench --model`): the leader prices them as measured
+    shapes: tuple[ShapeSeconds, ...] = ()
     quick: bool = False
     measured_at: str = ""
+
+    @property
+    def shape_seconds(self) -> tuple[ShapeSeconds, ...]:
+        return self.shapes
 
     def decode_speed_for(self, dtype: str) -> float:
         """Bytes of weights per second at decode for ``dtype`` (the headline if not measured)."""

@@ -70,6 +70,12 @@ class MatvecTable(Frozen):
     def of(cls, measured: Iterable[tuple[int, int, float]]) -> MatvecTable:
         return cls(points=tuple(MatvecPoint(k=k, n=n, seconds=s) for k, n, s in measured))
 
+    def scaled(self, factor: float) -> MatvecTable:
+        """The same shapes ``factor`` times slower (a device measured slower while serving)."""
+        return MatvecTable(
+            points=tuple(p.model_copy(update={"seconds": p.seconds * factor}) for p in self.points)
+        )
+
     def _curves(self, k: int, n: int) -> list[tuple[Curve, int]]:
         """The measured shapes sharing ``k`` (varying n) and sharing ``n`` (varying k), each
         with where the query lies on it."""
