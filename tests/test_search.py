@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from exo_tp.errors import PlanError
 from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel
-from exo_tp.plan.cluster import Cluster, DeviceCost, Link
+from exo_tp.plan.cluster import Cluster, DeviceCost, Link, with_read_speed
 from exo_tp.plan.cost import LinkCost
+from exo_tp.plan.matvec import MatvecTable
 from exo_tp.plan.pipeline import single_stage
 from exo_tp.plan.predict import predict
 from exo_tp.plan.search import choose_plan, resolve_objective
@@ -194,3 +195,48 @@ def test_auto_objective_follows_the_observed_queue(
         queue=queue,
     )
     assert (choice.objective, choice.streams, choice.reason) == (objective, streams, reason)
+
+
+def test_shares_balance_what_each_device_reads_its_own_shard_at() -> None:
+    """Two devices reading every byte at 1 ns, except that device a reads a down_proj of more
+    than 512 rows at 3 ns a byte (a step, as OpenBLAS has one). Over the whole model a is then
+    the slower device, but at an even split its 512 rows read at 1 ns like everything else, so
+    even shares balance the reads: proportional ones would give a fewer rows than it reads as
+    fast as b does."""
+    spec = ModelSpec(
+        model_type="llama",
+        hidden_size=8,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=2,
+        ffn_sizes={"ffn": 1024},
+        vocab_size=1024,
+        tie_word_embeddings=True,
+    )
+    ns = 1e-9
+
+    def table(step: float) -> MatvecTable:
+        along_n = [(8, n, 32 * n * ns) for n in range(1, 1025)]  # x (8) into n outputs
+        along_k = [(k, 8, 32 * k * ns * (step if k > 512 else 1.0)) for k in range(1, 1025)]
+        return MatvecTable.of(along_n + [p for p in along_k if p[0] != 8])
+
+    devices = tuple(
+        with_read_speed(
+            spec,
+            DeviceCost(name=name, seconds_per_byte=ns, prefill_flops=1e12, memory=GB).model_copy(
+                update={"matvec": table(step)}
+            ),
+        )
+        for name, step in (("a", 3.0), ("b", 1.0))
+    )
+    assert devices[0].speed < 0.75 * devices[1].speed  # slower over the whole model
+    cluster = Cluster(devices=devices, default_link=THUNDERBOLT)
+    choice = choose_plan(spec, cluster, context_tokens=64)
+    tp = (
+        next(c for c in (choice.best, *choice.alternatives) if c.kind == "tensor parallel")
+        .plan.stages[0]
+        .tp
+    )
+    assert tp.weights == pytest.approx((0.5, 0.5))
+    assert [r.ffn["ffn"].size for r in tp.ranks] == [512, 512]

@@ -9,7 +9,8 @@ by fast links on its own):
   hop per token instead of two all_sums per layer);
 - homogeneous TP groups: the same, further split into devices of similar speed.
 
-Inside a TP group shares follow decode speed. Layers go to stages by the objective:
+Inside a TP group shares follow decode speed (where devices measured the model's shapes, the
+speed each reads its own shard at: `_Layouts.group_tp`). Layers go to stages by the objective:
 
 - latency (one request at a time): stages run one after another, so a layer costs its stage's
   per-layer time wherever the others are, and the fastest stages are filled up to their memory
@@ -42,6 +43,7 @@ from exo_tp.plan.cost import (
     prefill_flops,
     rank_load,
     read_seconds,
+    segment_seconds,
 )
 from exo_tp.plan.human import size
 from exo_tp.plan.pipeline import PipelinePlan, Stage, balance_layers
@@ -57,6 +59,10 @@ Groups = tuple[tuple[int, ...], ...]
 Kind = Literal["single device", "tensor parallel", "pipeline", "hybrid"]
 Objective = Literal["latency", "throughput"]
 ObjectiveChoice = Literal["latency", "throughput", "auto"]
+# Re-weightings of a TP group's shares by the speed each device reads its own shard at (only
+# for devices with measured shapes); the best of them is kept, so a step in a device's
+# per-byte speed between two shapes cannot make it oscillate into a worse split.
+BALANCE_ROUNDS = 4
 LOADED_AT = 2  # requests at once (running and waiting) from which auto plans for throughput
 DEFAULT_STREAMS = 16  # the load a throughput plan is priced at when none was observed
 
@@ -197,6 +203,7 @@ class _Layouts:
         self.context, self.prompt = context, prompt
         self.objective, self.streams = objective, streams
         self._tp: dict[tuple[float, ...], ShardPlan] = {}
+        self._group_tp: dict[tuple[int, ...], ShardPlan] = {}
         self._terms: dict[tuple[tuple[int, ...], bool, bool], _StageTerms] = {}
 
     def tp(self, speeds: Sequence[float]) -> ShardPlan:
@@ -204,6 +211,33 @@ class _Layouts:
         if key not in self._tp:
             self._tp[key] = plan_tensor_parallel(self.spec, key)
         return self._tp[key]
+
+    def group_tp(self, group: tuple[int, ...]) -> ShardPlan:
+        """The TP plan of ``group``: shares by the devices' speeds, then, where some of them
+        measured the model's shapes, by the speed each reads its own shard at (a shard's
+        slices may read faster or slower per byte than the whole model)."""
+        if group not in self._group_tp:
+            devices = [self.cluster.devices[d] for d in group]
+            plan = self.tp([d.speed for d in devices])
+            if len(group) > 1 and any(d.matvec.points for d in devices):
+                plan = self._balanced(plan, devices)
+            self._group_tp[group] = plan
+        return self._group_tp[group]
+
+    def _balanced(self, plan: ShardPlan, devices: Sequence[DeviceCost]) -> ShardPlan:
+        """Of ``plan`` and its re-weightings, the one whose weight reads take least."""
+        whole = Span(start=0, stop=self.spec.num_layers)
+        best, best_seconds = plan, math.inf
+        for _ in range(BALANCE_ROUNDS + 1):
+            loads = [rank_load(self.spec, s, whole, True, True) for s in plan.ranks]
+            seconds = read_seconds(loads, devices)
+            if seconds < best_seconds:
+                best, best_seconds = plan, seconds
+            own = [sum(segment_seconds(x, d)) for x, d in zip(loads, devices, strict=True)]
+            if min(own) <= 0:
+                break
+            plan = self.tp([x.read_bytes / t for x, t in zip(loads, own, strict=True)])
+        return best
 
     def _stage_terms(
         self, group: tuple[int, ...], tp: ShardPlan, first: bool, last: bool
@@ -249,7 +283,7 @@ class _Layouts:
             return Rejected(groups=groups, reason=f"{len(groups)} stages for {layers} layers")
         if len(groups) > 1 and not table_for(spec.model_type).stages:
             return Rejected(groups=groups, reason=f"no pipeline stages for {spec.model_type}")
-        tps = [self.tp([self.cluster.devices[d].speed for d in g]) for g in groups]
+        tps = [self.group_tp(g) for g in groups]
         terms = [
             self._stage_terms(g, tp, i == 0, i == len(groups) - 1)
             for i, (g, tp) in enumerate(zip(groups, tps, strict=True))
