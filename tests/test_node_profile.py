@@ -15,7 +15,8 @@ from exo_tp.node.announcement import SERVICE_TYPE, Announcement
 from exo_tp.node.formation import node_weights
 from exo_tp.node.views import ClusterView
 from exo_tp.plan.devices import DeviceProfile, MatmulScore, ProfileSummary, read_profile
-from exo_tp.plan.spec import ModelSpec, Quantization
+from exo_tp.plan.spec import ModelSpec, Quantization, load_spec
+from exo_tp.profile.shapes import model_shapes
 from exo_tp.profile.system import system_info
 
 Q4_MODEL = "smollm2-135m-q4"  # weights in format q4g32
@@ -223,7 +224,8 @@ def test_first_start_measures_one_quick_profile_for_a_local_cluster(
     tmp_path: Path, default_models: dict[str, Path]
 ) -> None:
     """No cached profile and no weights: `run --local-nodes 2` measures once (not once per
-    node), caches it, and both nodes plan with it (equal devices: equal shares)."""
+    node), with the served model's matrix shapes, caches it, and both nodes plan with it
+    (equal devices: equal shares) and tell the leader those shapes."""
     home, log = tmp_path / "home", tmp_path / "cluster.log"
     with local_cluster(
         2,
@@ -242,10 +244,15 @@ def test_first_start_measures_one_quick_profile_for_a_local_cluster(
     cached = read_profile(path)
     assert cached.quick and cached.kernels
     assert log.read_text().count("measuring a quick one") == 1, log.read_text()[-3000:]
+    assert log.read_text().count("matrix shapes of smollm2-135m") == 1
+    # every shape the bench times for the model, in its weight format
+    dtype, shapes = model_shapes(load_spec(default_models["smollm2-135m"]))
+    assert {(k.dtype, k.k, k.n) for k in cached.shapes} == {(dtype, k, n) for k, n in shapes}
     for node in view.nodes:
         assert node.profile is not None
         assert node.profile.decode_seconds_per_byte == cached.decode_seconds_per_byte
         assert node.profile.chip == cached.chip
+        assert node.profile.shapes == cached.shape_seconds
     assert plan.plan is not None and plan.plan.weights == pytest.approx([0.5, 0.5])
 
 

@@ -437,35 +437,52 @@ def default_node_id() -> str:
     return f"{host[:40] or 'node'}-{secrets.token_hex(3)}"
 
 
-def node_profile(options: NodeOptions) -> DeviceProfile | None:
+def node_profile(options: NodeOptions, models: Sequence[Path] = ()) -> DeviceProfile | None:
     """The profile this node plans with: --profile, else the cached one, else a quick
-    measurement (None with a manual --weight, or with --no-bench and nothing cached)."""
+    measurement (None with a manual --weight, or with --no-bench and nothing cached). A
+    measured or cached one also gets the matrix shapes of the node's ``models`` it lacks
+    (measured once, then cached with it), so the cluster prices and shares by them."""
     from exo_tp.plan.devices import read_profile
-    from exo_tp.profile.cache import cached_profile, device_profile, profile_path
+    from exo_tp.plan.spec import load_spec
+    from exo_tp.profile.cache import cached_profile, device_profile, missing_shapes, profile_path
+    from exo_tp.profile.shapes import model_shapes
 
     if options.profile:
         return read_profile(Path(options.profile))
     if options.weight > 0:
         return None
     cached = cached_profile(if_invalid="not using it" if options.no_bench else "measuring again")
-    if cached is not None or options.no_bench:
+    if options.no_bench:
         if cached is None:
             log.warning(
                 "no cached device profile and --no-bench: this node counts as average speed"
             )
         return cached
-    log.info(
-        "no cached device profile in %s: measuring a quick one (about 10 s; "
-        "`exo-tp bench` measures a full one)",
-        profile_path(),
-    )
-    profile, _ = device_profile(quick=True)
-    log.info(
-        "measured: decode %.3g s/byte, prefill %.3g FLOP/s in %.1f s",
-        profile.decode_seconds_per_byte,
-        profile.prefill_flops,
-        profile.duration_seconds,
-    )
+    if cached is None:
+        log.info(
+            "no cached device profile in %s: measuring a quick one (about 10 s; "
+            "`exo-tp bench` measures a full one)",
+            profile_path(),
+        )
+        cached, _ = device_profile(quick=True)
+        log.info(
+            "measured: decode %.3g s/byte, prefill %.3g FLOP/s in %.1f s",
+            cached.decode_seconds_per_byte,
+            cached.prefill_flops,
+            cached.duration_seconds,
+        )
+    profile = cached
+    for folder in models:
+        shapes = model_shapes(load_spec(folder))
+        if missing := missing_shapes(profile, shapes):
+            log.info(
+                "measuring %d matrix shapes of %s (%s) once, for the planner; cached with the "
+                "profile",
+                len(missing),
+                folder.name,
+                shapes.dtype,
+            )
+            profile, _ = device_profile(quick=True, shapes=shapes)
     return profile
 
 
@@ -583,6 +600,7 @@ def _path_list(text: str) -> list[Path]:
 def _run_local(args: argparse.Namespace, options: NodeOptions) -> int:
     from exo_tp.errors import ExoTpError
     from exo_tp.frozen import replace
+    from exo_tp.models.registry import resolve_model
     from exo_tp.plan.devices import read_profile
     from exo_tp.security.access import API_KEY_ENV, read_api_key
     from exo_tp.security.cluster_secret import SECRET_ENV
@@ -622,7 +640,11 @@ def _run_local(args: argparse.Namespace, options: NodeOptions) -> int:
         # Measured with the BLAS threads each node's rank will have (a core each in the lab).
         threads = 1 if labs is not None else usable_cores() // count
         with blas_threads(threads):
-            profile = node_profile(options) if args.profile or not args.weights else None
+            profile = (
+                node_profile(options, [resolve_model(m) for m in shared.models])
+                if args.profile or not args.weights
+                else None
+            )
         if profile is not None and labs is not None:  # the lab: each node its own device
             scaled = [str(p) for p in scaled_profiles(args, profile, count, tmp)]
             return _local_cluster(args, shared, list(scaled), labs, no_bench=False, env=env)
@@ -686,7 +708,7 @@ async def _serve(
     folders = [(name, resolve_model(name)) for name in options.models]
     if not folders:
         log.info("no --model: this node receives its shard of the cluster's model from peers")
-    profile = node_profile(options)
+    profile = node_profile(options, [folder for _, folder in folders])
     # The lab: this node's ranks get its work factor and cores (they inherit the environment)
     os.environ.update(lab_variables(options.lab))
     if profile is not None and options.lab is not None and not options.profile:

@@ -93,6 +93,12 @@ def cached_profile(
     )
 
 
+def missing_shapes(profile: DeviceProfile, shapes: ModelShapes) -> list[tuple[int, int]]:
+    """The (k, n) of ``shapes`` that ``profile`` has not measured yet."""
+    have = {(k.dtype, k.k, k.n) for k in profile.shapes}
+    return [s for s in shapes.shapes if (shapes.dtype, *s) not in have]
+
+
 def device_profile(
     refresh: bool = False,
     quick: bool = False,
@@ -110,13 +116,11 @@ def device_profile(
     cached = profile is not None
     if profile is None:
         profile = measure_device(quick, progress, work_factor)
-    dtype, wanted = shapes
-    have = {(k.dtype, k.k, k.n) for k in profile.shapes}
-    missing = [s for s in wanted if (dtype, *s) not in have]
+    missing = missing_shapes(profile, shapes)
     if cached and not missing:
         return profile, True
     if missing:
-        more = measure_shapes(dtype, missing, quick, progress, work_factor)
+        more = measure_shapes(shapes.dtype, missing, quick, progress, work_factor)
         profile = replace(profile, shapes=profile.shapes + more)
     try:
         save(profile, path)
