@@ -574,6 +574,9 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
         "prefill_flops": 2e13,
         "backends": ["ring"],
     }
+    shapes = [{"dtype": "float32", "k": 576, "n": n, "seconds": 1e-5} for n in (192, 384, 576)] + [
+        {"dtype": "q4g32", "k": 576, "n": 1536, "seconds": 1e-5}
+    ]
     # which node holds which bytes of the model: "a" fetches its shard, "b" has the files
     progress = {
         "bytes_done": 12e9,
@@ -622,7 +625,8 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
                 "prefill_flops": 0,
                 "version": "0.1.0",
                 "worker_state": "ready",
-                "profile": profile,
+                # "a" measured the model's shapes (float32) and another model's (4-bit)
+                "profile": {**profile, "shapes": shapes} if n == "a" else profile,
                 "memory": {"total": 192e9, "available": 120e9, "used": 72e9, "worker_rss": 3e9},
                 "weights": weights.get(n),
             }
@@ -659,6 +663,7 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
                 edges: [...graph.querySelectorAll('.edge')].map(e => e.getAttribute('class')),
                 labels: [...graph.querySelectorAll('.edge-label')].map(e => e.textContent),
                 card: cards.querySelector('[data-node=a]').textContent,
+                card_b: cards.querySelector('[data-node=b]').textContent,
                 weights: [...cards.querySelectorAll('[data-field=weights]')].map(
                   e => e.textContent)});
         }).catch((error) => done({error: String(error)}));
@@ -684,6 +689,9 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     ):
         assert text in drawn["card"], (text, drawn["card"])
     assert "not measured" not in drawn["card"]
+    # shares: "a" by the 3 shapes of this model's weight format, "b" by its decode score
+    assert "from 3 measured matrix shapes" in drawn["card"], drawn["card"]
+    assert "from decode score" in drawn["card_b"], drawn["card_b"]
     assert drawn["weights"] == [
         "fetching 12.0 GB / 30.0 GB · 1.50 GB/s · ETA 12.00 s",
         "files · all 140 GB",

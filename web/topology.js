@@ -197,6 +197,28 @@ function shareOf(plan, nodeId) {
   return { rank, fraction: total > 0 ? weights[rank] / total : 0 };
 }
 
+// The kernel dtype the plan's model reads its weights in, as the planner names it
+// (exo_tp.plan.cost.weight_format): "q4g32" for 4 bits in groups of 32, else "float32".
+function weightFormat(plan) {
+  const spec = plan?.stages?.[0]?.plan?.spec;
+  if (!spec) return null;
+  const q = spec.quantization;
+  return q ? `q${q.bits}g${q.group_size}` : "float32";
+}
+
+// Where the planner's share weight for this node came from.
+function weightSource(node, profile, plan, decode) {
+  if (node.weight > 0) return `${node.weight} (set by hand)`;
+  const format = weightFormat(plan);
+  const shapes = (profile.shapes || []).filter((x) => x.dtype === format).length;
+  if (shapes > 0) {
+    return h("span", { "data-tip": "the model's bytes over the seconds its measured matrix "
+      + "shapes take: shares and weight reads priced by shape" },
+    `from ${shapes} measured matrix shapes`);
+  }
+  return h("span", { class: "muted" }, decode > 0 ? "from decode score" : "equal (no score)");
+}
+
 function nodeCard(node, cluster, plan) {
   const profile = node.profile || {};
   const decode = node.decode_seconds_per_byte || profile.decode_seconds_per_byte || 0;
@@ -228,8 +250,7 @@ function nodeCard(node, cluster, plan) {
     row("decode", scoreView(decode, `${rate(1 / decode)} weights`,
       `decode score: ${decode.toExponential(3)} s per byte of weights read`)),
     row("prefill", scoreView(prefill, flops(prefill), "prefill score: matmul throughput")),
-    row("weight", node.weight > 0 ? `${node.weight} (set by hand)`
-      : h("span", { class: "muted" }, decode > 0 ? "from decode score" : "equal (no score)")),
+    row("weight", weightSource(node, profile, plan, decode)),
     row("host", h("span", { class: "muted" }, node.api_url || node.host))));
 }
 
