@@ -8,9 +8,13 @@ from __future__ import annotations
 import pytest
 from weights_synthetic import llama_spec, synthetic_manifest
 
-from exo_tp.node.placement import Holdings, Member, Members, place
+from exo_tp.node.placement import Holdings, Member, Members, place, planner_cluster
 from exo_tp.plan import plan_tensor_parallel
+from exo_tp.plan.cluster import Reads, model_read_speed
+from exo_tp.plan.matvec import MatvecTable
 from exo_tp.plan.pipeline import single_stage
+from exo_tp.plan.predict import predict
+from exo_tp.plan.search import choose_plan
 from exo_tp.weights.boxes import Boxes, rank_boxes, whole
 from exo_tp.weights.transfer import Holding, TransferError
 
@@ -100,3 +104,44 @@ def test_holders_keep_their_rows_and_newcomers_fetch_the_rest() -> None:
 def test_a_missing_manifest_is_a_clear_error() -> None:
     with pytest.raises(TransferError, match="c lack the files"):
         place(SPEC, members(1, 1, 1), Holdings(files=frozenset("ab")))
+
+
+def test_a_rank_slowed_while_serving_is_priced_by_its_shapes_that_much_slower() -> None:
+    """After a rebalance the leader prices a node at its live speed, its measured shapes
+    scaled by profiled over live speed: every plan's weight reads then take that much longer
+    on it (the shapes, and the norms priced per byte), and the faster node gets more rows."""
+    table = MatvecTable.of(
+        [(64, n, 64 * n * 4e-10 * (1 + n / 512)) for n in range(8, 257, 8)]
+        + [(k, 64, 64 * k * 4e-10) for k in range(8, 257, 8) if k != 64]
+    )
+    whole_model = model_read_speed(SPEC, Reads(seconds_per_byte=4e-10, matvec=table))
+
+    def cluster(factor: float) -> Members:
+        member = Member(
+            node_id="a",
+            weight=whole_model / factor,
+            matvec=table.scaled(factor),
+            prefill_flops=2e10,
+            memory_available=8 * 10**9,
+        )
+        return Members(members=(member,), measured=True)
+
+    plan = single_stage(plan_tensor_parallel(SPEC, [1.0]))
+    seconds = [
+        predict(plan, [0], planner_cluster(cluster(f))).stages[0].compute_seconds
+        for f in (1.0, 2.5)
+    ]
+    assert seconds[1] == pytest.approx(2.5 * seconds[0])
+    # beside an unslowed twin, the slowed node's share follows the live speeds
+    both = Members(
+        members=(
+            cluster(1.0).members[0].model_copy(update={"node_id": "b"}),
+            cluster(2.5).members[0],
+        ),
+        measured=True,
+    )
+    choice = choose_plan(SPEC, planner_cluster(both))
+    tp = next(c for c in (choice.best, *choice.alternatives) if c.kind == "tensor parallel")
+    names = [both.members[d].node_id for d in tp.devices]
+    shares = dict(zip(names, tp.plan.stages[0].tp.weights, strict=True))
+    assert shares["b"] / shares["a"] == pytest.approx(2.5, rel=0.1)

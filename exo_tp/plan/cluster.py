@@ -88,15 +88,18 @@ def shape_table(profile: DeviceProfile | ProfileSummary, dtype: str) -> MatvecTa
     return MatvecTable.of((x.k, x.n, x.seconds) for x in profile.shape_seconds if x.dtype == dtype)
 
 
-class _Reads(Frozen):
-    seconds_per_byte: float
-    matvec: MatvecTable
+class Reads(Frozen):
+    """What prices a device's weight reads (`exo_tp.plan.cost.ReadPrice`) without the rest
+    of a device."""
+
+    seconds_per_byte: float = Field(gt=0)
+    matvec: MatvecTable = MatvecTable()
 
 
 def profile_read_speed(spec: ModelSpec, profile: DeviceProfile | ProfileSummary) -> float:
     """``model_read_speed`` of a profiled device: its share weight for ``spec``."""
     dtype = weight_format(spec)
-    reads = _Reads(
+    reads = Reads(
         seconds_per_byte=1.0 / profile.decode_speed_for(dtype),
         matvec=shape_table(profile, dtype),
     )
