@@ -318,19 +318,21 @@ def test_the_bench_times_each_matrix_at_eighths_of_its_split_dimension() -> None
     assert all(k % 32 == 0 for k, _ in shapes)
 
 
-def test_cluster_prices_the_model_by_the_shapes_of_its_weight_format() -> None:
-    def shape(dtype: str, k: int, n: int, seconds: float) -> MatmulScore:
-        return MatmulScore(
-            kind="matvec",
-            dtype=dtype,
-            m=1,
-            k=k,
-            n=n,
-            seconds=seconds,
-            flops=2 * k * n / seconds,
-            weight_bytes_per_second=1.0,
-        )
+def shape(dtype: str, k: int, n: int, seconds: float) -> MatmulScore:
+    """A measured matvec of one of a model's shapes, as `exo-tp bench --model` stores it."""
+    return MatmulScore(
+        kind="matvec",
+        dtype=dtype,
+        m=1,
+        k=k,
+        n=n,
+        seconds=seconds,
+        flops=2 * k * n / seconds,
+        weight_bytes_per_second=1.0,
+    )
 
+
+def test_cluster_prices_the_model_by_the_shapes_of_its_weight_format() -> None:
     profile = _profile("0@x").model_copy(
         update={"shapes": (shape("float32", 8, 64, 1e-6), shape("q4g32", 8, 64, 2e-6))}
     )
@@ -346,20 +348,14 @@ def test_a_device_with_shapes_shares_at_the_speed_they_price_the_whole_model() -
     at the score: its share speed is those bytes over those seconds, from the profile the
     bench wrote and from the summary a node sends its leader alike."""
 
-    def shape(k: int, n: int, seconds: float) -> MatmulScore:
-        return MatmulScore(
-            kind="matvec",
-            dtype="float32",
-            m=1,
-            k=k,
-            n=n,
-            seconds=seconds,
-            flops=2 * k * n / seconds,
-            weight_bytes_per_second=1.0,
-        )
-
-    measured = (shape(8, 8, 1e-6), shape(8, 4, 0.5e-6), shape(8, 64, 4e-6), shape(64, 8, 6e-6))
-    profile = _profile("0@x").model_copy(update={"shapes": (*measured, shape(8, 128, 10e-6))})
+    f32 = "float32"
+    measured = (
+        shape(f32, 8, 8, 1e-6),
+        shape(f32, 8, 4, 0.5e-6),
+        shape(f32, 8, 64, 4e-6),
+        shape(f32, 64, 8, 6e-6),
+    )
+    profile = _profile("0@x").model_copy(update={"shapes": (*measured, shape(f32, 8, 128, 10e-6))})
     per_layer = 1e-6 + 2 * 0.5e-6 + 1e-6 + 2 * 4e-6 + 6e-6
     seconds = 2 * per_layer + 10e-6 + 160 * 5e-10
     whole = 2 * 4 * (8 * 8 + 2 * 8 * 4 + 8 * 8 + 3 * 8 * 64) + 4 * 8 * 128 + 160
