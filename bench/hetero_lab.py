@@ -268,15 +268,20 @@ def measure_plans(
 
 
 def plan_rows(
-    plans: dict[str, object], measured: dict[str, float], predicted: dict[str, float]
-) -> dict[str, dict[str, float]]:
+    plans: dict[str, tuple[PipelinePlan, tuple[int, ...]]],
+    measured: dict[str, float],
+    predicted: dict[str, float],
+) -> dict[str, dict[str, object]]:
     return {
         n: {
             "measured": round(measured[n], 3),
             "predicted": round(predicted[n], 3),
             "measured_over_predicted": round(measured[n] / predicted[n], 3),
+            # each stage's TP shares, stage after stage (the planner's may differ from the
+            # speeds' proportions: it balances what each device reads its own shard at)
+            "shares": [round(w, 3) for stage in plan.stages for w in stage.tp.weights],
         }
-        for n in plans
+        for n, (plan, _) in plans.items()
     }
 
 
