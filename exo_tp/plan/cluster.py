@@ -11,8 +11,8 @@ from exo_tp.plan.cost import (
     DEFAULT_LINK,
     LinkCost,
     ReadPrice,
+    own_read_speed,
     rank_load,
-    segment_seconds,
     weight_format,
 )
 from exo_tp.plan.devices import DeviceProfile, ProfileSummary
@@ -112,8 +112,9 @@ def model_read_speed(spec: ModelSpec, price: ReadPrice) -> float:
     if not price.matvec.points:
         return 1.0 / price.seconds_per_byte
     whole = plan_tensor_parallel(spec, [1.0]).ranks[0]
-    load = rank_load(spec, whole, Span(start=0, stop=spec.num_layers), True, True)
-    return load.read_bytes / sum(segment_seconds(load, price))
+    return own_read_speed(
+        rank_load(spec, whole, Span(start=0, stop=spec.num_layers), True, True), price
+    )
 
 
 def with_read_speed(spec: ModelSpec, device: DeviceCost) -> DeviceCost:

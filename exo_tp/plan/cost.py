@@ -228,6 +228,13 @@ def segment_seconds(load: RankLoad, device: ReadPrice) -> tuple[float, ...]:
     )
 
 
+def own_read_speed(load: RankLoad, device: ReadPrice) -> float:
+    """Bytes/s at which ``device`` reads ``load``'s weights (its matrices at their shapes), or
+    0 where they take no time."""
+    seconds = sum(segment_seconds(load, device))
+    return load.read_bytes / seconds if seconds > 0 else 0.0
+
+
 def read_seconds(loads: Sequence[RankLoad], devices: Sequence[ReadPrice]) -> float:
     """Seconds per token of a TP group's weight reads: each segment waits for its slowest
     rank (a split balanced over the whole layer but not per segment still pays)."""

@@ -40,10 +40,10 @@ from exo_tp.plan.cost import (
     TOKEN_OVERHEAD_LAYERS,
     all_sum_seconds,
     collective_floor,
+    own_read_speed,
     prefill_flops,
     rank_load,
     read_seconds,
-    segment_seconds,
 )
 from exo_tp.plan.human import size
 from exo_tp.plan.pipeline import PipelinePlan, Stage, balance_layers
@@ -233,10 +233,10 @@ class _Layouts:
             seconds = read_seconds(loads, devices)
             if seconds < best_seconds:
                 best, best_seconds = plan, seconds
-            own = [sum(segment_seconds(x, d)) for x, d in zip(loads, devices, strict=True)]
-            if min(own) <= 0:
+            speeds = [own_read_speed(x, d) for x, d in zip(loads, devices, strict=True)]
+            if min(speeds) <= 0:
                 break
-            plan = self.tp([x.read_bytes / t for x, t in zip(loads, own, strict=True)])
+            plan = self.tp(speeds)
         return best
 
     def _stage_terms(
