@@ -28,7 +28,12 @@ Contenders, each started and stopped in turn (one server at a time, private port
   d  exo-tp on SmolLM2 (float32), 2 ranks
   p  exo-tp as a pipeline of 2 stages of 1 rank each (`--stages 1,1`, SmolLM2, float32),
      one micro-batch per stage in flight (overlapped stages, the default)
-  q  the same pipeline with one batch in flight across the stages (`--no-overlap`)
+  q  the same pipeline with one batch in flight across the stages (`--no-overlap`); with p, the
+     bench also times one core's decode step (one BLAS thread, as a stage's rank has) at half
+     the top stream count and at the top: overlapping two micro-batches of half the streams can
+     gain at most the ratio of those steps on decode steps
+     (``pipeline_overlap_decode_bound_at_top`` in the JSON line; prefill steps, which cost
+     about their token count, can overlap to nearly 2x)
   chat  a multi-turn chat on exo-tp (SmolLM2, 2 ranks): a long system prompt, then each turn
      appends the previous answer and a new user message; every turn's time to first token with
      the prompt cache (the server's default) and without it (`--prompt-cache-size 0`), on the
@@ -72,14 +77,14 @@ from typing import Any
 import aiohttp
 import numpy as np
 import psutil
-from _common import ROOT, env, resolve
+from _common import ROOT, env, pinned, resolve
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from tiny_models import write_tiny_model  # noqa: E402
 
-from exo_tp.process.blas import share_cores  # noqa: E402
+from exo_tp.process.blas import THREADS_ENV, share_cores  # noqa: E402
 from exo_tp.transport.ports import free_ports, port_is_free  # noqa: E402
 from exo_tp.transport.ring import ring_env, write_hostfile  # noqa: E402
 
@@ -100,7 +105,7 @@ GIVE_UP_429 = 300.0  # seconds a client keeps retrying a request refused with 42
 MLX_LM_DEFAULT_MODEL = "default_model"
 
 # The most batching can give on this machine: one process's decode step at batch B (KV cache of
-# 16 tokens), median of 3. On a CPU build whose matmuls run at the same FLOP rate at any batch,
+# 16 tokens), median of 5. On a CPU build whose matmuls run at the same FLOP rate at any batch,
 # a step costs B times as much and no server can beat that.
 CEILING = """
 import json, sys, time, mlx.core as mx
@@ -112,7 +117,7 @@ for batch in json.loads(sys.argv[2]):
     cache = make_prompt_cache(model)
     mx.eval(model(mx.ones((batch, 16), dtype=mx.int32), cache=cache))
     token, times = mx.ones((batch, 1), dtype=mx.int32), []
-    for _ in range(3):
+    for _ in range(5):
         start = time.perf_counter()
         mx.eval(model(token, cache=cache))
         times.append(time.perf_counter() - start)
@@ -606,14 +611,17 @@ async def chat(server: Server, args: argparse.Namespace, answers: list[str] | No
 # ---------------------------------------------------------------------------------- report
 
 
-def batch_ceiling(model: Path, batches: Sequence[int]) -> dict[int, float]:
-    """Decode tokens/s of one process's forward step at each batch size (no server)."""
+def batch_ceiling(model: Path, batches: Sequence[int], core: int | None = None) -> dict[int, float]:
+    """Decode tokens/s of one process's forward step at each batch size (no server); with
+    ``core``, pinned to that core with one BLAS thread, as each rank of a stage runs."""
     log(f"batch ceiling: decode steps at batch {list(batches)}")
+    one_thread = {} if core is None else {THREADS_ENV: "1"}
     out = subprocess.run(
         [sys.executable, "-c", CEILING, str(model), json.dumps(list(batches))],
         capture_output=True,
         text=True,
-        env=env(),
+        env={**env(), **one_thread},
+        preexec_fn=None if core is None else pinned(core),
         check=True,
         timeout=600,
     )
@@ -793,6 +801,7 @@ def parse_args() -> argparse.Namespace:
 class Results:
     flags: list[str]
     ceiling: dict[int, float] | None = None
+    stage_tps: dict[int, float] | None = None
     step: dict[str, float] | None = None
     table: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     uncached: list[Stream] | None = None
@@ -806,6 +815,9 @@ async def run(args: argparse.Namespace, logs: Path, results: Results) -> None:
     log(f"exo-tp run has the serving flags {results.flags or 'none'}")
     if "ceiling" in args.contenders:
         results.ceiling = batch_ceiling(smollm2, args.streams)
+    if {"p", "q"} <= set(args.contenders):
+        top = max(args.streams)
+        results.stage_tps = batch_ceiling(smollm2, sorted({max(1, top // 2), top}), core=0)
     if "step" in args.contenders:
         results.step = step_overhead(smollm2, logs / "tiny-1-layer", max(args.streams))
     random_dir = logs / "random-8-2"
@@ -861,6 +873,13 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
                 for n in args.streams
             )
         )
+    bound = overlap_bound(results.stage_tps, top)
+    if bound is not None:
+        print(
+            f"  decode steps allow at most {bound:.2f}x at {top} streams: one core's decode step "
+            f"at batch {top} over one at batch {top // 2} (two micro-batches of {top // 2}; "
+            "prefill steps, which cost about their token count, can overlap to nearly 2x)"
+        )
     ceiling = results.ceiling
     if ceiling:
         print(
@@ -885,6 +904,7 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
         "step_overhead_share": ratio(step["tiny"], step["model"]) if step else None,
         "pipeline_overlap_over_one_batch_at_top": ratio(agg("p", top), agg("q", top)),
         "pipeline_overlap_over_one_batch_at_1": ratio(agg("p", 1), agg("q", 1)),
+        "pipeline_overlap_decode_bound_at_top": bound,
         "chat_last_turn_cached_over_uncached": None,
     }
     chat_summary: dict[str, Any] | None = None
@@ -918,6 +938,17 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
         }
     )
     return headline
+
+
+def overlap_bound(tps: dict[int, float] | None, top: int) -> float | None:
+    """What overlapping two stages can gain on decode steps, from one core's decode tokens/s
+    at each batch: one batch in flight steps all ``top`` rows on each stage in turn;
+    overlapped, each stage steps two micro-batches of half as many while the other stage
+    steps too. The gain is the step's seconds at ``top`` rows over those at ``top // 2``."""
+    half = top // 2
+    if not tps or half < 1 or top not in tps or half not in tps:
+        return None
+    return round((top / tps[top]) / (half / tps[half]), 3)
 
 
 def _round(value: float | None) -> float | None:
