@@ -5,13 +5,14 @@ real work (the lab's work factor, exo_tp.lab: slow at every instant, like a slow
 not a time-sliced core). Each rank is pinned to its own core. No root, no cgroups.
 
 Modes:
-- ``plans`` (default): for each s in --factors, profile both devices with `exo-tp bench`
-  (the slow one with --work-factor s), measure the link between them, then decode SmolLM2
-  (float32) with `exo-tp launch` under: the fast device alone, even TP, uneven TP with shares
-  from the measured bench scores, pipeline (layers in proportion to the scores) and the
-  planner's choice (`choose_plan`). Each is measured (median of --rounds alternating rounds)
-  and predicted by the cost model. Per s: uneven/even gain against the ideal (1+s)/2, the
-  planner's rank among the measured plans, measured/predicted of every plan.
+- ``plans`` (default): for each s in --factors, profile both devices with `exo-tp bench` at
+  the same time, each on its core (the slow one with --work-factor s), measure the link
+  between them, then decode SmolLM2 (float32) with `exo-tp launch` under: the fast device
+  alone, even TP, uneven TP with shares from the measured bench scores, pipeline (layers in
+  proportion to the scores) and the planner's choice (`choose_plan`). Each is measured
+  (median of --rounds alternating rounds) and predicted by the cost model. Per s: uneven/even
+  gain against the ideal (1+s)/2, the planner's rank among the measured plans,
+  measured/predicted of every plan.
 - ``validate``: one rank alone at factor 1 and at each s, alternating: the decode slowdown
   should be s (within 10%).
 - ``mixed`` (a many-core machine): 3-6 ranks, each on its own core at its factor (--clusters,
@@ -135,6 +136,19 @@ def profile(factor: float, core: int, home: Path, args: argparse.Namespace) -> D
         preexec_fn=pinned(core),
     )
     return DeviceProfile.model_validate_json(out.stdout.strip().splitlines()[-1])
+
+
+def profile_together(factors: list[float], args: argparse.Namespace) -> list[DeviceProfile]:
+    """`exo-tp bench` of each factor at the same time, each on its own core and in its own
+    home. Measured together, the profiles see this machine in the same state: on a VM whose
+    speed drifts by a fifth over minutes, two profiles taken minutes apart get that drift into
+    their ratio, which sets the shares and the planner's choice."""
+    with tempfile.TemporaryDirectory() as home, ThreadPoolExecutor(len(factors)) as pool:
+        measuring = [
+            pool.submit(profile, f, CORES[i % len(CORES)], Path(home) / str(i), args)
+            for i, f in enumerate(factors)
+        ]
+        return [m.result() for m in measuring]
 
 
 def measure_link() -> LinkCost:
@@ -316,11 +330,10 @@ def print_result(heading: str, result: dict[str, Any]) -> None:
 
 
 def plans_for(
-    model: Path, factor: float, args: argparse.Namespace, fast: DeviceProfile, link: LinkCost
-) -> dict[str, object]:  # noqa: E501
+    model: Path, factor: float, args: argparse.Namespace, link: LinkCost
+) -> dict[str, object]:
     spec = load_spec(model)
-    with tempfile.TemporaryDirectory() as home:
-        slow = profile(factor, CORES[1 % len(CORES)], Path(home), args)
+    fast, slow = profile_together([1.0, factor], args)
     base = cluster_from_profiles(spec, [fast, slow])
     cluster = Cluster(devices=base.devices, links=(Link(a=0, b=1, cost=link),), default_link=link)
     speeds = [d.speed for d in cluster.devices]
@@ -349,13 +362,11 @@ def plans_for(
 
 def run_plans(args: argparse.Namespace) -> dict[str, object]:
     model = resolve_model(args.model)
-    with tempfile.TemporaryDirectory() as home:
-        fast = profile(1.0, CORES[0], Path(home), args)
     link = measure_link()
     out: dict[str, object] = {}
     for factor in args.factors:
         print(f"s = {factor:g}", file=sys.stderr, flush=True)
-        result = plans_for(model, factor, args, fast, link)
+        result = plans_for(model, factor, args, link)
         out[f"{factor:g}"] = result
         print_result(
             f"s = {factor:g}: bench ratio {result['bench_speed_ratio']:.2f}, planner chose "
@@ -641,19 +652,12 @@ def run_mixed(args: argparse.Namespace) -> dict[str, object]:
     widest = max(len(c) for c in args.clusters)
     if widest > len(CORES):
         raise SystemExit(f"{widest} ranks need {widest} cores; this machine lends {len(CORES)}")
-    # Each distinct factor profiled at once, each on its own core and in its own home.
     state = LabState(args.state)
     distinct = sorted({f for c in args.clusters for f in c})
 
     def profile_all() -> Profiles:
-        with tempfile.TemporaryDirectory() as home, ThreadPoolExecutor(len(distinct)) as pool:
-            measuring = [
-                pool.submit(profile, f, CORES[i % len(CORES)], Path(home) / str(i), args)
-                for i, f in enumerate(distinct)
-            ]
-            return Profiles(
-                by_factor={f: m.result() for f, m in zip(distinct, measuring, strict=True)}
-            )
+        measured = profile_together(distinct, args)
+        return Profiles(by_factor=dict(zip(distinct, measured, strict=True)))
 
     kept = state.kept("profiles", Profiles, profile_all).by_factor
     if missing := [f for f in distinct if f not in kept]:
