@@ -140,7 +140,7 @@ def test_each_blas_thread_count_keeps_its_own_cached_profile(quick: tuple) -> No
     home, first, _, _ = quick
     one_thread = {"OPENBLAS_NUM_THREADS": "1"}
     narrow, out, _ = _bench(home, "--quick", "--json", env=one_thread)
-    assert "measured in" in out and narrow.blas.endswith("(1 thread)"), narrow.blas
+    assert "measured in" in out and "(1 thread)" in narrow.blas, narrow.blas
     assert (home / "profile-1-blas-threads.json").exists()
     again, out, _ = _bench(home, "--quick", "--json", env=one_thread)
     assert "cached profile" in out and again.measured_at == narrow.measured_at

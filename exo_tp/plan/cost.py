@@ -93,13 +93,6 @@ def _expert_kind(spec: ModelSpec) -> str:
     return "expert_ffn" if "expert_ffn" in spec.ffn_sizes else "ffn"
 
 
-class LayerWeights(Frozen):
-    """Matrix weights (not bytes) of one layer on one rank."""
-
-    held: int
-    read: int  # per decoded token
-
-
 def layer_matrices(
     spec: ModelSpec, shard: RankShard, moe: bool
 ) -> list[tuple[Segment, int, int, int]]:
@@ -128,13 +121,13 @@ def layer_matrices(
     ]
 
 
-def layer_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> LayerWeights:
-    read = sum(k * n * count for _, k, n, count in layer_matrices(spec, shard, moe))
+def unread_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> int:
+    """Matrix weights one layer of this rank holds but does not read per decoded token: an MoE
+    layer holds every expert and reads experts_per_token of them."""
     if not moe:
-        return LayerWeights(held=read, read=read)
-    # An MoE layer holds every expert and reads experts_per_token of them.
+        return 0
     unread = (spec.num_experts - spec.experts_per_token) * 3 * spec.hidden_size
-    return LayerWeights(held=read + unread * shard.ffn[_expert_kind(spec)].size, read=read)
+    return unread * shard.ffn[_expert_kind(spec)].size
 
 
 def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTES) -> int:
@@ -173,8 +166,9 @@ def rank_load(
     for layer_count, moe in ((dense_layers, False), (moe_layers, True)):
         if not layer_count:
             continue
-        held += layer_count * layer_weights(spec, shard, moe).held
+        held += layer_count * unread_weights(spec, shard, moe)
         for segment, k, n, count in layer_matrices(spec, shard, moe):
+            held += layer_count * k * n * count
             shapes[segment, k, n] = shapes.get((segment, k, n), 0) + layer_count * count
     vocab = shard.vocab.size * spec.hidden_size
     norms = (2 * layers.size + (1 if last else 0)) * spec.hidden_size * float_bytes

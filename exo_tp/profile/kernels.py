@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from exo_tp.plan.devices import MatmulScore
 from exo_tp.profile.timing import mean_seconds
+from exo_tp.shard.row_pieces import piece_rows, pieces_wanted, product
 
 # (K, N) of real layers: SmolLM2-135M attention in/FFN up (576 -> 1536) and FFN down, a 1B-class
 # FFN (2048 <-> 8192) and an 8B-class attention projection (4096 x 4096).
@@ -110,7 +111,9 @@ def weight_bytes(dtype: str, k: int, n: int) -> int:
 
 def _product(dtype: str) -> Callable[[mx.array, Weight], mx.array]:
     if dtype in _FLOAT:
-        return lambda x, w: x @ w[0].T
+        # As a rank multiplies: one-row float32 products in row pieces where it does so.
+        pieces = pieces_wanted()
+        return lambda x, w: product(x, w[0], piece_rows(w[0]) if pieces else None)
     bits, group = _QUANT[dtype]
     return lambda x, w: mx.quantized_matmul(x, *w, transpose=True, group_size=group, bits=bits)
 

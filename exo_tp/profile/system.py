@@ -11,6 +11,7 @@ import psutil
 
 from exo_tp.plan.spec import Frozen
 from exo_tp.process.blas import active_blas, usable_cores
+from exo_tp.shard.row_pieces import pieces_wanted
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
 
@@ -64,5 +65,11 @@ def system_info() -> SystemInfo:
         memory_total=total,
         memory_available=available,
         backends=_backends(),
-        blas=active_blas() if mx.default_device().type == mx.DeviceType.cpu else "",
+        blas=_blas() if mx.default_device().type == mx.DeviceType.cpu else "",
     )
+
+
+def _blas() -> str:
+    # A profile measured with whole one-row products prices them at the slower speed: its
+    # cache must not stand for a process that multiplies in row pieces, nor the reverse.
+    return active_blas() + (", one-row products in row pieces" if pieces_wanted() else "")

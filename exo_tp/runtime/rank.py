@@ -40,6 +40,7 @@ from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sam
 from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
 from exo_tp.runtime.pipeline import HopChannel, StageModel
 from exo_tp.shard.apply import load_shard
+from exo_tp.shard.row_pieces import multiply_in_pieces, pieces_wanted
 from exo_tp.transport.channel import Channel, Listener, accept_count, connect
 from exo_tp.transport.ring import init_group
 from exo_tp.wire.runtime import (
@@ -258,6 +259,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         Path(job.adapter_path) if job.adapter_path else None,
     )
     progress.load_peak = mx.get_peak_memory()
+    pieced = multiply_in_pieces(model) if pieces_wanted() else 0
     factor = None
     if os.environ.get(FACTOR_ENV) or os.environ.get(FACTOR_FILE_ENV):  # the lab's slow device
         from exo_tp.lab.slowdown import slow_down_from_env
@@ -270,7 +272,8 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
     mine = stage.tp.ranks[job.local_rank]
     log.info(
         "epoch %d rank %d: stage %d/%d layers %d-%d, shard loaded in %.1fs: q heads "
-        "%d-%d, kv %s, vocab %d-%d, %.0f MB active; float32 matmuls on %s",
+        "%d-%d, kv %s, vocab %d-%d, %.0f MB active; float32 matmuls on %s (%d weights "
+        "multiplied in row pieces at batch 1)",
         job.epoch,
         job.rank,
         job.stage_index + 1,
@@ -285,6 +288,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         mine.vocab.stop,
         mx.get_active_memory() / 1e6,
         active_blas(),
+        pieced,
     )
     driver = _open_hops(job, key, model)
     tokenizer = load_model_tokenizer(model_dir)

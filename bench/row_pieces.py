@@ -1,0 +1,141 @@
+"""One-row float32 products whole against in row pieces (exo_tp/shard/row_pieces.py), side by
+side in one run, on the BLAS `exo-tp` preloads (OpenBLAS on Linux).
+
+1. Shapes: seconds per weight byte of ``x @ W.T`` with x one row, for SmolLM2's FFN (576 ->
+   1536, 1536 -> 576) and tied head (576 -> 49152) and for bigger models' shapes, whole and in
+   pieces of at most ``PIECE_BYTES``: one core, one BLAS thread, a working set of distinct
+   matrices beyond the caches (as a decode step reads each layer once), median of 7 passes.
+2. Decode: `exo-tp launch` tokens/s on SmolLM2 (float32) with ``EXO_TP_ROW_PIECES=0`` and
+   without (pieces on), alternating, median of ``--rounds``: one rank on one core, one rank on
+   every core (the BLAS's threads), and even TP on 2 ranks.
+
+Last line: JSON with every figure and the pieced / whole ratios.
+
+    python bench/row_pieces.py [--rounds 3] [--tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import ROOT, env, generation_tps, launch_command, pinned, resolve
+
+sys.path.insert(0, str(ROOT))
+from exo_tp.process.blas import THREADS_ENV, usable_cores  # noqa: E402
+from exo_tp.shard.row_pieces import PIECES_ENV  # noqa: E402
+
+SHAPES = ((576, 1536), (1536, 576), (576, 49152), (2048, 8192), (8192, 2048), (4096, 4096))
+
+_SHAPES = """
+import json, sys, time, mlx.core as mx
+from exo_tp.shard.row_pieces import piece_rows, product
+out = {}
+for k, n in json.loads(sys.argv[1]):
+    copies = max(2, -(-160 * 2**20 // (k * n * 4)))
+    x = mx.random.normal((1, k))
+    ws = [mx.random.normal((n, k)) for _ in range(copies)]
+    mx.eval(x, *ws)
+    row = {}
+    for name, rows in (("whole", None), ("pieces", piece_rows(ws[0]))):
+        passes = []
+        for _ in range(7):
+            start = time.perf_counter()
+            mx.eval(*[product(x, w, rows) for w in ws])
+            passes.append(time.perf_counter() - start)
+        row[name] = sorted(passes)[3] / (copies * k * n * 4)
+    row["piece_rows"] = piece_rows(ws[0])
+    out[f"{k}x{n}"] = row
+    del ws
+print(json.dumps(out))
+"""
+
+# (name, ranks' weights, pinned to core 0 or not)
+DECODE = (("1 rank, 1 core", [1.0], True), ("1 rank, every core", [1.0], False))
+DECODE_TP = ("even TP, 2 ranks", [1.0, 1.0], False)
+
+
+def shapes() -> dict[str, dict[str, float]]:
+    out = subprocess.run(
+        [sys.executable, "-c", _SHAPES, json.dumps(SHAPES)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**env(), THREADS_ENV: "1"},
+        preexec_fn=pinned(0),
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def decode_tps(
+    model: Path, weights: list[float], one_core: bool, pieces: bool, tokens: int
+) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run(
+            launch_command(model, weights, tokens, report),
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**env(), PIECES_ENV: "1" if pieces else "0"},
+            preexec_fn=pinned(0) if one_core else None,
+        )
+        return generation_tps(report)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--model", default="smollm2-135m")
+    args = parser.parse_args()
+    model = resolve(args.model)
+
+    per_shape = shapes()
+    print("seconds per weight byte (x 1e-10), one row, one core, one BLAS thread:")
+    for shape, row in per_shape.items():
+        print(
+            f"  {shape:>10}: whole {row['whole'] * 1e10:5.2f}, in pieces of "
+            f"{row['piece_rows'] or 'all'} rows {row['pieces'] * 1e10:5.2f}: "
+            f"{row['whole'] / row['pieces']:.2f}x",
+            flush=True,
+        )
+
+    configs = [*DECODE, DECODE_TP] if usable_cores() >= 2 else list(DECODE)
+    runs: dict[str, dict[str, list[float]]] = {c[0]: {"whole": [], "pieces": []} for c in configs}
+    for round_ in range(args.rounds):
+        for name, weights, one_core in configs:
+            # Alternate which goes first: the machine drifts within a round too.
+            order = ("whole", "pieces") if round_ % 2 == 0 else ("pieces", "whole")
+            for kind in order:
+                tps = decode_tps(model, weights, one_core, kind == "pieces", args.tokens)
+                runs[name][kind].append(tps)
+                print(f"  round {round_ + 1} {name}, {kind}: {tps:.2f} tok/s", flush=True)
+    decode = {}
+    print(f"decode tokens/s, median of {args.rounds} ({args.tokens} tokens, SmolLM2 float32):")
+    for name, kinds in runs.items():
+        whole, pieces = statistics.median(kinds["whole"]), statistics.median(kinds["pieces"])
+        decode[name] = {"whole": whole, "pieces": pieces, "pieces_over_whole": pieces / whole}
+        print(f"  {name:>20}: whole {whole:6.2f}, pieces {pieces:6.2f}: {pieces / whole:.2f}x")
+    print(
+        json.dumps(
+            {
+                "shapes": {
+                    s: {**r, "whole_over_pieces": r["whole"] / r["pieces"]}
+                    for s, r in per_shape.items()
+                },
+                "decode": decode,
+                "rounds": args.rounds,
+                "tokens": args.tokens,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""One-row float32 products in pieces of rows, where OpenBLAS reads small weights twice as fast.
+
+A decode step at batch 1 multiplies one activation row by each weight (``x @ W.T``, W stored
+(N, K)). On Linux MLX hands that to the preloaded OpenBLAS's ``cblas_sgemm`` (exo_tp.process.blas)
+and OpenBLAS 0.3.21 streams a weight of up to ~2.6 MB at ~1.0e-10 s a byte on the 2-core Xeon
+VM but a larger one at 2.0-2.7e-10 (one thread, weights beyond the caches; docs/benchmarks.md,
+"Row pieces"): SmolLM2's FFN gate and up (576 -> 1536, 3.5 MB) and its LM head (576 -> 49152,
+113 MB) took half a decode step. Split into pieces of at most ``PIECE_BYTES``, the same
+products run at the small weights' speed, and the outputs are joined. Each output element is
+still one dot product over K, summed by another kernel, so results differ from the whole
+product in the last bits (as a tensor-parallel split's do), never more.
+
+With two or more rows (batched decode, prefill) the whole product is as fast or faster, and
+quantized products do not go through BLAS: both are left alone. Only where OpenBLAS is
+preloaded on the CPU device, and not with ``EXO_TP_ROW_PIECES=0``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from exo_tp.process.blas import PRELOADED_ENV
+
+PIECES_ENV = "EXO_TP_ROW_PIECES"
+PIECE_BYTES = 2 * 2**20  # under the ~2.6 MB past which one-row products slow down
+
+
+def pieces_wanted() -> bool:
+    """Whether this process multiplies one-row float32 products in pieces."""
+    return (
+        os.environ.get(PIECES_ENV, "1") != "0"
+        and PRELOADED_ENV in os.environ
+        and mx.default_device() == mx.cpu
+    )
+
+
+def piece_rows(weight: mx.array) -> int | None:
+    """Rows per piece for a float32 weight (N, K) too big for one; None to keep it whole."""
+    if weight.dtype != mx.float32 or weight.ndim != 2:
+        return None
+    n, k = weight.shape
+    most = max(1, PIECE_BYTES // (k * weight.itemsize))  # rows that fit in one piece
+    pieces = math.ceil(n / most)
+    return math.ceil(n / pieces) if pieces > 1 else None  # as even as that many allow
+
+
+def product(
+    x: mx.array, weight: mx.array, rows: int | None, bias: mx.array | None = None
+) -> mx.array:
+    """``x @ weight.T (+ bias)``, in pieces of ``rows`` output rows when x is one row."""
+    if rows is None or x.size != x.shape[-1]:
+        whole = x @ weight.T
+        return whole if bias is None else whole + bias
+    n = weight.shape[0]
+    parts = [x @ weight[i : i + rows].T for i in range(0, n, rows)]
+    joined = mx.concatenate(parts, axis=-1)
+    return joined if bias is None else joined + bias
+
+
+class PiecedLinear(nn.Linear):
+    """An `nn.Linear` whose one-row products go in pieces (same parameters, same paths)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        rows = piece_rows(self["weight"])
+        if rows is None or x.size != x.shape[-1]:
+            return super().__call__(x)
+        return product(x, self["weight"], rows, self.get("bias"))
+
+
+class PiecedEmbedding(nn.Embedding):
+    """An `nn.Embedding` whose use as a tied LM head goes in pieces; lookups unchanged."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return product(x, self["weight"], piece_rows(self["weight"]))
+
+
+_PIECED: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Linear: PiecedLinear,
+    nn.Embedding: PiecedEmbedding,
+}
+
+
+def multiply_in_pieces(model: nn.Module) -> int:
+    """Give every float32 linear and embedding of ``model`` its pieced class (exact types only:
+    quantized and adapter layers keep theirs); returns how many weights go in pieces."""
+    changed = 0
+    for _, module in model.named_modules():
+        pieced = _PIECED.get(type(module))
+        if pieced is not None and piece_rows(module["weight"]) is not None:
+            module.__class__ = pieced
+            changed += 1
+    return changed
