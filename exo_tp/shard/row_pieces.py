@@ -1,14 +1,15 @@
 """One-row float32 products in pieces of rows, where OpenBLAS reads small weights twice as fast.
 
 A decode step at batch 1 multiplies one activation row by each weight (``x @ W.T``, W stored
-(N, K)). On Linux MLX hands that to the preloaded OpenBLAS's ``cblas_sgemm`` (exo_tp.process.blas)
-and OpenBLAS 0.3.21 streams a weight of up to ~2.6 MB at ~1.0e-10 s a byte on the 2-core Xeon
-VM but a larger one at 2.0-2.7e-10 (one thread, weights beyond the caches; docs/benchmarks.md,
-"Row pieces"): SmolLM2's FFN gate and up (576 -> 1536, 3.5 MB) and its LM head (576 -> 49152,
-113 MB) took half a decode step. Split into pieces of at most ``PIECE_BYTES``, the same
-products run at the small weights' speed, and the outputs are joined. Each output element is
-still one dot product over K, summed by another kernel, so results differ from the whole
-product in the last bits (as a tensor-parallel split's do), never more.
+(N, K)). On Linux MLX hands that to the preloaded OpenBLAS's ``cblas_sgemm`` (exo_tp.process.blas).
+On the 2-core Xeon VM OpenBLAS 0.3.21 streams a weight of up to about 3 MB at ~1.0e-10 s a byte,
+near the core's memory speed, and a bigger one at 1.6-2.7e-10 (one thread, weights beyond the
+caches; the step lies between 2.6 and 4.2 MB; docs/benchmarks.md, "Row pieces"). SmolLM2's FFN
+gate and up (576 -> 1536, 3.5 MB) and its LM head (576 -> 49152, 113 MB) took half a decode
+step. Split into pieces of at most ``PIECE_BYTES``, the same products run at the small
+weights' speed, and the outputs are joined. Each output element is still one dot product over
+K, summed by another kernel, so results differ from the whole product in the last bits (as a
+tensor-parallel split's do), never more.
 
 With two or more rows (batched decode, prefill) the whole product is as fast or faster, and
 quantized products do not go through BLAS: both are left alone. Only where OpenBLAS is
@@ -26,7 +27,7 @@ import mlx.nn as nn
 from exo_tp.process.blas import PRELOADED_ENV
 
 PIECES_ENV = "EXO_TP_ROW_PIECES"
-PIECE_BYTES = 2 * 2**20  # under the ~2.6 MB past which one-row products slow down
+PIECE_BYTES = 2 * 2**20  # under the 2.6-4.2 MB where one-row products slow down
 
 
 def pieces_wanted() -> bool:
@@ -48,17 +49,12 @@ def piece_rows(weight: mx.array) -> int | None:
     return math.ceil(n / pieces) if pieces > 1 else None  # as even as that many allow
 
 
-def product(
-    x: mx.array, weight: mx.array, rows: int | None, bias: mx.array | None = None
-) -> mx.array:
-    """``x @ weight.T (+ bias)``, in pieces of ``rows`` output rows when x is one row."""
+def product(x: mx.array, weight: mx.array, rows: int | None) -> mx.array:
+    """``x @ weight.T``, in pieces of ``rows`` output rows when x is one row."""
     if rows is None or x.size != x.shape[-1]:
-        whole = x @ weight.T
-        return whole if bias is None else whole + bias
+        return x @ weight.T
     n = weight.shape[0]
-    parts = [x @ weight[i : i + rows].T for i in range(0, n, rows)]
-    joined = mx.concatenate(parts, axis=-1)
-    return joined if bias is None else joined + bias
+    return mx.concatenate([x @ weight[i : i + rows].T for i in range(0, n, rows)], axis=-1)
 
 
 class PiecedLinear(nn.Linear):
@@ -67,8 +63,9 @@ class PiecedLinear(nn.Linear):
     def __call__(self, x: mx.array) -> mx.array:
         rows = piece_rows(self["weight"])
         if rows is None or x.size != x.shape[-1]:
-            return super().__call__(x)
-        return product(x, self["weight"], rows, self.get("bias"))
+            return super().__call__(x)  # exactly nn.Linear's product
+        out = product(x, self["weight"], rows)
+        return out + self["bias"] if "bias" in self else out
 
 
 class PiecedEmbedding(nn.Embedding):
@@ -85,8 +82,9 @@ _PIECED: dict[type[nn.Module], type[nn.Module]] = {
 
 
 def multiply_in_pieces(model: nn.Module) -> int:
-    """Give every float32 linear and embedding of ``model`` its pieced class (exact types only:
-    quantized and adapter layers keep theirs); returns how many weights go in pieces."""
+    """Give every float32 linear and embedding of ``model`` with a weight over ``PIECE_BYTES``
+    its pieced class (exact types only: quantized layers and other subclasses keep theirs; the
+    linear inside a LoRA layer is pieced like any other); returns how many were."""
     changed = 0
     for _, module in model.named_modules():
         pieced = _PIECED.get(type(module))
