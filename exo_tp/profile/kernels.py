@@ -131,7 +131,7 @@ def measure_kernel(
     weights = source.weights(case.dtype, case.k, case.n, count)
     x = mx.random.uniform(-1, 1, (case.m, case.k)).astype(_FLOAT.get(case.dtype, mx.float32))
     mx.eval(weights, x)  # scales/biases are computed views: materialise them before timing
-    product = _product(case.dtype)
+    multiply = _product(case.dtype)
     every = weights
     if work_factor != 1:
         from exo_tp.lab.slowdown import extra_weights
@@ -139,7 +139,7 @@ def measure_kernel(
         every = weights + extra_weights(weights, work_factor)
     # A prefill product is long and compute-bound: no warm-up, one timed product is enough.
     pass_seconds = mean_seconds(
-        lambda: mx.eval([product(x, w) for w in every]),
+        lambda: mx.eval([multiply(x, w) for w in every]),
         min_seconds,
         min_steps=2 if decode else 1,
         warm_up=decode,
