@@ -3,8 +3,8 @@ side in one run, on the BLAS `exo-tp` preloads (OpenBLAS on Linux).
 
 1. Shapes: seconds per weight byte of ``x @ W.T`` with x one row, for SmolLM2's FFN (576 ->
    1536, 1536 -> 576) and tied head (576 -> 49152) and for bigger models' shapes, whole and in
-   pieces of at most ``PIECE_BYTES``: one core, one BLAS thread, a working set of distinct
-   matrices beyond the caches (as a decode step reads each layer once), median of 7 passes.
+   pieces of at most ``PIECE_BYTES``: one core, one BLAS thread, timed as `exo-tp bench` times
+   its decode kernels (``measure_kernel``, at least 1 s each).
 2. Decode: `exo-tp launch` tokens/s on SmolLM2 (float32) with ``EXO_TP_ROW_PIECES=0`` and
    without (pieces on), alternating, median of ``--rounds``: one rank on one core, one rank on
    every core (the BLAS's threads), and even TP on 2 ranks.
@@ -32,26 +32,22 @@ from exo_tp.shard.row_pieces import PIECES_ENV  # noqa: E402
 
 SHAPES = ((576, 1536), (1536, 576), (576, 49152), (2048, 8192), (8192, 2048), (4096, 4096))
 
+# The device bench's own kernel timing (exo_tp.profile.kernels.measure_kernel: distinct
+# matrices beyond the caches, as a decode step reads each layer once), with pieces off and on.
 _SHAPES = """
-import json, sys, time, mlx.core as mx
-from exo_tp.shard.row_pieces import piece_rows, product
-out = {}
-for k, n in json.loads(sys.argv[1]):
-    copies = max(2, -(-160 * 2**20 // (k * n * 4)))
-    x = mx.random.normal((1, k))
-    ws = [mx.random.normal((n, k)) for _ in range(copies)]
-    mx.eval(x, *ws)
-    row = {}
-    for name, rows in (("whole", None), ("pieces", piece_rows(ws[0]))):
-        passes = []
-        for _ in range(7):
-            start = time.perf_counter()
-            mx.eval(*[product(x, w, rows) for w in ws])
-            passes.append(time.perf_counter() - start)
-        row[name] = sorted(passes)[3] / (copies * k * n * 4)
-    row["piece_rows"] = piece_rows(ws[0])
+import json, os, sys
+from exo_tp.profile.kernels import KernelCase, WeightSource, measure_kernel
+from exo_tp.shard.row_pieces import PIECES_ENV, piece_rows
+import mlx.core as mx
+shapes = [tuple(s) for s in json.loads(sys.argv[1])]
+source, out = WeightSource(tuple(shapes)), {}
+for k, n in shapes:
+    row = {"piece_rows": piece_rows(mx.zeros((n, k)))}
+    for name, setting in (("whole", "0"), ("pieces", "1")):
+        os.environ[PIECES_ENV] = setting
+        case = KernelCase("matvec", "float32", 1, k, n)
+        row[name] = 1 / measure_kernel(case, source, 1.0).weight_bytes_per_second
     out[f"{k}x{n}"] = row
-    del ws
 print(json.dumps(out))
 """
 

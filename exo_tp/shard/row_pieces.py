@@ -49,9 +49,14 @@ def piece_rows(weight: mx.array) -> int | None:
     return math.ceil(n / pieces) if pieces > 1 else None  # as even as that many allow
 
 
+def one_row(x: mx.array) -> bool:
+    """Whether ``x`` holds a single activation row (batch 1, one token): what pieces are for."""
+    return x.size == x.shape[-1]
+
+
 def product(x: mx.array, weight: mx.array, rows: int | None) -> mx.array:
     """``x @ weight.T``, in pieces of ``rows`` output rows when x is one row."""
-    if rows is None or x.size != x.shape[-1]:
+    if rows is None or not one_row(x):
         return x @ weight.T
     n = weight.shape[0]
     return mx.concatenate([x @ weight[i : i + rows].T for i in range(0, n, rows)], axis=-1)
@@ -61,8 +66,9 @@ class PiecedLinear(nn.Linear):
     """An `nn.Linear` whose one-row products go in pieces (same parameters, same paths)."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        rows = piece_rows(self["weight"])
-        if rows is None or x.size != x.shape[-1]:
+        # Two rows or more (prefill, batched decode, most calls) skip the piece arithmetic.
+        rows = piece_rows(self["weight"]) if one_row(x) else None
+        if rows is None:
             return super().__call__(x)  # exactly nn.Linear's product
         out = product(x, self["weight"], rows)
         return out + self["bias"] if "bias" in self else out
