@@ -29,11 +29,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import env, pinned
+from _common import ROOT, env, pinned
+
+sys.path.insert(0, str(ROOT))
+
+from exo_tp.frozen import Frozen  # noqa: E402
 
 RANK = """
 import json, sys
 import mlx.core as mx
+from sync_probe import Round, Rounds
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.llama import ModelArgs, TransformerBlock
 from exo_tp.profile.collective_speed import median_seconds
@@ -71,19 +76,38 @@ def step(reduce, factor):
         cache.offset -= 1  # decode "the next token" again: the context stays the same
     mx.eval(y)
 
-samples = {str(p): [] for p in pairs}
+done = []
 for r in range(rounds):
     for pair in pairs if r % 2 == 0 else pairs[::-1]:
         alone = median_seconds(lambda: step(False, pair[rank]), 11)
         together = median_seconds(lambda: step(True, pair[rank]), 11)
         both = mx.distributed.all_gather(mx.array([alone]), group=group).tolist()
-        samples[str(pair)].append([both[0], both[1], together])
+        done.append(Round(pair=pair, alone=both, together=together))
 if rank == 0:
-    print(json.dumps(samples))
+    print(Rounds(rounds=done).model_dump_json())
 """
 
 
-def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> dict[str, list[list[float]]]:
+class Round(Frozen):
+    """One round of one pair, as rank 0 saw it: each rank's step without the all_sums and the
+    pair's step with them (seconds)."""
+
+    pair: tuple[int, int]
+    alone: tuple[float, float]
+    together: float
+
+    def collective_seconds(self, per_step: int) -> float:
+        """What one all_sum cost: the step with them minus the slower rank's without."""
+        return (self.together - max(self.alone)) / per_step
+
+
+class Rounds(Frozen):
+    """What rank 0 prints: every round of every pair."""
+
+    rounds: tuple[Round, ...]
+
+
+def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> Rounds:
     environment = env()  # also puts this checkout on sys.path
     from exo_tp.process.blas import THREADS_ENV
     from exo_tp.transport.ports import free_ports
@@ -92,7 +116,9 @@ def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> dict[str, lis
     with tempfile.TemporaryDirectory() as tmp:
         hosts = Path(tmp) / "hosts.json"
         hosts.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
-        base = {**environment, "MLX_HOSTFILE": str(hosts), THREADS_ENV: "1"}
+        # the ranks import Round and Rounds from this script
+        path = os.pathsep.join((str(Path(__file__).parent), environment["PYTHONPATH"]))
+        base = {**environment, "PYTHONPATH": path, "MLX_HOSTFILE": str(hosts), THREADS_ENV: "1"}
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", RANK, str(layers), str(rounds), json.dumps(pairs)],
@@ -106,7 +132,25 @@ def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> dict[str, lis
         outs = [p.communicate(timeout=1800)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("a rank failed")
-    return json.loads(outs[0].strip().splitlines()[-1])
+    return Rounds.model_validate_json(outs[0].strip().splitlines()[-1])
+
+
+class PairCost(Frozen):
+    """One pair's medians over its rounds."""
+
+    rank_ms: tuple[float, float]  # each rank's step without the all_sums
+    gap_us: float  # how far apart the ranks' steps were, per all_sum
+    collective_us: float  # one all_sum's cost
+    collective_us_each_round: tuple[int, ...]
+    over_balanced: float  # collective_us against the balanced pair's (1, 1)
+
+
+class Result(Frozen):
+    """The last line of stdout."""
+
+    layers: int
+    rounds: int
+    pairs: dict[str, PairCost]  # keyed "[f0, f1]", as earlier runs printed them
 
 
 def main() -> None:
@@ -118,30 +162,38 @@ def main() -> None:
     pairs = [[int(f) for f in p.split(",")] for p in args.pairs.split(":")]
     if [1, 1] not in pairs:
         pairs.insert(0, [1, 1])  # what every pair is compared with
-    samples = run_ranks(args.layers, args.rounds, pairs)
+    measured = run_ranks(args.layers, args.rounds, pairs)
     per_step = 2 * args.layers  # all_sums per step
+    by_pair: dict[tuple[int, int], list[Round]] = {}
+    for one in measured.rounds:
+        by_pair.setdefault(one.pair, []).append(one)
 
-    def cost(s: list[float]) -> float:
-        return (s[2] - max(s[0], s[1])) / per_step
+    def cost(got: list[Round]) -> float:
+        return statistics.median(r.collective_seconds(per_step) for r in got)
 
-    balanced = statistics.median(cost(s) for s in samples["[1, 1]"])
+    balanced = cost(by_pair[1, 1])
     rows = {}
     print(f"{'pair':>8} {'ms r0':>7} {'ms r1':>7} {'gap us':>7} {'cost us':>8} {'/ (1,1)':>8}")
-    for key, got in samples.items():
-        measured = statistics.median(cost(s) for s in got)
-        rows[key] = {
-            "rank_ms": [round(statistics.median(s[i] for s in got) * 1e3, 2) for i in (0, 1)],
-            "gap_us": round(statistics.median(abs(s[1] - s[0]) for s in got) / per_step * 1e6, 1),
-            "collective_us": round(measured * 1e6, 1),
-            "collective_us_each_round": [round(cost(s) * 1e6) for s in got],
-            "over_balanced": round(measured / balanced, 3),
-        }
-        r = rows[key]
-        print(
-            f"{key:>8} {r['rank_ms'][0]:7.1f} {r['rank_ms'][1]:7.1f} {r['gap_us']:7.0f} "
-            f"{r['collective_us']:8.0f} {r['over_balanced']:8.2f}"
+    for pair, got in by_pair.items():
+        row = PairCost(
+            rank_ms=tuple(
+                round(statistics.median(r.alone[i] for r in got) * 1e3, 2) for i in (0, 1)
+            ),
+            gap_us=round(
+                statistics.median(abs(r.alone[1] - r.alone[0]) for r in got) / per_step * 1e6, 1
+            ),
+            collective_us=round(cost(got) * 1e6, 1),
+            collective_us_each_round=tuple(
+                round(r.collective_seconds(per_step) * 1e6) for r in got
+            ),
+            over_balanced=round(cost(got) / balanced, 3),
         )
-    print(json.dumps({"layers": args.layers, "rounds": args.rounds, "pairs": rows}))
+        rows[str(list(pair))] = row
+        print(
+            f"{str(list(pair)):>8} {row.rank_ms[0]:7.1f} {row.rank_ms[1]:7.1f} {row.gap_us:7.0f} "
+            f"{row.collective_us:8.0f} {row.over_balanced:8.2f}"
+        )
+    print(Result(layers=args.layers, rounds=args.rounds, pairs=rows).model_dump_json())
 
 
 if __name__ == "__main__":
