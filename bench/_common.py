@@ -8,6 +8,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from exo_tp.runtime.launcher import LaunchReport
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
@@ -79,8 +83,16 @@ def launch_command(
     ]
 
 
+def launch_report(report: Path) -> LaunchReport:
+    """An `exo-tp launch --report-out` file."""
+    sys.path.insert(0, str(ROOT))
+    from exo_tp.runtime.launcher import LaunchReport
+
+    return LaunchReport.model_validate_json(report.read_text())
+
+
 def generation_tps(report: Path) -> float:
-    return json.loads(report.read_text())["generation_tps"]
+    return launch_report(report).generation_tps
 
 
 def exo_tp_tps(model: Path, weights: list[float], tokens: int, *extra: str) -> float:

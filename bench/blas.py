@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, env, generation_tps, launch_command, resolve
+from _common import ROOT, env, launch_command, launch_report, resolve
 
 sys.path.insert(0, str(ROOT))
 from exo_tp.process.blas import blas_library  # noqa: E402
@@ -60,8 +60,8 @@ def _exo_tp(model: Path, prompt: str, tokens: int, blas: str) -> dict[str, float
             check=True,
             env=env(blas),
         )
-        stats = json.loads(report.read_text())
-        return {"prefill": stats["prompt_tps"], "decode": generation_tps(report)}
+        stats = launch_report(report)
+        return {"prefill": stats.prompt_tps, "decode": stats.generation_tps}
 
 
 def main() -> None:

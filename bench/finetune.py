@@ -194,13 +194,15 @@ def exo_tp_run(
     done = subprocess.run(cmd, capture_output=True, text=True, env=env())
     if done.returncode:
         raise SystemExit(f"exo-tp finetune failed: {done.stderr[-2000:]}")
-    ranks = json.loads(report.read_text())["ranks"]
-    tps = [s["tokens_per_second"] for s in ranks[0]["steps"]][1:]
+    from exo_tp.finetune.job import FinetuneReport
+
+    ranks = FinetuneReport.model_validate_json(report.read_text()).ranks
+    tps = [s.tokens_per_second for s in ranks[0].steps][1:]
     return {
         "tps": statistics.median(tps),
-        "peaks": [r["train_peak"] for r in ranks],
-        "held": [r["held_bytes"] for r in ranks],
-        "base": ranks[0]["base_bytes"],
+        "peaks": [r.train_peak for r in ranks],
+        "held": [r.held_bytes for r in ranks],
+        "base": ranks[0].base_bytes,
     }
 
 

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import psutil
 
+from exo_tp.runtime.launcher import LaunchReport
+
 CLI = [sys.executable, "-m", "exo_tp"]
 
 
@@ -67,7 +69,7 @@ def run_cli(
 class LaunchResult:
     text: str
     stderr: str
-    report: dict
+    report: LaunchReport
     logits: np.ndarray | None
 
 
@@ -104,7 +106,7 @@ def launch(
     return LaunchResult(
         result.stdout,
         result.stderr,
-        json.loads(report.read_text()),
+        LaunchReport.model_validate_json(report.read_text()),
         np.load(logits_file) if logits else None,
     )
 

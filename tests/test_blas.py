@@ -35,7 +35,7 @@ def test_ranks_multiply_with_openblas_and_equal_single_device(
     tmp_path: Path, reference: Reference
 ) -> None:
     ours = launch(tmp_path, "smollm2-135m", [0.6, 0.4], PROMPT, TOKENS)
-    assert ours.report["tokens"] == reference.tokens
+    assert list(ours.report.tokens) == reference.tokens
     assert_logits_close(ours.logits, reference.logits)
     # Each rank says where its process's cblas_sgemm lives (read from its own memory map) and
     # how many threads OpenBLAS runs: the two ranks split this machine's cores.
@@ -56,7 +56,7 @@ def test_bundled_blas_on_request(tmp_path: Path, reference: Reference) -> None:
         logits=False,
         env={"EXO_TP_BLAS": "bundled"},
     )
-    assert ours.report["tokens"] == reference.tokens[:8]
+    assert list(ours.report.tokens) == reference.tokens[:8]
     lines = _blas_lines(ours.stderr)
     assert len(lines) == 2 and all("MLX's bundled BLAS" in line for line in lines), ours.stderr
 

@@ -48,8 +48,8 @@ def test_smollm2_float_matches_single_device(
     tokens = TOKENS if len(weights) <= 3 else SHORT
     ours = launch(tmp_path, "smollm2-135m", weights, PROMPT, tokens)
     assert_logits_close(ours.logits, float_reference.logits)
-    assert ours.report["tokens"] == float_reference.tokens[:tokens]
-    assert len(ours.report["tokens"]) == tokens
+    assert list(ours.report.tokens) == float_reference.tokens[:tokens]
+    assert len(list(ours.report.tokens)) == tokens
     if tokens == TOKENS:
         assert ours.text.strip() == float_reference.text.strip()
 
@@ -60,7 +60,7 @@ def test_smollm2_q4_greedy_identical(
     tmp_path: Path, q4_reference: Reference, weights: list[float]
 ) -> None:
     ours = launch(tmp_path, "smollm2-135m-q4", weights, PROMPT, TOKENS // 2)
-    assert ours.report["tokens"] == q4_reference.tokens[: TOKENS // 2]
+    assert list(ours.report.tokens) == q4_reference.tokens[: TOKENS // 2]
     assert_logits_close(ours.logits, q4_reference.logits)
 
 
@@ -134,4 +134,4 @@ def test_tiny_random_models_with_awkward_heads(
     reference = mlx_lm_reference(tiny_models[arch], PROMPT, 16)
     ours = launch(tmp_path, tiny_models[arch], weights, PROMPT, 16)
     assert_logits_close(ours.logits, reference.logits)
-    assert ours.report["tokens"] == reference.tokens
+    assert list(ours.report.tokens) == reference.tokens

@@ -9,7 +9,6 @@ ends the launch with one line naming it.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import secrets
@@ -19,7 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
@@ -35,15 +34,29 @@ from exo_tp.wire.runtime import (
     RANK_EVENTS,
     Delta,
     Done,
+    FinishReason,
     Generate,
     GenerateRequest,
     Hello,
+    RankMemory,
     RequestFailed,
 )
 
 log = logging.getLogger(__name__)
 
 ADDRESS = "127.0.0.1"
+
+
+class LaunchReport(Frozen):
+    """What a launch returns, and `exo-tp launch --report-out` writes."""
+
+    tokens: tuple[int, ...]  # the generated token ids
+    text: str
+    prompt_tokens: int
+    generation_tps: float  # decode tokens/s, after the first token
+    prompt_tps: float  # prompt tokens/s, until the first token
+    finish_reason: FinishReason
+    memory_by_rank: tuple[RankMemory, ...]
 
 
 def _jobs(
@@ -135,7 +148,7 @@ def launch_local(
     stall_timeout: float = 60.0,
     adapter_path: str | None = None,
     rank_env: Sequence[Mapping[str, str]] | None = None,
-) -> dict[str, Any]:
+) -> LaunchReport:
     """Generate ``request`` on ``plan.size`` local ranks, printing the text to stdout; returns
     the report (also written to ``report_out``). Raises ExoTpError if a rank fails.
     ``rank_env``: variables added to each rank's environment (the lab's work factors)."""
@@ -200,22 +213,22 @@ def launch_local(
         source.close()
         supervisor.close()
     decode = done.seconds - done.prompt_seconds
-    report = {
-        "tokens": tokens,
-        "text": "".join(text),
-        "prompt_tokens": done.prompt_tokens,
-        "generation_tps": done.completion_tokens / decode if decode > 0 else 0.0,
-        "prompt_tps": done.prompt_tokens / done.prompt_seconds if done.prompt_seconds else 0.0,
-        "finish_reason": done.finish_reason,
-        "memory_by_rank": [rank_memory(child).model_dump() for child in ranks],
-    }
+    report = LaunchReport(
+        tokens=tuple(tokens),
+        text="".join(text),
+        prompt_tokens=done.prompt_tokens,
+        generation_tps=done.completion_tokens / decode if decode > 0 else 0.0,
+        prompt_tps=done.prompt_tokens / done.prompt_seconds if done.prompt_seconds else 0.0,
+        finish_reason=done.finish_reason,
+        memory_by_rank=tuple(rank_memory(child) for child in ranks),
+    )
     log.info(
         "prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",
         done.prompt_tokens,
-        report["prompt_tps"],
+        report.prompt_tps,
         done.completion_tokens,
-        report["generation_tps"],
+        report.generation_tps,
     )
     if report_out:
-        Path(report_out).write_text(json.dumps(report))
+        Path(report_out).write_text(report.model_dump_json())
     return report
