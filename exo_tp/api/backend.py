@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from pydantic import BaseModel
 
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.finetune_api import FineTuningService
+from exo_tp.api.openai_shapes import ModelObject
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 
@@ -41,7 +42,7 @@ class Backend(Protocol):
         """Headers proving to the leader's cluster listener that a passed-on request comes
         from a member (the signature over ``path`` and ``body``)."""
 
-    def models_view(self) -> list[dict[str, Any]]:
+    def models_view(self) -> list[ModelObject]:
         """/v1/models' entries: every model some node of the cluster can serve."""
 
     def require_model(self, name: str) -> None:

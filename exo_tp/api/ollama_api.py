@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -30,6 +30,7 @@ from exo_tp.api.ollama_shapes import (
     Running,
     RunningModel,
     Show,
+    Statistics,
     Tags,
     ToolCall,
     Version,
@@ -42,6 +43,7 @@ OLLAMA_PREFIX = "/api/"
 # The Ollama version whose API this follows (clients check it for features such as tools).
 OLLAMA_VERSION = "0.12.0"
 NS = 1_000_000_000
+NOT_DONE = Statistics(done=False)
 
 
 def ollama_error(error: ApiError) -> web.Response:
@@ -63,11 +65,11 @@ async def version(request: web.Request) -> web.Response:
 
 
 def tags(node: Backend) -> web.Response:
-    return web.json_response(Tags(models=[_card(node, c["id"]) for c in node.models_view()]).body())
+    return web.json_response(Tags(models=[_card(node, c.id) for c in node.models_view()]).body())
 
 
 def ps(node: Backend) -> web.Response:
-    loaded = [c["id"] for c in node.models_view() if c.get("loaded")]
+    loaded = [c.id for c in node.models_view() if c.loaded]
     try:
         context: int | None = node.context_length
     except ApiError:  # this node has not prepared the model (yet)
@@ -83,11 +85,11 @@ async def show(node: Backend, request: web.Request) -> web.Response:
     wanted = parsed.wanted()
     if not wanted:
         raise ApiError(400, "Missing required parameter: 'model'.", param="model")
-    card = next((c for c in node.models_view() if c["id"] == wanted), None)
+    card = next((c for c in node.models_view() if c.id == wanted), None)
     if card is None:
         raise ApiError(404, f"model '{wanted[:200]}' not found", param="model")
     reply = Show(capabilities=["completion"], modified_at=timestamp(node.started))
-    if card.get("loaded"):
+    if card.loaded:
         tokenizer = node.tokenizer
         template = getattr(tokenizer, "chat_template", None)
         reply.template = template if isinstance(template, str) else ""
@@ -116,19 +118,19 @@ def _generate_prompt(node: Backend, parsed: GenerateRequest) -> Prompt:
     return _chat_prompt(node, parsed.chat_messages(), parsed, None)
 
 
-def _stats(done: Done, started: float) -> dict[str, Any]:
-    """The last line's fields (durations in nanoseconds)."""
+def _stats(done: Done, started: float) -> Statistics:
+    """The last line's statistics."""
     prompt_ns = int(done.prompt_seconds * NS)
-    return {
-        "done": True,
-        "done_reason": "length" if done.finish_reason == "length" else "stop",
-        "total_duration": int((time.perf_counter() - started) * NS),
-        "load_duration": 0,
-        "prompt_eval_count": done.prompt_tokens,
-        "prompt_eval_duration": prompt_ns,
-        "eval_count": done.completion_tokens,
-        "eval_duration": max(0, int(done.seconds * NS) - prompt_ns),
-    }
+    return Statistics(
+        done=True,
+        done_reason=_finish(done),
+        total_duration=int((time.perf_counter() - started) * NS),
+        load_duration=0,
+        prompt_eval_count=done.prompt_tokens,
+        prompt_eval_duration=prompt_ns,
+        eval_count=done.completion_tokens,
+        eval_duration=max(0, int(done.seconds * NS) - prompt_ns),
+    )
 
 
 def _message(piece: AnswerPiece) -> Message:
@@ -153,9 +155,11 @@ class _Lines:
     def __init__(self, model: str, chat: bool):
         self._model, self._chat = model, chat
 
-    def line(self, piece: AnswerPiece, text: str, **end: Any) -> ChatLine | GenerateLine:
-        head: dict[str, Any] = {"model": self._model, "created_at": timestamp(), "done": False}
-        head.update(end)
+    def line(
+        self, piece: AnswerPiece, text: str, end: Statistics = NOT_DONE
+    ) -> ChatLine | GenerateLine:
+        """A line of ``piece`` (chat) or ``text`` (generate); ``end``'s statistics on the last."""
+        head = {"model": self._model, "created_at": timestamp(), **end.model_dump()}
         if self._chat:
             return ChatLine(**head, message=_message(piece))
         return GenerateLine(**head, response=text)
@@ -163,7 +167,8 @@ class _Lines:
 
 def _loaded(node: Backend, chat: bool) -> web.Response:
     """An empty prompt or conversation only loads the model (Ollama's ``done_reason: load``)."""
-    line = _Lines(node.model, chat).line(AnswerPiece(), "", done=True, done_reason="load")
+    loaded = Statistics(done=True, done_reason="load")
+    line = _Lines(node.model, chat).line(AnswerPiece(), "", loaded)
     return web.json_response(line.body())
 
 
@@ -218,10 +223,10 @@ async def _answer(
             whole.add(answer.feed(delta.text))
         whole.add(answer.finish(_finish(done)))
     text = "".join(delta.text for delta in deltas)  # generate's: the tokens' text, unsplit
-    return web.json_response(lines.line(whole, text, **_stats(done, started)).body())
+    return web.json_response(lines.line(whole, text, _stats(done, started)).body())
 
 
-def _finish(done: Done) -> str:
+def _finish(done: Done) -> Literal["stop", "length"]:
     return "length" if done.finish_reason == "length" else "stop"
 
 
@@ -237,8 +242,8 @@ class _Ndjson:
     async def open(self) -> None:
         await self.response.prepare(self._request)
 
-    async def send(self, payload: dict[str, Any]) -> None:
-        await self.response.write((json.dumps(payload) + "\n").encode())
+    async def send(self, line: ChatLine | GenerateLine | Error) -> None:
+        await self.response.write((json.dumps(line.body()) + "\n").encode())
 
     async def close(self) -> web.StreamResponse:
         await self.response.write_eof()
@@ -261,15 +266,15 @@ async def _stream(
             if isinstance(event, Delta):
                 piece = answer.feed(event.text) if chat else AnswerPiece()
                 if piece or (not chat and event.text):
-                    await out.send(lines.line(piece, event.text).body())
+                    await out.send(lines.line(piece, event.text))
             else:
                 if chat and (piece := answer.finish(_finish(event))):
-                    await out.send(lines.line(piece, "").body())
-                await out.send(lines.line(AnswerPiece(), "", **_stats(event, started)).body())
+                    await out.send(lines.line(piece, ""))
+                await out.send(lines.line(AnswerPiece(), "", _stats(event, started)))
                 break
             event = await anext(events)
     except ApiError as error:  # mid-stream failure: an error line, then the stream ends
-        await out.send(Error(error=error.message).body())
+        await out.send(Error(error=error.message))
     finally:
         await events.aclose()
     return await out.close()

@@ -98,12 +98,10 @@ class Message(_Reply):
     tool_calls: list[ToolCall] | None = None
 
 
-class _Line(_Reply):
-    """One answer, or one NDJSON line of it; the last has ``done`` and the statistics
-    (durations in nanoseconds)."""
+class Statistics(_Reply):
+    """Whether a line is the answer's last, and the last one's statistics (durations in
+    nanoseconds)."""
 
-    model: str
-    created_at: str
     done: bool
     done_reason: Literal["stop", "length", "load"] | None = None
     total_duration: int | None = None
@@ -112,6 +110,13 @@ class _Line(_Reply):
     prompt_eval_duration: int | None = None
     eval_count: int | None = None
     eval_duration: int | None = None
+
+
+class _Line(Statistics):
+    """One answer, or one NDJSON line of it; the last has ``done`` and the statistics."""
+
+    model: str
+    created_at: str
 
 
 class ChatLine(_Line):

@@ -131,6 +131,30 @@ class ChatCompletionChunk(_Answer):
     usage: Usage | None = None  # only the usage chunk (after the last) has it
 
 
+class ModelObject(ApiView):
+    """One entry of /v1/models (OpenAI's model object, and whether the cluster serves it now);
+    a fine-tuned model also names its ``parent``."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    loaded: bool
+    parent: str | None = None  # left out of a base model's entry (unset)
+
+    @classmethod
+    def of(cls, name: str, created: int, loaded: bool, parent: str | None = None) -> ModelObject:
+        card = cls(id=name, object="model", created=created, owned_by="exo-tp", loaded=loaded)
+        if parent is not None:
+            card.parent = parent  # set, so the JSON has it
+        return card
+
+
+class ModelList(ApiView):
+    object: Literal["list"]
+    data: list[ModelObject]
+
+
 class CompletionChoice(ApiView):
     index: int
     text: str

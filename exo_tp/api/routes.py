@@ -23,7 +23,8 @@ from exo_tp.api import anthropic_api, finetune_api, ollama_api, openai_api, resp
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
 from exo_tp.api.guard import install_guard
-from exo_tp.api.http_io import MAX_BODY, off_loop, read_body, validate
+from exo_tp.api.http_io import MAX_BODY, json_view, off_loop, read_body, validate
+from exo_tp.api.openai_shapes import ModelList
 from exo_tp.api.proxy import pass_through
 from exo_tp.api.server_limits import body_deadline
 from exo_tp.security.access import ApiAccess
@@ -125,7 +126,7 @@ async def health(request: web.Request) -> web.Response:
 @ROUTES.get("/v1/models")
 @ROUTES.get("/models")
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": _node(request).models_view()})
+    return json_view(ModelList(object="list", data=_node(request).models_view()))
 
 
 @ROUTES.get("/v1/models/catalog")
@@ -156,9 +157,9 @@ async def model(request: web.Request) -> web.Response:
     cards = _node(request).models_view()
     wanted = request.match_info["model_id"]
     for card in cards:
-        if card["id"] == wanted or (wanted == openai_api.DEFAULT_MODEL_ALIAS and card["loaded"]):
-            return web.json_response(card)
-    listed = ", ".join(f"'{c['id']}'" for c in cards) or "none yet"
+        if card.id == wanted or (wanted == openai_api.DEFAULT_MODEL_ALIAS and card.loaded):
+            return json_view(card)
+    listed = ", ".join(f"'{c.id}'" for c in cards) or "none yet"
     raise ApiError(
         404,
         f"The model '{wanted[:200]}' does not exist; this cluster serves: {listed}.",

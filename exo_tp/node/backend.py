@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Literal
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.errors import FORWARD_PREFIX, ApiError, not_ready
+from exo_tp.api.openai_shapes import ModelObject
 from exo_tp.frozen import Frozen
 from exo_tp.models.catalog import local_models
 from exo_tp.models.hub import HubError, HubRef, hub_ref
@@ -119,20 +120,14 @@ class NodeBackend:
     def vocab_size(self) -> int:
         return self._prepared().spec.vocab_size
 
-    def models_view(self) -> list[dict[str, Any]]:
+    def models_view(self) -> list[ModelObject]:
         """/v1/models: every model a member has the files of (one at a time is served)."""
         joined = self._views.joined
         if joined is None:
             return []
         serving, adapter = self._views.serving_key(), self._views.serving_adapter()
         cards = [
-            {
-                "id": name,
-                "object": "model",
-                "created": int(self.started),
-                "owned_by": "exo-tp",
-                "loaded": key == serving and adapter is None,
-            }
+            ModelObject.of(name, int(self.started), key == serving and adapter is None)
             for name, key in joined.models.listing()
         ]
         # base models with a fine-tuned adapter: this node's jobs', and the leader's (which
@@ -141,16 +136,8 @@ class NodeBackend:
         models = {m.name: m for m in (leader.fine_tuned if leader else ())}
         models.update({m.name: m for m in self._views.finetune_fine_tuned()})
         for model in models.values():
-            cards.append(
-                {
-                    "id": model.name,
-                    "object": "model",
-                    "created": model.created,
-                    "owned_by": "exo-tp",
-                    "loaded": adapter is not None and model.name.endswith(":" + adapter),
-                    "parent": model.base,
-                }
-            )
+            loaded = adapter is not None and model.name.endswith(":" + adapter)
+            cards.append(ModelObject.of(model.name, model.created, loaded, parent=model.base))
         return cards
 
     def require_model(self, name: str) -> None:
