@@ -15,9 +15,9 @@ NODE_OPTIONS_ENV = "EXO_TP_NODE_OPTIONS"
 
 
 class ConnectionOptions(Frozen):
-    """The connection-limit flags as given (`exo_tp.cli.run.add_connection_args`); the caps
-    left None follow the open-files limit of the node's own process, so the node resolves
-    them (`exo_tp.cli.run.connection_limits`)."""
+    """The connection-limit flags as given (`exo_tp.cli.connection_args.add_connection_args`);
+    the caps left None follow the open-files limit of the node's own process, so the node
+    resolves them (`exo_tp.cli.connection_args.connection_limits`)."""
 
     header_timeout: float
     body_timeout: float
