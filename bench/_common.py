@@ -2,27 +2,56 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from exo_tp.runtime.launcher import LaunchReport
 
-ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
 PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
 
+
+class WorkerResult(BaseModel):
+    """What a bench's worker process prints as its last line of stdout: a typed result its
+    bench defines (the workers import it: `env` puts the bench folder on their path)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+R = TypeVar("R", bound=WorkerResult)
+
+
+def worker_result(stdout: str, result: type[R]) -> R:
+    """The ``result`` a worker printed on its last line."""
+    return result.model_validate_json(stdout.strip().splitlines()[-1])
+
+
+class MlxLmSpeed(WorkerResult):
+    """mlx-lm alone: one prompt, then greedy tokens (``_SINGLE``)."""
+
+    prompt_tps: float
+    generation_tps: float
+    generation_tokens: int
+
+
+# mlx-lm alone in one process, float32 as exo-tp's ranks compute on CPU.
 _SINGLE = """
-import json, sys, mlx.core as mx
+import sys, mlx.core as mx
 from mlx_lm import load, stream_generate
+from _common import MlxLmSpeed
 model, tok = load(sys.argv[1]); model.set_dtype(mx.float32)
 ids = tok.encode(sys.argv[2])
 for r in stream_generate(model, tok, mx.array(ids), max_tokens=int(sys.argv[3])): pass
-print(json.dumps({"tps": r.generation_tps, "tokens": r.generation_tokens}))
+print(MlxLmSpeed(prompt_tps=r.prompt_tps, generation_tps=r.generation_tps,
+                 generation_tokens=r.generation_tokens).model_dump_json())
 """
 
 
@@ -36,7 +65,9 @@ def env(blas: str | None = None) -> dict[str, str]:
     chosen = {**os.environ, BLAS_ENV: blas} if blas else None
     return {
         **preload_environment(chosen),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT), str(BENCH), os.environ.get("PYTHONPATH")) if p
+        ),
     }
 
 
@@ -45,16 +76,23 @@ def pinned(core: int):  # noqa: ANN201 (a preexec_fn)
     return lambda: os.sched_setaffinity(0, [core])
 
 
-def single_process_tps(model: Path, tokens: int) -> float:
-    """Decode tokens/s of plain mlx-lm in one process (float32, greedy)."""
+def mlx_lm_alone(
+    model: Path, tokens: int, prompt: str = PROMPT, blas: str | None = None
+) -> MlxLmSpeed:
+    """Plain mlx-lm in a fresh process (float32, greedy): ``prompt``, then ``tokens`` more."""
     out = subprocess.run(
-        [sys.executable, "-c", _SINGLE, str(model), PROMPT, str(tokens)],
+        [sys.executable, "-c", _SINGLE, str(model), prompt, str(tokens)],
         capture_output=True,
         text=True,
         check=True,
-        env=env(),
+        env=env(blas),
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])["tps"]
+    return worker_result(out.stdout, MlxLmSpeed)
+
+
+def single_process_tps(model: Path, tokens: int) -> float:
+    """Decode tokens/s of plain mlx-lm in one process (float32, greedy)."""
+    return mlx_lm_alone(model, tokens).generation_tps
 
 
 def launch_command(

@@ -17,19 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, env, launch_command, launch_report, resolve
+from _common import ROOT, env, launch_command, launch_report, mlx_lm_alone, resolve
 
 sys.path.insert(0, str(ROOT))
 from exo_tp.process.blas import blas_library  # noqa: E402
-
-# mlx-lm alone, float32 as exo-tp's ranks compute on CPU, one prompt of N tokens then K more.
-_SINGLE = """
-import json, sys, mlx.core as mx
-from mlx_lm import load, stream_generate
-model, tok = load(sys.argv[1]); model.set_dtype(mx.float32)
-for r in stream_generate(model, tok, sys.argv[2], max_tokens=int(sys.argv[3])): pass
-print(json.dumps({"prefill": r.prompt_tps, "decode": r.generation_tps}))
-"""
 
 
 def _prompt(tokens: int) -> str:
@@ -38,14 +29,8 @@ def _prompt(tokens: int) -> str:
 
 
 def _single(model: Path, prompt: str, tokens: int, blas: str) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-c", _SINGLE, str(model), prompt, str(tokens)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env(blas),
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    speed = mlx_lm_alone(model, tokens, prompt, blas)
+    return {"prefill": speed.prompt_tps, "decode": speed.generation_tps}
 
 
 def _exo_tp(model: Path, prompt: str, tokens: int, blas: str) -> dict[str, float]:

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, env, resolve
+from _common import ROOT, WorkerResult, env, resolve, worker_result
 
 # The bench model (see the docstring); tiny_models writes it with mlx-lm's classes.
 BENCH_CONFIG = dict(
@@ -64,15 +64,25 @@ BENCH_CONFIG = dict(
 
 WORDS = "the sea is blue and the sky is wide a ship sails over the waves under the stars at night"
 
+
 # One mlx-lm LoRA run (one rank of a data-parallel run when MLX_RANK is set): train_model with
 # the options `mlx_lm.lora --train` passes, reporting every step; rank 0 writes the JSON.
+class MlxLmTraining(WorkerResult):
+    """What rank 0 of an mlx-lm LoRA run writes: tokens/s of every step, each rank's peak
+    memory (bytes)."""
+
+    tps: list[float]
+    peaks: list[float]
+
+
 _MLX_LM = """
-import json, sys, types
+import sys, types
 import mlx.core as mx, numpy as np
 from mlx_lm import load
 from mlx_lm.lora import CONFIG_DEFAULTS, train_model
 from mlx_lm.tuner.callbacks import TrainingCallback
 from mlx_lm.tuner.datasets import load_dataset
+from finetune import MlxLmTraining
 model_dir, data, out, iters, batch, result = sys.argv[1:7]
 args = types.SimpleNamespace(**{**CONFIG_DEFAULTS, "model": model_dir, "data": data,
     "train": True, "iters": int(iters), "batch_size": int(batch), "num_layers": -1,
@@ -91,7 +101,8 @@ peaks = mx.zeros((group.size(),)).at[group.rank()].add(mx.get_peak_memory())
 peaks = mx.distributed.all_sum(peaks, stream=mx.cpu) if group.size() > 1 else peaks
 mx.eval(peaks)  # on every rank: a rank leaving before its peers' all_sum breaks the ring
 if group.rank() == 0:
-    json.dump({"tps": steps.tps, "peaks": peaks.tolist()}, open(result, "w"))
+    with open(result, "w") as file:
+        file.write(MlxLmTraining(tps=steps.tps, peaks=peaks.tolist()).model_dump_json())
 """
 
 
@@ -153,8 +164,8 @@ def mlx_lm_run(
             _, err = p.communicate()
             if p.returncode:
                 raise SystemExit(f"mlx-lm data parallel failed: {err.decode()[-2000:]}")
-    out = json.loads(result.read_text())
-    return {"tps": statistics.median(out["tps"][1:]), "peaks": [int(p) for p in out["peaks"]]}
+    out = worker_result(result.read_text(), MlxLmTraining)
+    return {"tps": statistics.median(out.tps[1:]), "peaks": [int(p) for p in out.peaks]}
 
 
 def exo_tp_run(

@@ -76,6 +76,13 @@ CORES = sorted(os.sched_getaffinity(0))
 M = TypeVar("M", bound=Frozen)
 
 
+class Sample(Frozen):
+    """One run's tokens/s, a line of --state DIR's samples.jsonl."""
+
+    key: str
+    tokens_per_second: float
+
+
 class LabState:
     """--state DIR: what a mode has measured so far, kept across calls (none without DIR)."""
 
@@ -87,9 +94,9 @@ class LabState:
             log = folder / "samples.jsonl"
             if log.exists():
                 for line in log.read_text().splitlines():
-                    with contextlib.suppress(ValueError, KeyError):
-                        entry = json.loads(line)
-                        self.samples[str(entry["key"])] = float(entry["tokens_per_second"])
+                    with contextlib.suppress(ValueError):  # a line cut short by a killed call
+                        entry = Sample.model_validate_json(line)
+                        self.samples[entry.key] = entry.tokens_per_second
             if self.samples:
                 print(f"  reusing {len(self.samples)} runs from {log}", file=sys.stderr)
 
@@ -101,7 +108,7 @@ class LabState:
         self.samples[key] = value
         if self.folder is not None:
             with open(self.folder / "samples.jsonl", "a") as log:
-                log.write(json.dumps({"key": key, "tokens_per_second": value}) + "\n")
+                log.write(Sample(key=key, tokens_per_second=value).model_dump_json() + "\n")
         return value
 
     def kept(self, name: str, kind: type[M], measure: Callable[[], M]) -> M:

@@ -21,17 +21,23 @@ import statistics
 import subprocess
 import sys
 
-from _common import env, exo_tp_tps, resolve, single_process_tps
+from _common import WorkerResult, env, exo_tp_tps, resolve, single_process_tps, worker_result
+
+
+class HopTime(WorkerResult):
+    one_way: float  # seconds, the median round trip's half
+
 
 PING = """
-import json, sys, time, threading, mlx.core as mx
+import sys, time, threading, mlx.core as mx
+from pipeline_hop import HopTime
 from exo_tp.transport.channel import accept_count, connect
 from exo_tp.wire.runtime import HOP_MESSAGES
 from exo_tp.runtime.pipeline import recv_hidden, send_hidden
 from exo_tp.transport.ports import free_ports
 hidden, iters = int(sys.argv[1]), int(sys.argv[2])
 address, key = f"127.0.0.1:{free_ports(1)[0]}", b"bench"
-result = {}
+result = []
 def side(first):
     if first:
         link = accept_count(address, key, HOP_MESSAGES, 1, 30, "bench")[0]
@@ -47,10 +53,10 @@ def side(first):
             recv_hidden(link); send_hidden(link, x)
         times.append(time.perf_counter() - t)
     if first:
-        result["one_way"] = sorted(times)[len(times) // 2] / 2
+        result.append(HopTime(one_way=sorted(times)[len(times) // 2] / 2))
 t = threading.Thread(target=side, args=(False,)); t.start()
 side(True); t.join()
-print(json.dumps(result))
+print(result[0].model_dump_json())
 """
 
 
@@ -62,7 +68,7 @@ def raw_hop_seconds(hidden: int, iters: int) -> float:
         check=True,
         env=env(),
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])["one_way"]
+    return worker_result(out.stdout, HopTime).one_way
 
 
 def main() -> None:

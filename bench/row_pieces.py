@@ -24,7 +24,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, env, generation_tps, launch_command, pinned, resolve
+from _common import (
+    ROOT,
+    WorkerResult,
+    env,
+    generation_tps,
+    launch_command,
+    pinned,
+    resolve,
+    worker_result,
+)
 
 sys.path.insert(0, str(ROOT))
 from exo_tp.process.blas import THREADS_ENV, usable_cores  # noqa: E402
@@ -32,23 +41,39 @@ from exo_tp.shard.row_pieces import PIECES_ENV  # noqa: E402
 
 SHAPES = ((576, 1536), (1536, 576), (576, 49152), (2048, 8192), (8192, 2048), (4096, 4096))
 
+
 # The device bench's own kernel timing (exo_tp.profile.kernels.measure_kernel: distinct
 # matrices beyond the caches, as a decode step reads each layer once), with pieces off and on.
+class ShapeTime(WorkerResult):
+    """One shape's seconds per weight byte, one row, whole and in row pieces."""
+
+    k: int
+    n: int
+    piece_rows: int | None  # rows per piece (None: kept whole)
+    whole: float
+    pieces: float
+
+
+class ShapeTimes(WorkerResult):
+    shapes: tuple[ShapeTime, ...]
+
+
 _SHAPES = """
 import json, os, sys
 from exo_tp.profile.kernels import KernelCase, WeightSource, measure_kernel
 from exo_tp.shard.row_pieces import PIECES_ENV, piece_rows
 import mlx.core as mx
+from row_pieces import ShapeTime, ShapeTimes
 shapes = [tuple(s) for s in json.loads(sys.argv[1])]
-source, out = WeightSource(tuple(shapes)), {}
+source, out = WeightSource(tuple(shapes)), []
 for k, n in shapes:
-    row = {"piece_rows": piece_rows(mx.zeros((n, k)))}
+    seconds = {}
     for name, setting in (("whole", "0"), ("pieces", "1")):
         os.environ[PIECES_ENV] = setting
         case = KernelCase("matvec", "float32", 1, k, n)
-        row[name] = 1 / measure_kernel(case, source, 1.0).weight_bytes_per_second
-    out[f"{k}x{n}"] = row
-print(json.dumps(out))
+        seconds[name] = 1 / measure_kernel(case, source, 1.0).weight_bytes_per_second
+    out.append(ShapeTime(k=k, n=n, piece_rows=piece_rows(mx.zeros((n, k))), **seconds))
+print(ShapeTimes(shapes=out).model_dump_json())
 """
 
 # (name, ranks' weights, pinned to core 0 or not)
@@ -56,7 +81,7 @@ DECODE = (("1 rank, 1 core", [1.0], True), ("1 rank, every core", [1.0], False))
 DECODE_TP = ("even TP, 2 ranks", [1.0, 1.0], False)
 
 
-def shapes() -> dict[str, dict[str, float]]:
+def shapes() -> tuple[ShapeTime, ...]:
     out = subprocess.run(
         [sys.executable, "-c", _SHAPES, json.dumps(SHAPES)],
         capture_output=True,
@@ -65,7 +90,7 @@ def shapes() -> dict[str, dict[str, float]]:
         env={**env(), THREADS_ENV: "1"},
         preexec_fn=pinned(0),
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return worker_result(out.stdout, ShapeTimes).shapes
 
 
 def decode_tps(
@@ -94,11 +119,11 @@ def main() -> None:
 
     per_shape = shapes()
     print("seconds per weight byte (x 1e-10), one row, one core, one BLAS thread:")
-    for shape, row in per_shape.items():
+    for row in per_shape:
         print(
-            f"  {shape:>10}: whole {row['whole'] * 1e10:5.2f}, in pieces of "
-            f"{row['piece_rows'] or 'all'} rows {row['pieces'] * 1e10:5.2f}: "
-            f"{row['whole'] / row['pieces']:.2f}x",
+            f"  {f'{row.k}x{row.n}':>10}: whole {row.whole * 1e10:5.2f}, in pieces of "
+            f"{row.piece_rows or 'all'} rows {row.pieces * 1e10:5.2f}: "
+            f"{row.whole / row.pieces:.2f}x",
             flush=True,
         )
 
@@ -122,8 +147,13 @@ def main() -> None:
         json.dumps(
             {
                 "shapes": {
-                    s: {**r, "whole_over_pieces": r["whole"] / r["pieces"]}
-                    for s, r in per_shape.items()
+                    f"{r.k}x{r.n}": {
+                        "piece_rows": r.piece_rows,
+                        "whole": r.whole,
+                        "pieces": r.pieces,
+                        "whole_over_pieces": r.whole / r.pieces,
+                    }
+                    for r in per_shape
                 },
                 "decode": decode,
                 "rounds": args.rounds,

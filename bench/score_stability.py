@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import ROOT, single_process_tps
+
 sys.path.insert(0, str(ROOT))
 
 from exo_tp.plan import load_spec, plan_tensor_parallel  # noqa: E402
@@ -44,15 +45,6 @@ METRICS = {  # name -> (profile field, unit scale, unit)
     "memory": ("memory_bandwidth", 1e9, "GB/s"),
     "duration": ("duration_seconds", 1, "s (bench's own)"),
 }
-
-DECODE = """
-import json, sys, mlx.core as mx
-from mlx_lm import load, stream_generate
-model, tok = load(sys.argv[1]); model.set_dtype(mx.float32)
-ids = tok.encode("Once upon a time, in a village at the edge of a great forest, there lived")
-for r in stream_generate(model, tok, mx.array(ids), max_tokens=int(sys.argv[2])): pass
-print(json.dumps({"tps": r.generation_tps}))
-"""
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -127,19 +119,8 @@ def decode_check(profile: DeviceProfile, tokens: int) -> dict[str, dict[str, flo
             cluster_from_profiles(spec, [profile]),
             context_tokens=tokens,
         ).decode_seconds
-        runs = [
-            json.loads(
-                subprocess.run(
-                    [sys.executable, "-c", DECODE, str(folder), str(tokens)],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                .stdout.strip()
-                .splitlines()[-1]
-            )["tps"]
-            for _ in range(2)
-        ]
+        # mlx-lm alone with the BLAS `exo-tp bench` measured with (the one `exo-tp` preloads)
+        runs = [single_process_tps(folder, tokens) for _ in range(2)]
         measured = 1 / max(runs)
         out[name] = {
             "predicted_s": predicted,

@@ -77,7 +77,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import psutil
-from _common import ROOT, env, pinned, resolve
+from _common import ROOT, WorkerResult, env, pinned, resolve, worker_result
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -104,11 +104,19 @@ GIVE_UP_429 = 300.0  # seconds a client keeps retrying a request refused with 42
 # mlx_lm.server answers requests naming this model with the one given by --model.
 MLX_LM_DEFAULT_MODEL = "default_model"
 
+
 # The most batching can give on this machine: one process's decode step at batch B (KV cache of
 # 16 tokens), median of 5. On a CPU build whose matmuls run at the same FLOP rate at any batch,
 # a step costs B times as much and no server can beat that.
+class StepSeconds(WorkerResult):
+    """A decode step's median seconds at each batch size."""
+
+    seconds: dict[int, float]
+
+
 CEILING = """
 import json, sys, time, mlx.core as mx
+from serving import StepSeconds
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 model, _ = load(sys.argv[1])
@@ -122,7 +130,7 @@ for batch in json.loads(sys.argv[2]):
         mx.eval(model(token, cache=cache))
         times.append(time.perf_counter() - start)
     out[batch] = sorted(times)[1]
-print(json.dumps(out))
+print(StepSeconds(seconds=out).model_dump_json())
 """
 
 # Each rank of mlx_lm.server's distributed mode: join the ring first (strict: a missing set-up
@@ -625,20 +633,29 @@ def batch_ceiling(model: Path, batches: Sequence[int], core: int | None = None) 
         check=True,
         timeout=600,
     )
-    steps = json.loads(out.stdout.strip().splitlines()[-1])
-    return {int(b): int(b) / seconds for b, seconds in steps.items()}
+    steps = worker_result(out.stdout, StepSeconds).seconds
+    return {batch: batch / seconds for batch, seconds in steps.items()}
 
 
 # exo-tp's conductor stepping a full batch in one process: the real Conductor and LockstepBatch,
 # its request source a sink that serializes every event as the wire would and drops it.
+class ConductorSteps(WorkerResult):
+    """The conductor's median step at one batch (seconds) on SmolLM2 and on a 1-layer, 64-wide
+    model with its vocabulary (nearly all overhead outside the model)."""
+
+    model: float
+    tiny: float
+
+
 STEP = """
-import json, sys, time
+import sys, time
 import mlx.core as mx
 from mlx_lm import load
 from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.runtime.conductor import Conductor
 from exo_tp.runtime.job import ServingOptions
 from exo_tp.wire.runtime import Generate, GenerateRequest, SamplingParams
+from serving import ConductorSteps
 
 class Sink:
     def send(self, message, raw=None):
@@ -671,11 +688,11 @@ def median_step(path, batch, steps):
 
 batch = int(sys.argv[3])
 model, tiny = median_step(sys.argv[1], batch, 7), median_step(sys.argv[2], batch, 15)
-print(json.dumps({"model": model, "tiny": tiny}))
+print(ConductorSteps(model=model, tiny=tiny).model_dump_json())
 """
 
 
-def step_overhead(smollm2: Path, folder: Path, batch: int) -> dict[str, float]:
+def step_overhead(smollm2: Path, folder: Path, batch: int) -> ConductorSteps:
     """Median conductor step at ``batch`` on SmolLM2 and on a 1-layer 64-wide model."""
     config = json.loads((smollm2 / "config.json").read_text())
     config.update(
@@ -697,7 +714,7 @@ def step_overhead(smollm2: Path, folder: Path, batch: int) -> dict[str, float]:
         check=True,
         timeout=600,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return worker_result(out.stdout, ConductorSteps)
 
 
 def random_model(folder: Path, smollm2: Path) -> Path:
@@ -802,7 +819,7 @@ class Results:
     flags: list[str]
     ceiling: dict[int, float] | None = None
     stage_tps: dict[int, float] | None = None
-    step: dict[str, float] | None = None
+    step: ConductorSteps | None = None
     table: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     uncached: list[Stream] | None = None
     cached: list[Stream] | None = None
@@ -889,9 +906,9 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
     step = results.step
     if step:
         print(
-            f"\nconductor step at batch {top}: SmolLM2 {step['model'] * 1e3:.1f} ms, 1-layer "
-            f"model {step['tiny'] * 1e3:.1f} ms: overhead outside the model "
-            f"{100 * step['tiny'] / step['model']:.1f}% of the step"
+            f"\nconductor step at batch {top}: SmolLM2 {step.model * 1e3:.1f} ms, 1-layer "
+            f"model {step.tiny * 1e3:.1f} ms: overhead outside the model "
+            f"{100 * step.tiny / step.model:.1f}% of the step"
         )
     headline: dict[str, Any] = {
         "exo_tp_top_over_1_stream": ratio(agg("d", top), agg("d", 1)),
@@ -901,7 +918,7 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
         "mlx_lm_single_top_over_1_stream": ratio(agg("a", top), agg("a", 1)),
         "mlx_lm_distributed_top_over_1_stream": ratio(agg("b", top), agg("b", 1)),
         "batch_ceiling_top_over_1": ratio(ceiling.get(top), ceiling.get(1)) if ceiling else None,
-        "step_overhead_share": ratio(step["tiny"], step["model"]) if step else None,
+        "step_overhead_share": ratio(step.tiny, step.model) if step else None,
         "pipeline_overlap_over_one_batch_at_top": ratio(agg("p", top), agg("q", top)),
         "pipeline_overlap_over_one_batch_at_1": ratio(agg("p", 1), agg("q", 1)),
         "pipeline_overlap_decode_bound_at_top": bound,

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, env, pinned
+from _common import ROOT, WorkerResult, env, pinned, worker_result
 
 sys.path.insert(0, str(ROOT))
 
@@ -88,7 +88,7 @@ if rank == 0:
 """
 
 
-class Round(Frozen):
+class Round(WorkerResult):
     """One round of one pair, as rank 0 saw it: each rank's step without the all_sums and the
     pair's step with them (seconds)."""
 
@@ -101,7 +101,7 @@ class Round(Frozen):
         return (self.together - max(self.alone)) / per_step
 
 
-class Rounds(Frozen):
+class Rounds(WorkerResult):
     """What rank 0 prints: every round of every pair."""
 
     rounds: tuple[Round, ...]
@@ -116,9 +116,7 @@ def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> Rounds:
     with tempfile.TemporaryDirectory() as tmp:
         hosts = Path(tmp) / "hosts.json"
         hosts.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
-        # the ranks import Round and Rounds from this script
-        path = os.pathsep.join((str(Path(__file__).parent), environment["PYTHONPATH"]))
-        base = {**environment, "PYTHONPATH": path, "MLX_HOSTFILE": str(hosts), THREADS_ENV: "1"}
+        base = {**environment, "MLX_HOSTFILE": str(hosts), THREADS_ENV: "1"}
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", RANK, str(layers), str(rounds), json.dumps(pairs)],
@@ -132,7 +130,7 @@ def run_ranks(layers: int, rounds: int, pairs: list[list[int]]) -> Rounds:
         outs = [p.communicate(timeout=1800)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("a rank failed")
-    return Rounds.model_validate_json(outs[0].strip().splitlines()[-1])
+    return worker_result(outs[0], Rounds)
 
 
 class PairCost(Frozen):

@@ -19,10 +19,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import env, exo_tp_tps, resolve, single_process_tps
+from _common import WorkerResult, env, exo_tp_tps, resolve, single_process_tps, worker_result
+
+
+class GatherTimes(WorkerResult):
+    """Rank 0's best median of each all-gather (seconds)."""
+
+    padded: float  # uneven shards padded to the largest
+    equal: float  # equal shards of the same payload
+
 
 GATHER = """
 import json, sys, time, mlx.core as mx
+from tp_decode import GatherTimes
 from exo_tp.transport.ring import init_ring, barrier
 from exo_tp.shard.collectives import gather_padded
 group = init_ring(); r = group.rank()
@@ -42,11 +51,11 @@ for _ in range(2):  # alternate to share drift
         timed(lambda: mx.distributed.all_gather(even, group=group)))
 barrier(group)
 if r == 0:
-    print(json.dumps({k: min(v) for k, v in res.items()}))
+    print(GatherTimes(**{k: min(v) for k, v in res.items()}).model_dump_json())
 """
 
 
-def gather_times(sizes: list[int], iters: int) -> dict[str, float]:
+def gather_times(sizes: list[int], iters: int) -> GatherTimes:
     from exo_tp.transport.ports import free_ports
     from exo_tp.transport.ring import ring_env, write_hostfile
 
@@ -63,7 +72,7 @@ def gather_times(sizes: list[int], iters: int) -> dict[str, float]:
             for r in range(len(sizes))
         ]
         outs = [p.communicate(timeout=300)[0] for p in procs]
-    return json.loads(outs[0].strip().splitlines()[-1])
+    return worker_result(outs[0], GatherTimes)
 
 
 def main() -> None:
@@ -115,9 +124,9 @@ def main() -> None:
                 "tp2_uneven_tps": round(tps["tp2_uneven"], 3),
                 "tp2_even_over_single": round(tps["tp2_even"] / tps["single"], 3),
                 "tp2_uneven_over_single": round(tps["tp2_uneven"] / tps["single"], 3),
-                "gather_padded_ms": round(gather["padded"] * 1e3, 4),
-                "gather_equal_ms": round(gather["equal"] * 1e3, 4),
-                "gather_padded_over_equal": round(gather["padded"] / gather["equal"], 3),
+                "gather_padded_ms": round(gather.padded * 1e3, 4),
+                "gather_equal_ms": round(gather.equal * 1e3, 4),
+                "gather_padded_over_equal": round(gather.padded / gather.equal, 3),
             }
         )
     )
