@@ -65,8 +65,6 @@ BENCH_CONFIG = dict(
 WORDS = "the sea is blue and the sky is wide a ship sails over the waves under the stars at night"
 
 
-# One mlx-lm LoRA run (one rank of a data-parallel run when MLX_RANK is set): train_model with
-# the options `mlx_lm.lora --train` passes, reporting every step; rank 0 writes the JSON.
 class MlxLmTraining(WorkerResult):
     """What rank 0 of an mlx-lm LoRA run writes: tokens/s of every step, each rank's peak
     memory (bytes)."""
@@ -75,6 +73,8 @@ class MlxLmTraining(WorkerResult):
     peaks: list[float]
 
 
+# One mlx-lm LoRA run (one rank of a data-parallel run when MLX_RANK is set): train_model with
+# the options `mlx_lm.lora --train` passes, reporting every step; rank 0 writes the JSON.
 _MLX_LM = """
 import sys, types
 import mlx.core as mx, numpy as np

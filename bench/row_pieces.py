@@ -42,8 +42,6 @@ from exo_tp.shard.row_pieces import PIECES_ENV  # noqa: E402
 SHAPES = ((576, 1536), (1536, 576), (576, 49152), (2048, 8192), (8192, 2048), (4096, 4096))
 
 
-# The device bench's own kernel timing (exo_tp.profile.kernels.measure_kernel: distinct
-# matrices beyond the caches, as a decode step reads each layer once), with pieces off and on.
 class ShapeTime(WorkerResult):
     """One shape's seconds per weight byte, one row, whole and in row pieces."""
 
@@ -58,6 +56,8 @@ class ShapeTimes(WorkerResult):
     shapes: tuple[ShapeTime, ...]
 
 
+# The device bench's own kernel timing (exo_tp.profile.kernels.measure_kernel: distinct
+# matrices beyond the caches, as a decode step reads each layer once), with pieces off and on.
 _SHAPES = """
 import json, os, sys
 from exo_tp.profile.kernels import KernelCase, WeightSource, measure_kernel

@@ -105,15 +105,15 @@ GIVE_UP_429 = 300.0  # seconds a client keeps retrying a request refused with 42
 MLX_LM_DEFAULT_MODEL = "default_model"
 
 
-# The most batching can give on this machine: one process's decode step at batch B (KV cache of
-# 16 tokens), median of 5. On a CPU build whose matmuls run at the same FLOP rate at any batch,
-# a step costs B times as much and no server can beat that.
 class StepSeconds(WorkerResult):
     """A decode step's median seconds at each batch size."""
 
     seconds: dict[int, float]
 
 
+# The most batching can give on this machine: one process's decode step at batch B (KV cache of
+# 16 tokens), median of 5. On a CPU build whose matmuls run at the same FLOP rate at any batch,
+# a step costs B times as much and no server can beat that.
 CEILING = """
 import json, sys, time, mlx.core as mx
 from serving import StepSeconds
@@ -637,8 +637,6 @@ def batch_ceiling(model: Path, batches: Sequence[int], core: int | None = None) 
     return {batch: batch / seconds for batch, seconds in steps.items()}
 
 
-# exo-tp's conductor stepping a full batch in one process: the real Conductor and LockstepBatch,
-# its request source a sink that serializes every event as the wire would and drops it.
 class ConductorSteps(WorkerResult):
     """The conductor's median step at one batch (seconds) on SmolLM2 and on a 1-layer, 64-wide
     model with its vocabulary (nearly all overhead outside the model)."""
@@ -647,6 +645,8 @@ class ConductorSteps(WorkerResult):
     tiny: float
 
 
+# exo-tp's conductor stepping a full batch in one process: the real Conductor and LockstepBatch,
+# its request source a sink that serializes every event as the wire would and drops it.
 STEP = """
 import sys, time
 import mlx.core as mx

@@ -173,6 +173,7 @@ def main() -> None:
     rows = {}
     print(f"{'pair':>8} {'ms r0':>7} {'ms r1':>7} {'gap us':>7} {'cost us':>8} {'/ (1,1)':>8}")
     for pair, got in by_pair.items():
+        key, collective = str(list(pair)), cost(got)
         row = PairCost(
             rank_ms=tuple(
                 round(statistics.median(r.alone[i] for r in got) * 1e3, 2) for i in (0, 1)
@@ -180,15 +181,15 @@ def main() -> None:
             gap_us=round(
                 statistics.median(abs(r.alone[1] - r.alone[0]) for r in got) / per_step * 1e6, 1
             ),
-            collective_us=round(cost(got) * 1e6, 1),
+            collective_us=round(collective * 1e6, 1),
             collective_us_each_round=tuple(
                 round(r.collective_seconds(per_step) * 1e6) for r in got
             ),
-            over_balanced=round(cost(got) / balanced, 3),
+            over_balanced=round(collective / balanced, 3),
         )
-        rows[str(list(pair))] = row
+        rows[key] = row
         print(
-            f"{str(list(pair)):>8} {row.rank_ms[0]:7.1f} {row.rank_ms[1]:7.1f} {row.gap_us:7.0f} "
+            f"{key:>8} {row.rank_ms[0]:7.1f} {row.rank_ms[1]:7.1f} {row.gap_us:7.0f} "
             f"{row.collective_us:8.0f} {row.over_balanced:8.2f}"
         )
     print(Result(layers=args.layers, rounds=args.rounds, pairs=rows).model_dump_json())
