@@ -261,6 +261,15 @@ class Host:
         return f"http://{self.ip}:8000"
 
 
+def _tc(*args: str) -> None:
+    subprocess.run(["tc", *args], check=True, capture_output=True)
+
+
+def _has_htb(dev: str) -> bool:
+    shown = subprocess.run(["tc", "qdisc", "show", "dev", dev], capture_output=True, text=True)
+    return "htb 1:" in shown.stdout
+
+
 @dataclass
 class NamespaceLab:
     """A bridge on this machine and hosts in their own network namespaces behind it."""
@@ -293,6 +302,25 @@ class NamespaceLab:
         host = Host(name, ip)
         self.hosts.append(host)
         return host
+
+    def veth(self, host: Host) -> str:
+        """The bridge's end of ``host``'s link."""
+        return f"etp{self.tag}v{self.hosts.index(host) + 1}"
+
+    def throttle(self, a: Host, b: Host, rate: str) -> None:
+        """Only the traffic between ``a`` and ``b`` at ``rate`` (tc's units: "8mbit"), each way;
+        every other pair stays at the bridge's speed (an HTB class per direction, chosen by
+        the sender's address, on the veth that delivers to the receiver)."""
+        for sender, receiver in ((a, b), (b, a)):
+            dev = self.veth(receiver)
+            if not _has_htb(dev):
+                _tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
+                _tc("class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+                    "rate", "10gbit")  # fmt: skip
+            _tc("class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb",
+                "rate", rate)  # fmt: skip
+            _tc("filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+                "u32", "match", "ip", "src", f"{sender.ip}/32", "flowid", "1:20")  # fmt: skip
 
     def start_node(
         self, host: Host, tmp: Path, *args: str, env: dict[str, str] | None = None

@@ -20,9 +20,9 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exo_tp import __version__  # noqa: E402
-from exo_tp.node.announcement import Announcement  # noqa: E402
 from exo_tp.node.discovery import Discovery  # noqa: E402
 from exo_tp.security.signing import control_headers  # noqa: E402
+from exo_tp.wire.announcement import Announcement
 
 # What a stranger would send: release the workers, take over the ranks, read the status.
 FORGED = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exo_tp.errors import PlanError
-from exo_tp.node.backend_choice import choose_backend
+from exo_tp.node.leader.backend_choice import choose_backend
 
 NODES = ["a", "b", "c"]
 MESH = {

@@ -15,13 +15,14 @@ from helpers import run_cli
 
 from exo_tp.errors import ExoTpError
 from exo_tp.models.registry import DEFAULT_MODEL, resolve_model
-from exo_tp.plan.devices import DeviceProfile, LinkProfile, MatmulScore, read_profile
+from exo_tp.plan.devices import DeviceProfile, MatmulScore, read_profile
 from exo_tp.plan.spec import load_spec
 from exo_tp.process.blas import blas_library, usable_cores
 from exo_tp.profile.cache import _stale, load_cached
 from exo_tp.profile.kernels import DECODE_SHAPES, DTYPES, PREFILL_SHAPES, PREFILL_TOKENS
 from exo_tp.profile.shapes import model_shapes
 from exo_tp.profile.system import system_info
+from exo_tp.wire.profiles import LinkProfile
 
 
 def _bench(

@@ -12,13 +12,14 @@ from pathlib import Path
 
 from helpers import CLI, assert_latency_in_seconds, tcp_loopback_reference
 
-from exo_tp.plan.devices import DeviceProfile, LinkProfile
+from exo_tp.plan.devices import DeviceProfile
 from exo_tp.profile.cache import save
 from exo_tp.profile.peers import Peers
 from exo_tp.profile.rendezvous import BENCH_KEY, HELLO, BenchHello
 from exo_tp.profile.system import system_info
 from exo_tp.transport.channel import Channel, Listener
 from exo_tp.transport.ports import free_ports
+from exo_tp.wire.profiles import LinkProfile
 
 
 def _seed_cache(home: Path) -> None:

@@ -22,11 +22,12 @@ from exo_tp.plan.cost import (
     rank_load,
     weight_format,
 )
-from exo_tp.plan.devices import DeviceProfile, LinkProfile, MatmulScore
+from exo_tp.plan.devices import DeviceProfile, MatmulScore
 from exo_tp.plan.matvec import MatvecTable
 from exo_tp.plan.pipeline import plan_pipeline, single_stage
 from exo_tp.plan.predict import predict
 from exo_tp.profile.shapes import model_shapes
+from exo_tp.wire.profiles import LinkProfile
 
 LINK = LinkCost(latency=1e-4, bandwidth=1e9, measured=True)
 EVERY = Span(start=0, stop=2)
@@ -234,8 +235,11 @@ def _profile(node_id: str, links: tuple[LinkProfile, ...] = ()) -> DeviceProfile
 
 def test_scores_per_weight_format() -> None:
     profile = _profile("0@x")
-    assert profile.seconds_per_byte("q4g32") == pytest.approx((1e-9 + 0.25e-9) / 2)
-    assert profile.seconds_per_byte("bfloat16") == 5e-10  # not measured: the headline score
+    q4 = profile.decode_score("q4g32")
+    assert q4.seconds_per_byte == pytest.approx((1e-9 + 0.25e-9) / 2) and q4.measured
+    bf16 = profile.decode_score("bfloat16")  # not measured: the headline score, and it says so
+    assert bf16.seconds_per_byte == 5e-10 and not bf16.measured
+    assert profile.decode_score("float32").measured  # the headline's own format
     assert profile.decode_speed == pytest.approx(2e9)
 
 
@@ -370,4 +374,4 @@ def test_a_device_with_shapes_shares_at_the_speed_they_price_the_whole_model() -
     )
     # No shapes of the model's format: the decode score
     q4 = tiny(quantization=Quantization(group_size=32, bits=4), hidden_size=64, head_dim=16)
-    assert profile_read_speed(q4, profile) == pytest.approx(profile.decode_speed_for("q4g32"))
+    assert profile_read_speed(q4, profile) == pytest.approx(profile.decode_score("q4g32").speed)

@@ -5,7 +5,7 @@ stopped speaking HTTP (the node's API backend is the one place that maps them)."
 from __future__ import annotations
 
 from exo_tp.node.backend import api_error
-from exo_tp.node.dispatch import ClusterLost, GenerationFailed, NotReady, QueueFull
+from exo_tp.node.leader.dispatch import ClusterLost, GenerationFailed, NotReady, QueueFull
 
 
 def _error(message: str, code: str) -> dict[str, object]:

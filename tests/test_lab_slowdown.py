@@ -105,8 +105,8 @@ def test_scaled_profile_scores_s_times_lower() -> None:
     assert slow.prefill_flops == pytest.approx(profile.prefill_flops / 2)
     assert slow.kernels[0].seconds == pytest.approx(2 * seconds)
     assert slow.shapes[0].seconds == pytest.approx(2 * seconds)
-    assert slow.decode_speed_for("float32") == pytest.approx(
-        profile.decode_speed_for("float32") / 2
+    assert slow.decode_score("float32").speed == pytest.approx(
+        profile.decode_score("float32").speed / 2
     )
     assert scaled_profile(profile, 1.0) == profile
 

@@ -1,4 +1,4 @@
-"""The leader's loop against a fine-tuning job's pause (exo_tp.node.formation.Leader).
+"""The leader's loop against a fine-tuning job's pause (exo_tp.node.leader.formation.Leader).
 
 A job pauses the leader while it may be forming an epoch across many awaits (preparing the
 model, placing it, assigning ranks). CI once had the pause let go of the epoch in the middle of
@@ -16,14 +16,15 @@ from collections.abc import Sequence
 
 from exo_tp import __version__
 from exo_tp.errors import ExoTpError
-from exo_tp.node.announcement import Announcement
-from exo_tp.node.cluster_model import ClusterModel
 from exo_tp.node.config import NodeConfig
-from exo_tp.node.control import ControlClient, NodeStatus
-from exo_tp.node.dispatch import Dispatcher
-from exo_tp.node.formation import Leader
-from exo_tp.node.model_requests import ModelRequests
+from exo_tp.node.control import ControlClient
+from exo_tp.node.leader.cluster_model import ClusterModel
+from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.formation import Leader
+from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.peers import Peers
+from exo_tp.wire.announcement import Announcement
+from exo_tp.wire.control import NodeStatus
 
 ME = "node-0"
 WAIT = 10.0  # seconds for an event the leader's loop sets within a round or two

@@ -11,13 +11,14 @@ from cluster_helpers import local_cluster, loopback_nodes
 from helpers import assert_latency_in_seconds, tcp_loopback_reference
 from node_views import cluster_view, plan_view
 
-from exo_tp.node.announcement import SERVICE_TYPE, Announcement
-from exo_tp.node.formation import node_weights
+from exo_tp.node.leader.formation import node_weights
 from exo_tp.node.views import ClusterView
-from exo_tp.plan.devices import DeviceProfile, MatmulScore, ProfileSummary, read_profile
+from exo_tp.plan.devices import DeviceProfile, MatmulScore, read_profile
 from exo_tp.plan.spec import ModelSpec, Quantization, load_spec
 from exo_tp.profile.shapes import model_shapes
 from exo_tp.profile.system import system_info
+from exo_tp.wire.announcement import SERVICE_TYPE, Announcement
+from exo_tp.wire.profiles import ProfileSummary
 
 Q4_MODEL = "smollm2-135m-q4"  # weights in format q4g32
 SUMMARY_FIELDS = (
@@ -117,8 +118,9 @@ def test_node_weights() -> None:
 def test_profile_summary_keeps_the_scores() -> None:
     profile = _profile(0.5e9)
     summary = ProfileSummary.model_validate_json(profile.summary().model_dump_json())
-    assert summary.decode_speed_for("q4g32") == pytest.approx(profile.decode_speed_for("q4g32"))
-    assert summary.decode_speed_for("bfloat16") == profile.decode_speed  # not measured
+    assert summary.decode_score("q4g32") == profile.decode_score("q4g32")
+    bf16 = summary.decode_score("bfloat16")
+    assert bf16.speed == profile.decode_speed and not bf16.measured  # the headline stands in
     for field in SUMMARY_FIELDS:
         assert getattr(summary, field) == getattr(profile, field)
 
@@ -210,7 +212,9 @@ def test_nodes_announce_their_scores_plan_with_them_and_show_measured_links(
             assert getattr(summary, field) == getattr(profile, field), field
         assert summary.backends == profile.backends
         assert summary.memory_total == _meminfo_total()  # read when the node started
-        assert summary.seconds_per_byte["q4g32"] == pytest.approx(profile.seconds_per_byte("q4g32"))
+        assert summary.decode_score("q4g32").seconds_per_byte == pytest.approx(
+            profile.decode_score("q4g32").seconds_per_byte
+        )
 
     (link,) = view.links
     assert {link.a, link.b} == {"n0", "n1"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from weights_synthetic import llama_spec, synthetic_manifest
 
-from exo_tp.node.placement import Holdings, Member, Members, place, planner_cluster
+from exo_tp.node.leader.placement import Holdings, Member, Members, place, planner_cluster
 from exo_tp.plan import plan_tensor_parallel
 from exo_tp.plan.cluster import Reads, model_read_speed
 from exo_tp.plan.matvec import MatvecTable
@@ -17,14 +17,37 @@ from exo_tp.plan.predict import predict
 from exo_tp.plan.search import choose_plan
 from exo_tp.weights.boxes import Boxes, rank_boxes, whole
 from exo_tp.weights.transfer import Holding, TransferError
+from exo_tp.wire.profiles import ProfileSummary, ShapeSeconds
 
 SPEC = llama_spec(6, 3, 64, 128, 192, 256, 2, True, None)
+
+
+def summary(speed: float, shapes: tuple[ShapeSeconds, ...] = ()) -> ProfileSummary:
+    """A profiled device reading weights at ``speed`` bytes/s (and ``shapes`` measured)."""
+    return ProfileSummary(
+        chip="test",
+        cores=1,
+        mlx_version="0",
+        mlx_device="cpu",
+        memory_total=16 * 10**9,
+        memory_available=8 * 10**9,
+        backends=("ring",),
+        memory_bandwidth=1e10,
+        decode_seconds_per_byte=1.0 / speed,
+        prefill_flops=2e10,
+        shapes=shapes,
+    )
 
 
 def members(*weights: float, measured: bool = False, stages: tuple[int, ...] = ()) -> Members:
     return Members(
         members=tuple(
-            Member(node_id=n, weight=w, prefill_flops=2e10, memory_available=8 * 10**9)
+            Member(
+                node_id=n,
+                weight=w,
+                profile=summary(w) if measured else None,
+                memory_available=8 * 10**9,
+            )
             for n, w in zip("abcdefgh", weights, strict=False)
         ),
         measured=measured,
@@ -116,19 +139,23 @@ def test_a_rank_slowed_while_serving_is_priced_by_its_shapes_that_much_slower() 
     )
     whole_model = model_read_speed(SPEC, Reads(seconds_per_byte=4e-10, matvec=table))
 
+    shapes = tuple(
+        ShapeSeconds(dtype="float32", k=x.k, n=x.n, seconds=x.seconds) for x in table.points
+    )
+
     def cluster(factor: float) -> Members:
         member = Member(
             node_id="a",
             weight=whole_model / factor,
-            matvec=table.scaled(factor),
-            prefill_flops=2e10,
+            profile=summary(1 / 4e-10, shapes),
+            slowdown=factor,
             memory_available=8 * 10**9,
         )
         return Members(members=(member,), measured=True)
 
     plan = single_stage(plan_tensor_parallel(SPEC, [1.0]))
     seconds = [
-        predict(plan, [0], planner_cluster(cluster(f))).stages[0].compute_seconds
+        predict(plan, [0], planner_cluster(SPEC, cluster(f))).stages[0].compute_seconds
         for f in (1.0, 2.5)
     ]
     assert seconds[1] == pytest.approx(2.5 * seconds[0])
@@ -140,7 +167,7 @@ def test_a_rank_slowed_while_serving_is_priced_by_its_shapes_that_much_slower() 
         ),
         measured=True,
     )
-    choice = choose_plan(SPEC, planner_cluster(both))
+    choice = choose_plan(SPEC, planner_cluster(SPEC, both))
     tp = next(c for c in (choice.best, *choice.alternatives) if c.kind == "tensor parallel")
     names = [both.members[d].node_id for d in tp.devices]
     shares = dict(zip(names, tp.plan.stages[0].tp.weights, strict=True))

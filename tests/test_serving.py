@@ -297,7 +297,7 @@ def test_waiting_prompts_are_prefilled_one_per_step_shortest_first(
     from mlx_lm import load
 
     from exo_tp.runtime.batching import LockstepBatch
-    from exo_tp.runtime.job import ServingOptions
+    from exo_tp.wire.assignment import ServingOptions
     from exo_tp.wire.runtime import Insert
 
     model_dir = default_models[MODEL]

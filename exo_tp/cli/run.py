@@ -26,7 +26,7 @@ from exo_tp.process.blas import BUNDLED_BLAS, active_blas
 
 if TYPE_CHECKING:
     from exo_tp.node.options import NodeOptions
-    from exo_tp.runtime.job import ServingOptions
+    from exo_tp.wire.assignment import ServingOptions
 
 # Prompts prefilled together where that is cheap (mlx-lm's BatchGenerator default).
 BATCHED_PREFILL = 8
@@ -227,7 +227,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
     from pydantic import ValidationError
 
     from exo_tp.errors import ExoTpError
-    from exo_tp.runtime.job import ServingOptions
+    from exo_tp.wire.assignment import ServingOptions
 
     try:
         return ServingOptions(

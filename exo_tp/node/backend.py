@@ -15,8 +15,11 @@ from exo_tp.api.openai_shapes import ModelObject
 from exo_tp.frozen import Frozen
 from exo_tp.models.catalog import local_models
 from exo_tp.models.hub import HubError, HubRef, hub_ref
-from exo_tp.node.cluster_model import Prepared
-from exo_tp.node.dispatch import (
+from exo_tp.node.finetune.jobs import FineTuning
+from exo_tp.node.finetune.records import FT_PREFIX
+from exo_tp.node.hub_downloads import HubDownloads
+from exo_tp.node.leader.cluster_model import Prepared
+from exo_tp.node.leader.dispatch import (
     ClusterLost,
     Dispatcher,
     DispatchError,
@@ -24,11 +27,8 @@ from exo_tp.node.dispatch import (
     NotReady,
     QueueFull,
 )
-from exo_tp.node.finetune_jobs import FineTuning
-from exo_tp.node.finetune_records import FT_PREFIX
-from exo_tp.node.hub_downloads import HubDownloads
+from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
-from exo_tp.node.model_requests import ModelRequests
 from exo_tp.node.status_views import StatusViews
 from exo_tp.node.views import ClusterView, HealthView, PlanView
 from exo_tp.security.signing import control_headers

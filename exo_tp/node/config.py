@@ -7,9 +7,9 @@ from pathlib import Path
 
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.server_limits import Limits
-from exo_tp.node.backend_choice import Requested
-from exo_tp.runtime.job import DType, ServingOptions
+from exo_tp.node.leader.backend_choice import Requested
 from exo_tp.security.access import ApiAccess
+from exo_tp.wire.assignment import DType, ServingOptions
 
 
 @dataclass(frozen=True)

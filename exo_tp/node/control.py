@@ -3,105 +3,36 @@ secret (HMAC of time, path and body; the secret itself never travels).
 
 Routes: status (liveness and what a node knows), ports (fresh ports for a new epoch), assign
 (start a worker for an epoch, with the weights it loads), release (stop the worker of an old
-epoch). The weight routes (exo_tp.node.weights) are mounted beside them.
+epoch), echo (bytes back, for a link probe). The bodies are exo_tp.wire.control's. The weight
+routes (exo_tp.node.weights) are mounted beside them.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Literal
 
 from aiohttp import web
 
-from exo_tp.frozen import Frozen
-from exo_tp.models.hub import DownloadProgress
-from exo_tp.node.announcement import Announcement
-from exo_tp.node.balance_messages import BalanceView
-from exo_tp.node.finetune_messages import FineTunedModel, FinetuneRankStatus
-from exo_tp.node.weight_messages import WeightOrder, WeightsStatus
-from exo_tp.plan.devices import LinkProfile, ProfileSummary
-from exo_tp.plan.rebalance import RankSpeed
-from exo_tp.runtime.job import Assignment
+from exo_tp.wire.announcement import Announcement
+from exo_tp.wire.assignment import Assignment
+from exo_tp.wire.control import (
+    Accepted,
+    Assign,
+    Echo,
+    NodeStatus,
+    Ports,
+    PortsRequest,
+    Release,
+    Released,
+)
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.http import SignedClient, get, post, signed_app
-from exo_tp.wire.ids import Epoch, NodeId
-from exo_tp.wire.runtime import RankMemory
+from exo_tp.wire.weight_orders import WeightOrder
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 << 20
-
-WorkerState = Literal["none", "starting", "joining", "loading", "ready", "exited"]
-EpochState = Literal["loading", "ready", "failed"]
-Stall = Literal["frozen", "stuck"]
-
-
-class MachineMemory(Frozen):
-    """This machine's memory now, and the resident memory of the node's worker, bytes."""
-
-    total: int | None = None
-    available: int | None = None
-    used: int | None = None
-    worker_rss: int | None = None
-
-
-class NodeStatus(Frozen):
-    """What a node tells its peers every poll (and the leader tracks epochs with)."""
-
-    node_id: NodeId
-    leader: NodeId | None
-    epoch: Epoch  # the highest epoch this node has seen
-    worker_epoch: Epoch | None = None
-    worker_state: WorkerState = "none"
-    worker_error: str | None = None
-    worker_stalled: Stall | None = None
-    profile: ProfileSummary | None = None
-    weight: float = 0.0
-    cluster_state: EpochState | None = None  # the leader's epoch, as the leader sees it
-    cluster_reason: str | None = None
-    backends: tuple[str, ...] = ("ring",)
-    rdma: dict[str, str] = {}
-    memory: MachineMemory = MachineMemory()
-    rank_memory: RankMemory | None = None
-    links: tuple[LinkProfile, ...] = ()  # its worker's stage links, timed as the group formed
-    weights: WeightsStatus = WeightsStatus()  # models it offers, its fetch, bytes it served
-    speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
-    downloads: tuple[DownloadProgress, ...] = ()  # hub models it is fetching (or fetched)
-    finetune: FinetuneRankStatus | None = None  # its rank of a fine-tuning job
-    fine_tuned: tuple[FineTunedModel, ...] = ()  # the models its fine-tuning jobs made
-    balance: BalanceView | None = None  # the leader's live balance, for every node's views
-
-
-class PortsRequest(Frozen):
-    epoch: Epoch  # the epoch the leader is forming
-
-
-class Ports(Frozen):
-    ring: int
-    conductor: int
-    hop: int
-
-
-class Assign(Frozen):
-    assignment: Assignment
-    leader: NodeId
-    weights: WeightOrder | None = None  # None: load assignment.model from this node's files
-    # the adapter of this fine-tuning job, from the node's own copy, on every shard
-    adapter_job: str | None = None
-
-
-class Accepted(Frozen):
-    accepted: Epoch
-
-
-class Release(Frozen):
-    epoch: Epoch
-
-
-class Released(Frozen):
-    released: Epoch
-
 
 # The old name of the one refusal (exo_tp.wire.errors), still raised by the node's handlers.
 ControlRefused = PeerRefused
@@ -136,6 +67,10 @@ class ControlClient:
             Accepted,
         )
 
+    async def echo(self, peer: Announcement, size: int) -> bytes:
+        """``size`` bytes from the peer (a link probe's round trip)."""
+        return await self._client.read(peer.control_url, "/control/echo", Echo(size=size))
+
     async def release(self, peer: Announcement, epoch: int) -> Released:
         return await self._client.call(
             peer.control_url, "/control/release", Release(epoch=epoch), Released
@@ -143,6 +78,10 @@ class ControlClient:
 
     async def close(self) -> None:
         await self._client.close()
+
+
+async def _echo(request: Echo) -> bytes:
+    return bytes(request.size)
 
 
 def control_app(
@@ -160,6 +99,7 @@ def control_app(
             post("/control/ports", PortsRequest, ports),
             post("/control/assign", Assign, assign),
             post("/control/release", Release, release),
+            post("/control/echo", Echo, _echo),
         ],
         # Assignments carry a transfer plan, which can pass the default 1 MiB for big models.
         client_max_size=MAX_BODY,

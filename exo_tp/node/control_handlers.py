@@ -11,21 +11,14 @@ from pathlib import Path
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
-from exo_tp.node.cluster_model import weights_url
 from exo_tp.node.config import NodeConfig
-from exo_tp.node.control import (
-    Accepted,
-    Assign,
-    ControlRefused,
-    Ports,
-    PortsRequest,
-    Release,
-    Released,
-)
+from exo_tp.node.control import ControlRefused
+from exo_tp.node.leader.cluster_model import weights_url
 from exo_tp.node.peers import Peers
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.transport.ports import free_ports
+from exo_tp.wire.control import Accepted, Assign, Ports, PortsRequest, Release, Released
 
 log = logging.getLogger(__name__)
 

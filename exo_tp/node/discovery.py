@@ -11,7 +11,7 @@ from collections.abc import Callable
 from zeroconf import DNSQuestionType, IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
-from exo_tp.node.announcement import SERVICE_TYPE, Announcement
+from exo_tp.wire.announcement import SERVICE_TYPE, Announcement
 
 log = logging.getLogger(__name__)
 RESOLVE_ATTEMPTS = 8

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exo_tp.node.cluster_model import ClusterModel
-from exo_tp.node.formation import Leader
+from exo_tp.node.leader.cluster_model import ClusterModel
+from exo_tp.node.leader.formation import Leader
 from exo_tp.node.peers import Peers
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exo_tp.node.announcement import Announcement
+from exo_tp.wire.announcement import Announcement
 
 MISSED_PINGS_DEAD = 3
 

@@ -13,11 +13,11 @@ from exo_tp.frozen import Frozen
 from exo_tp.models.catalog import LocalModel, local_models
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.joined import Joined
-from exo_tp.node.placement import planner_cluster
+from exo_tp.node.leader.placement import planner_cluster
 from exo_tp.plan import load_spec
 from exo_tp.plan.cluster import MEMORY_HEADROOM
-from exo_tp.plan.devices import ProfileSummary
 from exo_tp.plan.search import choose_plan
+from exo_tp.wire.profiles import ProfileSummary
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ModelCatalog:
             spec = load_spec(folder)
             members = joined.leader.members_for(spec, eligible, own_profile)
             if members.measured:
-                choice = choose_plan(spec, planner_cluster(members))
+                choice = choose_plan(spec, planner_cluster(spec, members))
                 fits, predicted = True, choice.best.prediction.tokens_per_second
             else:
                 memory = sum(a.memory_available for a in eligible) * MEMORY_HEADROOM

@@ -10,10 +10,11 @@ from collections.abc import Callable
 
 import aiohttp
 
-from exo_tp.node.announcement import Announcement
-from exo_tp.node.control import ControlClient, ControlRefused, NodeStatus
+from exo_tp.node.control import ControlClient, ControlRefused
 from exo_tp.node.discovery import Discovery
 from exo_tp.node.membership import Membership
+from exo_tp.wire.announcement import Announcement
+from exo_tp.wire.control import NodeStatus
 
 log = logging.getLogger(__name__)
 

@@ -11,15 +11,14 @@ from pydantic import ValidationError
 
 from exo_tp.api.errors import FORWARD_PREFIX
 from exo_tp.frozen import replace
-from exo_tp.node.balance_messages import BalanceView
 from exo_tp.node.config import NodeConfig
-from exo_tp.node.control import NodeStatus
 from exo_tp.node.control_handlers import ControlHandlers
-from exo_tp.node.dispatch import Dispatcher
-from exo_tp.node.finetune_messages import FineTunedModel
-from exo_tp.node.finetune_ranks import FinetuneRanks
+from exo_tp.node.finetune.ranks import FinetuneRanks
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
+from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.links import measured_links
+from exo_tp.node.link_probes import LinkProbes
 from exo_tp.node.listeners import Listeners
 from exo_tp.node.views import (
     ClusterView,
@@ -35,8 +34,11 @@ from exo_tp.node.views import (
 )
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
-from exo_tp.plan.devices import ProfileSummary
 from exo_tp.security.signing import control_headers
+from exo_tp.wire.balance import BalanceView
+from exo_tp.wire.control import NodeStatus
+from exo_tp.wire.finetune import FineTunedModel
+from exo_tp.wire.profiles import ProfileSummary
 
 
 class StatusViews:
@@ -58,6 +60,7 @@ class StatusViews:
         self.listeners: Listeners | None = None  # set by the node once it listens
         self.downloads: HubDownloads | None = None  # set by the node
         self.finetune_ranks: FinetuneRanks | None = None  # set by the node
+        self.probes: LinkProbes | None = None  # set by the node once it joined
 
     # ---- the cluster as this node sees it --------------------------------------------------
 
@@ -124,6 +127,7 @@ class StatusViews:
             memory=worker.machine_memory(),
             rank_memory=worker.rank_memory,
             links=worker.links,
+            probes=self.probes.links() if self.probes else (),
             weights=self.weights.status(),
             speed=worker.speed,
             downloads=self.downloads.views() if self.downloads else (),
@@ -206,6 +210,7 @@ class StatusViews:
             links=links_of(assignment, {n: peers.status(n) for n in assignment.nodes})
             if assignment
             else (),
+            measured_links=measured_links(peers, peers.alive_ids()),
             serving=ServingView(
                 max_concurrency=self.config.serving.max_concurrency,
                 in_flight=self.dispatcher.in_flight,
@@ -214,7 +219,7 @@ class StatusViews:
         )
 
     def balance(self) -> BalanceView | None:
-        """Live rank speeds, shares and imbalance (the leader's; exo_tp.node.rebalance): a
+        """Live rank speeds, shares and imbalance (the leader's; exo_tp.node.leader.rebalance): a
         follower shows what the leader's last status said, so every node's page shows it."""
         if not self.leads() or self.joined is None:
             status = self._leader_status()

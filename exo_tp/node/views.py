@@ -11,15 +11,15 @@ from typing import Literal
 from exo_tp.api.server_limits import ListenerStats
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
-from exo_tp.node.announcement import Announcement
-from exo_tp.node.balance_messages import BalanceView
-from exo_tp.node.control import MachineMemory, NodeStatus, Stall, WorkerState
-from exo_tp.node.weight_messages import FetchSummary, WeightsStatus
-from exo_tp.plan.devices import LinkProfile, ProfileSummary
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.shard_plan import ShardPlan, Span
-from exo_tp.runtime.job import Assignment
+from exo_tp.wire.announcement import Announcement
+from exo_tp.wire.assignment import Assignment
+from exo_tp.wire.balance import BalanceView
+from exo_tp.wire.control import MachineMemory, NodeStatus, Stall, WorkerState
+from exo_tp.wire.profiles import LinkProfile, ProfileSummary
+from exo_tp.wire.weight_orders import FetchSummary, WeightsStatus
 
 # The cluster as requests see it: forming (no epoch yet), loading, ready or failed (the
 # leader's epoch), unknown (a member that has not heard from its leader).
@@ -239,6 +239,9 @@ class ClusterView(Frozen):
     nodes: tuple[NodeView, ...]
     ranks: tuple[str, ...]  # node id per global rank of this node's epoch
     links: tuple[LinkProfile, ...]  # measured by the workers of this node's epoch, each once
+    # measured between the alive members (probes as they joined, profiles benched together):
+    # what the leader plans with (exo_tp.node.leader.links)
+    measured_links: tuple[LinkProfile, ...] = ()
     serving: ServingView
     balance: BalanceView | None = None  # the leader's live rank speeds (rebalancing)
 

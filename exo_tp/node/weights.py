@@ -26,13 +26,6 @@ from aiohttp import web
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen, replace
-from exo_tp.node.weight_messages import (
-    FetchState,
-    FetchSummary,
-    ModelOffer,
-    WeightOrder,
-    WeightsStatus,
-)
 from exo_tp.paths import cache_home
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.build import WEIGHT_SUFFIX, manifest_for, read_header
@@ -44,6 +37,13 @@ from exo_tp.weights.store import ShardStore, store_root
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
 from exo_tp.wire.errors import PeerRefused, UnsignedReply
 from exo_tp.wire.http import SignedClient, post, signed_app
+from exo_tp.wire.weight_orders import (
+    FetchState,
+    FetchSummary,
+    ModelOffer,
+    WeightOrder,
+    WeightsStatus,
+)
 from exo_tp.wire.weights import TransferProgress
 
 log = logging.getLogger(__name__)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from exo_tp.node.control import MachineMemory, Stall, WorkerState
 from exo_tp.node.memory import memory_now
-from exo_tp.plan.devices import LinkProfile
 from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, OnEvent, Supervisor
-from exo_tp.runtime.job import Assignment
 from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready, rank_speed
+from exo_tp.wire.assignment import Assignment
+from exo_tp.wire.control import MachineMemory, Stall, WorkerState
+from exo_tp.wire.profiles import LinkProfile
 from exo_tp.wire.runtime import RANK_EVENTS, RankMemory
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ class NodeWorker:
         self._key, self._stall_timeout = secret.encode(), stall_timeout
         self._supervisor = Supervisor(self._from_thread, RANK_EVENTS, self._key, "node supervisor")
         self.rank: Child | None = None
-        # A fine-tuning job's rank (exo_tp.node.finetune_ranks): a supervisor of its own, as its
+        # A fine-tuning job's rank (exo_tp.node.finetune.ranks): a supervisor of its own, as its
         # messages are a fine-tuning rank's, not a serving rank's; same key, same watchdog.
         self._finetune: Supervisor | None = None
         self._finetune_handler: OnEvent | None = None

@@ -7,7 +7,7 @@ Scores (measured by `exo_tp.profile`, defined here so the planner and the bench 
   larger than the CPU's L2 so that weights come from memory as in a real decode), of the wall
   time per byte of weights read, at the engine's compute dtype (`decode_dtype`, float32). A rank
   reading B bytes of weights per token spends about ``B * decode_seconds_per_byte`` seconds on
-  them. ``seconds_per_byte(dtype)`` gives the same score for another weight format
+  them. ``decode_score(dtype)`` gives the same score for another weight format
   ("bfloat16", "q4g32", ...) when it was measured.
 - **prefill score** `prefill_flops`: FLOP/s of prefill-shaped (M x K . K x N, M tokens) matmuls
   at the engine's dtype: the total FLOPs of one matmul of each measured shape over their total
@@ -24,9 +24,17 @@ from pydantic import Field, ValidationError
 
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.spec import Frozen
+from exo_tp.wire.profiles import (
+    ENGINE_DTYPE,
+    DecodeScore,
+    FormatScore,
+    LinkProfile,
+    ProfileSummary,
+    ShapeSeconds,
+    decode_score,
+)
 
 PROFILE_VERSION = 1
-ENGINE_DTYPE = "float32"  # exo-tp computes in float32 unless told otherwise (launch --dtype)
 
 
 def quant_key(bits: int, group_size: int) -> str:
@@ -47,35 +55,6 @@ class MatmulScore(Frozen):
     weight_bytes_per_second: float = Field(ge=0)  # bytes of weights read per second
     weight_bytes: int = Field(default=0, ge=0)  # one matrix as stored (scales/biases included)
     working_set_bytes: int = Field(default=0, ge=0)  # distinct weights cycled through per pass
-
-
-class ShapeSeconds(Frozen):
-    """One measured matvec of a model's shape (`exo-tp bench --model`), as a node tells its
-    cluster: (k -> n) in weight format ``dtype``."""
-
-    dtype: str
-    k: int = Field(gt=0)
-    n: int = Field(gt=0)
-    seconds: float = Field(gt=0)
-
-
-class LinkProfile(Frozen):
-    """A measured link between two nodes, seen from node ``a``: ``rank@address`` labels from
-    `exo-tp bench --peers`, node ids in a running cluster."""
-
-    a: str
-    b: str
-    up: bool
-    all_sum_latency: float | None = None  # seconds for a 4 KB all_sum
-    all_sum_bandwidth: float | None = None  # payload bytes/s of an 8 MB all_sum
-    send_recv_latency: float | None = None  # seconds one way, neighbours
-    # seconds a small all_sum adds to a decode step inside a compute graph (hand-over, wake-up,
-    # the peer's jitter): what tensor parallelism really pays per collective
-    all_sum_in_graph: float | None = None
-    error: str | None = None
-    # Ranks of the all_sum the two all_sum figures come from: 2 is this pair alone; a running
-    # cluster's ring of n > 2 ranks can only time its all_sum as a whole (no group split on ring).
-    group_size: int = Field(default=2, ge=2)
 
 
 def decode_seconds_per_byte(kernels: Sequence[MatmulScore], dtype: str) -> float | None:
@@ -131,12 +110,16 @@ class DeviceProfile(Frozen):
         """Bytes of weights per second at decode: the planner's share weight."""
         return 1.0 / self.decode_seconds_per_byte
 
-    def seconds_per_byte(self, dtype: str) -> float:
-        """Decode score for weights stored as ``dtype``; the headline score if not measured."""
-        return decode_seconds_per_byte(self.kernels, dtype) or self.decode_seconds_per_byte
+    @property
+    def formats(self) -> tuple[FormatScore, ...]:
+        """The decode score of every weight format measured."""
+        dtypes = sorted({k.dtype for k in self.kernels if k.kind == "matvec"})
+        scores = ((d, decode_seconds_per_byte(self.kernels, d)) for d in dtypes)
+        return tuple(FormatScore(dtype=d, seconds_per_byte=s) for d, s in scores if s)
 
-    def decode_speed_for(self, dtype: str) -> float:
-        return 1.0 / self.seconds_per_byte(dtype)
+    def decode_score(self, dtype: str) -> DecodeScore:
+        """The decode score for weights stored as ``dtype`` (says if the headline stands in)."""
+        return decode_score(self.formats, dtype, self.decode_seconds_per_byte, self.decode_dtype)
 
     @property
     def shape_seconds(self) -> tuple[ShapeSeconds, ...]:
@@ -147,45 +130,14 @@ class DeviceProfile(Frozen):
         )
 
     def summary(self) -> ProfileSummary:
-        formats = sorted({k.dtype for k in self.kernels if k.kind == "matvec"})
+        own = {"formats", "shapes", "profile_id", "links"}
         return ProfileSummary(
-            **self.model_dump(
-                include=set(ProfileSummary.model_fields) - {"seconds_per_byte", "shapes"}
-            ),
-            seconds_per_byte={f: self.seconds_per_byte(f) for f in formats},
+            **self.model_dump(include=set(ProfileSummary.model_fields) - own),
+            formats=self.formats,
             shapes=self.shape_seconds,
+            profile_id=self.node_id,
+            links=self.links,
         )
-
-
-class ProfileSummary(Frozen):
-    """What a node tells its cluster about its profile: the scores without the kernel table."""
-
-    chip: str
-    cores: int = Field(ge=1)
-    mlx_version: str
-    mlx_device: str
-    memory_total: int = Field(ge=0)
-    memory_available: int = Field(ge=0)
-    backends: tuple[str, ...]
-    memory_bandwidth: float = Field(gt=0)
-    decode_seconds_per_byte: float = Field(gt=0)
-    prefill_flops: float = Field(gt=0)
-    decode_dtype: str = ENGINE_DTYPE
-    # decode score of each measured weight format ("float32", "q4g32", ...)
-    seconds_per_byte: dict[str, float] = {}
-    layer_overhead_seconds: float = Field(default=0.0, ge=0)
-    # its models' matrix shapes (`exo-tp bench --model`): the leader prices them as measured
-    shapes: tuple[ShapeSeconds, ...] = ()
-    quick: bool = False
-    measured_at: str = ""
-
-    @property
-    def shape_seconds(self) -> tuple[ShapeSeconds, ...]:
-        return self.shapes
-
-    def decode_speed_for(self, dtype: str) -> float:
-        """Bytes of weights per second at decode for ``dtype`` (the headline if not measured)."""
-        return 1.0 / self.seconds_per_byte.get(dtype, self.decode_seconds_per_byte)
 
 
 def read_profile(path: Path) -> DeviceProfile:

@@ -49,6 +49,28 @@ def render_prediction(plan: PipelinePlan, prediction: Prediction, names: Sequenc
     return "\n".join(lines)
 
 
+def render_links(cluster: Cluster) -> list[str]:
+    """Each pair's link: measured (how, and when) or assumed."""
+    names = [d.name for d in cluster.devices]
+    if len(names) < 2:
+        return []
+    lines = ["links:"]
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            measured = next((x for x in cluster.links if {x.a, x.b} == {a, b}), None)
+            cost = measured.cost if measured else cluster.default_link
+            how = (
+                f"measured ({' '.join(filter(None, (measured.source, measured.measured_at)))})"
+                if measured
+                else "assumed (not measured)"
+            )
+            lines.append(
+                f"  {names[a]} - {names[b]}: all_sum {duration(cost.latency)} at 4 KB, "
+                f"{rate(cost.bandwidth)}; {how}"
+            )
+    return lines
+
+
 def describe_candidate(candidate: Candidate, names: Sequence[str]) -> str:
     stages = " -> ".join(
         f"[{', '.join(names[d] for d in group)}] layers {s.layers.start}-{s.layers.stop}"
@@ -78,10 +100,20 @@ def render_choice(choice: Choice, cluster: Cluster) -> str:
         else f"{d.name} per byte (its profile has no shapes of this model: exo-tp bench --model)"
         for d in cluster.devices
     ]
+    headline = [d.name for d in cluster.devices if not d.score_measured]
     lines = [
         f"chosen: {describe_candidate(best, names)}",
         f"objective: {choice.objective} ({choice.reason}); {ranking}",
         f"weight reads priced: {'; '.join(priced)}",
+        *(
+            [
+                f"headline decode score standing in (the model's weight format not measured): "
+                f"{', '.join(headline)}"
+            ]
+            if headline
+            else []
+        ),
+        *render_links(cluster),
         "",
     ]
     for index, stage in enumerate(best.plan.stages):

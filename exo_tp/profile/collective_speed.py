@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from exo_tp.plan.devices import LinkProfile
+from exo_tp.wire.profiles import LinkProfile, measured_now
 
 SMALL_BYTES = 4 * 1024
 LARGE_BYTES = 8 * 1024 * 1024
@@ -107,6 +107,8 @@ def group_links(
             all_sum_bandwidth=bandwidth,
             send_recv_latency=one_way,
             group_size=group.size(),
+            source="epoch",
+            measured_at=measured_now(),
         )
         for (a, b), one_way in neighbour_latencies(group, small_repeats).items()
         if a == group.rank()

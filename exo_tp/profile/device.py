@@ -11,20 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
 
-from exo_tp.plan.devices import (
-    ENGINE_DTYPE,
-    DeviceProfile,
-    MatmulScore,
-    decode_seconds_per_byte,
-    prefill_flops,
-)
+from exo_tp.plan.devices import DeviceProfile, MatmulScore, decode_seconds_per_byte, prefill_flops
 from exo_tp.profile.kernels import KernelCase, WeightSource, kernel_cases, measure_kernel
 from exo_tp.profile.memory import read_bandwidth
 from exo_tp.profile.overhead import layer_overhead_seconds
 from exo_tp.profile.progress import Progress
 from exo_tp.profile.system import system_info
+from exo_tp.wire.profiles import ENGINE_DTYPE, measured_now
 
 # Minimum wall time per kernel: long enough to span many CFS periods of a CPU quota. The
 # kernels behind the headline scores (the engine's dtype) get HEADLINE_FACTOR times longer, so a
@@ -87,6 +81,6 @@ def measure_device(
         layer_overhead_seconds=overhead,
         kernels=tuple(kernels),
         quick=quick,
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        measured_at=measured_now(),
         duration_seconds=round(time.perf_counter() - start, 2),
     )

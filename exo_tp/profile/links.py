@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exo_tp.frozen import Frozen
-from exo_tp.plan.devices import LinkProfile
 from exo_tp.process.events import Exited, Failed, Finished, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, Supervisor, clean_environment
 from exo_tp.profile.link_probe import PROBE_EVENTS, LinkMeasurement, Measured
@@ -25,6 +24,7 @@ from exo_tp.profile.peers import Peers
 from exo_tp.profile.progress import Progress
 from exo_tp.profile.rendezvous import meet_peers
 from exo_tp.transport.ring import ring_env, write_hostfile
+from exo_tp.wire.profiles import LinkProfile, measured_now
 
 
 class ProbeFailure(Frozen):
@@ -95,9 +95,9 @@ def _probe(peers: Peers, partner: int, timeout: float, quick: bool, tmp: Path) -
     job = probe_job(f"link probe {a}-{b}", 0 if me == lo else 1, hostfile, quick)
     (measured,) = measure_pair([job], timeout)
     if isinstance(measured, LinkMeasurement):
-        return LinkProfile(a=a, b=b, up=True, **measured.model_dump())
+        return LinkProfile(a=a, b=b, up=True, measured_at=measured_now(), **measured.model_dump())
     why = f" (peer gone, or ports {ports[0]}/{ports[1]} blocked)" if measured.timed_out else ""
-    return LinkProfile(a=a, b=b, up=False, error=measured.message + why)
+    return LinkProfile(a=a, b=b, up=False, error=measured.message + why, measured_at=measured_now())
 
 
 def measure_links(

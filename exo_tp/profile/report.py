@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from exo_tp.plan.devices import DeviceProfile, LinkProfile, MatmulScore
+from exo_tp.plan.devices import DeviceProfile, MatmulScore
 from exo_tp.plan.human import duration, rate, size
+from exo_tp.wire.profiles import LinkProfile
 
 
 def _link_line(link: LinkProfile) -> str:

@@ -42,8 +42,8 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
-from exo_tp.runtime.job import ServingOptions
 from exo_tp.runtime.prompt_cache import PromptCache
+from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert, Remove, Tokens
 
 log = logging.getLogger(__name__)

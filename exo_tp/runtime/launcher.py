@@ -25,10 +25,10 @@ from exo_tp.frozen import Frozen
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Supervisor
-from exo_tp.runtime.job import Assignment, DType, ServingOptions
 from exo_tp.runtime.rank_process import rank_job, rank_memory
 from exo_tp.transport.channel import Channel, Listener
 from exo_tp.transport.ports import free_ports
+from exo_tp.wire.assignment import Assignment, DType, ServingOptions
 from exo_tp.wire.runtime import (
     CONDUCTOR_EVENTS,
     RANK_EVENTS,

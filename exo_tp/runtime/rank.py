@@ -37,12 +37,12 @@ from exo_tp.profile.collective_speed import group_links
 from exo_tp.runtime.batching import LockstepBatch, RankSampler
 from exo_tp.runtime.conductor import Conductor
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
-from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
 from exo_tp.runtime.pipeline import HopChannel, StageModel
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.row_pieces import multiply_in_pieces, pieces_wanted
 from exo_tp.transport.channel import Channel, Listener, accept_count, connect
 from exo_tp.transport.ring import init_group
+from exo_tp.wire.assignment import LINK_KEY_ENV, Assignment
 from exo_tp.wire.runtime import (
     HELLO,
     HOP_MESSAGES,

@@ -21,8 +21,8 @@ from exo_tp.process.supervisor import (
     private_folder,
     remove_orphaned_folders,
 )
-from exo_tp.runtime.job import LINK_KEY_ENV, Assignment
 from exo_tp.transport.ring import jaccl_env, ring_env, write_hostfile
+from exo_tp.wire.assignment import LINK_KEY_ENV, Assignment
 from exo_tp.wire.runtime import Heartbeat, RankMemory, Ready
 
 FOLDER_PREFIX = "exo-tp-rank-"

@@ -10,7 +10,10 @@ Nothing here imports the domain packages (they import it).
   conductor and ranks, pipeline hops), one discriminated union per link.
 - ``weights``: the weight transport's request bodies and its reports (progress, bytes served).
 
-Two sets stay beside their domain because they carry its data: the control bodies
-(exo_tp.node.control, exo_tp.node.weight_messages: assignments and transfer plans, whose boxes
-are the weights package's) and the mDNS announcement (exo_tp.node.announcement).
+- ``control``: the control plane's bodies (NodeStatus every poll; ports, assign, release).
+- ``announcement``: the signed mDNS announcement a node joins with.
+- ``assignment``: a rank's part in an epoch (Assignment, ServingOptions), sent to every rank.
+- ``profiles``: what a node tells of its device (ProfileSummary, ShapeSeconds, LinkProfile).
+- ``weight_orders``, ``finetune``, ``balance``: what NodeStatus and the assignments carry of
+  weights, fine-tuning jobs and the leader's live balance.
 """

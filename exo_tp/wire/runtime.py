@@ -19,7 +19,6 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from exo_tp.frozen import Frozen, replace
-from exo_tp.plan.devices import LinkProfile
 from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.process.messages import (
     ChildFailed,
@@ -29,6 +28,7 @@ from exo_tp.process.messages import (
     ChildReady,
 )
 from exo_tp.wire.ids import BatchUid, Epoch, Rank, RequestId
+from exo_tp.wire.profiles import LinkProfile
 
 # ---- what a request asks for --------------------------------------------------------------
 

@@ -5,11 +5,11 @@ Formation:
 1. the eligible membership (alive, not quarantined) has been stable for ``settle`` seconds and
    every member's last status names this node as leader (so two nodes never assign ranks at
    once);
-2. choose the model (exo_tp.node.cluster_model: one a request asked for through
+2. choose the model (exo_tp.node.leader.cluster_model: one a request asked for through
    `ModelRequests`, the one served, a default) and prepare it here (config and tokenizer,
    fetched from a holder if this node has no files);
 3. gather the facts (members' share weights, what each holds of the model's weights) and place
-   the model once (exo_tp.node.placement: plan, rank order, transfers, prediction);
+   the model once (exo_tp.node.leader.placement: plan, rank order, transfers, prediction);
 4. ask every chosen member for fresh ports, send each its Assignment of a new, higher epoch and
    its weight order; each node fetches its shard if it must, then replaces its worker;
 5. once every worker is ready and the conductor joined the dispatcher, requests flow.
@@ -31,26 +31,27 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from exo_tp.errors import ExoTpError, PlanError
-from exo_tp.node.announcement import Announcement
-from exo_tp.node.backend_choice import BackendChoice, choose_backend
-from exo_tp.node.cluster_model import ClusterModel
 from exo_tp.node.config import NodeConfig
-from exo_tp.node.control import ControlClient, ControlRefused, EpochState, NodeStatus
-from exo_tp.node.dispatch import Dispatcher
-from exo_tp.node.model_requests import ModelRequests
+from exo_tp.node.control import ControlClient, ControlRefused
+from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
+from exo_tp.node.leader.cluster_model import ClusterModel
+from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.links import LINK_WAIT, measured_links, unmeasured_pairs
+from exo_tp.node.leader.model_requests import ModelRequests
+from exo_tp.node.leader.placement import Member, Members, Placement, place, plan_of
+from exo_tp.node.leader.rebalance import LiveBalance
 from exo_tp.node.peers import POLL_SECONDS, Peers
-from exo_tp.node.placement import Member, Members, Placement, place, plan_of
-from exo_tp.node.rebalance import LiveBalance
 from exo_tp.plan import ModelSpec
-from exo_tp.plan.cluster import profile_read_speed, shape_table
-from exo_tp.plan.cost import weight_format
-from exo_tp.plan.devices import ProfileSummary
-from exo_tp.plan.matvec import MatvecTable
+from exo_tp.plan.cluster import profile_read_speed
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
-from exo_tp.runtime.job import Assignment
+from exo_tp.wire.announcement import Announcement
+from exo_tp.wire.assignment import Assignment
+from exo_tp.wire.control import EpochState, NodeStatus
+from exo_tp.wire.ids import NodeId
+from exo_tp.wire.profiles import ProfileSummary
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class Leader:
         self._failures = 0
         self._quarantine: dict[str, float] = {}  # node id -> until (monotonic)
         dispatcher.on_conductor_lost = self._conductor_lost
-        # A fine-tuning job holds the cluster (exo_tp.node.finetune_jobs): no epoch forms.
+        # A fine-tuning job holds the cluster (exo_tp.node.finetune.jobs): no epoch forms.
         self.paused: str | None = None
         # One round of the loop (which may form an epoch across many awaits) or one pause at a
         # time: a pause that let go of the epoch mid-round would leave the round forming over
@@ -239,7 +240,26 @@ class Leader:
         if model is None:
             self._dispatcher.detach("no member has a model: start a node with --model")
             return
+        if not self._links_ready(nodes):
+            return
         await self._form(members, model, adapter)
+
+    def _links_ready(self, nodes: tuple[NodeId, ...]) -> bool:
+        """Every pair's link measured (the members probe each other as they join), or
+        LINK_WAIT past the settle: the pairs still missing are then planned with the default
+        link, and the log says which."""
+        missing = unmeasured_pairs(measured_links(self.peers, nodes), nodes)
+        if not missing:
+            return True
+        waited = time.monotonic() - self.peers.changed_at - self.config.settle
+        if waited < LINK_WAIT:
+            return False
+        log.warning(
+            "links not measured after %.0f s, planned as the default link: %s",
+            waited,
+            ", ".join(f"{a}-{b}" for a, b in missing),
+        )
+        return True
 
     def _agreed(self, members: list[Announcement]) -> bool:
         for member in members:
@@ -338,7 +358,8 @@ class Leader:
         self, spec: ModelSpec, eligible: list[Announcement], own_profile: ProfileSummary | None
     ) -> Members:
         """The eligible members as placement sees them (this node first, then by id): share
-        weights from manual weights or measured speeds; forced stages from the config."""
+        weights from manual weights or measured speeds, live slowdowns, the links they
+        measured to each other; forced stages from the config."""
         members = sorted(eligible, key=lambda a: (a.node_id != self.me, a.node_id))
         profiles: dict[str, ProfileSummary | None] = {}
         for a in members:
@@ -347,34 +368,28 @@ class Leader:
                 own_profile if a.node_id == self.me else (status.profile if status else None)
             )
         weights = node_weights(members, profiles, spec)
-        fmt = weight_format(spec)
-        tables = [
-            shape_table(p, fmt) if (p := profiles[a.node_id]) else MatvecTable() for a in members
-        ]
+        slowdowns = [1.0] * len(members)
         live = self.balance.live_weights([a.node_id for a in members])
         if live:  # rebalanced: the ranks' live speeds (on the profiles' scale)
             profiled = weights
             weights = [live.get(a.node_id, w) for a, w in zip(members, weights, strict=True)]
-            # the shapes read as much slower (or faster) as the rank now runs
-            tables = [t.scaled(p / w) for t, p, w in zip(tables, profiled, weights, strict=True)]
-        measured = all(
-            a.weight <= 0 and (profiles[a.node_id] is not None or a.decode_seconds_per_byte > 0)
-            for a in members
-        )
+            # every read as much slower (or faster) as the rank now runs
+            slowdowns = [p / w for p, w in zip(profiled, weights, strict=True)]
+        measured = all(a.weight <= 0 and profiles[a.node_id] is not None for a in members)
         return Members(
             members=tuple(
                 Member(
                     node_id=a.node_id,
                     weight=w,
-                    matvec=t,
-                    prefill_flops=a.prefill_flops,
-                    layer_overhead=a.layer_overhead_seconds,
+                    profile=profiles[a.node_id],
+                    slowdown=f,
                     memory_available=a.memory_available,
                 )
-                for a, w, t in zip(members, weights, tables, strict=True)
+                for a, w, f in zip(members, weights, slowdowns, strict=True)
             ),
             measured=measured,  # weights are then decode speeds for the model's weight format
             stages=self.config.stages,
+            links=measured_links(self.peers, [a.node_id for a in members]),
         )
 
     def _next_number(self) -> int:
@@ -489,7 +504,7 @@ class Leader:
 
     async def _rebalance(self, led: Epoch, members: list[Announcement], model: str) -> None:
         """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
-        let those in flight finish, and re-plan the shares (exo_tp.node.rebalance)."""
+        let those in flight finish, and re-plan the shares (exo_tp.node.leader.rebalance)."""
         balance = self.balance
         if balance.draining_since is None:
             statuses = {n: self.peers.status(n) for n in led.nodes}

@@ -20,7 +20,13 @@ from exo_tp.finetune.job import RANK_ENV, RankDone, RankProgress, StepReport, Va
 from exo_tp.finetune.state import FineTuneState
 from exo_tp.frozen import replace
 from exo_tp.node.control import ControlRefused
-from exo_tp.node.finetune_messages import (
+from exo_tp.node.weights import NodeWeights
+from exo_tp.node.worker import NodeWorker
+from exo_tp.process.blas import group_threads
+from exo_tp.process.events import Exited, Failed, Heartbeat, ProcessEvent
+from exo_tp.process.supervisor import Child, Job, clean_environment
+from exo_tp.transport.ring import ring_env, write_hostfile
+from exo_tp.wire.finetune import (
     FinetuneAccepted,
     FinetuneAssign,
     FineTunedModel,
@@ -29,12 +35,6 @@ from exo_tp.node.finetune_messages import (
     FinetuneStopped,
     RankState,
 )
-from exo_tp.node.weights import NodeWeights
-from exo_tp.node.worker import NodeWorker
-from exo_tp.process.blas import group_threads
-from exo_tp.process.events import Exited, Failed, Heartbeat, ProcessEvent
-from exo_tp.process.supervisor import Child, Job, clean_environment
-from exo_tp.transport.ring import ring_env, write_hostfile
 from exo_tp.wire.http import post, signed_app
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ the smallest id. To form an epoch it prepares the model (config and tokenizer on
 its files, else a store whose extra files it fetches from a holder), and gives each node a
 WeightOrder: when every node of the plan has the files, only the model's key; otherwise every
 holder computes (once) the manifest and the leader gathers every member's holdings, which
-placement (exo_tp.node.placement) turns into the rank order and the transfer plan; each node
+placement (exo_tp.node.leader.placement) turns into the rank order and the transfer plan; each node
 gets its part.
 """
 
@@ -25,17 +25,17 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
-from exo_tp.node.announcement import Announcement
+from exo_tp.node.leader.placement import Holdings, Placement
 from exo_tp.node.peers import Peers
-from exo_tp.node.placement import Holdings, Placement
-from exo_tp.node.weight_messages import ModelOffer, WeightOrder
 from exo_tp.node.weights import ManifestPending, NodeWeights, manifest_of
 from exo_tp.plan import ModelSpec, load_spec
 from exo_tp.weights.client import fetch_holding
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import MOUNT
 from exo_tp.weights.transfer import Holding, TransferError
+from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
+from exo_tp.wire.weight_orders import ModelOffer, WeightOrder
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from exo_tp.node.balance_messages import BalanceView, RankBalanceView, RebalanceView
-from exo_tp.node.control import NodeStatus
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.rebalance import (
     RankSpeed,
@@ -27,6 +25,8 @@ from exo_tp.plan.rebalance import (
     balanced_weights,
     decide,
 )
+from exo_tp.wire.balance import BalanceView, RankBalanceView, RebalanceView
+from exo_tp.wire.control import NodeStatus
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ SAMPLE_MAX_AGE = 15.0  # a sample older than this (an idle cluster probes nothin
 
 
 class Epoch(Protocol):
-    """What the balance reads of the leader's epoch (`exo_tp.node.formation.Epoch`: the
+    """What the balance reads of the leader's epoch (`exo_tp.node.leader.formation.Epoch`: the
     formation drives this module, so a protocol here keeps the import one way)."""
 
     @property

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from exo_tp.finetune.job import FinetuneJob
 from exo_tp.frozen import Frozen
-from exo_tp.node.weight_messages import WeightOrder
+from exo_tp.wire.weight_orders import WeightOrder
 
 RankState = Literal["fetching", "starting", "training", "done", "failed", "stopped"]
 

@@ -1,10 +1,10 @@
 """Fine-tuning behind OpenAI's API, on the cluster's own nodes (the leader runs the jobs).
 
 The API's files and jobs live on disk (`exo_tp.finetune.state`). Every input is checked before
-a job starts: each JSONL line at upload, then the request (`exo_tp.node.finetune_requests`: the
+a job starts: each JSONL line at upload, then the request (`exo_tp.node.finetune.requests`: the
 number of examples against the batch, the base model, known to the cluster and dense). A job
 then runs on the leader's cluster, one job at a time (what it leaves in its state, events and
-results: `exo_tp.node.finetune_records`):
+results: `exo_tp.node.finetune.records`):
 
 1. the leader stops serving (requests get a 503 with Retry-After and the job's progress) and
    lets every serving rank go;
@@ -50,25 +50,20 @@ from exo_tp.finetune.openai_schema import (
 )
 from exo_tp.finetune.plan import FinetunePlan, plan_finetune
 from exo_tp.finetune.state import FineTuneState
-from exo_tp.node.announcement import Announcement
-from exo_tp.node.cluster_model import Prepared
 from exo_tp.node.control import ControlClient
-from exo_tp.node.finetune_messages import (
-    FinetuneAccepted,
-    FinetuneAssign,
-    FinetuneStop,
-    FinetuneStopped,
-)
-from exo_tp.node.finetune_ranks import FinetuneRanks
-from exo_tp.node.finetune_records import FT_PREFIX, add_event, record_report, record_results
-from exo_tp.node.finetune_requests import new_job
-from exo_tp.node.formation import node_weights
-from exo_tp.node.weight_messages import WeightOrder
+from exo_tp.node.finetune.ranks import FinetuneRanks
+from exo_tp.node.finetune.records import FT_PREFIX, add_event, record_report, record_results
+from exo_tp.node.finetune.requests import new_job
+from exo_tp.node.leader.cluster_model import Prepared
+from exo_tp.node.leader.formation import node_weights
 from exo_tp.node.weights import ManifestPending
-from exo_tp.plan.devices import ProfileSummary
 from exo_tp.weights.transfer import plan_shares
+from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
+from exo_tp.wire.finetune import FinetuneAccepted, FinetuneAssign, FinetuneStop, FinetuneStopped
 from exo_tp.wire.http import SignedClient
+from exo_tp.wire.profiles import ProfileSummary
+from exo_tp.wire.weight_orders import WeightOrder
 
 if TYPE_CHECKING:
     from exo_tp.node.status_views import StatusViews

@@ -13,16 +13,15 @@ member holds of the model's weights, it chooses:
   its own files);
 - the planner's prediction (when it searched).
 
-The leader gathers the facts (exo_tp.node.formation, exo_tp.node.cluster_model) and turns the
-placement into assignments and weight orders.
+The leader gathers the facts (exo_tp.node.leader.formation, exo_tp.node.leader.cluster_model)
+and turns the placement into assignments and weight orders.
 """
 
 from __future__ import annotations
 
 from exo_tp.frozen import Frozen
 from exo_tp.plan import ModelSpec, plan_tensor_parallel
-from exo_tp.plan.cluster import MEMORY_HEADROOM, Cluster, DeviceCost
-from exo_tp.plan.matvec import MatvecTable
+from exo_tp.plan.cluster import Cluster, cluster_from_profiles, pricing_note
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.render_choice import describe_candidate
@@ -35,37 +34,37 @@ from exo_tp.weights.transfer import (
     choose_rank_order,
     plan_transfer,
 )
-
-# A member that announced no memory figure is not limited by the planner.
-UNKNOWN_MEMORY = 1 << 50
+from exo_tp.wire.ids import NodeId
+from exo_tp.wire.profiles import LinkProfile, ProfileSummary
 
 
 class Member(Frozen):
     """One eligible member, as placement sees it."""
 
-    node_id: str
+    node_id: NodeId
     # share weight: its manual --weight, or decode bytes/s of the model (at its measured
-    # matrix shapes when it has them, else the decode score for the model's format)
+    # matrix shapes when it has them, else the decode score for the model's format), live
     weight: float
-    # the model's matrix shapes it measured (exo-tp bench --model), at its live speed
-    matvec: MatvecTable = MatvecTable()
-    prefill_flops: float = 0.0  # announced; 0: unknown
-    layer_overhead: float = 0.0  # seconds per layer per token, announced; 0: unknown
-    memory_available: int = 0  # bytes, announced; 0: unknown
+    profile: ProfileSummary | None = None  # what the planner prices it by (None: no profile)
+    slowdown: float = 1.0  # times slower than its profile it runs now (live rebalancing)
+    memory_available: int = 0  # bytes, announced; 0: unknown (the profile's figure then)
 
 
 class Members(Frozen):
     """The eligible members, in the planner's device order (the leader first, then by id)."""
 
     members: tuple[Member, ...]
-    measured: bool  # every weight is a measured speed: the planner searches
+    # every member has a profile and none set a manual weight: the planner searches
+    measured: bool
     stages: tuple[int, ...] = ()  # forced pipeline stages (ranks per stage); () for none
+    # links the members measured to each other (their probes, labelled by node id)
+    links: tuple[LinkProfile, ...] = ()
 
 
 class Holdings(Frozen):
     """What the members hold of the model's weights."""
 
-    files: frozenset[str]  # members with the model's folder (every byte)
+    files: frozenset[NodeId]  # members with the model's folder (every byte)
     # Known when some member lacks the files (the leader then asked the holders for it).
     manifest: ModelManifest | None = None
     held: tuple[Holding, ...] = ()  # per member: its files or its shard store of ``manifest``
@@ -73,34 +72,26 @@ class Holdings(Frozen):
 
 class Placement(Frozen):
     plan: PipelinePlan
-    rank_order: tuple[str, ...]  # the member at each global rank
+    rank_order: tuple[NodeId, ...]  # the member at each global rank
     transfers: TransferPlan | None  # None: every chosen member loads from its own files
     prediction: Prediction | None  # the planner's, when it searched
     notes: tuple[str, ...] = ()  # how the planner chose (for the log)
 
 
-def planner_cluster(members: Members) -> Cluster:
-    """Devices at the members' speeds (decode bytes/s for the model), weight reads priced by
-    their measured shapes where they have them, with their announced prefill scores and
-    memory; links are assumed (the planner's default LAN link): a cluster measures its links
-    only once its workers run."""
-    return Cluster(
-        devices=tuple(
-            DeviceCost(
-                name=m.node_id,
-                # With shapes, every matrix is priced by them; what is left (the norms) reads
-                # at the model's mean speed.
-                seconds_per_byte=1.0 / m.weight,
-                prefill_flops=m.prefill_flops if m.prefill_flops > 0 else 1e9,
-                layer_overhead=m.layer_overhead,
-                memory=int(m.memory_available * MEMORY_HEADROOM)
-                if m.memory_available
-                else UNKNOWN_MEMORY,
-                matvec=m.matvec,
-                read_speed=m.weight if m.matvec.points else 0.0,
-            )
-            for m in members.members
-        )
+def planner_cluster(spec: ModelSpec, members: Members) -> Cluster:
+    """The planner's cluster for measured members: the one cluster model `exo-tp plan` builds
+    too (exo_tp.plan.cluster.cluster_from_profiles), from the members' profiles, their live
+    slowdowns and memory, and the links measured between them."""
+    profiles = [m.profile for m in members.members]
+    if any(p is None for p in profiles):
+        raise ValueError("the planner needs every member's profile")
+    return cluster_from_profiles(
+        spec,
+        [p for p in profiles if p is not None],
+        names=[m.node_id for m in members.members],
+        links=members.links,
+        slowdown=[m.slowdown for m in members.members],
+        memory=[m.memory_available for m in members.members],
     )
 
 
@@ -121,19 +112,15 @@ def plan_of(
             start += size
         return plan_pipeline(spec, groups), names, None, ()
     if cluster.measured:
-        choice = choose_plan(spec, planner_cluster(cluster), objective=objective, queue=queue)
+        choice = choose_plan(spec, planner_cluster(spec, cluster), objective=objective, queue=queue)
         runner_ups = "; ".join(
             f"{c.prediction.tokens_per_second:.3g} tok/s {describe_candidate(c, list(names))}"
             for c in choice.alternatives
         )
-        shaped = [
-            f"{m.node_id} ({len(m.matvec.points)})" for m in cluster.members if m.matvec.points
-        ]
         notes = (
             f"planner: {describe_candidate(choice.best, list(names))} "
             f"(objective {choice.objective}: {choice.reason}); runner-ups: {runner_ups}; "
-            f"weight reads priced by measured shapes: {', '.join(shaped) or 'none'} "
-            "(the others by their decode score)",
+            f"{pricing_note(planner_cluster(spec, cluster))}",
         )
         chosen = tuple(names[d] for d in choice.best.devices)
         return choice.best.plan, chosen, choice.best.prediction, notes
