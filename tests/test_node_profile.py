@@ -11,7 +11,7 @@ from cluster_helpers import local_cluster, loopback_nodes
 from helpers import assert_latency_in_seconds, tcp_loopback_reference
 from node_views import cluster_view, plan_view
 
-from exo_tp.node.leader.formation import node_weights
+from exo_tp.node.leader.members import node_weights
 from exo_tp.node.views import ClusterView
 from exo_tp.plan.devices import DeviceProfile, MatmulScore, read_profile
 from exo_tp.plan.spec import ModelSpec, Quantization, load_spec

@@ -172,3 +172,50 @@ def test_a_rank_slowed_while_serving_is_priced_by_its_shapes_that_much_slower() 
     names = [both.members[d].node_id for d in tp.devices]
     shares = dict(zip(names, tp.plan.stages[0].tp.weights, strict=True))
     assert shares["b"] / shares["a"] == pytest.approx(2.5, rel=0.1)
+
+
+def test_the_leader_plans_over_the_cluster_exo_tp_plan_previews() -> None:
+    """What a node tells the leader of its profile (its summary, through JSON as a status
+    carries it) prices the same devices and links as the profile file `exo-tp plan` reads: the
+    same cluster, the same choice. The link between the first two is slow, and decides it."""
+    from exo_tp.plan.cluster import cluster_from_profiles
+    from exo_tp.plan.devices import DeviceProfile, MatmulScore
+    from exo_tp.wire.profiles import LinkProfile
+
+    spec = llama_spec(9, 3, 64, 576, 1536, 49152, 30, True, None)
+    slow = LinkProfile(a="0@x", b="1@y", up=True, all_sum_latency=5e-3, all_sum_bandwidth=1e7)
+    kernel = MatmulScore(
+        kind="matvec", dtype="float32", m=1, k=576, n=1536, seconds=1e-3, flops=1.0,
+        weight_bytes_per_second=1e9,
+    )  # fmt: skip
+    profiles = [
+        DeviceProfile(
+            node_id=f"{i}@{host}",
+            chip="lab",
+            cores=1,
+            mlx_version="0",
+            mlx_device="cpu",
+            memory_total=16 * 10**9,
+            memory_available=8 * 10**9,
+            backends=("ring",),
+            memory_bandwidth=1e10,
+            decode_seconds_per_byte=1e-9,
+            prefill_flops=2e10,
+            kernels=(kernel,),
+            links=(slow,) if i == 0 else (),
+        )
+        for i, host in enumerate("xyz")
+    ]
+    preview = cluster_from_profiles(spec, profiles, names=["a", "b", "c"])
+    told = [ProfileSummary.model_validate_json(p.summary().model_dump_json()) for p in profiles]
+    members = Members(
+        members=tuple(
+            Member(node_id=n, weight=1.0, profile=s) for n, s in zip("abc", told, strict=True)
+        ),
+        measured=True,
+    )
+    leader = planner_cluster(spec, members)
+    assert leader == preview
+    assert leader.link(0, 1).latency == 5e-3 and not leader.link(0, 2).measured
+    assert choose_plan(spec, leader) == choose_plan(spec, preview)
+    assert set(choose_plan(spec, leader).best.devices) != {0, 1, 2}  # not over the slow link

@@ -643,6 +643,18 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
             },
             {"a": 3, "b": 4, "up": False},
         ],
+        # probed as the nodes joined: what the leader planned with for this pair
+        "measured_links": [
+            {
+                "a": "a",
+                "b": "c",
+                "up": True,
+                "all_sum_latency": 5e-3,
+                "all_sum_bandwidth": 1e6,
+                "source": "probe",
+                "measured_at": "2026-12-01T21:00:00+00:00",
+            }
+        ],
     }
     drawn = page.execute_async_script(
         """
@@ -661,6 +673,7 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
                 replicated: [...layout.querySelectorAll('.kv-cell.replicated')].map(
                   e => e.textContent),
                 edges: [...graph.querySelectorAll('.edge')].map(e => e.getAttribute('class')),
+                probed: graph.querySelector('.edge[data-link="a|c"]').dataset.tip,
                 labels: [...graph.querySelectorAll('.edge-label')].map(e => e.textContent),
                 card: cards.querySelector('[data-node=a]').textContent,
                 card_b: cards.querySelector('[data-node=b]').textContent,
@@ -677,7 +690,9 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     expected = [(str(rank), str(shard.heads.q_heads.size)) for rank, shard in local]
     assert sorted(map(tuple, drawn["q_heads"])) == sorted(expected)
     assert drawn["labels"] == ["300 µs · 2.50 GB/s", "down"]
-    assert sum("measured" in c.split() for c in drawn["edges"]) == 1
+    assert sum("measured" in c.split() for c in drawn["edges"]) == 2
+    assert "probed when the node joined" in drawn["probed"], drawn["probed"]
+    assert "2026-12-01T21:00:00+00:00" in drawn["probed"] and "5.00 ms" in drawn["probed"]
     assert sum("down" in c.split() for c in drawn["edges"]) == 1
     for text in (
         "Apple M2 Ultra",

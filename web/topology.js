@@ -26,10 +26,29 @@ function linkText(link) {
   return parts.join(" · ");
 }
 
+// Where a link's figures come from (exo_tp.wire.profiles.LinkSource).
+const SOURCES = {
+  bench: "measured by exo-tp bench --peers (an all_sum)",
+  probe: "probed when the node joined (round trips: an estimate)",
+  epoch: "timed by this epoch's ranks",
+};
+
+function linkSource(link) {
+  const how = SOURCES[link.source] || "measured";
+  return link.measured_at ? `${how}, ${link.measured_at}` : how;
+}
+
+// The epoch's own timings first; the links measured between members (what the leader planned
+// with) for every other pair.
+export function clusterLinks(cluster) {
+  return [...(cluster.links || []), ...(cluster.measured_links || [])];
+}
+
 function linkTip(a, b, link) {
-  if (!link) return `${a} ↔ ${b}\nlink ${NOT_MEASURED}`;
+  if (!link) return `${a} ↔ ${b}\nlink ${NOT_MEASURED}: planned as the default link`;
   return [
     `${a} ↔ ${b}: ${link.up === false ? "DOWN" : "up"}`,
+    linkSource(link),
     // a ring of more than two ranks times its all_sum as a whole, not per pair
     link.group_size > 2 ? `all_sum over the ring of ${link.group_size} ranks:` : null,
     `all_sum latency (4 KB): ${seconds(link.all_sum_latency)}`,
@@ -68,7 +87,7 @@ function labelled(count, ranks, a, b) {
 
 export function renderGraph(svg, cluster) {
   const nodes = cluster.nodes;
-  const links = cluster.links || [];
+  const links = clusterLinks(cluster);
   const ranks = cluster.ranks || [];
   const { height, at: points } = geometry(nodes.length);
   const at = new Map(points.map((p, i) => [nodes[i].node_id, p]));
@@ -259,8 +278,10 @@ export function renderNodes(container, cluster, plan) {
 }
 
 export function topologyNote(cluster) {
-  const links = cluster.links || [];
-  const measured = links.length ? `${links.length} links measured` : `links ${NOT_MEASURED}`;
+  const pairs = new Set(clusterLinks(cluster).map((link) => [link.a, link.b].sort().join("|")));
+  const times = (cluster.measured_links || []).map((link) => link.measured_at).filter(Boolean);
+  const latest = times.length ? ` (latest ${times.sort().at(-1)})` : "";
+  const measured = pairs.size ? `${pairs.size} links measured${latest}` : `links ${NOT_MEASURED}`;
   return `${cluster.nodes.length} nodes · leader ${cluster.leader ?? "none"} · ` +
     `backend ${cluster.backend ?? "—"} · ${measured}`;
 }

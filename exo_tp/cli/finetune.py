@@ -22,6 +22,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         help="LoRA fine-tuning on N local ranks (base weights sharded, gathered just in time)",
     )
+    _add_data_and_ranks(p)
+    _add_training(p)
+    p.set_defaults(handler=run)
+
+
+def _add_data_and_ranks(p: argparse.ArgumentParser) -> None:
+    """The model, the data, and the ranks' shares."""
     add_model_arg(p)
     p.add_argument(
         "--data",
@@ -47,6 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "base follows its available memory, its share of each batch its prefill FLOP/s "
         "(instead of --weights / --memory-weights)",
     )
+
+
+def _add_training(p: argparse.ArgumentParser) -> None:
+    """mlx_lm.lora's training settings, the adapter's folder, and how ranks run."""
     p.add_argument("--iters", type=positive_int, default=1000, help="training steps")
     p.add_argument(
         "--batch-size", type=positive_int, default=4, help="sequences per step, over all ranks"
@@ -100,7 +111,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds to wait for all ranks to join the ring",
     )
     p.add_argument("--report-out", help="save every rank's report (losses, memory) as JSON")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -37,6 +37,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="start a node (or a local cluster)", description=__doc__, allow_abbrev=False
     )
+    _add_node_args(p)
+    _add_serving_args(p)
+    add_connection_args(p)
+    _add_cluster_args(p)
+    add_lab_args(p, "node")
+    add_generation_defaults(p)
+    p.set_defaults(handler=run)
+
+
+def _add_node_args(p: argparse.ArgumentParser) -> None:
+    """What this node is: its models, addresses, name, secret, share, profile and backend."""
     p.add_argument(
         "--model",
         action="append",
@@ -115,6 +126,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="leader: force pipeline stages, ranks per stage in node "
         "order (leader first), e.g. 2,1",
     )
+
+
+def _add_serving_args(p: argparse.ArgumentParser) -> None:
+    """How the cluster batches, prefills, plans for, caches and watches requests."""
     serving = p.add_argument_group("serving")
     serving.add_argument(
         "--max-concurrency",
@@ -178,7 +193,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds a rank may make no progress before its epoch fails "
         "and the cluster re-plans without it (default 30)",
     )
-    add_connection_args(p)
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """Model names, the picker's folders, and a local cluster of N nodes."""
     p.add_argument(
         "--strict-model-names",
         action="store_true",
@@ -196,9 +214,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--local-nodes", type=positive_int, help="run a whole cluster of N nodes on this machine"
     )
     p.add_argument("--weights", type=weight_list, help="with --local-nodes: each node's weight")
-    add_lab_args(p, "node")
-    add_generation_defaults(p)
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from exo_tp.frozen import replace
 from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
+    from exo_tp.node.config import NodeConfig
     from exo_tp.node.options import NodeOptions
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.security.access import ApiAccess
@@ -105,30 +106,12 @@ def serve_node(
     return asyncio.run(_serve(options, host, bind, secret.value, access, on_serving))
 
 
-async def _serve(
-    options: NodeOptions,
-    host: str,
-    bind: str,
-    secret: str,
-    access: ApiAccess,
-    on_serving: Callable[[], None] | None = None,
-) -> int:
-    import mlx.core as mx
-
-    from exo_tp.api.web import web_routes
-    from exo_tp.cli.launch import adapter_folder
-    from exo_tp.errors import ExoTpError
-    from exo_tp.models.registry import resolve_model
-    from exo_tp.node.config import NodeConfig
-    from exo_tp.node.node import Node
-    from exo_tp.node.weights import NodeWeights
+def _profile_now(options: NodeOptions, folders: Sequence[Path]) -> DeviceProfile | None:
+    """This node's profile (see node_profile), scaled by its lab work factor, with the
+    machine's memory as it is now rather than when it was measured."""
     from exo_tp.profile.system import memory
 
-    api_limits, cluster_limits = connection_limits(options.connections)
-    folders = [(name, resolve_model(name)) for name in options.models]
-    if not folders:
-        log.info("no --model: this node receives its shard of the cluster's model from peers")
-    profile = node_profile(options, [folder for _, folder in folders])
+    profile = node_profile(options, folders)
     # The lab: this node's ranks get its work factor and cores (they inherit the environment)
     os.environ.update(lab_variables(options.lab))
     if profile is not None and options.lab is not None and not options.profile:
@@ -138,13 +121,27 @@ async def _serve(
     if profile is not None:  # memory as it is now, not when the profile was measured
         total, available = memory()
         profile = replace(profile, memory_total=total, memory_available=available)
+    return profile
+
+
+def _node_config(
+    options: NodeOptions, host: str, bind: str, secret: str, access: ApiAccess
+) -> NodeConfig:
+    """The node's configuration from its options (one readable error for a bad --rdma)."""
+    import mlx.core as mx
+
+    from exo_tp.cli.launch import adapter_folder
+    from exo_tp.errors import ExoTpError
+    from exo_tp.node.config import NodeConfig
+
+    api_limits, cluster_limits = connection_limits(options.connections)
     rdma = {}
     for item in options.rdma:
         peer, _, device = item.partition("=")
         if not peer or not device:
             raise ExoTpError(f"--rdma {item!r}: expected PEER=DEVICE")
         rdma[peer] = device
-    config = NodeConfig(
+    return NodeConfig(
         node_id=options.node_id or default_node_id(),
         models=options.models,
         host=host,
@@ -174,6 +171,29 @@ async def _serve(
         strict_model_names=options.strict_model_names,
         models_dirs=tuple(Path(folder) for folder in options.models_dirs),
     )
+
+
+async def _serve(
+    options: NodeOptions,
+    host: str,
+    bind: str,
+    secret: str,
+    access: ApiAccess,
+    on_serving: Callable[[], None] | None = None,
+) -> int:
+    import zeroconf
+
+    from exo_tp.api.web import web_routes
+    from exo_tp.errors import ExoTpError
+    from exo_tp.models.registry import resolve_model
+    from exo_tp.node.node import Node
+    from exo_tp.node.weights import NodeWeights
+
+    folders = [(name, resolve_model(name)) for name in options.models]
+    if not folders:
+        log.info("no --model: this node receives its shard of the cluster's model from peers")
+    profile = _profile_now(options, [folder for _, folder in folders])
+    config = _node_config(options, host, bind, secret, access)
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None
     )
@@ -182,7 +202,10 @@ async def _serve(
             await node.start(web_routes())
         except OSError as error:
             raise ExoTpError(f"cannot serve on {config.host}:{config.api_port}: {error}") from None
-        except Exception as error:  # e.g. mDNS refusing to start
+        except zeroconf.Error as error:  # mDNS refusing to start (a name taken, ...)
+            raise ExoTpError(f"node failed to start: {type(error).__name__}: {error}") from None
+        except Exception as error:  # a bug: its traceback in the log, one line for the user
+            log.exception("node failed to start")
             raise ExoTpError(f"node failed to start: {type(error).__name__}: {error}") from None
         if on_serving is not None:
             on_serving()

@@ -85,6 +85,7 @@ def hub_ref(name: str) -> HubRef | None:
 def cached(ref: HubRef) -> Path | None:
     """The model's folder in the Hugging Face cache if every file mlx-lm needs is there."""
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import EntryNotFoundError, HFValidationError
 
     try:
         folder = Path(
@@ -95,7 +96,9 @@ def cached(ref: HubRef) -> Path | None:
                 local_files_only=True,
             )
         )
-    except Exception:  # not there, or incomplete (a download to finish): not cached
+    # Not there, or incomplete (a download to finish): not cached. LocalEntryNotFoundError is
+    # both of these (and a FileNotFoundError); a bad id is not ours to hide either way.
+    except (EntryNotFoundError, FileNotFoundError, HFValidationError):
         return None
     return folder if _is_model(folder) else None
 

@@ -10,11 +10,12 @@ from exo_tp.api.server_limits import Limits
 from exo_tp.node.leader.backend_choice import Requested
 from exo_tp.security.access import ApiAccess
 from exo_tp.wire.assignment import DType, ServingOptions
+from exo_tp.wire.ids import NodeId
 
 
 @dataclass(frozen=True)
 class NodeConfig:
-    node_id: str
+    node_id: NodeId
     models: tuple[str, ...] = ()  # the --model names this node has the files of
     host: str = "127.0.0.1"
     api_port: int = 8000

@@ -28,6 +28,7 @@ from exo_tp.wire.control import (
 )
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.http import SignedClient, get, post, signed_app
+from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.weight_orders import WeightOrder
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class ControlClient:
     async def status(self, peer: Announcement) -> NodeStatus:
         return await self._client.call(peer.control_url, "/control/status", None, NodeStatus)
 
-    async def ports(self, peer: Announcement, epoch: int) -> Ports:
+    async def ports(self, peer: Announcement, epoch: Epoch) -> Ports:
         return await self._client.call(
             peer.control_url, "/control/ports", PortsRequest(epoch=epoch), Ports
         )
@@ -56,7 +57,7 @@ class ControlClient:
         self,
         peer: Announcement,
         assignment: Assignment,
-        leader: str,
+        leader: NodeId,
         weights: WeightOrder | None = None,
         adapter_job: str | None = None,
     ) -> Accepted:
@@ -71,7 +72,7 @@ class ControlClient:
         """``size`` bytes from the peer (a link probe's round trip)."""
         return await self._client.read(peer.control_url, "/control/echo", Echo(size=size))
 
-    async def release(self, peer: Announcement, epoch: int) -> Released:
+    async def release(self, peer: Announcement, epoch: Epoch) -> Released:
         return await self._client.call(
             peer.control_url, "/control/release", Release(epoch=epoch), Released
         )

@@ -9,6 +9,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
+
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
 from exo_tp.node.config import NodeConfig
@@ -19,8 +21,13 @@ from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.transport.ports import free_ports
 from exo_tp.wire.control import Accepted, Assign, Ports, PortsRequest, Release, Released
+from exo_tp.wire.errors import PeerRefused
 
 log = logging.getLogger(__name__)
+
+# What fetching a shard meets that is nobody's bug: a refusal or a broken transfer
+# (ExoTpError: TransferError, digests), a peer or the network gone, a full disk.
+EXPECTED_FETCH_ERRORS = (ExoTpError, PeerRefused, aiohttp.ClientError, TimeoutError, OSError)
 
 
 class ControlHandlers:
@@ -90,7 +97,10 @@ class ControlHandlers:
             message = (
                 str(error) if isinstance(error, ExoTpError) else f"{type(error).__name__}: {error}"
             )
-            log.warning("epoch %d: %s", assignment.epoch, message)
+            if isinstance(error, EXPECTED_FETCH_ERRORS):
+                log.warning("epoch %d: %s", assignment.epoch, message)
+            else:  # a bug: the epoch still fails over it, and its traceback is in the log
+                log.exception("epoch %d: fetching the weights failed", assignment.epoch)
             self.weights.failed(assignment.epoch, body.weights, message)
             return
         await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)

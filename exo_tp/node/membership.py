@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exo_tp.wire.announcement import Announcement
+from exo_tp.wire.ids import NodeId
 
 MISSED_PINGS_DEAD = 3
 
@@ -28,7 +29,7 @@ class Member:
 @dataclass
 class Membership:
     me: Announcement
-    members: dict[str, Member] = field(default_factory=dict)
+    members: dict[NodeId, Member] = field(default_factory=dict)
     changed_at: float = 0.0
 
     def __post_init__(self) -> None:
@@ -46,14 +47,14 @@ class Membership:
             known.last_seen = now
         return self._changed(before, now)
 
-    def remove(self, node_id: str, now: float) -> bool:
+    def remove(self, node_id: NodeId, now: float) -> bool:
         if node_id == self.me.node_id or node_id not in self.members:
             return False
         before = self.alive_ids()
         del self.members[node_id]
         return self._changed(before, now)
 
-    def ping_result(self, node_id: str, ok: bool, now: float) -> bool:
+    def ping_result(self, node_id: NodeId, ok: bool, now: float) -> bool:
         member = self.members.get(node_id)
         if member is None or node_id == self.me.node_id:
             return False
@@ -64,20 +65,20 @@ class Membership:
             member.missed_pings += 1
         return self._changed(before, now)
 
-    def alive_ids(self) -> tuple[str, ...]:
+    def alive_ids(self) -> tuple[NodeId, ...]:
         return tuple(sorted(i for i, m in self.members.items() if m.alive))
 
     def alive(self) -> list[Announcement]:
         return [self.members[i].announcement for i in self.alive_ids()]
 
-    def leader_id(self) -> str:
+    def leader_id(self) -> NodeId:
         return self.alive_ids()[0]
 
-    def get(self, node_id: str) -> Announcement | None:
+    def get(self, node_id: NodeId) -> Announcement | None:
         member = self.members.get(node_id)
         return member.announcement if member else None
 
-    def _changed(self, before: tuple[str, ...], now: float) -> bool:
+    def _changed(self, before: tuple[NodeId, ...], now: float) -> bool:
         if self.alive_ids() != before:
             self.changed_at = now
             return True

@@ -15,6 +15,7 @@ from exo_tp.node.discovery import Discovery
 from exo_tp.node.membership import Membership
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.control import NodeStatus
+from exo_tp.wire.ids import NodeId
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ class Peers:
         self.me = me
         self.membership = Membership(me)
         self._control, self._my_status = control, my_status
-        self.statuses: dict[str, NodeStatus] = {}
-        self._seen: dict[str, float] = {}  # when each status arrived
+        self.statuses: dict[NodeId, NodeStatus] = {}
+        self._seen: dict[NodeId, float] = {}  # when each status arrived
         self._discovery = Discovery(me, secret, interface, self._on_peer, self._on_gone)
 
     async def start(self) -> None:
@@ -49,27 +50,27 @@ class Peers:
         if self.membership.upsert(announcement, time.monotonic()):
             log.info("peer %s joined (%s)", announcement.node_id, announcement.api_url)
 
-    def _on_gone(self, node_id: str) -> None:
+    def _on_gone(self, node_id: NodeId) -> None:
         if self.membership.remove(node_id, time.monotonic()):
             log.info("peer %s left", node_id)
 
     def alive(self) -> list[Announcement]:
         return self.membership.alive()
 
-    def alive_ids(self) -> tuple[str, ...]:
+    def alive_ids(self) -> tuple[NodeId, ...]:
         return self.membership.alive_ids()
 
-    def leader_id(self) -> str:
+    def leader_id(self) -> NodeId:
         return self.membership.leader_id()
 
-    def get(self, node_id: str) -> Announcement | None:
+    def get(self, node_id: NodeId) -> Announcement | None:
         return self.membership.get(node_id)
 
     @property
     def changed_at(self) -> float:
         return self.membership.changed_at
 
-    def status(self, node_id: str, max_age: float | None = None) -> NodeStatus | None:
+    def status(self, node_id: NodeId, max_age: float | None = None) -> NodeStatus | None:
         """A member's last status (this node's own is always fresh); None if older than
         ``max_age`` seconds."""
         if node_id == self.me.node_id:

@@ -18,6 +18,7 @@ from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.balance import BalanceView
 from exo_tp.wire.control import MachineMemory, NodeStatus, Stall, WorkerState
+from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import LinkProfile, ProfileSummary
 from exo_tp.wire.weight_orders import FetchSummary, WeightsStatus
 
@@ -30,7 +31,7 @@ ServingState = Literal["forming", "loading", "ready", "failed", "unknown"]
 
 
 class WorkerView(Frozen):
-    epoch: int | None
+    epoch: Epoch | None
     state: WorkerState
     stalled: Stall | None
     error: str | None
@@ -38,7 +39,7 @@ class WorkerView(Frozen):
 
 class HealthView(Frozen):
     status: Literal["ok", "stalled"]
-    node_id: str
+    node_id: NodeId
     state: ServingState
     leader: str | None
     worker: WorkerView
@@ -89,7 +90,7 @@ class PlanView(Frozen):
     """The current epoch's plan: its stages and, with one stage (the common case), that
     tensor-parallel plan as ``plan``; ``predicted`` is null when shares were set by hand."""
 
-    epoch: int | None = None  # None: no epoch yet
+    epoch: Epoch | None = None  # None: no epoch yet
     state: ServingState
     model: str | None = None
     nodes: tuple[str, ...] = ()  # node id per global rank
@@ -110,7 +111,7 @@ def plan_view(
     plan: PipelinePlan,
     prediction: Prediction | None,
     *,
-    epoch: int | None,
+    epoch: Epoch | None,
     state: ServingState,
     model: str | None,
     nodes: tuple[str, ...],
@@ -165,7 +166,7 @@ class NodeWeightsView(Frozen):
 
 
 class NodeView(Frozen):
-    node_id: str
+    node_id: NodeId
     host: str
     api_url: str
     alive: bool
@@ -231,7 +232,7 @@ class ClusterView(Frozen):
     cluster: str
     node_id: str  # the node that answered
     leader: str | None
-    epoch: int  # the highest epoch this node has seen
+    epoch: Epoch  # the highest epoch this node has seen
     state: ServingState
     state_reason: str
     model: ModelView | None

@@ -11,13 +11,11 @@ node on the same machine and cache gets its own (``<identity>-<node id>``).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -26,9 +24,10 @@ from aiohttp import web
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen, replace
+from exo_tp.node.weight_folders import STORE_INFO, OwnFolder, StoreInfo, claim, weight_bytes
 from exo_tp.paths import cache_home
 from exo_tp.weights.boxes import Boxes
-from exo_tp.weights.build import WEIGHT_SUFFIX, manifest_for, read_header
+from exo_tp.weights.build import manifest_for
 from exo_tp.weights.client import fetch_manifest, fetch_transfer
 from exo_tp.weights.key import folder_key, manifest_key
 from exo_tp.weights.manifest import ModelManifest
@@ -37,6 +36,7 @@ from exo_tp.weights.store import ShardStore, store_root
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
 from exo_tp.wire.errors import PeerRefused, UnsignedReply
 from exo_tp.wire.http import SignedClient, post, signed_app
+from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.weight_orders import (
     FetchState,
     FetchSummary,
@@ -48,8 +48,6 @@ from exo_tp.wire.weights import TransferProgress
 
 log = logging.getLogger(__name__)
 
-STORE_INFO = ".exo-tp-store-info.json"
-STORE_LOCK = ".exo-tp-store.lock"
 RECENT_FETCHES = 4
 LOG_EVERY_S = 2.0
 MANIFEST_WAIT_S = 20.0  # a peer asking for a manifest waits this long, then retries later
@@ -68,45 +66,6 @@ class ManifestOf(Frozen):
     key: str
 
 
-class StoreInfo(Frozen):
-    """Kept beside a store: what it mirrors, to offer and serve it again after a restart."""
-
-    name: str
-    manifest: ModelManifest
-
-
-@dataclass
-class OwnFolder:
-    name: str
-    folder: Path
-    key: str
-    weight_bytes: int
-    manifest: ModelManifest | None = None
-    computing: asyncio.Future[ModelManifest] | None = None
-
-
-def weight_bytes(folder: Path) -> int:
-    """Bytes of tensor data in the folder's safetensors files (headers excluded)."""
-    total = 0
-    for path in folder.glob(f"*{WEIGHT_SUFFIX}"):
-        header, _ = read_header(path)
-        total += path.stat().st_size - 8 - len(header.encode())
-    return total
-
-
-def claim(root: Path) -> IO[str] | None:
-    """An exclusive lock on a store folder while this process lives (None: another process
-    on this machine uses it)."""
-    root.mkdir(parents=True, exist_ok=True)
-    handle = open(root / STORE_LOCK, "a")  # noqa: SIM115 (held as long as the store)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        return None
-    return handle
-
-
 def source_nodes(transfer: NodeTransfer) -> list[str]:
     """The peers a transfer names, the extra files' sources first (they have the manifest)."""
     named: list[Source] = [*transfer.file_sources]
@@ -115,7 +74,7 @@ def source_nodes(transfer: NodeTransfer) -> list[str]:
 
 
 class NodeWeights:
-    def __init__(self, node_id: str, secret: str, folders: Sequence[tuple[str, Path]] = ()):
+    def __init__(self, node_id: NodeId, secret: str, folders: Sequence[tuple[str, Path]] = ()):
         self.node_id, self.secret = node_id, secret
         self.server = WeightServer(node_id, secret)
         self.folders: dict[str, OwnFolder] = {}
@@ -340,7 +299,7 @@ class NodeWeights:
 
     # ---- an epoch's shard -----------------------------------------------------------------
 
-    async def receive(self, order: WeightOrder, epoch: int, peers: Mapping[str, str]) -> Path:
+    async def receive(self, order: WeightOrder, epoch: Epoch, peers: Mapping[str, str]) -> Path:
         """The folder this node's worker loads from: its own files, or its store once it holds
         the transfer's share (fetched from peers, progress logged and in the status)."""
         transfer = order.transfer
@@ -420,7 +379,7 @@ class NodeWeights:
         )
         return store.folder
 
-    def failed(self, epoch: int, order: WeightOrder, error: str) -> None:
+    def failed(self, epoch: Epoch, order: WeightOrder, error: str) -> None:
         """Record a failure before the fetch started (no manifest, no store): the leader sees
         it in this node's status and fails the epoch."""
         if self.fetch is not None and self.fetch.epoch == epoch:

@@ -13,6 +13,7 @@ from exo_tp.process.supervisor import Child, Job, OnEvent, Supervisor
 from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready, rank_speed
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.control import MachineMemory, Stall, WorkerState
+from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import LinkProfile
 from exo_tp.wire.runtime import RANK_EVENTS, RankMemory
 
@@ -43,7 +44,7 @@ class NodeWorker:
         if child is self.rank and isinstance(event, Failed | Exited) and self.epoch is not None:
             log.warning("epoch %d worker: %s", self.epoch, child.error or "exited")
 
-    async def replace(self, assignment: Assignment | None, leader: str | None = None) -> None:
+    async def replace(self, assignment: Assignment | None, leader: NodeId | None = None) -> None:
         """Stop the current worker (if any) and start one for ``assignment`` (if any)."""
         self._loop = asyncio.get_running_loop()
         old, self.rank, self._assignment = self.rank, None, None

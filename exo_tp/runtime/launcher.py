@@ -138,6 +138,56 @@ def _failure(news: RankNews) -> ExoTpError | None:
     return None
 
 
+def _generate(
+    launch: _Launch,
+    ranks: list[Child],
+    request: GenerateRequest,
+    join_timeout: float,
+    joined: threading.Event,
+) -> tuple[list[int], list[str], Done]:
+    """Follow the ranks and the conductor until the answer is done, printing its text."""
+    tokens: list[int] = []
+    text: list[str] = []
+    done: Done | None = None
+    while done is None:
+        event = launch.events.get()
+        if isinstance(event, JoinDeadline):
+            late = [r for r, child in enumerate(ranks) if not _joined(child)]
+            if late:
+                raise ExoTpError(f"ranks {late} did not join the ring within {join_timeout:.0f}s")
+        elif isinstance(event, RankNews):
+            if (error := _failure(event)) is not None:
+                raise error
+            if all(_joined(child) for child in ranks):
+                joined.set()
+        elif isinstance(event, Hello):
+            assert launch.conductor is not None
+            launch.conductor.send(Generate(request=request))
+        elif isinstance(event, Delta):
+            tokens.extend(event.tokens)
+            text.append(event.text)
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, RequestFailed):
+            raise ExoTpError(f"generation failed: {event.message}")
+        elif isinstance(event, Done):
+            done = event
+    return tokens, text, done
+
+
+def _report(done: Done, tokens: list[int], text: list[str], ranks: list[Child]) -> LaunchReport:
+    decode = done.seconds - done.prompt_seconds
+    return LaunchReport(
+        tokens=tuple(tokens),
+        text="".join(text),
+        prompt_tokens=done.prompt_tokens,
+        generation_tps=done.completion_tokens / decode if decode > 0 else 0.0,
+        prompt_tps=done.prompt_tokens / done.prompt_seconds if done.prompt_seconds else 0.0,
+        finish_reason=done.finish_reason,
+        memory_by_rank=tuple(rank_memory(child) for child in ranks),
+    )
+
+
 def launch_local(
     model: str,
     plan: PipelinePlan,
@@ -169,35 +219,8 @@ def launch_local(
     )
     timer.daemon = True
     timer.start()
-    tokens: list[int] = []
-    text: list[str] = []
-    done: Done | None = None
     try:
-        while done is None:
-            event = launch.events.get()
-            if isinstance(event, JoinDeadline):
-                late = [r for r, child in enumerate(ranks) if not _joined(child)]
-                if late:
-                    raise ExoTpError(
-                        f"ranks {late} did not join the ring within {join_timeout:.0f}s"
-                    )
-            elif isinstance(event, RankNews):
-                if (error := _failure(event)) is not None:
-                    raise error
-                if all(_joined(child) for child in ranks):
-                    joined.set()
-            elif isinstance(event, Hello):
-                assert launch.conductor is not None
-                launch.conductor.send(Generate(request=request))
-            elif isinstance(event, Delta):
-                tokens.extend(event.tokens)
-                text.append(event.text)
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-            elif isinstance(event, RequestFailed):
-                raise ExoTpError(f"generation failed: {event.message}")
-            elif isinstance(event, Done):
-                done = event
+        tokens, text, done = _generate(launch, ranks, request, join_timeout, joined)
         sys.stdout.write("\n")
         sys.stdout.flush()
         if launch.conductor is not None:  # the ranks see the epoch end and leave together
@@ -212,16 +235,7 @@ def launch_local(
         timer.cancel()
         source.close()
         supervisor.close()
-    decode = done.seconds - done.prompt_seconds
-    report = LaunchReport(
-        tokens=tuple(tokens),
-        text="".join(text),
-        prompt_tokens=done.prompt_tokens,
-        generation_tps=done.completion_tokens / decode if decode > 0 else 0.0,
-        prompt_tps=done.prompt_tokens / done.prompt_seconds if done.prompt_seconds else 0.0,
-        finish_reason=done.finish_reason,
-        memory_by_rank=tuple(rank_memory(child) for child in ranks),
-    )
+    report = _report(done, tokens, text, ranks)
     log.info(
         "prompt %d tokens at %.1f tok/s; generated %d tokens at %.2f tok/s",
         done.prompt_tokens,

@@ -10,6 +10,7 @@ from pydantic import Field
 from exo_tp.frozen import Frozen
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
+from exo_tp.wire.ids import Epoch, NodeId, Rank
 
 # The key every link of the job authenticates with (hex): the cluster secret, or a per-job key
 # for `exo-tp launch`. In the environment, never on a command line.
@@ -40,17 +41,17 @@ class ServingOptions(Frozen):
 class Assignment(Frozen):
     """A rank's part in an epoch: which rank it is, how to reach the others, what to serve."""
 
-    epoch: int = Field(ge=0)
+    epoch: Epoch = Field(ge=0)
     model: str  # a prepared model name or a folder present on the rank's machine
     # The folder to load from when the node chose it (its files, or its shard store).
     model_dir: str = ""
     plan: PipelinePlan
-    rank: int = Field(ge=0)  # global rank
+    rank: Rank = Field(ge=0)  # global rank
     hostfile: tuple[str, ...]  # "ip:port" each global rank's ring socket listens on
     conductor: str  # "ip:port" the conductor (last stage's first rank) meets the others at
     requests_at: str  # "ip:port" of the request source the conductor joins
     hops: tuple[str, ...] = ()  # pipelines: "ip:port" of each global rank's incoming hop
-    nodes: tuple[str, ...] = ()  # node id per global rank
+    nodes: tuple[NodeId, ...] = ()  # node id per global rank
     dtype: DType = "float32"
     backend: Literal["ring", "jaccl"] = "ring"
     # jaccl only: ibverbs device from rank i to rank j (None on the diagonal)

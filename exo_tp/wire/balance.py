@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 from exo_tp.frozen import Frozen
+from exo_tp.wire.ids import Epoch
 
 
 class RankBalanceView(Frozen):
@@ -21,7 +22,7 @@ class RankBalanceView(Frozen):
 
 
 class RebalanceView(Frozen):
-    from_epoch: int
+    from_epoch: Epoch
     imbalance: float
     speeds: dict[str, float]  # bytes/s per node when it re-planned
     at: float

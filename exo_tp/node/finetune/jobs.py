@@ -35,9 +35,7 @@ import aiohttp
 
 from exo_tp.api.errors import ApiError
 from exo_tp.errors import ExoTpError
-from exo_tp.finetune.boxes import finetune_boxes
 from exo_tp.finetune.data import DataError, check_jsonl
-from exo_tp.finetune.job import FinetuneJob, LoraSettings
 from exo_tp.finetune.openai_schema import (
     FINISHED,
     Checkpoint,
@@ -48,32 +46,29 @@ from exo_tp.finetune.openai_schema import (
     JobEvent,
     Progress,
 )
-from exo_tp.finetune.plan import FinetunePlan, plan_finetune
+from exo_tp.finetune.plan import plan_finetune
 from exo_tp.finetune.state import FineTuneState
 from exo_tp.node.control import ControlClient
+from exo_tp.node.finetune.orders import base_orders
 from exo_tp.node.finetune.ranks import FinetuneRanks
 from exo_tp.node.finetune.records import FT_PREFIX, add_event, record_report, record_results
 from exo_tp.node.finetune.requests import new_job
-from exo_tp.node.leader.cluster_model import Prepared
-from exo_tp.node.leader.formation import node_weights
-from exo_tp.node.weights import ManifestPending
-from exo_tp.weights.transfer import plan_shares
+from exo_tp.node.finetune.settings import job_settings
+from exo_tp.node.leader.members import node_weights
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.finetune import FinetuneAccepted, FinetuneAssign, FinetuneStop, FinetuneStopped
 from exo_tp.wire.http import SignedClient
+from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import ProfileSummary
-from exo_tp.wire.weight_orders import WeightOrder
 
 if TYPE_CHECKING:
     from exo_tp.node.status_views import StatusViews
 
 log = logging.getLogger(__name__)
 
-BASE_LEARNING_RATE = 1e-5  # mlx_lm.lora's default; OpenAI's multiplier scales it
 DEAD_AFTER = 4.0  # seconds without a status: the node is gone (the job fails)
 WATCH_SECONDS = 0.5
-MANIFEST_WAIT = 120.0  # seconds to wait for a holder's first manifest of the model
 
 
 def not_found(what: str, ident: str, param: str | None = None) -> ApiError:
@@ -86,7 +81,7 @@ def not_found(what: str, ident: str, param: str | None = None) -> ApiError:
 @dataclass
 class Running:
     job_id: str
-    nodes: tuple[str, ...]
+    nodes: tuple[NodeId, ...]
     task: asyncio.Task[None] | None = None
     cancelled: bool = False
 
@@ -94,7 +89,7 @@ class Running:
 class FineTuning:
     def __init__(
         self,
-        node_id: str,
+        node_id: NodeId,
         secret: str,
         state: FineTuneState,
         ranks: FinetuneRanks,
@@ -283,7 +278,7 @@ class FineTuning:
         if key is None:
             raise ExoTpError(f"no member has the model {job.model} any more")
         model = await joined.models.prepare(key, ids)
-        profiles: dict[str, ProfileSummary | None] = {}
+        profiles: dict[NodeId, ProfileSummary | None] = {}
         memory: list[float] = []
         for member in members:
             status = joined.peers.status(member.node_id)
@@ -292,28 +287,10 @@ class FineTuning:
             memory.append(float(available or member.memory_available or 1))
         speeds = node_weights(members, profiles, model.spec)
         plan = plan_finetune(memory, speeds, job.hyperparameters.batch_size)
-        orders = await self._orders(model, members, plan)
+        orders = await base_orders(joined.models, model, members, plan)
         ports = await asyncio.gather(*(self._control.ports(m, 0) for m in members))
         hostfile = tuple(f"{m.host}:{p.ring}" for m, p in zip(members, ports, strict=True))
-        iters = job.iterations
-        settings = FinetuneJob(
-            model_dir="",
-            data_dir="",
-            adapter_path="",
-            plan=plan,
-            lora=LoraSettings(
-                rank=job.lora.rank, scale=job.lora.scale, num_layers=job.lora.layers or -1
-            ),
-            iters=iters,
-            learning_rate=BASE_LEARNING_RATE * job.hyperparameters.learning_rate_multiplier,
-            optimizer=job.hyperparameters.optimizer,
-            seed=job.seed,
-            steps_per_report=1,
-            steps_per_eval=max(1, iters // 4),
-            val_batches=-1,
-            save_every=iters,
-            save_on_every_rank=True,
-        )
+        settings = job_settings(job, plan)
         train = self.state.data_path(job.training_file).read_text()
         valid = self.state.data_path(job.validation_file).read_text() if job.validation_file else ""
         self.state.update(job_id, status="running", nodes=ids)
@@ -346,42 +323,7 @@ class FineTuning:
         )
         await self._watch(job_id, ids)
 
-    async def _orders(
-        self, model: Prepared, members: list[Announcement], plan: FinetunePlan
-    ) -> dict[str, WeightOrder]:
-        joined = self._views.joined
-        assert joined is not None
-        deadline = time.monotonic() + MANIFEST_WAIT
-        while True:  # a holder computes a folder's manifest once, the first time it is asked
-            try:
-                holdings = await joined.models.holdings(model, members)
-                break
-            except ManifestPending:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(1.0)
-        if holdings.manifest is None:  # every node has the files: each reads its rows there
-            return {m.node_id: WeightOrder(key=model.key, name=model.name) for m in members}
-        manifest = holdings.manifest
-        shares = [finetune_boxes(manifest, plan, r) for r in range(len(members))]
-        order = [m.node_id for m in members]
-        transfer = plan_shares(manifest, shares, order, holdings.held)
-        log.info(
-            "fine-tuning: %.1f MB of base rows move, %.1f MB stay where they are",
-            transfer.moved_bytes / 1e6,
-            transfer.retained_bytes / 1e6,
-        )
-        return {
-            n: WeightOrder(
-                key=model.key,
-                name=model.name,
-                identity=manifest.identity,
-                transfer=transfer.node(n),
-            )
-            for n in order
-        }
-
-    async def _watch(self, job_id: str, nodes: tuple[str, ...]) -> None:
+    async def _watch(self, job_id: str, nodes: tuple[NodeId, ...]) -> None:
         """Until every rank is done; raises on the first failure (naming a node that stopped
         answering before a rank that lost its ring)."""
         joined = self._views.joined
@@ -431,7 +373,7 @@ class FineTuning:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ranks.changed.wait(), WATCH_SECONDS)
 
-    async def _name_the_dead(self, nodes: tuple[str, ...]) -> None:
+    async def _name_the_dead(self, nodes: tuple[NodeId, ...]) -> None:
         """Raise naming a node that stopped answering, if one did (a rank whose ring broke
         fails at once; its peer's status goes stale within DEAD_AFTER)."""
         joined = self._views.joined
@@ -450,7 +392,7 @@ class FineTuning:
                 )
             await asyncio.sleep(0.25)
 
-    async def _stop_all(self, job_id: str, nodes: tuple[str, ...]) -> None:
+    async def _stop_all(self, job_id: str, nodes: tuple[NodeId, ...]) -> None:
         joined = self._views.joined
         if joined is None:
             return

@@ -20,6 +20,7 @@ from exo_tp.finetune.job import RANK_ENV, RankDone, RankProgress, StepReport, Va
 from exo_tp.finetune.state import FineTuneState
 from exo_tp.frozen import replace
 from exo_tp.node.control import ControlRefused
+from exo_tp.node.control_handlers import EXPECTED_FETCH_ERRORS
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.process.blas import group_threads
@@ -36,6 +37,7 @@ from exo_tp.wire.finetune import (
     RankState,
 )
 from exo_tp.wire.http import post, signed_app
+from exo_tp.wire.ids import NodeId
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ FETCH_EPOCH = 0  # the weights status names a fetch by epoch; a job's fetch is n
 class FinetuneRanks:
     def __init__(
         self,
-        node_id: str,
+        node_id: NodeId,
         worker: NodeWorker,
         weights: NodeWeights,
         state: FineTuneState,
@@ -148,7 +150,10 @@ class FinetuneRanks:
             raise
         except Exception as error:  # in the status: the leader fails the job
             message = str(error) if isinstance(error, ExoTpError) else repr(error)
-            log.warning("fine-tuning %s: %s", body.job_id, message)
+            if isinstance(error, EXPECTED_FETCH_ERRORS):
+                log.warning("fine-tuning %s: %s", body.job_id, message)
+            else:  # a bug: the job still fails over it, and its traceback is in the log
+                log.exception("fine-tuning %s: starting the rank failed", body.job_id)
             self._set("failed", f"node {self.node_id}: {message}")
 
     def _start(self, body: FinetuneAssign, jobfile: Path, job_dir: Path) -> Child:

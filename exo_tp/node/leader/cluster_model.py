@@ -35,6 +35,7 @@ from exo_tp.weights.server import MOUNT
 from exo_tp.weights.transfer import Holding, TransferError
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
+from exo_tp.wire.ids import NodeId
 from exo_tp.wire.weight_orders import ModelOffer, WeightOrder
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper]:
 
 
 class ClusterModel:
-    def __init__(self, me: str, weights: NodeWeights, peers: Peers, secret: str):
+    def __init__(self, me: NodeId, weights: NodeWeights, peers: Peers, secret: str):
         self.me, self.weights, self.peers, self.secret = me, weights, peers, secret
         self.current: Prepared | None = None  # of the latest epoch this node formed
         self._prepared: dict[str, Prepared] = {}
@@ -117,7 +118,7 @@ class ClusterModel:
 
     # ---- preparing a model on the leader -----------------------------------------------------
 
-    def _member(self, node_id: str) -> Announcement | None:
+    def _member(self, node_id: NodeId) -> Announcement | None:
         return self.peers.get(node_id)
 
     def urls(self) -> dict[str, str]:
@@ -126,7 +127,7 @@ class ClusterModel:
             for m in self.peers.membership.members.values()
         }
 
-    async def _manifest_from(self, node_id: str, key: str) -> ModelManifest:
+    async def _manifest_from(self, node_id: NodeId, key: str) -> ModelManifest:
         if node_id == self.me:
             return await self.weights.manifest(key)
         member = self._member(node_id)

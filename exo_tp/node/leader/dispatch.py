@@ -18,6 +18,7 @@ from typing import Any
 
 from exo_tp.frozen import replace
 from exo_tp.transport.channel import Channel, Listener
+from exo_tp.wire.ids import Epoch
 from exo_tp.wire.runtime import (
     CONDUCTOR_EVENTS,
     Cancel,
@@ -83,10 +84,10 @@ class Dispatcher:
         self.max_concurrency, self.max_queue = max_concurrency, max_queue
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: Listener[Any] | None = None
-        self.expected_epoch: int | None = None
+        self.expected_epoch: Epoch | None = None
         self.conductor: ConductorChannel | None = None  # serving
         self._arrived: ConductorChannel | None = None  # connected, not yet serving
-        self.conductor_epoch: int | None = None
+        self.conductor_epoch: Epoch | None = None
         self.unavailable_reason = "the cluster is forming"
         self._slots = asyncio.Semaphore(max_concurrency)
         self._waiting = 0
@@ -131,7 +132,7 @@ class Dispatcher:
             self._loop.call_soon_threadsafe(self._on_event, channel, event)
         self._loop.call_soon_threadsafe(self._lost, channel, hello.epoch)
 
-    def _offer(self, channel: ConductorChannel, epoch: int) -> None:
+    def _offer(self, channel: ConductorChannel, epoch: Epoch) -> None:
         if epoch != self.expected_epoch:  # the conductor of an epoch this leader is not running
             channel.close()
             return
@@ -141,7 +142,7 @@ class Dispatcher:
             self._arrived.close()
         self.conductor, self._arrived, self.conductor_epoch = None, channel, epoch
 
-    def attach(self, epoch: int) -> bool:
+    def attach(self, epoch: Epoch) -> bool:
         """Serve through the conductor of ``epoch`` once it connected (False: not yet)."""
         channel = self._arrived
         if channel is None or self.conductor_epoch != epoch or channel.closed:
@@ -149,7 +150,7 @@ class Dispatcher:
         self.conductor, self._arrived = channel, None
         return True
 
-    def _lost(self, channel: ConductorChannel, epoch: int) -> None:
+    def _lost(self, channel: ConductorChannel, epoch: Epoch) -> None:
         if channel is self.conductor or channel is self._arrived:
             self.conductor = self._arrived = None
             if self.on_conductor_lost is not None:

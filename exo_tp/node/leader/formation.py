@@ -26,31 +26,30 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import aiohttp
 
 from exo_tp.errors import ExoTpError, PlanError
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, ControlRefused
+from exo_tp.node.leader.assignments import Where, assignments_of
 from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.led_epoch import LedEpoch, rank_name
 from exo_tp.node.leader.links import LINK_WAIT, measured_links, unmeasured_pairs
+from exo_tp.node.leader.members import gather_members, node_weights
 from exo_tp.node.leader.model_requests import ModelRequests
-from exo_tp.node.leader.placement import Member, Members, Placement, place, plan_of
+from exo_tp.node.leader.placement import Members, Placement, place, plan_of
 from exo_tp.node.leader.rebalance import LiveBalance
 from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.plan import ModelSpec
-from exo_tp.plan.cluster import profile_read_speed
-from exo_tp.plan.pipeline import PipelinePlan
-from exo_tp.plan.predict import Prediction
 from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import Assignment
-from exo_tp.wire.control import EpochState, NodeStatus
-from exo_tp.wire.ids import NodeId
+from exo_tp.wire.control import NodeStatus
+from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import ProfileSummary
 
 log = logging.getLogger(__name__)
@@ -58,63 +57,6 @@ log = logging.getLogger(__name__)
 LOAD_TIMEOUT = 240.0
 QUARANTINE_MIN = 60.0
 CONDUCTOR_GRACE = 4.0  # seconds to learn which rank broke the conductor's link, from statuses
-
-
-@dataclass
-class Epoch:
-    """The leader's record of the cluster it formed."""
-
-    number: int
-    nodes: tuple[str, ...]  # node id per global rank
-    plan: PipelinePlan | None  # None until planned
-    members: tuple[str, ...] = ()  # every eligible member it was formed for
-    model: str | None = None  # the key of the model it serves
-    prediction: Prediction | None = None  # the cost model's, when planned from profiles
-    state: EpochState = "loading"
-    started: float = field(default_factory=time.monotonic)
-    reason: str = ""
-    conductor_lost: float | None = None  # monotonic time the conductor's link dropped
-    adapter_job: str | None = None  # the fine-tuning job whose adapter every shard carries
-    symptom_seen: float | None = None  # monotonic time a rank first exited on a broken link
-
-    def conductor_rank(self) -> int | None:
-        if self.plan is None or self.plan.stages[-1].ranks[0] >= len(self.nodes):
-            return None
-        return self.plan.stages[-1].ranks[0]
-
-
-def _rank_name(led: Epoch, node_id: str) -> str:
-    """ "rank 2 on node local-2" (several ranks on one node are all named)."""
-    ranks = [str(r) for r, n in enumerate(led.nodes) if n == node_id]
-    which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
-    return f"{which} on node {node_id}"
-
-
-def node_weights(
-    members: list[Announcement], profiles: dict[str, ProfileSummary | None], spec: ModelSpec
-) -> list[float]:
-    """Share weight of each member: the manual weights if every member set one; else each
-    member's decode speed (bytes/s) for ``spec`` from its profile summary (at the model's
-    matrix shapes where it measured them, else its score for the model's weight format), or
-    its announced headline score; a member with neither gets the others' mean speed."""
-    if all(a.weight > 0 for a in members):
-        return [a.weight for a in members]
-    if any(a.weight > 0 for a in members):
-        log.warning(
-            "manual weights ignored: not every node set --weight (%s)",
-            ", ".join(a.node_id for a in members if a.weight <= 0),
-        )
-
-    def speed(a: Announcement) -> float | None:
-        profile = profiles.get(a.node_id)
-        if profile is not None:
-            return profile_read_speed(spec, profile)
-        return 1.0 / a.decode_seconds_per_byte if a.decode_seconds_per_byte > 0 else None
-
-    speeds = [speed(a) for a in members]
-    known = [x for x in speeds if x is not None]
-    fill = sum(known) / len(known) if known else 1.0
-    return [fill if x is None else x for x in speeds]
 
 
 class Leader:
@@ -136,10 +78,10 @@ class Leader:
         self._control, self._dispatcher = control, dispatcher
         self._requests_port = requests_port
         self._highest_epoch = highest_epoch
-        self.led: Epoch | None = None
+        self.led: LedEpoch | None = None
         self._retry_at = 0.0  # no new epoch before this (after failures)
         self._failures = 0
-        self._quarantine: dict[str, float] = {}  # node id -> until (monotonic)
+        self._quarantine: dict[NodeId, float] = {}  # node id -> until (monotonic)
         dispatcher.on_conductor_lost = self._conductor_lost
         # A fine-tuning job holds the cluster (exo_tp.node.finetune.jobs): no epoch forms.
         self.paused: str | None = None
@@ -152,7 +94,7 @@ class Leader:
         )
 
     @property
-    def me(self) -> str:
+    def me(self) -> NodeId:
         return self.config.node_id
 
     def leads(self) -> bool:
@@ -280,7 +222,7 @@ class Leader:
         self.balance.draining_since = None
         self._dispatcher.resume()  # requests held for a planned re-plan get the 503 now
 
-    def _conductor_lost(self, epoch: int) -> None:
+    def _conductor_lost(self, epoch: Epoch) -> None:
         """The conductor's link dropped: a rank died or stalled. Its node's status names it
         within a poll or two (`_track` fails the epoch then, naming node, rank and what
         happened); only if none does within CONDUCTOR_GRACE the conductor itself is named."""
@@ -288,10 +230,10 @@ class Leader:
         if led is not None and led.number == epoch and led.conductor_lost is None:
             led.conductor_lost = time.monotonic()
 
-    def _track(self, led: Epoch) -> None:
+    def _track(self, led: LedEpoch) -> None:
         """Follow an epoch's workers: ready once all are, failed when one exits or stalls, or
         when a node could not fetch its shard."""
-        statuses: dict[str, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
+        statuses: dict[NodeId, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
         failures: list[tuple[int, str]] = []  # (how telling, reason): the culprit first
         for node_id, status in statuses.items():
             fetch = status.weights.fetch if status else None
@@ -303,7 +245,7 @@ class Leader:
                     led.started = time.monotonic()
             if status is None or status.worker_epoch != led.number:
                 continue
-            who = _rank_name(led, node_id)
+            who = rank_name(led, node_id)
             if status.worker_stalled is not None:
                 if status.worker_stalled == "frozen":  # re-plan without it for a while
                     self._quarantine[node_id] = time.monotonic() + max(
@@ -332,7 +274,7 @@ class Leader:
         if lost is not None and time.monotonic() - lost > CONDUCTOR_GRACE:
             conductor = led.conductor_rank()
             self._fail(
-                f"the conductor ({_rank_name(led, led.nodes[conductor])}, the last stage's "
+                f"the conductor ({rank_name(led, led.nodes[conductor])}, the last stage's "
                 f"first rank) lost its link to the leader; no rank reported why within "
                 f"{CONDUCTOR_GRACE:g} s"
                 if conductor is not None
@@ -357,39 +299,9 @@ class Leader:
     def members_for(
         self, spec: ModelSpec, eligible: list[Announcement], own_profile: ProfileSummary | None
     ) -> Members:
-        """The eligible members as placement sees them (this node first, then by id): share
-        weights from manual weights or measured speeds, live slowdowns, the links they
-        measured to each other; forced stages from the config."""
-        members = sorted(eligible, key=lambda a: (a.node_id != self.me, a.node_id))
-        profiles: dict[str, ProfileSummary | None] = {}
-        for a in members:
-            status = self.peers.status(a.node_id)
-            profiles[a.node_id] = (
-                own_profile if a.node_id == self.me else (status.profile if status else None)
-            )
-        weights = node_weights(members, profiles, spec)
-        slowdowns = [1.0] * len(members)
-        live = self.balance.live_weights([a.node_id for a in members])
-        if live:  # rebalanced: the ranks' live speeds (on the profiles' scale)
-            profiled = weights
-            weights = [live.get(a.node_id, w) for a, w in zip(members, weights, strict=True)]
-            # every read as much slower (or faster) as the rank now runs
-            slowdowns = [p / w for p, w in zip(profiled, weights, strict=True)]
-        measured = all(a.weight <= 0 and profiles[a.node_id] is not None for a in members)
-        return Members(
-            members=tuple(
-                Member(
-                    node_id=a.node_id,
-                    weight=w,
-                    profile=profiles[a.node_id],
-                    slowdown=f,
-                    memory_available=a.memory_available,
-                )
-                for a, w, f in zip(members, weights, slowdowns, strict=True)
-            ),
-            measured=measured,  # weights are then decode speeds for the model's weight format
-            stages=self.config.stages,
-            links=measured_links(self.peers, [a.node_id for a in members]),
+        """The eligible members as placement sees them (exo_tp.node.leader.members)."""
+        return gather_members(
+            spec, eligible, own_profile, self.peers, self.balance, self.config.stages
         )
 
     def _next_number(self) -> int:
@@ -403,7 +315,7 @@ class Leader:
         number = self._next_number()
         previous = self.led
         eligible_ids = tuple(sorted(m.node_id for m in eligible))
-        self.led = Epoch(
+        self.led = LedEpoch(
             number=number,
             nodes=(),
             plan=None,
@@ -464,45 +376,22 @@ class Leader:
 
     async def _assignments(
         self,
-        number: int,
+        number: Epoch,
         model: str,
         placement: Placement,
         members: list[Announcement],
         backend: BackendChoice,
     ) -> list[Assignment]:
         """Each member's Assignment of epoch ``number`` (with fresh ports from each)."""
-        plan = placement.plan
         ports = await asyncio.gather(*(self._control.ports(m, number) for m in members))
-        ranks = range(len(members))
-        hops = (
-            tuple(f"{members[r].host}:{ports[r].hop}" for r in ranks)
-            if len(plan.stages) > 1
-            else ()
+        where = Where(
+            members=tuple(members),
+            ports=tuple(ports),
+            requests_at=f"{self.config.host}:{self._requests_port}",
         )
-        conductor = plan.stages[-1].ranks[0]
-        return [
-            Assignment(
-                epoch=number,
-                model=model,
-                plan=plan,
-                rank=rank,
-                hostfile=tuple(f"{members[r].host}:{ports[r].ring}" for r in ranks),
-                conductor=f"{members[conductor].host}:{ports[conductor].conductor}",
-                requests_at=f"{self.config.host}:{self._requests_port}",
-                hops=hops,
-                nodes=placement.rank_order,
-                dtype=self.config.dtype,
-                backend=backend.backend,
-                ibv_devices=backend.ibv_devices,
-                prediction=placement.prediction,
-                serving=self.config.serving,
-                adapter_path=self.config.adapter_path,
-                speed_probe=self.config.rebalance and len(plan.stages) == 1 and len(members) > 1,
-            )
-            for rank in ranks
-        ]
+        return assignments_of(number, model, placement, where, backend, self.config)
 
-    async def _rebalance(self, led: Epoch, members: list[Announcement], model: str) -> None:
+    async def _rebalance(self, led: LedEpoch, members: list[Announcement], model: str) -> None:
         """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
         let those in flight finish, and re-plan the shares (exo_tp.node.leader.rebalance)."""
         balance = self.balance
@@ -513,7 +402,7 @@ class Leader:
             if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
                 balance.skipped = "the shares were set by --weight"
                 return
-            profiles: dict[str, ProfileSummary | None] = {
+            profiles: dict[NodeId, ProfileSummary | None] = {
                 n: s.profile if s else None for n, s in statuses.items()
             }
             announced = [m for m in members if m.node_id in statuses]
@@ -540,6 +429,6 @@ class Leader:
         if balance.drained(self._dispatcher.in_flight):
             await self._form(members, model, led.adapter_job)
 
-    async def _release(self, peer: Announcement, epoch: int) -> None:
+    async def _release(self, peer: Announcement, epoch: Epoch) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):
             await self._control.release(peer, epoch)

@@ -13,9 +13,8 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from exo_tp.plan.pipeline import PipelinePlan
+from exo_tp.node.leader.led_epoch import LedEpoch
 from exo_tp.plan.rebalance import (
     RankSpeed,
     RebalancePolicy,
@@ -27,6 +26,7 @@ from exo_tp.plan.rebalance import (
 )
 from exo_tp.wire.balance import BalanceView, RankBalanceView, RebalanceView
 from exo_tp.wire.control import NodeStatus
+from exo_tp.wire.ids import Epoch, NodeId
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +37,11 @@ DRAIN_SECONDS = 600.0
 SAMPLE_MAX_AGE = 15.0  # a sample older than this (an idle cluster probes nothing) is not news
 
 
-class Epoch(Protocol):
-    """What the balance reads of the leader's epoch (`exo_tp.node.leader.formation.Epoch`: the
-    formation drives this module, so a protocol here keeps the import one way)."""
-
-    @property
-    def number(self) -> int: ...
-    @property
-    def nodes(self) -> tuple[str, ...]: ...
-    @property
-    def plan(self) -> PipelinePlan | None: ...
-
-
 @dataclass
 class Rebalanced:
     """One re-plan the live speeds triggered (shown in the views)."""
 
-    from_epoch: int
+    from_epoch: Epoch
     imbalance: float
     speeds: dict[str, float]
     at: float = field(default_factory=time.time)
@@ -64,18 +52,18 @@ class LiveBalance:
     def __init__(self, policy: RebalancePolicy, enabled: bool):
         self.policy, self.enabled = policy, enabled
         self.state = RebalanceState()
-        self.epoch: int | None = None
+        self.epoch: Epoch | None = None
         self.latest: dict[str, RankSpeed] = {}  # node id -> its rank's latest sample
         self.verdict: Verdict | None = None
         self.draining_since: float | None = None
         self.history: list[Rebalanced] = []
         # the live share weights the next plan uses, and the members they were measured for
         self.weights: dict[str, float] = {}
-        self.weights_members: tuple[str, ...] = ()
-        self._nodes: tuple[str, ...] = ()
+        self.weights_members: tuple[NodeId, ...] = ()
+        self._nodes: tuple[NodeId, ...] = ()
         self.skipped = ""  # why the last due re-plan was not done
 
-    def observe(self, led: Epoch, statuses: Mapping[str, NodeStatus | None], now: float) -> bool:
+    def observe(self, led: LedEpoch, statuses: Mapping[str, NodeStatus | None], now: float) -> bool:
         """Take the new samples of ``led``'s ranks; True when a re-plan is due."""
         if led.number != self.epoch:  # new shares: earlier samples describe another split
             self.epoch, self.latest, self.verdict = led.number, {}, None
@@ -98,7 +86,7 @@ class LiveBalance:
         return self.enabled and self.verdict.replan
 
     def begin(
-        self, led: Epoch, members: Sequence[str], profile_weights: Mapping[str, float]
+        self, led: LedEpoch, members: Sequence[str], profile_weights: Mapping[str, float]
     ) -> None:
         """Start a planned re-plan: remember the weights the next plan uses."""
         assert self.verdict is not None and self.verdict.speeds is not None
@@ -151,7 +139,7 @@ class LiveBalance:
         """The measured weights, while the members are those they were measured for."""
         return self.weights if tuple(sorted(members)) == self.weights_members else {}
 
-    def view(self, led: Epoch | None) -> BalanceView:
+    def view(self, led: LedEpoch | None) -> BalanceView:
         """Each rank's live speed and share, and the imbalance: /v1/cluster, /v1/plan, web UI."""
         ranks = []
         if led is not None and led.number == self.epoch:

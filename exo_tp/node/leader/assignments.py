@@ -1,0 +1,58 @@
+"""Every member's Assignment of a new epoch, from the placement and where each member listens
+(pure: the leader asks the members for fresh ports first)."""
+
+from __future__ import annotations
+
+from exo_tp.frozen import Frozen
+from exo_tp.node.config import NodeConfig
+from exo_tp.node.leader.backend_choice import BackendChoice
+from exo_tp.node.leader.placement import Placement
+from exo_tp.wire.announcement import Announcement
+from exo_tp.wire.assignment import Assignment
+from exo_tp.wire.control import Ports
+from exo_tp.wire.ids import Epoch
+
+
+class Where(Frozen):
+    """Where an epoch's ranks meet: each member (in rank order) and its fresh ports, and the
+    leader's request source."""
+
+    members: tuple[Announcement, ...]
+    ports: tuple[Ports, ...]
+    requests_at: str  # "ip:port"
+
+
+def assignments_of(
+    number: Epoch,
+    model: str,
+    placement: Placement,
+    where: Where,
+    backend: BackendChoice,
+    config: NodeConfig,
+) -> list[Assignment]:
+    """Each rank's Assignment of epoch ``number``."""
+    plan, members, ports = placement.plan, where.members, where.ports
+    ranks = range(len(members))
+    hops = tuple(f"{members[r].host}:{ports[r].hop}" for r in ranks) if len(plan.stages) > 1 else ()
+    conductor = plan.stages[-1].ranks[0]
+    return [
+        Assignment(
+            epoch=number,
+            model=model,
+            plan=plan,
+            rank=rank,
+            hostfile=tuple(f"{members[r].host}:{ports[r].ring}" for r in ranks),
+            conductor=f"{members[conductor].host}:{ports[conductor].conductor}",
+            requests_at=where.requests_at,
+            hops=hops,
+            nodes=placement.rank_order,
+            dtype=config.dtype,
+            backend=backend.backend,
+            ibv_devices=backend.ibv_devices,
+            prediction=placement.prediction,
+            serving=config.serving,
+            adapter_path=config.adapter_path,
+            speed_probe=config.rebalance and len(plan.stages) == 1 and len(members) > 1,
+        )
+        for rank in ranks
+    ]
