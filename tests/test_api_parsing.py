@@ -1,12 +1,16 @@
 """The API's pure parts, each against an independent reference: request bodies (malformed JSON
 a worker could choke on), the answer stream split into content and tool calls (against the
 tool calls written into the text), per-token log-probabilities (against mlx_lm.server's
-formatter) and token bytes (against the text they spell)."""
+formatter) and token bytes (against the text they spell); and whose fault a failure is (a
+template refusing the client's conversation, a parser refusing the model's text, or our bug)."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -14,8 +18,9 @@ from mlx_lm.server import _format_top_logprobs
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tool_model import write_tool_model
 
+from exo_tp.api import answer_stream
 from exo_tp.api.answer_stream import AnswerStream
-from exo_tp.api.chat_prompt import Prompt
+from exo_tp.api.chat_prompt import Prompt, ToolUse, render_chat
 from exo_tp.api.errors import ApiError
 from exo_tp.api.json_body import MAX_DEPTH, parse_json
 from exo_tp.api.token_text import TokenText
@@ -123,6 +128,53 @@ def test_one_call_when_parallel_calls_are_off(tool_tokenizer) -> None:
     answer = AnswerStream(tool_tokenizer, prompt, streaming=False, max_calls=1)
     calls = [c for t in _token_stream(tool_tokenizer, TEXT) for c in answer.feed(t).tool_calls]
     assert [c["function"]["name"] for c in calls] == ["get_weather"]
+
+
+class _FailingParser:
+    """A ToolCallFormatter stand-in that raises ``error`` on any call text."""
+
+    error: Exception = RuntimeError()
+
+    def __init__(self, *args: Any) -> None:
+        pass
+
+    def __call__(self, texts: list[str]) -> list[dict[str, Any]]:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "level", "traceback"),
+    [
+        (AttributeError("'NoneType' object has no attribute 'group'"), logging.WARNING, False),
+        (KeyError("arguments"), logging.WARNING, False),
+        (RuntimeError("a bug of the parser's"), logging.ERROR, True),
+    ],
+)
+def test_a_call_the_parser_cannot_read_is_dropped_and_a_bug_logged_as_one(
+    tool_tokenizer, monkeypatch, caplog, error: Exception, level: int, traceback: bool
+) -> None:
+    monkeypatch.setattr(_FailingParser, "error", error)
+    monkeypatch.setattr(answer_stream, "ToolCallFormatter", _FailingParser)
+    answer = AnswerStream(tool_tokenizer, Prompt(tokens=[1], tools=[]), streaming=False)
+    with caplog.at_level(logging.WARNING, logger=answer_stream.__name__):
+        pieces = [answer.feed(t) for t in _token_stream(tool_tokenizer, TEXT)]
+    assert "".join(p.content for p in pieces) == "Let me check. "
+    assert not any(p.tool_calls for p in pieces)
+    assert {(r.levelno, r.exc_info is not None) for r in caplog.records} == {(level, traceback)}
+
+
+def test_a_template_refusal_is_the_clients_400_and_our_bug_is_no_400(tool_tokenizer) -> None:
+    with pytest.raises(ApiError) as caught:  # the template adds a str and the client's None
+        render_chat(tool_tokenizer, HELLO, ToolUse(), {"system_note": None})
+    assert (caught.value.status, caught.value.param) == (400, "messages")
+    assert "can only concatenate str" in caught.value.message
+
+    def broken(*args: Any, **kwargs: Any) -> list[int]:
+        raise RuntimeError("a bug of ours")
+
+    ours = SimpleNamespace(has_chat_template=True, apply_chat_template=broken)
+    with pytest.raises(RuntimeError, match="a bug of ours"):  # the routes' logged 500
+        render_chat(ours, HELLO, ToolUse(), {})  # type: ignore[arg-type]
 
 
 def test_token_logprob_matches_mlx_lm_server() -> None:

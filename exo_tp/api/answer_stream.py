@@ -16,6 +16,12 @@ from exo_tp.api.chat_prompt import Prompt
 
 log = logging.getLogger(__name__)
 
+# What mlx-lm's tool parsers raise on text that is no call of theirs: a regex that did not
+# match (None.group: AttributeError), a missing field (KeyError, IndexError), a value of the
+# wrong type (TypeError), bad JSON or Python literals (ValueError, SyntaxError). The model wrote
+# it, so the call is dropped with a warning; anything else is a bug and logged as one.
+MODEL_TEXT_ERRORS = (AttributeError, LookupError, TypeError, ValueError, SyntaxError)
+
 
 @dataclass
 class AnswerPiece:
@@ -125,14 +131,30 @@ class AnswerStream:
         assert self._parse is not None
         try:
             return self._parse([text])
-        except Exception as error:  # a parser meeting text it does not expect
+        except MODEL_TEXT_ERRORS as error:  # the model wrote a call the parser cannot read
             log.warning(
                 "dropped a tool call the parser could not read (%s: %s)",
                 type(error).__name__,
                 error,
             )
-            return []
+        except Exception:  # a parser's own bug: the answer goes on, the traceback is logged
+            log.exception("the tool parser failed on %.200r; the call is dropped", text)
+        return []
 
     def finish_reason(self, reason: str) -> str:
         """OpenAI's finish reason: "tool_calls" when the answer stopped after calling tools."""
         return "tool_calls" if reason == "stop" and self.made_tool_call else reason
+
+
+class PlainText:
+    """A completion's text as it came, all of it content: its prompt is no conversation, so
+    nothing in it is reasoning or a tool call (AnswerStream's interface)."""
+
+    def feed(self, text: str) -> AnswerPiece:
+        return AnswerPiece(content=text)
+
+    def finish(self, finish_reason: str) -> AnswerPiece:
+        return AnswerPiece()
+
+    def finish_reason(self, reason: str) -> str:
+        return reason

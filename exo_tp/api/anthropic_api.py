@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from exo_tp.api.answer_stream import AnswerPiece, AnswerStream
+from exo_tp.api.answer_stream import AnswerPiece
 from exo_tp.api.anthropic_schema import CountTokensRequest, MessagesRequest
 from exo_tp.api.anthropic_shapes import (
     Block,
@@ -34,12 +33,12 @@ from exo_tp.api.anthropic_shapes import (
     tool_use,
     usage,
 )
-from exo_tp.api.backend import Backend, collect, first_event
+from exo_tp.api.backend import Backend
 from exo_tp.api.chat_prompt import Prompt, choose_tools, render_chat
 from exo_tp.api.errors import ApiError
-from exo_tp.api.generation_request import generate_request, sampling_params, token_budget
-from exo_tp.api.http_io import EventStream, json_view, off_loop, read_body, validate
-from exo_tp.api.openai_api import check_model
+from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
+from exo_tp.api.generation_request import Ask, check_model, request_id
+from exo_tp.api.http_io import json_view, off_loop, read_body, validate
 from exo_tp.api.openai_schema import SamplingFields
 from exo_tp.frozen import replace
 from exo_tp.wire.runtime import Delta, Done
@@ -59,12 +58,12 @@ async def count_tokens(node: Backend, request: web.Request) -> web.Response:
     return json_view(TokenCount(input_tokens=len(prompt.tokens)))
 
 
-def _stop_reason(done: Done, answer: AnswerStream) -> tuple[str, str | None]:
-    """Anthropic's stop reason and stop sequence (an answer that called tools stopped to
-    use them, whatever ended it after the call)."""
-    if done.finish_reason == "length":
+def _stop_reason(done: Done, reason: str) -> tuple[str, str | None]:
+    """Anthropic's stop reason and stop sequence, from OpenAI's finish ``reason`` (an answer
+    that called tools stopped to use them, whatever ended it after the call)."""
+    if reason == "length":
         return "max_tokens", None
-    if answer.made_tool_call:
+    if reason == "tool_calls":
         return "tool_use", None
     if done.stop_string is not None:
         return "stop_sequence", done.stop_string
@@ -75,14 +74,18 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(MessagesRequest, await read_body(request))
     check_model(node, parsed.model)
     prompt = await off_loop(_prompt, node, parsed)
-    budget = token_budget(node, len(prompt.tokens), parsed.max_tokens, "messages", "max_tokens")
-    fields = SamplingFields(temperature=parsed.temperature, top_p=parsed.top_p, top_k=parsed.top_k)
-    sampling = sampling_params(node, fields, budget, logprobs=False, top_logprobs=0)
-    generation = generate_request(
-        node, "msg", prompt.tokens, sampling, parsed.stop_sequences or [], "messages"
-    )
     single = bool(parsed.tool_choice and parsed.tool_choice.disable_parallel_tool_use)
-    answer = AnswerStream(node.tokenizer, prompt, streaming=False, max_calls=1 if single else None)
+    ask = Ask(
+        id=request_id("msg"),
+        prompt=prompt,
+        sampling=SamplingFields(
+            temperature=parsed.temperature, top_p=parsed.top_p, top_k=parsed.top_k
+        ),
+        max_tokens=parsed.max_tokens,
+        stream=parsed.stream,
+        stops=parsed.stop_sequences or [],
+        max_calls=1 if single else None,
+    )
     head = Message(
         id=f"msg_{uuid.uuid4().hex[:24]}",
         model=node.model,
@@ -91,109 +94,88 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
         stop_sequence=None,
         usage=usage(len(prompt.tokens), None),
     )
-    events = node.generate(generation)
-    if parsed.stream:
-        return await _stream(request, events, head, answer)
-    deltas, done = await collect(events)
-    whole = AnswerPiece()
-    for delta in deltas:
-        whole.add(answer.feed(delta.text))
-    whole.add(answer.finish(_finish(done)))
-    content: list[Block] = []
-    if whole.reasoning:
-        content.append(ThinkingBlock(thinking=whole.reasoning))
-    if whole.content:
-        content.append(TextBlock(text=whole.content))
-    content += [tool_use(call) for call in whole.tool_calls]
-    reason, sequence = _stop_reason(done, answer)
-    return json_view(
-        replace(
-            head,
-            content=content,
-            stop_reason=reason,
-            stop_sequence=sequence,
-            usage=usage(len(prompt.tokens), done),
-        )
-    )
+    return await respond(node, request, ask, _Messages(head, len(prompt.tokens)))
 
 
-def _finish(done: Done) -> str:
-    return "length" if done.finish_reason == "length" else "stop"
+class _Messages(SseRenderer):
+    """A message: whole, or streamed as content blocks (start, deltas, stop), one block at a
+    time, between its start and its stop reason."""
 
-
-class _Blocks:
-    """Content blocks of a streamed message: start, deltas, stop, one block at a time."""
-
-    def __init__(self, stream: EventStream):
-        self._stream = stream
+    def __init__(self, head: Message, prompt_tokens: int):
+        self._head, self._prompt_tokens = head, prompt_tokens
         self._index = -1
         self._open: str | None = None
 
-    async def send(self, event: Event) -> None:
-        await self._stream.send(event, event=event.type)
+    async def _send(self, event: Event) -> None:
+        await self._out.send(event, event=event.type)
 
-    async def _start(self, block: Block) -> None:
-        await self.close()
+    async def _start_block(self, block: Block) -> None:
+        await self._close_block()
         self._index += 1
         self._open = block.type
-        await self.send(ContentBlockStart(index=self._index, content_block=block))
+        await self._send(ContentBlockStart(index=self._index, content_block=block))
 
-    async def _delta(self, delta: ThinkingDelta | TextDelta | InputJsonDelta) -> None:
-        await self.send(ContentBlockDelta(index=self._index, delta=delta))
+    async def _block_delta(self, delta: ThinkingDelta | TextDelta | InputJsonDelta) -> None:
+        await self._send(ContentBlockDelta(index=self._index, delta=delta))
 
-    async def piece(self, piece: AnswerPiece) -> None:
+    async def _close_block(self) -> None:
+        if self._open is not None:
+            await self._send(ContentBlockStop(index=self._index))
+            self._open = None
+
+    async def start(self) -> None:
+        await self._send(MessageStart(message=self._head))
+        await self._send(Ping())
+
+    async def delta(self, piece: AnswerPiece, delta: Delta) -> None:
+        await self._blocks(piece)
+
+    async def _blocks(self, piece: AnswerPiece) -> None:
         if piece.reasoning:
             if self._open != "thinking":
-                await self._start(ThinkingBlock(thinking=""))
-            await self._delta(ThinkingDelta(thinking=piece.reasoning))
+                await self._start_block(ThinkingBlock(thinking=""))
+            await self._block_delta(ThinkingDelta(thinking=piece.reasoning))
         if piece.content:
             if self._open != "text":
-                await self._start(TextBlock(text=""))
-            await self._delta(TextDelta(text=piece.content))
+                await self._start_block(TextBlock(text=""))
+            await self._block_delta(TextDelta(text=piece.content))
         for call in piece.tool_calls:
             block = tool_use(call)
             arguments = json.dumps(block.input, ensure_ascii=False)
-            await self._start(replace(block, input={}))
-            await self._delta(InputJsonDelta(partial_json=arguments))
-            await self.close()
+            await self._start_block(replace(block, input={}))
+            await self._block_delta(InputJsonDelta(partial_json=arguments))
+            await self._close_block()
 
-    async def close(self) -> None:
-        if self._open is not None:
-            await self.send(ContentBlockStop(index=self._index))
-            self._open = None
+    async def end(self, piece: AnswerPiece, done: Done, reason: str) -> None:
+        await self._blocks(piece)
+        await self._close_block()
+        stop_reason, sequence = _stop_reason(done, reason)
+        await self._send(
+            MessageDelta(
+                delta=StopDelta(stop_reason=stop_reason, stop_sequence=sequence),
+                usage=OutputUsage(output_tokens=done.completion_tokens),
+            )
+        )
+        await self._send(MessageStop())
 
+    async def error(self, error: ApiError) -> None:
+        await self._out.send(error.anthropic_body(), event="error")
 
-async def _stream(
-    request: web.Request,
-    events: AsyncIterator[Delta | Done],
-    head: Message,
-    answer: AnswerStream,
-) -> web.StreamResponse:
-    event = await first_event(events)
-    stream = EventStream(request)
-    await stream.open()
-    blocks = _Blocks(stream)
-    try:
-        await blocks.send(MessageStart(message=head))
-        await blocks.send(Ping())
-        while True:
-            if isinstance(event, Delta):
-                await blocks.piece(answer.feed(event.text))
-            else:
-                await blocks.piece(answer.finish(_finish(event)))
-                await blocks.close()
-                reason, sequence = _stop_reason(event, answer)
-                await blocks.send(
-                    MessageDelta(
-                        delta=StopDelta(stop_reason=reason, stop_sequence=sequence),
-                        usage=OutputUsage(output_tokens=event.completion_tokens),
-                    )
-                )
-                await blocks.send(MessageStop())
-                break
-            event = await anext(events)
-    except ApiError as error:  # mid-stream failure: an error event, then the stream ends
-        await stream.send(error.anthropic_body(), event="error")
-    finally:
-        await events.aclose()
-    return await stream.close()
+    async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
+        whole = answer.merged()
+        content: list[Block] = []
+        if whole.reasoning:
+            content.append(ThinkingBlock(thinking=whole.reasoning))
+        if whole.content:
+            content.append(TextBlock(text=whole.content))
+        content += [tool_use(call) for call in whole.tool_calls]
+        reason, sequence = _stop_reason(answer.done, answer.reason)
+        return json_view(
+            replace(
+                self._head,
+                content=content,
+                stop_reason=reason,
+                stop_sequence=sequence,
+                usage=usage(self._prompt_tokens, answer.done),
+            )
+        )

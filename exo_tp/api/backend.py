@@ -66,23 +66,3 @@ class Backend(Protocol):
     def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         """The events of one generation; raises `ApiError` (503 while the cluster is not
         ready, 429 when the queue is full); closing the iterator early cancels it."""
-
-
-async def first_event(events: AsyncIterator[Delta | Done]) -> Delta | Done:
-    """The first event, awaited before a stream opens: a failure before it (queue full,
-    cluster not ready) is still a plain JSON error rather than a broken stream."""
-    return await anext(events)
-
-
-async def collect(events: AsyncIterator[Delta | Done]) -> tuple[list[Delta], Done]:
-    """A whole answer (for a request that is not streamed): its deltas and its end."""
-    deltas: list[Delta] = []
-    try:
-        async for event in events:
-            if isinstance(event, Delta):
-                deltas.append(event)
-            else:
-                return deltas, event
-    finally:
-        await events.aclose()
-    raise RuntimeError("the generation ended without a Done event")  # Backend.generate ends so

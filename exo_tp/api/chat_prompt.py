@@ -8,10 +8,20 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2 import TemplateError
 from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.errors import ApiError
+
+# What rendering a client's conversation through the model's template raises when the template
+# refuses it: the template's own raise_exception or an undefined name (TemplateError), a value
+# of the wrong type for it ("can only concatenate str", or chat_template_kwargs that clash with
+# the renderer's arguments: TypeError), transformers' checks of the arguments (ValueError), a
+# lookup or a sum on the client's values (LookupError, ArithmeticError: also the sandbox's
+# "range too big"). The client sent it: a 400. Anything else is our bug: the routes' 500,
+# logged with its traceback.
+TEMPLATE_REFUSALS = (TemplateError, TypeError, ValueError, LookupError, ArithmeticError)
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ def render_chat(
         tokens = tokenizer.apply_chat_template(
             messages, tools=use.tools, tokenize=True, add_generation_prompt=True, **template_args
         )
-    except Exception as error:  # the template may refuse a conversation's shape or arguments
+    except TEMPLATE_REFUSALS as error:
         message = str(error).strip() or type(error).__name__
         raise ApiError(
             400,

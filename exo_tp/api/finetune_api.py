@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -21,6 +21,7 @@ from exo_tp.api.errors import ApiError, api_path
 from exo_tp.api.http_io import MAX_BODY, read_body, validate
 from exo_tp.api.proxy import pass_through
 from exo_tp.finetune.openai_schema import (
+    Checkpoint,
     CheckpointList,
     CreateJob,
     EventList,
@@ -28,6 +29,7 @@ from exo_tp.finetune.openai_schema import (
     FileList,
     FileObject,
     Job,
+    JobEvent,
     JobList,
 )
 
@@ -46,8 +48,8 @@ class FineTuningService(Protocol):
     async def create(self, body: CreateJob) -> Job: ...
     def jobs(self) -> list[Job]: ...
     def job(self, job_id: str) -> Job: ...
-    def events(self, job_id: str) -> list[BaseModel]: ...
-    def checkpoints(self, job_id: str) -> list[BaseModel]: ...
+    def events(self, job_id: str) -> list[JobEvent]: ...
+    def checkpoints(self, job_id: str) -> list[Checkpoint]: ...
     async def cancel(self, job_id: str) -> Job: ...
     def adapter_file(self, job_id: str, name: str) -> bytes: ...
 
@@ -91,7 +93,15 @@ def _limit(request: web.Request) -> int:
     return limit
 
 
-def _page(items: list, request: web.Request) -> tuple[list, bool]:  # type: ignore[type-arg]
+class _Listed(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+Listed = TypeVar("Listed", bound=_Listed)
+
+
+def _page(items: list[Listed], request: web.Request) -> tuple[list[Listed], bool]:
     """OpenAI's cursor pagination: the items after the one with id ``after``."""
     after = request.query.get("after")
     if after is not None:
@@ -117,124 +127,126 @@ async def forward(request: web.Request, node: Leader, upstream: str) -> web.Stre
 
 
 Handler = Callable[[web.Request, FineTuningService], Awaitable[web.StreamResponse]]
+Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def add_routes(table: web.RouteTableDef, node_of: Callable[[web.Request], Leader]) -> None:
     """The fine-tuning routes on ``table``; ``node_of(request)`` is the node serving it."""
+    for method, path, handler in ROUTES:
+        table.route(method, path)(_on_leader(node_of, handler))
 
-    def on_leader(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        async def route(request: web.Request) -> web.StreamResponse:
-            node = node_of(request)
-            upstream = node.generation_url()
-            if upstream is not None:
-                return await forward(request, node, upstream)
-            return await handler(request, node.fine_tuning)
 
-        return route
+def _on_leader(node_of: Callable[[web.Request], Leader], handler: Handler) -> Route:
+    """``handler`` where the leader keeps the files and jobs; elsewhere, passed on to it."""
 
-    @on_leader
-    async def upload(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        if not request.content_type.startswith("multipart/form-data"):
-            raise ApiError(400, "upload a file as multipart/form-data (fields 'file', 'purpose')")
-        try:
-            raw_body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise ApiError(
-                413, f"the file is larger than the limit of {MAX_BODY} bytes",
-                code="file_too_large",
-            ) from None  # fmt: skip
-        fields = parse_form(request.headers.get("Content-Type", ""), raw_body)
-        file, purpose = fields.get("file"), fields.get("purpose")
-        if file is None:
-            raise ApiError(400, "Missing required parameter: 'file'.", param="file")
-        if purpose is None:
-            raise ApiError(400, "Missing required parameter: 'purpose'.", param="purpose")
-        filename, raw = file
-        purpose_text = purpose[1].decode("utf-8", "replace").strip()
-        return _view(ft.upload(filename or "upload.jsonl", raw, purpose_text))
+    async def route(request: web.Request) -> web.StreamResponse:
+        node = node_of(request)
+        upstream = node.generation_url()
+        if upstream is not None:
+            return await forward(request, node, upstream)
+        return await handler(request, node.fine_tuning)
 
-    @on_leader
-    async def list_files(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        purpose = request.query.get("purpose")
-        files = [f for f in ft.files() if purpose is None or f.purpose == purpose]
-        page, more = _page(files, request) if "limit" in request.query else (files, False)
-        return _view(FileList(data=tuple(page), has_more=more))
+    return route
 
-    @on_leader
-    async def get_file(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        return _view(ft.file(request.match_info["file_id"]))
 
-    @on_leader
-    async def file_content(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        data = ft.content(request.match_info["file_id"])
-        return web.Response(body=data, content_type="application/octet-stream")
+# ---- the handlers, on the leader ----------------------------------------------------------
 
-    @on_leader
-    async def delete_file(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        file_id = request.match_info["file_id"]
-        ft.delete(file_id)
-        return _view(FileDeleted(id=file_id))
 
-    @on_leader
-    async def create_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        body = validate(CreateJob, await read_body(request))
-        return _view(await ft.create(body))
+async def _upload(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    if not request.content_type.startswith("multipart/form-data"):
+        raise ApiError(400, "upload a file as multipart/form-data (fields 'file', 'purpose')")
+    try:
+        raw_body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(
+            413, f"the file is larger than the limit of {MAX_BODY} bytes", code="file_too_large"
+        ) from None
+    fields = parse_form(request.headers.get("Content-Type", ""), raw_body)
+    file, purpose = fields.get("file"), fields.get("purpose")
+    if file is None:
+        raise ApiError(400, "Missing required parameter: 'file'.", param="file")
+    if purpose is None:
+        raise ApiError(400, "Missing required parameter: 'purpose'.", param="purpose")
+    filename, raw = file
+    purpose_text = purpose[1].decode("utf-8", "replace").strip()
+    return _view(ft.upload(filename or "upload.jsonl", raw, purpose_text))
 
-    @on_leader
-    async def list_jobs(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        page, more = _page(ft.jobs(), request)
-        return _view(JobList(data=tuple(page), has_more=more))
 
-    @on_leader
-    async def get_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        return _view(ft.job(request.match_info["job_id"]))
+async def _list_files(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    purpose = request.query.get("purpose")
+    files = [f for f in ft.files() if purpose is None or f.purpose == purpose]
+    page, more = _page(files, request) if "limit" in request.query else (files, False)
+    return _view(FileList(data=tuple(page), has_more=more))
 
-    @on_leader
-    async def job_events(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        page, more = _page(ft.events(request.match_info["job_id"]), request)
-        return _view(EventList.model_validate({"data": page, "has_more": more}))
 
-    @on_leader
-    async def job_checkpoints(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        page, more = _page(ft.checkpoints(request.match_info["job_id"]), request)
-        return _view(
-            CheckpointList.model_validate(
-                {
-                    "data": page,
-                    "has_more": more,
-                    "first_id": page[0].id if page else None,  # type: ignore[attr-defined]
-                    "last_id": page[-1].id if page else None,  # type: ignore[attr-defined]
-                }
-            )
-        )
+async def _get_file(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    return _view(ft.file(request.match_info["file_id"]))
 
-    @on_leader
-    async def cancel_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        return _view(await ft.cancel(request.match_info["job_id"]))
 
-    @on_leader
-    async def adapter(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
-        name = request.match_info["name"]
-        if name not in ADAPTER_NAMES:
-            raise ApiError(
-                404, f"no adapter file '{name[:100]}': one of {', '.join(ADAPTER_NAMES)}"
-            )
-        data = ft.adapter_file(request.match_info["job_id"], name)
-        return web.Response(
-            body=data,
-            content_type="application/octet-stream",
-            headers={"Content-Disposition": f'attachment; filename="{name}"'},
-        )
+async def _file_content(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    data = ft.content(request.match_info["file_id"])
+    return web.Response(body=data, content_type="application/octet-stream")
 
-    table.post("/v1/files")(upload)
-    table.get("/v1/files")(list_files)
-    table.get("/v1/files/{file_id}")(get_file)
-    table.get("/v1/files/{file_id}/content")(file_content)
-    table.delete("/v1/files/{file_id}")(delete_file)
-    table.post("/v1/fine_tuning/jobs")(create_job)
-    table.get("/v1/fine_tuning/jobs")(list_jobs)
-    table.get("/v1/fine_tuning/jobs/{job_id}")(get_job)
-    table.get("/v1/fine_tuning/jobs/{job_id}/events")(job_events)
-    table.get("/v1/fine_tuning/jobs/{job_id}/checkpoints")(job_checkpoints)
-    table.post("/v1/fine_tuning/jobs/{job_id}/cancel")(cancel_job)
-    table.get("/v1/fine_tuning/jobs/{job_id}/adapter/{name}")(adapter)
+
+async def _delete_file(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    file_id = request.match_info["file_id"]
+    ft.delete(file_id)
+    return _view(FileDeleted(id=file_id))
+
+
+async def _create_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    body = validate(CreateJob, await read_body(request))
+    return _view(await ft.create(body))
+
+
+async def _list_jobs(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    page, more = _page(ft.jobs(), request)
+    return _view(JobList(data=tuple(page), has_more=more))
+
+
+async def _get_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    return _view(ft.job(request.match_info["job_id"]))
+
+
+async def _job_events(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    page, more = _page(ft.events(request.match_info["job_id"]), request)
+    return _view(EventList(data=tuple(page), has_more=more))
+
+
+async def _job_checkpoints(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    page, more = _page(ft.checkpoints(request.match_info["job_id"]), request)
+    first, last = (page[0].id, page[-1].id) if page else (None, None)
+    return _view(CheckpointList(data=tuple(page), has_more=more, first_id=first, last_id=last))
+
+
+async def _cancel_job(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    return _view(await ft.cancel(request.match_info["job_id"]))
+
+
+async def _adapter(request: web.Request, ft: FineTuningService) -> web.StreamResponse:
+    name = request.match_info["name"]
+    if name not in ADAPTER_NAMES:
+        raise ApiError(404, f"no adapter file '{name[:100]}': one of {', '.join(ADAPTER_NAMES)}")
+    data = ft.adapter_file(request.match_info["job_id"], name)
+    return web.Response(
+        body=data,
+        content_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
+
+
+# Method, path and handler of each route, in the order they are added.
+ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("POST", "/v1/files", _upload),
+    ("GET", "/v1/files", _list_files),
+    ("GET", "/v1/files/{file_id}", _get_file),
+    ("GET", "/v1/files/{file_id}/content", _file_content),
+    ("DELETE", "/v1/files/{file_id}", _delete_file),
+    ("POST", "/v1/fine_tuning/jobs", _create_job),
+    ("GET", "/v1/fine_tuning/jobs", _list_jobs),
+    ("GET", "/v1/fine_tuning/jobs/{job_id}", _get_job),
+    ("GET", "/v1/fine_tuning/jobs/{job_id}/events", _job_events),
+    ("GET", "/v1/fine_tuning/jobs/{job_id}/checkpoints", _job_checkpoints),
+    ("POST", "/v1/fine_tuning/jobs/{job_id}/cancel", _cancel_job),
+    ("GET", "/v1/fine_tuning/jobs/{job_id}/adapter/{name}", _adapter),
+)

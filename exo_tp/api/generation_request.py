@@ -1,18 +1,73 @@
-"""A validated API request as the runtime's `GenerateRequest`: server defaults for what the
-client left out, and every value checked against this model (vocabulary, context) so that
-nothing a worker could choke on ever leaves the API."""
+"""`Ask`, the one request every dialect parses into, and `fitted`, which makes it the runtime's
+`GenerateRequest`: server defaults for what the client left out, and every value checked
+against this model (vocabulary, context) so that nothing a worker could choke on ever leaves
+the API."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from exo_tp.api.backend import Backend
+from exo_tp.api.chat_prompt import Prompt
 from exo_tp.api.errors import ApiError
 from exo_tp.api.openai_schema import SamplingFields
+from exo_tp.wire.ids import RequestId
 from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
 
 # Below this a temperature divides logits into infinities; its limit is greedy decoding.
 MIN_TEMPERATURE = 1e-6
+DEFAULT_MODEL_ALIAS = "default_model"  # mlx_lm.server's name for the model it serves
+
+
+def check_model(node: Backend, model: str | None) -> None:
+    """404 for a model no node has; 503 while the leader loads another listed one. Checked
+    before the prompt is rendered, so a request for another model never meets this one's
+    template."""
+    if model is not None and model != DEFAULT_MODEL_ALIAS:
+        node.require_model(model)
+
+
+def request_id(prefix: str) -> RequestId:
+    """A new generation's id (the runtime's, and OpenAI's answer id)."""
+    return RequestId(f"{prefix}-{uuid.uuid4().hex[:24]}")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One generation as any dialect asks for it: the rendered prompt, the client's sampling
+    fields and token budget, and how its answer is read. ``prompt_param`` and ``max_param``
+    name, in errors, the dialect's fields for the prompt and the budget."""
+
+    id: RequestId  # from request_id
+    prompt: Prompt
+    sampling: SamplingFields
+    max_tokens: int | None  # the client's number; None takes the server default
+    stream: bool
+    stops: Sequence[str] = ()
+    prompt_param: str = "messages"
+    max_param: str = "max_tokens"
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # the text continues its prompt (completions): a first token's leading space is kept
+    continuation: bool = False
+    # the text split as mlx_lm.server splits a chat answer (content, reasoning, tool calls);
+    # False: all of it content, as a completion's is
+    split: bool = True
+    max_calls: int | None = None  # tool calls kept (1 when parallel calls are off)
+    call_indexes: bool = False  # each tool call numbered, as OpenAI's stream chunks carry them
+
+
+def fitted(node: Backend, ask: Ask) -> GenerateRequest:
+    """The runtime's request for ``ask``: its budget and sampling, checked against the model."""
+    budget = token_budget(
+        node, len(ask.prompt.tokens), ask.max_tokens, ask.prompt_param, ask.max_param
+    )
+    sampling = sampling_params(node, ask.sampling, budget, ask.logprobs, ask.top_logprobs)
+    return generate_request(
+        node, ask.id, ask.prompt.tokens, sampling, ask.stops, ask.prompt_param, ask.continuation
+    )
 
 
 def sampling_params(
@@ -76,10 +131,10 @@ def token_budget(
 
 def generate_request(
     node: Backend,
-    prefix: str,
+    generation_id: RequestId,
     tokens: list[int],
     sampling: SamplingParams,
-    stops: list[str],
+    stops: Sequence[str],
     prompt_param: str,
     continuation: bool = False,
 ) -> GenerateRequest:
@@ -88,7 +143,7 @@ def generate_request(
     if not tokens:
         raise ApiError(400, "The prompt is empty: it encodes to no tokens.", param="prompt")
     request = GenerateRequest(
-        id=f"{prefix}-{uuid.uuid4().hex[:24]}",
+        id=generation_id,
         tokens=tuple(tokens),
         sampling=sampling,
         stop=tuple(stops),

@@ -1,5 +1,5 @@
-"""Reading request bodies and writing server-sent events, shared by the OpenAI and Anthropic
-endpoints; tokenizer work off the event loop."""
+"""Reading request bodies and writing streamed answers (server-sent events, NDJSON lines),
+shared by every dialect; tokenizer work off the event loop."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -67,17 +67,29 @@ def json_view(view: ApiView) -> web.Response:
     return web.json_response(view.body())
 
 
-class EventStream:
-    """A text/event-stream response: ``data:`` lines, optionally with ``event:`` names."""
+class _Streamed:
+    """A streamed response: prepared once, written piece by piece, then ended."""
+
+    content_type = ""  # each kind's
 
     def __init__(self, request: web.Request):
         self._request = request
         self.response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            headers={"Content-Type": self.content_type, "Cache-Control": "no-cache"}
         )
 
     async def open(self) -> None:
         await self.response.prepare(self._request)
+
+    async def close(self) -> web.StreamResponse:
+        await self.response.write_eof()
+        return self.response
+
+
+class EventStream(_Streamed):
+    """A text/event-stream response: ``data:`` lines, optionally with ``event:`` names."""
+
+    content_type = "text/event-stream"
 
     async def send(self, payload: ApiView | dict[str, Any] | str, event: str | None = None) -> None:
         if isinstance(payload, ApiView):
@@ -86,6 +98,17 @@ class EventStream:
         head = f"event: {event}\n" if event else ""
         await self.response.write(f"{head}data: {data}\n\n".encode())
 
-    async def close(self) -> web.StreamResponse:
-        await self.response.write_eof()
-        return self.response
+
+class Line(Protocol):
+    """A typed reply that gives its own JSON object (Ollama's views)."""
+
+    def body(self) -> dict[str, Any]: ...
+
+
+class NdjsonStream(_Streamed):
+    """An NDJSON response (Ollama's streams): one JSON object a line."""
+
+    content_type = "application/x-ndjson"
+
+    async def send(self, line: Line) -> None:
+        await self.response.write((json.dumps(line.body()) + "\n").encode())

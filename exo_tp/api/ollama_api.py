@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 
 from exo_tp import __version__
-from exo_tp.api.answer_stream import AnswerPiece, AnswerStream
-from exo_tp.api.backend import Backend, collect, first_event
+from exo_tp.api.answer_stream import AnswerPiece
+from exo_tp.api.backend import Backend
 from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, render_chat
 from exo_tp.api.errors import ApiError
-from exo_tp.api.generation_request import generate_request, sampling_params, token_budget
-from exo_tp.api.http_io import off_loop, read_body, validate
+from exo_tp.api.generation import WholeAnswer, finish, respond
+from exo_tp.api.generation_request import Ask, check_model, request_id
+from exo_tp.api.http_io import NdjsonStream, off_loop, read_body, validate
 from exo_tp.api.ollama_schema import ChatRequest, GenerateRequest, OllamaRequest, ShowRequest
 from exo_tp.api.ollama_shapes import (
     CallFunction,
@@ -36,7 +36,6 @@ from exo_tp.api.ollama_shapes import (
     Version,
     timestamp,
 )
-from exo_tp.api.openai_api import check_model
 from exo_tp.wire.runtime import Delta, Done
 
 OLLAMA_PREFIX = "/api/"
@@ -123,7 +122,7 @@ def _stats(done: Done, started: float) -> Statistics:
     prompt_ns = int(done.prompt_seconds * NS)
     return Statistics(
         done=True,
-        done_reason=_finish(done),
+        done_reason=finish(done),
         total_duration=int((time.perf_counter() - started) * NS),
         load_duration=0,
         prompt_eval_count=done.prompt_tokens,
@@ -148,28 +147,19 @@ def _message(piece: AnswerPiece) -> Message:
     )
 
 
-class _Lines:
-    """The answer's lines, chat or generate: each piece as a line, and the last with the
-    statistics."""
-
-    def __init__(self, model: str, chat: bool):
-        self._model, self._chat = model, chat
-
-    def line(
-        self, piece: AnswerPiece, text: str, end: Statistics = NOT_DONE
-    ) -> ChatLine | GenerateLine:
-        """A line of ``piece`` (chat) or ``text`` (generate); ``end``'s statistics on the last."""
-        head = {"model": self._model, "created_at": timestamp(), **end.model_dump()}
-        if self._chat:
-            return ChatLine(**head, message=_message(piece))
-        return GenerateLine(**head, response=text)
+def _line(model: str, chat: bool, piece: AnswerPiece, end: Statistics) -> ChatLine | GenerateLine:
+    """A line of the answer, chat (a message) or generate (its text); ``end``'s statistics on
+    the last."""
+    stats = end.model_dump()
+    if chat:
+        return ChatLine(model=model, created_at=timestamp(), message=_message(piece), **stats)
+    return GenerateLine(model=model, created_at=timestamp(), response=piece.content, **stats)
 
 
 def _loaded(node: Backend, chat: bool) -> web.Response:
     """An empty prompt or conversation only loads the model (Ollama's ``done_reason: load``)."""
     loaded = Statistics(done=True, done_reason="load")
-    line = _Lines(node.model, chat).line(AnswerPiece(), "", loaded)
-    return web.json_response(line.body())
+    return web.json_response(_line(node.model, chat, AnswerPiece(), loaded).body())
 
 
 async def chat(node: Backend, request: web.Request) -> web.StreamResponse:
@@ -193,88 +183,57 @@ async def generate(node: Backend, request: web.Request) -> web.StreamResponse:
 async def _answer(
     node: Backend, request: web.Request, parsed: OllamaRequest, prompt: Prompt, chat: bool
 ) -> web.StreamResponse:
-    started = time.perf_counter()
-    options = parsed.opts()
-    wanted = options.max_tokens(len(prompt.tokens), node.context_length)
-    param = "messages" if chat else "prompt"
-    budget = token_budget(node, len(prompt.tokens), wanted, param, "options.num_predict")
-    sampling = sampling_params(
-        node, options.sampling(node.context_length), budget, logprobs=False, top_logprobs=0
-    )
-    # generate's text continues its prompt: a first token's leading space is kept
-    generation = generate_request(
-        node,
-        "ollama",
-        prompt.tokens,
-        sampling,
-        options.stop or [],
-        "messages" if chat else "prompt",
-        continuation=not chat,
-    )
-    answer = AnswerStream(node.tokenizer, prompt, streaming=False)
     lines = _Lines(node.model, chat)
-    events = node.generate(generation)
-    if parsed.stream:
-        return await _stream(request, events, lines, answer, chat, started)
-    deltas, done = await collect(events)
-    whole = AnswerPiece()
-    if chat:
-        for delta in deltas:
-            whole.add(answer.feed(delta.text))
-        whole.add(answer.finish(_finish(done)))
-    text = "".join(delta.text for delta in deltas)  # generate's: the tokens' text, unsplit
-    return web.json_response(lines.line(whole, text, _stats(done, started)).body())
+    options = parsed.opts()
+    ask = Ask(
+        id=request_id("ollama"),
+        prompt=prompt,
+        sampling=options.sampling(node.context_length),
+        max_tokens=options.max_tokens(len(prompt.tokens), node.context_length),
+        stream=parsed.stream,
+        stops=options.stop or [],
+        prompt_param="messages" if chat else "prompt",
+        max_param="options.num_predict",
+        # generate's text continues its prompt (a first token's leading space is kept), and
+        # is sent as it came, unsplit
+        continuation=not chat,
+        split=chat,
+    )
+    return await respond(node, request, ask, lines)
 
 
-def _finish(done: Done) -> Literal["stop", "length"]:
-    return "length" if done.finish_reason == "length" else "stop"
+class _Lines:
+    """The answer's lines, chat or generate: each piece as a line, and the last with the
+    statistics; not streamed, only that last one, with the whole answer."""
 
+    _out: NdjsonStream  # set by output, before any other call writes to it
 
-class _Ndjson:
-    """An NDJSON response: one JSON object a line."""
+    def __init__(self, model: str, chat: bool):
+        self._model, self._chat = model, chat
+        self._started = time.perf_counter()
 
-    def __init__(self, request: web.Request):
-        self._request = request
-        self.response = web.StreamResponse(
-            headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"}
-        )
+    def output(self, request: web.Request) -> NdjsonStream:
+        self._out = NdjsonStream(request)
+        return self._out
 
-    async def open(self) -> None:
-        await self.response.prepare(self._request)
+    async def start(self) -> None:
+        pass  # Ollama's stream starts with the answer's first line
 
-    async def send(self, line: ChatLine | GenerateLine | Error) -> None:
-        await self.response.write((json.dumps(line.body()) + "\n").encode())
+    async def _piece(self, piece: AnswerPiece) -> None:
+        if piece:
+            await self._out.send(_line(self._model, self._chat, piece, NOT_DONE))
 
-    async def close(self) -> web.StreamResponse:
-        await self.response.write_eof()
-        return self.response
+    async def delta(self, piece: AnswerPiece, delta: Delta) -> None:
+        await self._piece(piece)
 
+    async def end(self, piece: AnswerPiece, done: Done, reason: str) -> None:
+        await self._piece(piece)
+        end = _stats(done, self._started)
+        await self._out.send(_line(self._model, self._chat, AnswerPiece(), end))
 
-async def _stream(
-    request: web.Request,
-    events: AsyncIterator[Delta | Done],
-    lines: _Lines,
-    answer: AnswerStream,
-    chat: bool,
-    started: float,
-) -> web.StreamResponse:
-    event = await first_event(events)
-    out = _Ndjson(request)
-    await out.open()
-    try:
-        while True:
-            if isinstance(event, Delta):
-                piece = answer.feed(event.text) if chat else AnswerPiece()
-                if piece or (not chat and event.text):
-                    await out.send(lines.line(piece, event.text))
-            else:
-                if chat and (piece := answer.finish(_finish(event))):
-                    await out.send(lines.line(piece, ""))
-                await out.send(lines.line(AnswerPiece(), "", _stats(event, started)))
-                break
-            event = await anext(events)
-    except ApiError as error:  # mid-stream failure: an error line, then the stream ends
-        await out.send(Error(error=error.message))
-    finally:
-        await events.aclose()
-    return await out.close()
+    async def error(self, error: ApiError) -> None:
+        await self._out.send(Error(error=error.message))
+
+    async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
+        line = _line(self._model, self._chat, answer.merged(), _stats(answer.done, self._started))
+        return web.json_response(line.body())

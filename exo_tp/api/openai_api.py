@@ -1,23 +1,20 @@
 """OpenAI's chat completions and completions, whole or streamed, on the node that runs
-generation (other nodes pass these requests through to it: see routes.py)."""
+generation (other nodes pass these requests through to it: see routes.py): each request as an
+`Ask` for the one generation path, and its answer in OpenAI's chunks and objects."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from exo_tp.api.answer_stream import AnswerPiece, AnswerStream
-from exo_tp.api.backend import Backend, collect, first_event
+from exo_tp.api.answer_stream import AnswerPiece
+from exo_tp.api.backend import Backend
 from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, render_chat
 from exo_tp.api.errors import ApiError
-from exo_tp.api.generation_request import (
-    generate_request,
-    sampling_params,
-    token_budget,
-)
-from exo_tp.api.http_io import EventStream, json_view, off_loop, read_body, validate
+from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
+from exo_tp.api.generation_request import Ask, check_model, request_id
+from exo_tp.api.http_io import json_view, off_loop, read_body, validate
 from exo_tp.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -25,23 +22,16 @@ from exo_tp.api.openai_schema import (
     without_harmless,
 )
 from exo_tp.api.openai_shapes import (
+    ChatCompletionChunk,
     ChatLogprobs,
     ChatShape,
+    Completion,
     CompletionLogprobs,
     CompletionShape,
-    finish_reason,
 )
 from exo_tp.api.token_text import TokenText
 from exo_tp.frozen import replace
-from exo_tp.wire.runtime import Delta, Done, TokenLogprob
-
-DEFAULT_MODEL_ALIAS = "default_model"  # mlx_lm.server's name for the model it serves
-
-
-def check_model(node: Backend, model: str | None) -> None:
-    """404 for a model no node has; 503 while the leader loads another listed one."""
-    if model is not None and model != DEFAULT_MODEL_ALIAS:
-        node.require_model(model)
+from exo_tp.wire.runtime import Delta, Done
 
 
 async def _parsed(request: web.Request, schema: type[Any]) -> Any:
@@ -50,6 +40,22 @@ async def _parsed(request: web.Request, schema: type[Any]) -> Any:
         refuse_unsupported(body)
         body = without_harmless(body)  # e.g. "modalities": ["text"], "functions": []
     return validate(schema, body)
+
+
+class _OpenAIStream(SseRenderer):
+    """What both answers stream alike: an error as OpenAI's error body, and the end's usage
+    chunk (when asked for) and ``[DONE]``."""
+
+    def __init__(self, include_usage: bool):
+        self._include_usage = include_usage
+
+    async def _usage_and_done(self, usage_chunk: ChatCompletionChunk | Completion) -> None:
+        if self._include_usage:
+            await self._out.send(usage_chunk)
+        await self._out.send("[DONE]")
+
+    async def error(self, error: ApiError) -> None:
+        await self._out.send(error.body())
 
 
 # ---- chat ---------------------------------------------------------------------------------
@@ -66,92 +72,96 @@ def _chat_prompt(node: Backend, parsed: ChatCompletionRequest) -> Prompt:
     return render_chat(node.tokenizer, messages, use, args, parsed.role_mapping)
 
 
+class _Chat(_OpenAIStream):
+    """A chat completion: whole, or as chunks (the first names the role)."""
+
+    def __init__(self, node: Backend, ask: Ask, include_usage: bool):
+        super().__init__(include_usage)
+        self._shape = ChatShape(ask.id, node.model)
+        self._scores = ChatLogprobs(TokenText(node.tokenizer)) if ask.logprobs else None
+
+    async def start(self) -> None:
+        await self._out.send(self._shape.chunk(None, None, first=True))
+
+    async def delta(self, piece: AnswerPiece, delta: Delta) -> None:
+        scores = self._scores
+        logprobs = scores.block(delta.logprobs) if scores and delta.logprobs else None
+        if piece or logprobs:
+            await self._out.send(self._shape.chunk(piece, None, logprobs))
+
+    async def end(self, piece: AnswerPiece, done: Done, reason: str) -> None:
+        if piece:
+            await self._out.send(self._shape.chunk(piece, None))
+        await self._out.send(self._shape.chunk(None, reason))
+        await self._usage_and_done(self._shape.usage_chunk(done))
+
+    async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
+        logprobs = self._scores.block(answer.logprobs()) if self._scores else None
+        return json_view(self._shape.whole(answer.merged(), answer.reason, answer.done, logprobs))
+
+
 async def chat_completions(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed: ChatCompletionRequest = await _parsed(request, ChatCompletionRequest)
     check_model(node, parsed.model)
     if parsed.top_logprobs and not parsed.logprobs:
         parsed = replace(parsed, logprobs=True)  # mlx_lm.server reads either
-    prompt = await off_loop(_chat_prompt, node, parsed)
-    budget = token_budget(
-        node,
-        len(prompt.tokens),
-        parsed.requested_max_tokens(),
-        "messages",
-        "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens",
-    )
-    sampling = sampling_params(node, parsed, budget, parsed.logprobs, parsed.top_logprobs or 0)
-    generation = generate_request(
-        node, "chatcmpl", prompt.tokens, sampling, parsed.stop_list(), "messages"
-    )
-    answer = AnswerStream(
-        node.tokenizer,
-        prompt,
-        parsed.stream,
+    ask = Ask(
+        id=request_id("chatcmpl"),
+        prompt=await off_loop(_chat_prompt, node, parsed),
+        sampling=parsed,
+        max_tokens=parsed.requested_max_tokens(),
+        stream=parsed.stream,
+        stops=parsed.stop_list(),
+        max_param="max_completion_tokens" if parsed.max_completion_tokens else "max_tokens",
+        logprobs=parsed.logprobs,
+        top_logprobs=parsed.top_logprobs or 0,
         max_calls=1 if parsed.parallel_tool_calls is False else None,
+        call_indexes=parsed.stream,
     )
-    shape = ChatShape(generation.id, node.model)
-    scores = ChatLogprobs(TokenText(node.tokenizer)) if parsed.logprobs else None
-    events = node.generate(generation)
-    if parsed.stream:
-        return await _stream_chat(request, events, shape, answer, scores, parsed.include_usage())
-    deltas, done = await collect(events)
-    whole = AnswerPiece()
-    for delta in deltas:
-        whole.add(answer.feed(delta.text))
-    reason = finish_reason(done)
-    whole.add(answer.finish(reason))
-    logprobs = scores.block(_logprobs(deltas)) if scores else None
-    return json_view(shape.whole(whole, answer.finish_reason(reason), done, logprobs))
-
-
-def _logprobs(deltas: list[Delta]) -> tuple[TokenLogprob, ...]:
-    return tuple(scored for delta in deltas for scored in delta.logprobs)
-
-
-async def _stream_chat(
-    request: web.Request,
-    events: AsyncIterator[Delta | Done],
-    shape: ChatShape,
-    answer: AnswerStream,
-    scores: ChatLogprobs | None,
-    include_usage: bool,
-) -> web.StreamResponse:
-    event = await first_event(events)
-    stream = EventStream(request)
-    await stream.open()
-    try:
-        await stream.send(shape.chunk(None, None, first=True))
-        while True:
-            if isinstance(event, Delta):
-                piece = answer.feed(event.text)
-                logprobs = scores.block(event.logprobs) if scores and event.logprobs else None
-                if piece or logprobs:
-                    await stream.send(shape.chunk(piece, None, logprobs))
-            else:
-                reason = finish_reason(event)
-                piece = answer.finish(reason)
-                if piece:
-                    await stream.send(shape.chunk(piece, None))
-                await stream.send(shape.chunk(None, answer.finish_reason(reason)))
-                if include_usage:
-                    await stream.send(shape.usage_chunk(event))
-                await stream.send("[DONE]")
-                break
-            event = await anext(events)
-    except ApiError as error:  # mid-stream failure: an error event, then the stream ends
-        await stream.send(error.body())
-    finally:
-        await events.aclose()
-    return await stream.close()
+    return await respond(node, request, ask, _Chat(node, ask, parsed.include_usage()))
 
 
 # ---- plain completions --------------------------------------------------------------------
 
 
-def _echo(node: Backend, parsed: CompletionRequest, tokens: tuple[int, ...]) -> str:
-    """The prompt as text, for ``echo`` (ids decoded once they are known to be the model's)."""
-    value = parsed.prompt_value()
-    return value if isinstance(value, str) else node.tokenizer.decode(list(tokens))
+class _Completion(_OpenAIStream):
+    """A completion: its text as it came, after the prompt's when ``echo`` asks for it."""
+
+    def __init__(self, node: Backend, ask: Ask, parsed: CompletionRequest):
+        super().__init__(parsed.include_usage())
+        self._node, self._parsed, self._tokens = node, parsed, ask.prompt.tokens
+        self._shape = CompletionShape(ask.id, node.model)
+        top = parsed.top_n()
+        self._scores = CompletionLogprobs(TokenText(node.tokenizer), top) if ask.logprobs else None
+
+    async def _echo(self) -> str:
+        """The prompt as text, for ``echo`` (ids decoded once they are known to be the
+        model's: the generation was fitted before anything is rendered)."""
+        if not self._parsed.echo:
+            return ""
+        value = self._parsed.prompt_value()
+        if isinstance(value, str):
+            return value
+        return await off_loop(self._node.tokenizer.decode, self._tokens)
+
+    async def start(self) -> None:
+        if echo := await self._echo():
+            await self._out.send(self._shape.chunk(echo, None))
+
+    async def delta(self, piece: AnswerPiece, delta: Delta) -> None:
+        scores = self._scores
+        logprobs = scores.block(delta.logprobs) if scores and delta.logprobs else None
+        if piece or logprobs:
+            await self._out.send(self._shape.chunk(piece.content, None, logprobs))
+
+    async def end(self, piece: AnswerPiece, done: Done, reason: str) -> None:
+        await self._out.send(self._shape.chunk("", reason))
+        await self._usage_and_done(self._shape.usage_chunk(done))
+
+    async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
+        text = await self._echo() + answer.merged().content
+        logprobs = self._scores.block(answer.logprobs()) if self._scores else None
+        return json_view(self._shape.whole(text, answer.reason, answer.done, logprobs))
 
 
 async def completions(node: Backend, request: web.Request) -> web.StreamResponse:
@@ -165,54 +175,17 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
             param="echo",
         )
     tokens = await off_loop(completion_prompt, node.tokenizer, parsed.prompt_value())
-    budget = token_budget(node, len(tokens), parsed.requested_max_tokens(), "prompt", "max_tokens")
-    top = parsed.top_n()
-    sampling = sampling_params(node, parsed, budget, parsed.wants_logprobs(), top)
-    generation = generate_request(
-        node, "cmpl", tokens, sampling, parsed.stop_list(), "prompt", continuation=True
+    ask = Ask(
+        id=request_id("cmpl"),
+        prompt=Prompt(tokens=tokens),
+        sampling=parsed,
+        max_tokens=parsed.requested_max_tokens(),
+        stream=parsed.stream,
+        stops=parsed.stop_list(),
+        prompt_param="prompt",
+        logprobs=parsed.wants_logprobs(),
+        top_logprobs=parsed.top_n(),
+        continuation=True,
+        split=False,
     )
-    shape = CompletionShape(generation.id, node.model)
-    echo = await off_loop(_echo, node, parsed, generation.tokens) if parsed.echo else ""
-    scores = CompletionLogprobs(TokenText(node.tokenizer), top) if parsed.wants_logprobs() else None
-    events = node.generate(generation)
-    if parsed.stream:
-        return await _stream_completion(
-            request, events, shape, echo, scores, parsed.include_usage()
-        )
-    deltas, done = await collect(events)
-    text = echo + "".join(delta.text for delta in deltas)
-    logprobs = scores.block(_logprobs(deltas)) if scores else None
-    return json_view(shape.whole(text, finish_reason(done), done, logprobs))
-
-
-async def _stream_completion(
-    request: web.Request,
-    events: AsyncIterator[Delta | Done],
-    shape: CompletionShape,
-    echo: str,
-    scores: CompletionLogprobs | None,
-    include_usage: bool,
-) -> web.StreamResponse:
-    event = await first_event(events)
-    stream = EventStream(request)
-    await stream.open()
-    try:
-        if echo:
-            await stream.send(shape.chunk(echo, None))
-        while True:
-            if isinstance(event, Delta):
-                logprobs = scores.block(event.logprobs) if scores and event.logprobs else None
-                if event.text or logprobs:
-                    await stream.send(shape.chunk(event.text, None, logprobs))
-            else:
-                await stream.send(shape.chunk("", finish_reason(event)))
-                if include_usage:
-                    await stream.send(shape.usage_chunk(event))
-                await stream.send("[DONE]")
-                break
-            event = await anext(events)
-    except ApiError as error:
-        await stream.send(error.body())
-    finally:
-        await events.aclose()
-    return await stream.close()
+    return await respond(node, request, ask, _Completion(node, ask, parsed))

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
-from exo_tp.api.answer_stream import AnswerPiece, AnswerStream
-from exo_tp.api.backend import Backend, collect, first_event
+from exo_tp.api.answer_stream import AnswerPiece
+from exo_tp.api.backend import Backend
 from exo_tp.api.chat_prompt import Prompt, choose_tools, render_chat
 from exo_tp.api.errors import ApiError
-from exo_tp.api.generation_request import generate_request, sampling_params, token_budget
-from exo_tp.api.http_io import EventStream, off_loop, read_body, validate
-from exo_tp.api.openai_api import check_model
+from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
+from exo_tp.api.generation_request import Ask, check_model, request_id
+from exo_tp.api.http_io import off_loop, read_body, validate
 from exo_tp.api.responses_schema import REFUSED, ResponsesRequest
 from exo_tp.api.responses_shapes import (
     ArgumentsDelta,
@@ -216,12 +215,11 @@ class _Head:
         )
 
 
+Ending = Literal["response.completed", "response.incomplete"]
+
+
 def _status(done: Done) -> Status:
     return "incomplete" if done.finish_reason == "length" else "completed"
-
-
-def _finish(done: Done) -> str:
-    return "length" if done.finish_reason == "length" else "stop"
 
 
 async def responses(node: Backend, request: web.Request) -> web.StreamResponse:
@@ -229,67 +227,59 @@ async def responses(node: Backend, request: web.Request) -> web.StreamResponse:
     _refuse_unsupported(body)
     parsed = validate(ResponsesRequest, body)
     check_model(node, parsed.model)
-    prompt = await off_loop(_prompt, node, parsed)
-    budget = token_budget(
-        node, len(prompt.tokens), parsed.max_output_tokens, "input", "max_output_tokens"
+    ask = Ask(
+        id=request_id("resp"),
+        prompt=await off_loop(_prompt, node, parsed),
+        sampling=parsed.sampling(),
+        max_tokens=parsed.max_output_tokens,
+        stream=parsed.stream,
+        prompt_param="input",
+        max_param="max_output_tokens",
+        max_calls=parsed.max_calls(),
     )
-    sampling = sampling_params(node, parsed.sampling(), budget, logprobs=False, top_logprobs=0)
-    generation = generate_request(node, "resp", prompt.tokens, sampling, [], "input")
-    answer = AnswerStream(node.tokenizer, prompt, streaming=False, max_calls=parsed.max_calls())
-    head = _Head(node, parsed)
-    output = _Output()
-    events = node.generate(generation)
-    if parsed.stream:
-        return await _stream(request, events, head, answer, output)
-    deltas, done = await collect(events)
-    for delta in deltas:
-        output.piece(answer.feed(delta.text))
-    output.piece(answer.finish(_finish(done)))
-    output.finish()
-    return web.json_response(head.response(_status(done), output.items, done).model_dump())
+    return await respond(node, request, ask, _Response(_Head(node, parsed)))
 
 
-async def _stream(
-    request: web.Request,
-    events: AsyncIterator[Delta | Done],
-    head: _Head,
-    answer: AnswerStream,
-    output: _Output,
-) -> web.StreamResponse:
-    event = await first_event(events)
-    stream = EventStream(request)
-    await stream.open()
-    sequence = 0
+class _Response(SseRenderer):
+    """The Response object, whole or as its numbered stream events."""
 
-    async def send(made: list[StreamEvent]) -> None:
-        nonlocal sequence
+    def __init__(self, head: _Head):
+        self._head = head
+        self._output = _Output()
+        self._sequence = 0
+
+    async def _send(self, made: list[StreamEvent]) -> None:
         for one in made:
-            one.sequence_number = sequence
-            await stream.send(one.model_dump(), event=one.type)
-            sequence += 1
+            one.sequence_number = self._sequence
+            await self._out.send(one.model_dump(), event=one.type)
+            self._sequence += 1
 
-    try:
-        started = head.response("in_progress", [], None)
-        await send(
+    async def start(self) -> None:
+        started = self._head.response("in_progress", [], None)
+        await self._send(
             [
                 ResponseEvent(type="response.created", response=started),
                 ResponseEvent(type="response.in_progress", response=started),
             ]
         )
-        while True:
-            if isinstance(event, Delta):
-                await send(output.piece(answer.feed(event.text)))
-            else:
-                await send(output.piece(answer.finish(_finish(event))))
-                await send(output.finish())
-                status = _status(event)
-                kind = "response.completed" if status == "completed" else "response.incomplete"
-                final = head.response(status, output.items, event)
-                await send([ResponseEvent(type=kind, response=final)])
-                break
-            event = await anext(events)
-    except ApiError as error:  # mid-stream failure: an error event, then the stream ends
-        await send([ErrorEvent(code=error.code, message=error.message, param=error.param)])
-    finally:
-        await events.aclose()
-    return await stream.close()
+
+    async def delta(self, piece: AnswerPiece, delta: Delta) -> None:
+        await self._send(self._output.piece(piece))
+
+    async def end(self, piece: AnswerPiece, done: Done, reason: str) -> None:
+        await self._send(self._output.piece(piece))
+        await self._send(self._output.finish())
+        status = _status(done)
+        kind: Ending = "response.completed" if status == "completed" else "response.incomplete"
+        final = self._head.response(status, self._output.items, done)
+        await self._send([ResponseEvent(type=kind, response=final)])
+
+    async def error(self, error: ApiError) -> None:
+        await self._send([ErrorEvent(code=error.code, message=error.message, param=error.param)])
+
+    async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
+        for piece in answer.pieces:  # piece by piece: text after a call is an item of its own
+            self._output.piece(piece)
+        self._output.finish()
+        response = self._head.response(_status(answer.done), self._output.items, answer.done)
+        return web.json_response(response.model_dump())

@@ -22,6 +22,7 @@ from yarl import URL
 from exo_tp.api import anthropic_api, finetune_api, ollama_api, openai_api, responses_api
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
+from exo_tp.api.generation_request import DEFAULT_MODEL_ALIAS
 from exo_tp.api.guard import install_guard
 from exo_tp.api.http_io import MAX_BODY, json_view, off_loop, read_body, validate
 from exo_tp.api.openai_shapes import ModelList
@@ -63,7 +64,7 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(
             ApiError(http.status, http.reason or "error", code=code.get(http.status)), request
         )
-    except Exception:
+    except Exception:  # our bug, not the client's: a 500, and the traceback in the log
         log.exception("internal error on %s", request.path)
         return error_response(ApiError(500, "internal server error", kind="server_error"), request)
 
@@ -157,7 +158,7 @@ async def model(request: web.Request) -> web.Response:
     cards = _node(request).models_view()
     wanted = request.match_info["model_id"]
     for card in cards:
-        if card.id == wanted or (wanted == openai_api.DEFAULT_MODEL_ALIAS and card.loaded):
+        if card.id == wanted or (wanted == DEFAULT_MODEL_ALIAS and card.loaded):
             return json_view(card)
     listed = ", ".join(f"'{c.id}'" for c in cards) or "none yet"
     raise ApiError(
