@@ -3,7 +3,10 @@ side by side in one run: prefill and decode tokens/s of single-device mlx-lm and
 launch` on 2 ranks, each under ``EXO_TP_BLAS=bundled`` and ``auto``, alternating, median of
 ``--rounds``. Last line: JSON with every figure and the OpenBLAS / bundled ratios.
 
-    python bench/blas.py [--rounds 3] [--prompt-tokens 700] [--tokens 64]
+    python bench/blas.py [--rounds 3] [--prompt-tokens 700] [--tokens 64] [--quick]
+
+``--quick``: a smoke run (1 round, a prompt of 2 lines, 4 tokens); it measures nothing worth
+reporting.
 """
 
 from __future__ import annotations
@@ -55,7 +58,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=700)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="a smoke run (tiny settings)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.prompt_tokens, args.tokens = 1, 22, 4
     library = blas_library(os.environ.get("EXO_TP_BLAS"))
     if library is None:
         raise SystemExit("no OpenBLAS to compare with (apt-get install libopenblas0-pthread)")

@@ -15,7 +15,10 @@ as the idle connections' cost. Prints p50 / p95 of each phase and their ratio; t
 loaded p95 <= 1.2x base p95 at ``--idle 1000``. The last line of stdout is one JSON object.
 
     python bench/conn_load.py [--idle 1000] [--active 2] [--requests 12] [--max-tokens 4]
-        [--nodes 2] [--logs DIR]
+        [--nodes 2] [--logs DIR] [--quick]
+
+``--quick``: a smoke run (1 node, 20 idle connections, 1 request per client and phase, 1 token,
+one round); it checks the bench runs and measures nothing worth reporting.
 """
 
 from __future__ import annotations
@@ -191,7 +194,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="alternating base/loaded rounds")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--logs", type=Path)
+    p.add_argument("--quick", action="store_true", help="a smoke run (tiny settings)")
     args = p.parse_args()
+    if args.quick:
+        args.idle, args.requests, args.max_tokens, args.rounds, args.nodes = 20, 1, 1, 1, 1
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = args.idle + 256
     if soft < wanted:

@@ -19,7 +19,8 @@ one process on this machine, too slow for one run of six contenders.
   (the `openai` SDK): only the first node has the model files, so the second takes its rows of
   the base through the weights transfer (the bytes each node fetched are reported).
 
-``--quick``: 2 steps, and only mlx-lm on one process, exo-tp 1:1 and the cluster (a sanity run).
+``--quick``: 2 steps, and only mlx-lm on one process and on 2 ranks, exo-tp 1:1 (prefetch on)
+and the cluster (a sanity run; each contender left out runs the same code with other numbers).
 
 Training tokens/s is the median over the steps after the first (which compiles); peak memory
 is each rank's peak while training (the weights it holds included). On this 2-core machine the
@@ -377,7 +378,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=3, help="steps per run (>= 2)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument(
-        "--quick", action="store_true", help="a sanity run: 2 steps, three contenders"
+        "--quick", action="store_true", help="a sanity run: 2 steps, four contenders"
     )
     args = parser.parse_args()
     if args.quick:
@@ -398,8 +399,6 @@ def main() -> None:
                 lambda t: mlx_lm_run(model, data, t, args.iters, args.batch_size, 2),
             ),
         ]
-        if args.quick:
-            runs = runs[:1]
         shares = (("even 1:1", [1.0, 1.0]), ("uneven 0.7:0.3", [0.7, 0.3]))
         for label, weights in shares[:1] if args.quick else shares:
             for prefetch in (True,) if args.quick else (True, False):

@@ -19,6 +19,9 @@ cluster's cut). ``--exo-tp`` also trains with Adam on local ranks (`exo-tp finet
 rows ``--rows``) and with `mlx_lm.lora`'s train_model for 1, 3 and ``--steps`` steps and
 prints the largest difference of their adapters: exo-tp's drift beside the drift of a mere
 change of summation order. The last stdout line is one JSON object.
+
+``--quick``: a smoke run: 2 steps, and ``--exo-tp`` for those 2 steps only; the work folder
+is removed at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -165,7 +169,10 @@ def main() -> None:
         "--chat", action="store_true", help="tests/test_finetune_cluster.py's chat data instead"
     )
     parser.add_argument("--exo-tp", action="store_true", help="also exo-tp against mlx-lm")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (tiny settings)")
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.exo_tp = 2, True
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from arch_configs import tiny_config
     from tiny_models import write_tiny_model
@@ -199,11 +206,13 @@ def main() -> None:
         )
     if args.exo_tp:
         result["exo_tp_adam"] = {}
-        for iters in sorted({1, 3, args.steps}):
+        for iters in [args.steps] if args.quick else sorted({1, 3, args.steps}):
             ref = mlx_lm_adam(model, data, work / f"ref-{iters}", args.lr, iters, sum(rows))
             ours = exo_tp_adam(model, data, work / f"exo-{iters}", args.lr, iters, rows)
             result["exo_tp_adam"][iters] = worst(ours, ref)
             print(f"exo-tp {args.rows} vs mlx_lm.lora, Adam, {iters} steps: {worst(ours, ref):.1e}")
+    if args.quick:
+        shutil.rmtree(work)
     print(json.dumps(result))
 
 

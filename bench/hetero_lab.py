@@ -132,7 +132,8 @@ def profile(factor: float, core: int, home: Path, args: argparse.Namespace) -> D
     """`exo-tp bench` of a device pinned to ``core`` at ``factor``, with the lab model's
     matrix shapes (the planner prices each matrix by its shape)."""
     command = [sys.executable, "-m", "exo_tp", "bench", "--refresh", "--json"]
-    command += ["--model", args.model]
+    # The folder, not the name: a name would prepare the default models again in this fresh home.
+    command += ["--model", str(resolve_model(args.model))]
     command += ["--work-factor", f"{factor:g}"] + (["--quick"] if args.quick else [])
     out = subprocess.run(
         command,

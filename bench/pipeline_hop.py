@@ -76,10 +76,12 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="1 round, 32 tokens")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 1 round, 4 tokens, 20 hops"
+    )
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.tokens = 1, 32
+        args.rounds, args.tokens = 1, 4
     model = resolve(args.model)
     from exo_tp.plan import load_spec
 
@@ -94,7 +96,7 @@ def main() -> None:
         )
     tps = {k: statistics.median(v) for k, v in runs.items()}
     added = 1 / tps["pipeline_1_1"] - 1 / tps["single"]
-    hop = raw_hop_seconds(hidden, 200)
+    hop = raw_hop_seconds(hidden, 20 if args.quick else 200)
     print(f"model {args.model}, {args.tokens} tokens, fp32, median of {args.rounds} rounds")
     print(f"raw hop (1x1x{hidden} float32, one way): {hop * 1e3:.3f} ms")
     print(

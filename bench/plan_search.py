@@ -5,7 +5,9 @@ The spec is DeepSeek-V3-shaped (61 layers, hidden 7168, 128 heads, 256 experts o
 ~390 GB. The 64 devices come in four kinds (800/400/200/100 GB/s at 192/64/32/16 GB), eight to
 a Thunderbolt island (30 µs, 8 GB/s), the islands joined by 10 GbE (300 µs, 1.1 GB/s).
 
-    python bench/plan_search.py [--devices 64] [--rounds 5]
+    python bench/plan_search.py [--devices 64] [--rounds 5] [--quick]
+
+``--quick``: 16 devices (two islands, so both link kinds are priced), one round.
 
 The last line of stdout is one JSON object; "seconds" is the median wall time of a search.
 """
@@ -32,7 +34,8 @@ SPEC = ModelSpec(
     num_layers=61,
     num_heads=128,
     num_kv_heads=128,
-    head_dim=192,
+    head_dim=192,  # MLA: a query head is nope (128) + rope (64) wide
+    head_widths={"kv_b_head_dim": 256, "v_head_dim": 128},  # kv_b: nope + v; v: 128
     ffn_sizes={"ffn": 18432, "expert_ffn": 2048, "shared_expert_ffn": 2048},
     vocab_size=129280,
     tie_word_embeddings=False,
@@ -70,7 +73,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 16 devices, 1 round")
     args = parser.parse_args()
+    if args.quick:
+        args.devices, args.rounds = 16, 1
     devices = cluster(args.devices)
     times = []
     for _ in range(args.rounds):

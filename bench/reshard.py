@@ -16,7 +16,10 @@ re-reading every share would move. On one machine the "network" is loopback and 
 the page cache, so the times mostly show process start, planning and loading; the bytes are
 exact.
 
-    python bench/reshard.py [--model smollm2-135m] [--timeout 300]
+    python bench/reshard.py [--model smollm2-135m] [--timeout 300] [--quick]
+
+``--quick``: the same two clusters on the 4-bit default model (smollm2-135m-q4, a fifth of the
+bytes to move): a smoke run, its times and bytes not the float model's.
 
 The last line of stdout is one JSON object.
 """
@@ -41,7 +44,6 @@ sys.path.insert(0, str(ROOT))
 from exo_tp.cli.run import options_from_flags  # noqa: E402
 from exo_tp.node.local_cluster import LocalCluster, node_job  # noqa: E402
 from exo_tp.node.views import ClusterView, HealthView, PlanView  # noqa: E402
-from exo_tp.node.weight_messages import WeightsStatus  # noqa: E402
 from exo_tp.plan import plan_tensor_parallel  # noqa: E402
 from exo_tp.plan.pipeline import PipelinePlan, single_stage  # noqa: E402
 from exo_tp.transport.ports import port_is_free  # noqa: E402
@@ -49,6 +51,7 @@ from exo_tp.weights.boxes import rank_boxes  # noqa: E402
 from exo_tp.weights.build import manifest_for  # noqa: E402
 from exo_tp.weights.manifest import ModelManifest  # noqa: E402
 from exo_tp.weights.transfer import Holding, bytes_to_move  # noqa: E402
+from exo_tp.wire.weight_orders import WeightsStatus
 
 WEIGHTS = {"n0": 5.0, "n1": 3.0, "n2": 2.0, "n3": 4.0}
 HOLDER = "n2"  # the one node with the model folder in the one-copy cluster
@@ -221,7 +224,10 @@ def main() -> None:
     )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--quick", action="store_true", help="a smoke run on the 4-bit model")
     args = parser.parse_args()
+    if args.quick:
+        args.model = "smollm2-135m-q4"
     folder = resolve(args.model)
     manifest = manifest_for(folder)
     model_mb = manifest.total_bytes / 1e6

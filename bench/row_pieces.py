@@ -11,7 +11,10 @@ side in one run, on the BLAS `exo-tp` preloads (OpenBLAS on Linux).
 
 Last line: JSON with every figure and the pieced / whole ratios.
 
-    python bench/row_pieces.py [--rounds 3] [--tokens 48]
+    python bench/row_pieces.py [--rounds 3] [--tokens 48] [--quick]
+
+``--quick``: a smoke run (the first shape for at least 0.1 s; 1 round of 4 tokens, one rank on
+one core and even TP); it measures nothing worth reporting.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from exo_tp.process.blas import THREADS_ENV, usable_cores  # noqa: E402
 from exo_tp.shard.row_pieces import PIECES_ENV  # noqa: E402
 
 SHAPES = ((576, 1536), (1536, 576), (576, 49152), (2048, 8192), (8192, 2048), (4096, 4096))
+QUICK_SHAPES = SHAPES[:1]
 
 
 class ShapeTime(WorkerResult):
@@ -64,14 +68,14 @@ from exo_tp.profile.kernels import KernelCase, WeightSource, measure_kernel
 from exo_tp.shard.row_pieces import PIECES_ENV, piece_rows
 import mlx.core as mx
 from row_pieces import ShapeTime, ShapeTimes
-shapes = [tuple(s) for s in json.loads(sys.argv[1])]
+shapes, least = [tuple(s) for s in json.loads(sys.argv[1])], float(sys.argv[2])
 source, out = WeightSource(tuple(shapes)), []
 for k, n in shapes:
     seconds = {}
     for name, setting in (("whole", "0"), ("pieces", "1")):
         os.environ[PIECES_ENV] = setting
         case = KernelCase("matvec", "float32", 1, k, n)
-        seconds[name] = 1 / measure_kernel(case, source, 1.0).weight_bytes_per_second
+        seconds[name] = 1 / measure_kernel(case, source, least).weight_bytes_per_second
     out.append(ShapeTime(k=k, n=n, piece_rows=piece_rows(mx.zeros((n, k))), **seconds))
 print(ShapeTimes(shapes=out).model_dump_json())
 """
@@ -81,9 +85,12 @@ DECODE = (("1 rank, 1 core", [1.0], True), ("1 rank, every core", [1.0], False))
 DECODE_TP = ("even TP, 2 ranks", [1.0, 1.0], False)
 
 
-def shapes() -> tuple[ShapeTime, ...]:
+def shapes(
+    which: tuple[tuple[int, int], ...] = SHAPES, least: float = 1.0
+) -> tuple[ShapeTime, ...]:
+    """Each shape timed for at least ``least`` seconds, whole and in pieces."""
     out = subprocess.run(
-        [sys.executable, "-c", _SHAPES, json.dumps(SHAPES)],
+        [sys.executable, "-c", _SHAPES, json.dumps(which), str(least)],
         capture_output=True,
         text=True,
         check=True,
@@ -114,10 +121,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (tiny settings)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.tokens = 1, 4
     model = resolve(args.model)
 
-    per_shape = shapes()
+    per_shape = shapes(QUICK_SHAPES, 0.1) if args.quick else shapes()
     print("seconds per weight byte (x 1e-10), one row, one core, one BLAS thread:")
     for row in per_shape:
         print(
@@ -128,6 +138,8 @@ def main() -> None:
         )
 
     configs = [*DECODE, DECODE_TP] if usable_cores() >= 2 else list(DECODE)
+    if args.quick:  # pinned and not, one rank and two
+        configs = [c for c in configs if c is not DECODE[1]]
     runs: dict[str, dict[str, list[float]]] = {c[0]: {"whole": [], "pieces": []} for c in configs}
     for round_ in range(args.rounds):
         for name, weights, one_core in configs:

@@ -12,6 +12,11 @@ token are compared with the cost model's (`exo_tp.plan.predict`) for a 1-rank pl
 median quick profile. Run it under the CPU lock on a shared machine:
 
     flock /tmp/exo-tp-cpu.lock python bench/score_stability.py [--runs 5] [--full-runs 1]
+        [--quick]
+
+``--quick``: a smoke run: one quick bench and no default-mode one (which alone takes ~40 s;
+the two modes share every line of this script but the flag), and a decode check of 4 tokens,
+one run per model; it measures nothing worth reporting.
 
 The last line of stdout is one JSON object with the headline figures.
 """
@@ -105,7 +110,7 @@ def print_table(title: str, stats: dict[str, dict[str, float]]) -> None:
         )
 
 
-def decode_check(profile: DeviceProfile, tokens: int) -> dict[str, dict[str, float]]:
+def decode_check(profile: DeviceProfile, tokens: int, runs: int = 2) -> dict[str, dict[str, float]]:
     """Predicted vs measured single-process decode seconds per token on the default models."""
     from exo_tp.models.registry import DEFAULT_MODELS, resolve_model
 
@@ -120,8 +125,7 @@ def decode_check(profile: DeviceProfile, tokens: int) -> dict[str, dict[str, flo
             context_tokens=tokens,
         ).decode_seconds
         # mlx-lm alone with the BLAS `exo-tp bench` measured with (the one `exo-tp` preloads)
-        runs = [single_process_tps(folder, tokens) for _ in range(2)]
-        measured = 1 / max(runs)
+        measured = 1 / max(single_process_tps(folder, tokens) for _ in range(runs))
         out[name] = {
             "predicted_s": predicted,
             "measured_s": measured,
@@ -143,7 +147,10 @@ def main() -> None:
     parser.add_argument("--full-runs", type=int, default=1, help="default-mode runs (default 1)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens for the decode check")
     parser.add_argument("--no-decode-check", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (tiny settings)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.full_runs, args.tokens = 1, 0, 4
 
     headline: dict[str, object] = {"quick_runs": args.runs, "full_runs": args.full_runs}
     with tempfile.TemporaryDirectory(prefix="exo-tp-stability-") as tmp:
@@ -180,7 +187,7 @@ def main() -> None:
             len(quick) // 2
         ]
         print("\ndecode check (1 process, float32 activations)")
-        headline["decode_check"] = decode_check(median_profile, args.tokens)
+        headline["decode_check"] = decode_check(median_profile, args.tokens, 1 if args.quick else 2)
     print(json.dumps(headline))
 
 

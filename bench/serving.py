@@ -49,8 +49,8 @@ on SIGTERM.
         [--max-tokens 32] [--requests-per-client 1] [--min-requests 4] [--turns 6]
         [--logs DIR] [--quick]
 
-`--quick` (streams 1 and 4, 8 tokens, one request per client, 3 chat turns) is a smoke run:
-`python bench/serving.py --quick --contenders a` takes about a minute.
+`--quick` (streams 1 and 2, 4 tokens, one request per client, 2 chat turns) is a smoke run of
+every contender (2 minutes on the 2-core VM); `--quick --contenders a` takes about 10 s.
 
 Targets: exo-tp's aggregate at 16 streams >= 4x its 1-stream rate and >= mlx_lm.server
 distributed's (b vs c, same model and ranks); cached last-turn TTFT <= 0.3x the uncached one.
@@ -653,7 +653,7 @@ import mlx.core as mx
 from mlx_lm import load
 from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.runtime.conductor import Conductor
-from exo_tp.runtime.job import ServingOptions
+from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Generate, GenerateRequest, SamplingParams
 from serving import ConductorSteps
 
@@ -799,12 +799,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: streams 1,4, one request per client, 8 tokens, 3 chat turns",
+        help="smoke run: streams 1,2, one request per client, 4 tokens, 2 chat turns",
     )
     args = parser.parse_args()
     if args.quick:
-        args.streams = args.streams or "1,4"
-        args.requests_per_client, args.min_requests, args.max_tokens, args.turns = 1, 1, 8, 3
+        args.streams = args.streams or "1,2"
+        args.requests_per_client, args.min_requests, args.max_tokens, args.turns = 1, 1, 4, 2
     args.contenders = [c for c in args.contenders.split(",") if c]
     unknown = set(args.contenders) - set(ALL)
     if unknown:

@@ -9,27 +9,50 @@ pairs change the config first (another shape with the same tokenizer: e.g. hidde
 intermediate_size=4096 num_hidden_layers=16 num_attention_heads=16 num_key_value_heads=4).
 
     python bench/shaped_model.py FROM_FOLDER OUT_FOLDER [KEY=VALUE ...]
+    python bench/shaped_model.py --quick
+
+``--quick`` builds a 2-layer, 64-wide model from the default model's folder in a temporary
+folder, checks that its end-of-sequence rows are zero when read back, removes it and prints
+one JSON line (the usual run prints the folder).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
-from _common import ROOT
+from _common import ROOT, resolve
+
+# The quick run's shape; model_type as a bare string takes the KEY=VALUE parser's other branch.
+QUICK = (
+    "num_hidden_layers=2",
+    "hidden_size=64",
+    "intermediate_size=128",
+    "num_attention_heads=2",
+    "num_key_value_heads=1",
+    "head_dim=32",
+    "model_type=llama",
+)
+USAGE = "python bench/shaped_model.py FROM_FOLDER OUT_FOLDER [KEY=VALUE ...] | --quick"
 
 
-def main() -> None:
-    if len(sys.argv) < 3 or not all("=" in a for a in sys.argv[3:]):
-        raise SystemExit(__doc__.strip().splitlines()[-1].strip())
-    source, out = Path(sys.argv[1]), Path(sys.argv[2])
+def end_rows(config: dict[str, object], weights: dict[str, mx.array]) -> tuple[str, list[int]]:
+    """The output head's name and the end-of-sequence tokens' rows in it."""
+    eos = config.get("eos_token_id", [])
+    eos = eos if isinstance(eos, list) else [eos]
+    return "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight", eos
+
+
+def build(source: Path, out: Path, pairs: list[str]) -> Path:
+    """``source``'s shape changed by ``pairs``, random weights, EOS output rows zeroed."""
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from tiny_models import write_tiny_model
 
     config = json.loads((source / "config.json").read_text())
-    for pair in sys.argv[3:]:
+    for pair in pairs:
         key, value = pair.split("=", 1)
         try:
             config[key] = json.loads(value)  # numbers, lists, true/false
@@ -38,15 +61,36 @@ def main() -> None:
     write_tiny_model(out, config, source, form="mlx")
     path = out / "model.safetensors"
     weights = mx.load(str(path))
-    eos = config.get("eos_token_id", [])
-    eos = eos if isinstance(eos, list) else [eos]
-    head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    head, eos = end_rows(config, weights)
     rows = mx.ones((weights[head].shape[0], 1), dtype=weights[head].dtype)
     rows[mx.array(eos)] = 0
     weights[head] = weights[head] * rows
     mx.eval(weights)  # every array in memory before the file they came from is rewritten
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
-    print(out)
+    return out
+
+
+def quick() -> None:
+    with tempfile.TemporaryDirectory(prefix="shaped-model-") as tmp:
+        out = build(resolve("smollm2-135m"), Path(tmp) / "model", list(QUICK))
+        config = json.loads((out / "config.json").read_text())
+        weights = mx.load(str(out / "model.safetensors"))
+        head, eos = end_rows(config, weights)
+        zeroed = bool(mx.all(weights[head][mx.array(eos)] == 0).item())
+        if not zeroed:
+            raise SystemExit("the end-of-sequence rows are not zero")
+        shape = {k: config[k] for k in (p.split("=", 1)[0] for p in QUICK)}
+        size = sum(f.stat().st_size for f in out.iterdir())
+        print(json.dumps({"config": shape, "bytes": size, "eos_rows_zeroed": zeroed}))
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--quick"]:
+        quick()
+    elif len(sys.argv) < 3 or not all("=" in a for a in sys.argv[3:]):
+        raise SystemExit(USAGE)
+    else:
+        print(build(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ The question it answers: does a collective cost less when one rank clearly trail
 already waiting), so that a cost model should discount it for unbalanced splits? On the 2-core
 VM, three runs said yes, somewhat and no (docs/benchmarks.md, "Heterogeneous lab").
 
-    python bench/sync_probe.py [--pairs 1,1:1,2:2,2:1,3:3,3] [--rounds 6] [--layers 12]
+    python bench/sync_probe.py [--pairs 1,1:1,2:2,2:1,3:3,3] [--rounds 6] [--layers 12] [--quick]
+
+``--quick``: a smoke run (pairs 1,1 and 1,2, one round, 2 layers); it measures nothing worth
+reporting.
 
 The last line of stdout is one JSON object.
 """
@@ -156,7 +159,10 @@ def main() -> None:
     parser.add_argument("--pairs", default="1,1:1,2:2,2:1,3:3,3")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--quick", action="store_true", help="a smoke run (tiny settings)")
     args = parser.parse_args()
+    if args.quick:
+        args.pairs, args.rounds, args.layers = "1,1:1,2", 1, 2
     pairs = [[int(f) for f in p.split(",")] for p in args.pairs.split(":")]
     if [1, 1] not in pairs:
         pairs.insert(0, [1, 1])  # what every pair is compared with

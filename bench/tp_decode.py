@@ -81,10 +81,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--uneven", default="0.7,0.3")
-    parser.add_argument("--quick", action="store_true", help="1 round, 48 tokens")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 1 round, 4 tokens, 10 gathers"
+    )
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.tokens = 1, 48
+        args.rounds, args.tokens = 1, 4
     model = resolve(args.model)
     from exo_tp.plan import load_spec, plan_tensor_parallel
 
@@ -102,7 +104,7 @@ def main() -> None:
 
     plan = plan_tensor_parallel(load_spec(model), uneven)
     vocab_sizes = list(plan.collective("logits").sizes)
-    gather = gather_times(vocab_sizes, iters=50 if args.quick else 200)
+    gather = gather_times(vocab_sizes, iters=10 if args.quick else 200)
 
     print(f"model {args.model}, {args.tokens} tokens, fp32, median of {args.rounds} rounds")
     print(f"{'contender':<28}{'tok/s':>8}{'vs single':>11}")
@@ -114,7 +116,7 @@ def main() -> None:
         print(f"{label:<28}{tps[name]:>8.2f}{tps[name] / tps['single']:>10.2f}x")
     print(
         f"logits all-gather {vocab_sizes} padded to {max(vocab_sizes)}: "
-        f"{gather['padded'] * 1e3:.3f} ms vs equal shapes {gather['equal'] * 1e3:.3f} ms"
+        f"{gather.padded * 1e3:.3f} ms vs equal shapes {gather.equal * 1e3:.3f} ms"
     )
     print(
         json.dumps(

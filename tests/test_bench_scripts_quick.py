@@ -1,0 +1,92 @@
+"""Every bench script's ``--quick`` run: it exits 0, its last line of stdout is a JSON object,
+and it leaves no process behind.
+
+The bench scripts reach deep into exo_tp (workers, plans, node views), and nothing else runs
+them: a refactor that breaks one shows only when someone next measures, as a traceback after a
+long run. Each ``--quick`` is the smallest run that still takes every path of its script
+(docs/benchmarks.md); the numbers it prints mean nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from exo_tp.process.blas import blas_library, usable_cores
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+# Every process a case starts carries this variable, whatever session or parent it ends up
+# with: the bench scripts start nodes in sessions of their own, which a timeout does not reach.
+TAG_ENV = "EXO_TP_BENCH_QUICK_TAG"
+# Seconds a case may take: about three times its quick run on a 2-core machine under load.
+TIMEOUT = {"serving": 900, "hetero_lab": 400, "reshard": 400, "finetune": 300}
+GRACE = 15.0  # seconds a script's processes may take to exit after it did (SIGTERM handlers)
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(TAG_ENV) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def _left_behind(tag: str) -> list[str]:
+    """The case's processes still running after ``GRACE`` (killed, so that they do not slow
+    down the cases after this one), as their command lines."""
+    deadline = time.monotonic() + GRACE
+    while (alive := _tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = []
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            left.append(" ".join(proc.cmdline())[:200])
+            proc.kill()
+    return left
+
+
+def _skip_reason(script: str) -> str | None:
+    if script == "blas" and blas_library(None) is None:
+        return "no system OpenBLAS to compare MLX's bundled BLAS with"
+    if script == "hetero_lab" and usable_cores() < 2:
+        return "the lab pins its two devices to two cores"
+    return None
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_quick_run(script: str, tmp_path: Path, default_models: dict[str, Path]) -> None:
+    if reason := _skip_reason(script):
+        pytest.skip(reason)
+    # A cache of its own (device profiles, manifests), sharing the prepared models.
+    home = tmp_path / "exo-tp-home"
+    home.mkdir()
+    (home / "models").symlink_to(default_models["smollm2-135m"].parent, target_is_directory=True)
+    tag = secrets.token_hex(8)
+    env = {**os.environ, TAG_ENV: tag, "EXO_TP_HOME": str(home), "TMPDIR": str(tmp_path)}
+    try:
+        done = subprocess.run(
+            [sys.executable, str(BENCH / f"{script}.py"), "--quick"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT.get(script, 180),
+            env=env,
+            cwd=tmp_path,
+        )
+    finally:
+        left = _left_behind(tag)
+    assert done.returncode == 0, f"bench/{script}.py --quick failed:\n{done.stderr[-4000:]}"
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"bench/{script}.py --quick printed nothing"
+    assert isinstance(json.loads(lines[-1]), dict), lines[-1][:500]
+    assert not left, f"bench/{script}.py --quick left processes behind: {left}"
