@@ -25,7 +25,7 @@ from arch_configs import tiny_config
 from helpers import assert_logits_close, launch, loss_recorder, run_cli
 from tiny_models import write_tiny_model
 
-from exo_tp.finetune.job import FinetuneReport
+from exo_tp.wire.finetune_job import FinetuneReport
 
 ITERS = 3
 BATCH = 4

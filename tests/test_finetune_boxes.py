@@ -20,15 +20,15 @@ from weights_synthetic import llama_spec, synthetic_manifest
 
 from exo_tp.finetune.boxes import finetune_boxes
 from exo_tp.finetune.gather import GatherChain
-from exo_tp.finetune.job import LoraSettings
 from exo_tp.finetune.model import build_model
-from exo_tp.finetune.plan import plan_finetune
 from exo_tp.plan import plan_tensor_parallel
+from exo_tp.plan.finetune import plan_finetune
 from exo_tp.plan.pipeline import single_stage
 from exo_tp.shard.safetensors_slices import SafetensorsIndex
 from exo_tp.weights.boxes import Boxes, rank_boxes
 from exo_tp.weights.build import build_manifest
 from exo_tp.weights.transfer import Holding, plan_shares
+from exo_tp.wire.finetune_job import LoraSettings
 
 COLUMN_CUT = ("self_attn.o_proj", "mlp.down_proj")
 

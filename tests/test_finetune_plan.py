@@ -18,8 +18,8 @@ from exo_tp.finetune.cost import (
     estimate_replicas,
     estimate_sharded,
 )
-from exo_tp.finetune.plan import batch_rows, plan_finetune, split_rows
 from exo_tp.plan.cost import LinkCost
+from exo_tp.plan.finetune import batch_rows, plan_finetune, split_rows
 from exo_tp.plan.spec import ModelSpec
 
 weights = st.lists(st.floats(min_value=0.05, max_value=10), min_size=1, max_size=8)

@@ -18,13 +18,13 @@ from exo_tp import __version__
 from exo_tp.errors import ExoTpError
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient
+from exo_tp.node.control_messages import NodeStatus
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.dispatch import Dispatcher
 from exo_tp.node.leader.formation import Leader
 from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.peers import Peers
 from exo_tp.wire.announcement import Announcement
-from exo_tp.wire.control import NodeStatus
 
 ME = "node-0"
 WAIT = 10.0  # seconds for an event the leader's loop sets within a round or two

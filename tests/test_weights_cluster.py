@@ -37,6 +37,7 @@ from openai import OpenAI
 from safetensors import safe_open
 
 from exo_tp.node.views import ClusterView, NodeWeightsView, PlanView
+from exo_tp.node.weight_orders import FetchSummary
 from exo_tp.plan import plan_tensor_parallel
 from exo_tp.plan.pipeline import PipelinePlan, single_stage
 from exo_tp.security.signing import control_headers
@@ -45,7 +46,6 @@ from exo_tp.weights.build import manifest_for
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import ServedStats, ServeOptions
 from exo_tp.weights.transfer import Holding, bytes_to_move
-from exo_tp.wire.weight_orders import FetchSummary
 
 pytestmark = pytest.mark.skipif(
     can_make_namespaces() is not None, reason=str(can_make_namespaces())

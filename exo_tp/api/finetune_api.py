@@ -38,7 +38,7 @@ MAX_LIST = 100
 
 
 class FineTuningService(Protocol):
-    """What the node's fine-tuning offers the API (exo_tp.node.finetune_jobs.FineTuning)."""
+    """What the node's fine-tuning offers the API (exo_tp.node.finetune.jobs.FineTuning)."""
 
     def upload(self, filename: str, raw: bytes, purpose: str) -> FileObject: ...
     def files(self) -> list[FileObject]: ...

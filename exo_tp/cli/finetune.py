@@ -114,10 +114,10 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exo_tp.finetune.job import FinetuneJob, FinetuneReport, LoraSettings
     from exo_tp.finetune.launcher import run_local
-    from exo_tp.finetune.plan import plan_finetune
     from exo_tp.models.registry import resolve_model
+    from exo_tp.plan.finetune import plan_finetune
+    from exo_tp.wire.finetune_job import FinetuneJob, FinetuneReport, LoraSettings
 
     if args.profiles:
         if args.weights or args.memory_weights:

@@ -19,7 +19,7 @@ training share it does not hold (``plan_shares`` subtracts what it holds).
 from __future__ import annotations
 
 from exo_tp.finetune.columns import ColumnCut, column_cut
-from exo_tp.finetune.plan import FinetunePlan
+from exo_tp.plan.finetune import FinetunePlan
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.manifest import ModelManifest, TensorEntry
 

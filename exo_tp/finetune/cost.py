@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from exo_tp.errors import ExoTpError
-from exo_tp.finetune.plan import batch_rows, split_rows
 from exo_tp.frozen import Frozen
 from exo_tp.plan.cost import LinkCost, all_gather_seconds, all_sum_seconds, bytes_per_weight
+from exo_tp.plan.finetune import batch_rows, split_rows
 from exo_tp.plan.spec import ModelSpec
 
 MEMORY_HEADROOM = 0.9  # a rank may use this fraction of its device's memory

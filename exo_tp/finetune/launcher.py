@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 from exo_tp.errors import ExoTpError
-from exo_tp.finetune.job import RANK_ENV, RANK_EVENTS, FinetuneJob, RankDone, RankReport
 from exo_tp.process.blas import share_cores
 from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, Supervisor, clean_environment
 from exo_tp.transport.ports import free_ports
 from exo_tp.transport.ring import ring_env, write_hostfile
+from exo_tp.wire.finetune_job import RANK_ENV, RANK_EVENTS, FinetuneJob, RankDone, RankReport
 
 
 def _env(rank: int, size: int, hostfile: Path) -> dict[str, str]:

@@ -21,8 +21,6 @@ from exo_tp.arch import ArchTable, table_for
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.columns import ColumnCut, column_cut
 from exo_tp.finetune.gather import GatherChain
-from exo_tp.finetune.job import LoraSettings
-from exo_tp.finetune.plan import FinetunePlan
 from exo_tp.finetune.sharded import (
     PARTS,
     Layout,
@@ -31,10 +29,12 @@ from exo_tp.finetune.sharded import (
     ShardedLinear,
     quantization_of,
 )
+from exo_tp.plan.finetune import FinetunePlan
 from exo_tp.plan.spec import ModelSpec, load_spec
 from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import set_path
 from exo_tp.weights.layout import locate, split_of
+from exo_tp.wire.finetune_job import LoraSettings
 
 BASES = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 EMBEDDINGS = (nn.Embedding, nn.QuantizedEmbedding)

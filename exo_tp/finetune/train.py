@@ -37,10 +37,10 @@ from mlx_lm.utils import save_config
 
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.gather import GatherChain
-from exo_tp.finetune.job import FinetuneJob, RankReport, StepReport, ValReport
 from exo_tp.finetune.model import build_model, lora_parameters
 from exo_tp.models.tokenizer import load_model_tokenizer
 from exo_tp.plan.shard_plan import Span
+from exo_tp.wire.finetune_job import FinetuneJob, RankReport, StepReport, ValReport
 
 log = logging.getLogger("exo_tp.finetune")
 

@@ -13,7 +13,11 @@ import os
 import sys
 from pathlib import Path
 
-from exo_tp.finetune.job import (
+from exo_tp.process.child import SupervisorLink, run_child
+from exo_tp.process.lifecycle import die_with_parent
+from exo_tp.process.messages import Ready
+from exo_tp.transport.ring import barrier, init_ring
+from exo_tp.wire.finetune_job import (
     RANK_ENV,
     FinetuneJob,
     RankDone,
@@ -21,10 +25,6 @@ from exo_tp.finetune.job import (
     StepReport,
     ValReport,
 )
-from exo_tp.process.child import SupervisorLink, run_child
-from exo_tp.process.lifecycle import die_with_parent
-from exo_tp.process.messages import Ready
-from exo_tp.transport.ring import barrier, init_ring
 
 
 def train(link: SupervisorLink, rank: int) -> None:

@@ -26,6 +26,7 @@ from exo_tp.node.backend import NodeBackend
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, control_app
 from exo_tp.node.control_handlers import ControlHandlers
+from exo_tp.node.control_messages import NodeStatus
 from exo_tp.node.finetune.jobs import FineTuning
 from exo_tp.node.finetune.ranks import FINETUNE_MOUNT, FinetuneRanks, finetune_app
 from exo_tp.node.hub_downloads import HubDownloads
@@ -44,7 +45,6 @@ from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.weights.server import MOUNT
 from exo_tp.wire.announcement import Announcement
-from exo_tp.wire.control import NodeStatus
 from exo_tp.wire.profiles import ProfileSummary
 
 log = logging.getLogger(__name__)

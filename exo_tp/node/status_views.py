@@ -13,6 +13,8 @@ from exo_tp.api.errors import FORWARD_PREFIX
 from exo_tp.frozen import replace
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control_handlers import ControlHandlers
+from exo_tp.node.control_messages import NodeStatus
+from exo_tp.node.finetune.messages import FineTunedModel
 from exo_tp.node.finetune.ranks import FinetuneRanks
 from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
@@ -36,8 +38,6 @@ from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.security.signing import control_headers
 from exo_tp.wire.balance import BalanceView
-from exo_tp.wire.control import NodeStatus
-from exo_tp.wire.finetune import FineTunedModel
 from exo_tp.wire.profiles import ProfileSummary
 
 

@@ -11,16 +11,16 @@ from typing import Literal
 from exo_tp.api.server_limits import ListenerStats
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
+from exo_tp.node.control_messages import MachineMemory, NodeStatus, Stall, WorkerState
+from exo_tp.node.weight_orders import FetchSummary, WeightsStatus
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.shard_plan import ShardPlan, Span
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.balance import BalanceView
-from exo_tp.wire.control import MachineMemory, NodeStatus, Stall, WorkerState
 from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import LinkProfile, ProfileSummary
-from exo_tp.wire.weight_orders import FetchSummary, WeightsStatus
 
 # The cluster as requests see it: forming (no epoch yet), loading, ready or failed (the
 # leader's epoch), unknown (a member that has not heard from its leader).

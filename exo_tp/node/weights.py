@@ -25,6 +25,13 @@ from aiohttp import web
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen, replace
 from exo_tp.node.weight_folders import STORE_INFO, OwnFolder, StoreInfo, claim, weight_bytes
+from exo_tp.node.weight_orders import (
+    FetchState,
+    FetchSummary,
+    ModelOffer,
+    WeightOrder,
+    WeightsStatus,
+)
 from exo_tp.paths import cache_home
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.build import manifest_for
@@ -37,13 +44,6 @@ from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
 from exo_tp.wire.errors import PeerRefused, UnsignedReply
 from exo_tp.wire.http import SignedClient, post, signed_app
 from exo_tp.wire.ids import Epoch, NodeId
-from exo_tp.wire.weight_orders import (
-    FetchState,
-    FetchSummary,
-    ModelOffer,
-    WeightOrder,
-    WeightsStatus,
-)
 from exo_tp.wire.weights import TransferProgress
 
 log = logging.getLogger(__name__)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from exo_tp.node.control_messages import MachineMemory, Stall, WorkerState
 from exo_tp.node.memory import memory_now
 from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, OnEvent, Supervisor
 from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready, rank_speed
 from exo_tp.wire.assignment import Assignment
-from exo_tp.wire.control import MachineMemory, Stall, WorkerState
 from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import LinkProfile
 from exo_tp.wire.runtime import RANK_EVENTS, RankMemory
@@ -66,7 +66,7 @@ class NodeWorker:
 
     def start_finetune(self, job: Job, on_event: OnEvent) -> Child:
         """Start a fine-tuning rank (the serving worker was stopped before)."""
-        from exo_tp.finetune.job import RANK_EVENTS as FINETUNE_EVENTS  # no MLX in it
+        from exo_tp.wire.finetune_job import RANK_EVENTS as FINETUNE_EVENTS
 
         if self._finetune is None:
             self._finetune = Supervisor(

@@ -17,10 +17,10 @@ from exo_tp.plan.cost import (
 )
 from exo_tp.plan.devices import DeviceProfile
 from exo_tp.plan.matvec import MatvecTable
+from exo_tp.plan.profiles import LinkProfile, LinkSource, ProfileSummary
 from exo_tp.plan.shard_plan import Span
 from exo_tp.plan.spec import Frozen, ModelSpec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
-from exo_tp.wire.profiles import LinkProfile, LinkSource, ProfileSummary
 
 # Share of a device's available memory a plan may fill: the OS, MLX buffers and activations
 # need the rest.

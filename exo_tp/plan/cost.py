@@ -44,9 +44,9 @@ from pydantic import Field
 
 from exo_tp.plan.devices import quant_key
 from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
+from exo_tp.plan.profiles import ENGINE_DTYPE
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import Frozen, ModelSpec
-from exo_tp.wire.profiles import ENGINE_DTYPE
 
 FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
 TOKEN_BYTES = 4  # a token id on the wire (int32)

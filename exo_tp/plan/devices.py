@@ -23,8 +23,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from exo_tp.errors import ExoTpError
-from exo_tp.plan.spec import Frozen
-from exo_tp.wire.profiles import (
+from exo_tp.plan.profiles import (
     ENGINE_DTYPE,
     DecodeScore,
     FormatScore,
@@ -33,6 +32,7 @@ from exo_tp.wire.profiles import (
     ShapeSeconds,
     decode_score,
 )
+from exo_tp.plan.spec import Frozen
 
 PROFILE_VERSION = 1
 

@@ -10,10 +10,15 @@ Nothing here imports the domain packages (they import it).
   conductor and ranks, pipeline hops), one discriminated union per link.
 - ``weights``: the weight transport's request bodies and its reports (progress, bytes served).
 
-- ``control``: the control plane's bodies (NodeStatus every poll; ports, assign, release).
 - ``announcement``: the signed mDNS announcement a node joins with.
-- ``assignment``: a rank's part in an epoch (Assignment, ServingOptions), sent to every rank.
-- ``profiles``: what a node tells of its device (ProfileSummary, ShapeSeconds, LinkProfile).
-- ``weight_orders``, ``finetune``, ``balance``: what NodeStatus and the assignments carry of
-  weights, fine-tuning jobs and the leader's live balance.
+- ``assignment``: a rank's part in an epoch (Assignment, ServingOptions), sent to every rank;
+  ``finetune_job``: a fine-tuning rank's job, likewise.
+- ``profiles``: what a node tells of its device (ProfileSummary, ShapeSeconds, LinkProfile;
+  defined in exo_tp.plan.profiles, below the planner that reads them).
+- ``balance``: the leader's live balance, as NodeStatus carries it.
+
+The control plane's bodies (exo_tp.node.control_messages: NodeStatus, Assign, ...), the weight
+orders (exo_tp.node.weight_orders) and the fine-tuning jobs' (exo_tp.node.finetune.messages)
+stay in the node: they carry the weights package's transfer plans, and the weights package
+uses this one's client and ids, so a package cycle would follow (tests/test_layout.py).
 """

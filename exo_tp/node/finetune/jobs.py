@@ -46,18 +46,23 @@ from exo_tp.finetune.openai_schema import (
     JobEvent,
     Progress,
 )
-from exo_tp.finetune.plan import plan_finetune
 from exo_tp.finetune.state import FineTuneState
 from exo_tp.node.control import ControlClient
+from exo_tp.node.finetune.messages import (
+    FinetuneAccepted,
+    FinetuneAssign,
+    FinetuneStop,
+    FinetuneStopped,
+)
 from exo_tp.node.finetune.orders import base_orders
 from exo_tp.node.finetune.ranks import FinetuneRanks
 from exo_tp.node.finetune.records import FT_PREFIX, add_event, record_report, record_results
 from exo_tp.node.finetune.requests import new_job
 from exo_tp.node.finetune.settings import job_settings
 from exo_tp.node.leader.members import node_weights
+from exo_tp.plan.finetune import plan_finetune
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
-from exo_tp.wire.finetune import FinetuneAccepted, FinetuneAssign, FinetuneStop, FinetuneStopped
 from exo_tp.wire.http import SignedClient
 from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import ProfileSummary

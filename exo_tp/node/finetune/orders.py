@@ -8,13 +8,13 @@ import logging
 import time
 
 from exo_tp.finetune.boxes import finetune_boxes
-from exo_tp.finetune.plan import FinetunePlan
 from exo_tp.node.leader.cluster_model import ClusterModel, Prepared
+from exo_tp.node.weight_orders import WeightOrder
 from exo_tp.node.weights import ManifestPending
+from exo_tp.plan.finetune import FinetunePlan
 from exo_tp.weights.transfer import plan_shares
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.ids import NodeId
-from exo_tp.wire.weight_orders import WeightOrder
 
 log = logging.getLogger(__name__)
 

@@ -16,18 +16,11 @@ from aiohttp import web
 
 from exo_tp.api.http_io import MAX_BODY
 from exo_tp.errors import ExoTpError
-from exo_tp.finetune.job import RANK_ENV, RankDone, RankProgress, StepReport, ValReport
 from exo_tp.finetune.state import FineTuneState
 from exo_tp.frozen import replace
 from exo_tp.node.control import ControlRefused
 from exo_tp.node.control_handlers import EXPECTED_FETCH_ERRORS
-from exo_tp.node.weights import NodeWeights
-from exo_tp.node.worker import NodeWorker
-from exo_tp.process.blas import group_threads
-from exo_tp.process.events import Exited, Failed, Heartbeat, ProcessEvent
-from exo_tp.process.supervisor import Child, Job, clean_environment
-from exo_tp.transport.ring import ring_env, write_hostfile
-from exo_tp.wire.finetune import (
+from exo_tp.node.finetune.messages import (
     FinetuneAccepted,
     FinetuneAssign,
     FineTunedModel,
@@ -36,6 +29,13 @@ from exo_tp.wire.finetune import (
     FinetuneStopped,
     RankState,
 )
+from exo_tp.node.weights import NodeWeights
+from exo_tp.node.worker import NodeWorker
+from exo_tp.process.blas import group_threads
+from exo_tp.process.events import Exited, Failed, Heartbeat, ProcessEvent
+from exo_tp.process.supervisor import Child, Job, clean_environment
+from exo_tp.transport.ring import ring_env, write_hostfile
+from exo_tp.wire.finetune_job import RANK_ENV, RankDone, RankProgress, StepReport, ValReport
 from exo_tp.wire.http import post, signed_app
 from exo_tp.wire.ids import NodeId
 

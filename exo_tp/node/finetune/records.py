@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from exo_tp.finetune.job import StepReport, ValReport
 from exo_tp.finetune.openai_schema import Checkpoint, CheckpointMetrics, EventData, JobEvent
 from exo_tp.finetune.state import ADAPTER_FILES, FineTuneState, new_id
 from exo_tp.frozen import replace
+from exo_tp.wire.finetune_job import StepReport, ValReport
 
 FT_PREFIX = "ft:"
 

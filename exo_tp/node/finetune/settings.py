@@ -3,9 +3,9 @@ client created and the plan of its rows (pure)."""
 
 from __future__ import annotations
 
-from exo_tp.finetune.job import FinetuneJob, LoraSettings
 from exo_tp.finetune.openai_schema import Job
-from exo_tp.finetune.plan import FinetunePlan
+from exo_tp.plan.finetune import FinetunePlan
+from exo_tp.wire.finetune_job import FinetuneJob, LoraSettings
 
 BASE_LEARNING_RATE = 1e-5  # mlx_lm.lora's default; OpenAI's multiplier scales it
 

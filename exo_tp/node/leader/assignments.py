@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from exo_tp.frozen import Frozen
 from exo_tp.node.config import NodeConfig
+from exo_tp.node.control_messages import Ports
 from exo_tp.node.leader.backend_choice import BackendChoice
 from exo_tp.node.leader.placement import Placement
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import Assignment
-from exo_tp.wire.control import Ports
 from exo_tp.wire.ids import Epoch
 
 

@@ -27,6 +27,7 @@ from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
 from exo_tp.node.leader.placement import Holdings, Placement
 from exo_tp.node.peers import Peers
+from exo_tp.node.weight_orders import ModelOffer, WeightOrder
 from exo_tp.node.weights import ManifestPending, NodeWeights, manifest_of
 from exo_tp.plan import ModelSpec, load_spec
 from exo_tp.weights.client import fetch_holding
@@ -36,7 +37,6 @@ from exo_tp.weights.transfer import Holding, TransferError
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.ids import NodeId
-from exo_tp.wire.weight_orders import ModelOffer, WeightOrder
 
 log = logging.getLogger(__name__)
 

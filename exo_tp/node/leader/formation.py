@@ -32,6 +32,7 @@ import aiohttp
 from exo_tp.errors import ExoTpError, PlanError
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, ControlRefused
+from exo_tp.node.control_messages import NodeStatus
 from exo_tp.node.leader.assignments import Where, assignments_of
 from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
@@ -48,7 +49,6 @@ from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import Assignment
-from exo_tp.wire.control import NodeStatus
 from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import ProfileSummary
 

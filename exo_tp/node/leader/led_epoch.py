@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from exo_tp.node.control_messages import EpochState
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
-from exo_tp.wire.control import EpochState
 from exo_tp.wire.ids import Epoch, NodeId
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from exo_tp.node.control_messages import NodeStatus
 from exo_tp.node.leader.led_epoch import LedEpoch
 from exo_tp.plan.rebalance import (
     RankSpeed,
@@ -25,7 +26,6 @@ from exo_tp.plan.rebalance import (
     decide,
 )
 from exo_tp.wire.balance import BalanceView, RankBalanceView, RebalanceView
-from exo_tp.wire.control import NodeStatus
 from exo_tp.wire.ids import Epoch, NodeId
 
 log = logging.getLogger(__name__)

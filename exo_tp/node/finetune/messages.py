@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from exo_tp.finetune.job import FinetuneJob
 from exo_tp.frozen import Frozen
-from exo_tp.wire.weight_orders import WeightOrder
+from exo_tp.node.weight_orders import WeightOrder
+from exo_tp.wire.finetune_job import FinetuneJob
 
 RankState = Literal["fetching", "starting", "training", "done", "failed", "stopped"]
 

@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter
 
-from exo_tp.finetune.plan import FinetunePlan
 from exo_tp.frozen import Frozen
+from exo_tp.plan.finetune import FinetunePlan
 from exo_tp.plan.shard_plan import Span
 from exo_tp.process.messages import ChildHeartbeat, ChildResult, Failed, Hello, Ready
 

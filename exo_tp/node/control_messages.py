@@ -10,14 +10,14 @@ from pydantic import Field
 
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
+from exo_tp.node.finetune.messages import FineTunedModel, FinetuneRankStatus
+from exo_tp.node.weight_orders import WeightOrder, WeightsStatus
 from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.balance import BalanceView
-from exo_tp.wire.finetune import FineTunedModel, FinetuneRankStatus
 from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import LinkProfile, ProfileSummary
 from exo_tp.wire.runtime import RankMemory
-from exo_tp.wire.weight_orders import WeightOrder, WeightsStatus
 
 ECHO_MAX = 1 << 20  # the largest echo a probe may ask for
 
