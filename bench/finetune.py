@@ -206,7 +206,7 @@ def exo_tp_run(
     done = subprocess.run(cmd, capture_output=True, text=True, env=env())
     if done.returncode:
         raise SystemExit(f"exo-tp finetune failed: {done.stderr[-2000:]}")
-    from exo_tp.finetune.job import FinetuneReport
+    from exo_tp.wire.finetune_job import FinetuneReport
 
     ranks = FinetuneReport.model_validate_json(report.read_text()).ranks
     tps = [s.tokens_per_second for s in ranks[0].steps][1:]

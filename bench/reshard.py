@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from exo_tp.cli.run import options_from_flags  # noqa: E402
 from exo_tp.node.local_cluster import LocalCluster, node_job  # noqa: E402
 from exo_tp.node.views import ClusterView, HealthView, PlanView  # noqa: E402
+from exo_tp.node.weight_orders import WeightsStatus
 from exo_tp.plan import plan_tensor_parallel  # noqa: E402
 from exo_tp.plan.pipeline import PipelinePlan, single_stage  # noqa: E402
 from exo_tp.transport.ports import port_is_free  # noqa: E402
@@ -51,7 +52,6 @@ from exo_tp.weights.boxes import rank_boxes  # noqa: E402
 from exo_tp.weights.build import manifest_for  # noqa: E402
 from exo_tp.weights.manifest import ModelManifest  # noqa: E402
 from exo_tp.weights.transfer import Holding, bytes_to_move  # noqa: E402
-from exo_tp.wire.weight_orders import WeightsStatus
 
 WEIGHTS = {"n0": 5.0, "n1": 3.0, "n2": 2.0, "n3": 4.0}
 HOLDER = "n2"  # the one node with the model folder in the one-copy cluster
