@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import CLI, NamespaceLab, can_make_namespaces, local_cluster, wait_ready
+from lab_profiles import lab_profile
 from node_views import cluster_view, plan_view
 
 from exo_tp.plan.devices import DeviceProfile
@@ -29,20 +30,7 @@ MODEL = "smollm2-135m"
 
 
 def _profile(node_id: str, gb_per_s: float, links: Sequence[LinkProfile] = ()) -> DeviceProfile:
-    return DeviceProfile(
-        node_id=node_id,
-        chip="lab cpu",
-        cores=1,
-        mlx_version="0",
-        mlx_device="cpu",
-        memory_total=16 * 10**9,
-        memory_available=8 * 10**9,
-        backends=("ring",),
-        memory_bandwidth=gb_per_s * 1e9,
-        decode_seconds_per_byte=1 / (gb_per_s * 1e9),
-        prefill_flops=2e10,
-        links=tuple(links),
-    )
+    return lab_profile(gb_per_s, node_id=node_id, links=tuple(links))
 
 
 def _write(folder: Path, profiles: Sequence[DeviceProfile]) -> list[Path]:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from cluster_helpers import http_json, local_cluster, wait_ready
 from helpers import mlx_lm_reference
+from lab_profiles import lab_profile
 from node_views import cluster_view, plan_view
 
 from exo_tp.plan.cost import bytes_per_weight
-from exo_tp.plan.devices import DeviceProfile, MatmulScore
+from exo_tp.plan.devices import MatmulScore
 from exo_tp.plan.spec import load_spec
 from exo_tp.profile.shapes import model_shapes
 
@@ -42,19 +43,7 @@ def _shapes(model: Path, gb_per_s: float) -> tuple[MatmulScore, ...]:
 
 
 def _profile(path: Path, gb_per_s: float, shapes: tuple[MatmulScore, ...] = ()) -> Path:
-    profile = DeviceProfile(
-        chip="lab cpu",
-        cores=1,
-        mlx_version="0",
-        mlx_device="cpu",
-        memory_total=16 * 10**9,
-        memory_available=8 * 10**9,
-        backends=("ring",),
-        memory_bandwidth=gb_per_s * 1e9,
-        decode_seconds_per_byte=1 / (gb_per_s * 1e9),
-        prefill_flops=2e10,
-        shapes=shapes,
-    )
+    profile = lab_profile(gb_per_s, shapes=shapes)
     path.write_text(profile.model_dump_json())
     return path
 

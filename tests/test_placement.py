@@ -6,6 +6,7 @@ already holds."""
 from __future__ import annotations
 
 import pytest
+from lab_profiles import lab_profile
 from weights_synthetic import llama_spec, synthetic_manifest
 
 from exo_tp.node.leader.placement import Holdings, Member, Members, place, planner_cluster
@@ -179,7 +180,7 @@ def test_the_leader_plans_over_the_cluster_exo_tp_plan_previews() -> None:
     carries it) prices the same devices and links as the profile file `exo-tp plan` reads: the
     same cluster, the same choice. The link between the first two is slow, and decides it."""
     from exo_tp.plan.cluster import cluster_from_profiles
-    from exo_tp.plan.devices import DeviceProfile, MatmulScore
+    from exo_tp.plan.devices import MatmulScore
     from exo_tp.wire.profiles import LinkProfile
 
     spec = llama_spec(9, 3, 64, 576, 1536, 49152, 30, True, None)
@@ -189,21 +190,7 @@ def test_the_leader_plans_over_the_cluster_exo_tp_plan_previews() -> None:
         weight_bytes_per_second=1e9,
     )  # fmt: skip
     profiles = [
-        DeviceProfile(
-            node_id=f"{i}@{host}",
-            chip="lab",
-            cores=1,
-            mlx_version="0",
-            mlx_device="cpu",
-            memory_total=16 * 10**9,
-            memory_available=8 * 10**9,
-            backends=("ring",),
-            memory_bandwidth=1e10,
-            decode_seconds_per_byte=1e-9,
-            prefill_flops=2e10,
-            kernels=(kernel,),
-            links=(slow,) if i == 0 else (),
-        )
+        lab_profile(1.0, node_id=f"{i}@{host}", kernels=(kernel,), links=(slow,) if i == 0 else ())
         for i, host in enumerate("xyz")
     ]
     preview = cluster_from_profiles(spec, profiles, names=["a", "b", "c"])
