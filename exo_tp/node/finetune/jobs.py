@@ -68,6 +68,7 @@ from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import ProfileSummary
 
 if TYPE_CHECKING:
+    from exo_tp.node.joined import Joined
     from exo_tp.node.status_views import StatusViews
 
 log = logging.getLogger(__name__)
@@ -328,6 +329,14 @@ class FineTuning:
         )
         await self._watch(job_id, ids)
 
+    def _gone(self, joined: Joined, nodes: tuple[NodeId, ...]) -> list[NodeId]:
+        """The job's other nodes with no status for DEAD_AFTER seconds."""
+        return [
+            n
+            for n in nodes
+            if n != self.node_id and joined.peers.status(n, max_age=DEAD_AFTER) is None
+        ]
+
     async def _watch(self, job_id: str, nodes: tuple[NodeId, ...]) -> None:
         """Until every rank is done; raises on the first failure (naming a node that stopped
         answering before a rank that lost its ring)."""
@@ -340,11 +349,7 @@ class FineTuning:
             for report in reports[seen:]:
                 record_report(self.state, job_id, report)
             seen = len(reports)
-            gone = [
-                n
-                for n in nodes
-                if n != self.node_id and joined.peers.status(n, max_age=DEAD_AFTER) is None
-            ]
+            gone = self._gone(joined, nodes)
             if gone:
                 raise ExoTpError(
                     f"node {', '.join(gone)} stopped answering during training (no status for "
@@ -385,11 +390,7 @@ class FineTuning:
         assert joined is not None
         deadline = time.monotonic() + DEAD_AFTER + 1.0
         while time.monotonic() < deadline:
-            gone = [
-                n
-                for n in nodes
-                if n != self.node_id and joined.peers.status(n, max_age=DEAD_AFTER) is None
-            ]
+            gone = self._gone(joined, nodes)
             if gone:
                 raise ExoTpError(
                     f"node {', '.join(gone)} stopped answering during training; the job's "

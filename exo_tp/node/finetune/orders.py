@@ -8,7 +8,7 @@ import logging
 import time
 
 from exo_tp.finetune.boxes import finetune_boxes
-from exo_tp.node.leader.cluster_model import ClusterModel, Prepared
+from exo_tp.node.leader.cluster_model import ClusterModel, Prepared, transfer_orders
 from exo_tp.node.weight_orders import WeightOrder
 from exo_tp.node.weights import ManifestPending
 from exo_tp.plan.finetune import FinetunePlan
@@ -46,12 +46,4 @@ async def base_orders(
         transfer.moved_bytes / 1e6,
         transfer.retained_bytes / 1e6,
     )
-    return {
-        n: WeightOrder(
-            key=model.key,
-            name=model.name,
-            identity=manifest.identity,
-            transfer=transfer.node(n),
-        )
-        for n in order
-    }
+    return transfer_orders(model, transfer)

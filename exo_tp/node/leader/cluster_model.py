@@ -33,7 +33,7 @@ from exo_tp.plan import ModelSpec, load_spec
 from exo_tp.weights.client import fetch_holding
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import MOUNT
-from exo_tp.weights.transfer import Holding, TransferError
+from exo_tp.weights.transfer import Holding, TransferError, TransferPlan
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.ids import NodeId
@@ -50,6 +50,16 @@ class Prepared:
     folder: Path  # its config.json and tokenizer files on this node
     spec: ModelSpec
     tokenizer: TokenizerWrapper
+
+
+def transfer_orders(model: Prepared, transfer: TransferPlan) -> dict[NodeId, WeightOrder]:
+    """Each node's WeightOrder: the model, and its part of ``transfer``."""
+    return {
+        n: WeightOrder(
+            key=model.key, name=model.name, identity=transfer.model, transfer=transfer.node(n)
+        )
+        for n in transfer.order
+    }
 
 
 def weights_url(member: Announcement) -> str:
@@ -223,15 +233,7 @@ class ClusterModel:
             transfer.retained_bytes / 1e6,
             list(placement.rank_order),
         )
-        return {
-            n: WeightOrder(
-                key=model.key,
-                name=model.name,
-                identity=transfer.model,
-                transfer=transfer.node(n),
-            )
-            for n in placement.rank_order
-        }
+        return transfer_orders(model, transfer)
 
     async def _holding(self, member: Announcement, manifest: ModelManifest) -> Holding:
         """What a member without the files holds of the model (its store, asked over HTTP)."""

@@ -112,7 +112,8 @@ def plan_of(
             start += size
         return plan_pipeline(spec, groups), names, None, ()
     if cluster.measured:
-        choice = choose_plan(spec, planner_cluster(spec, cluster), objective=objective, queue=queue)
+        devices = planner_cluster(spec, cluster)
+        choice = choose_plan(spec, devices, objective=objective, queue=queue)
         runner_ups = "; ".join(
             f"{c.prediction.tokens_per_second:.3g} tok/s {describe_candidate(c, list(names))}"
             for c in choice.alternatives
@@ -120,7 +121,7 @@ def plan_of(
         notes = (
             f"planner: {describe_candidate(choice.best, list(names))} "
             f"(objective {choice.objective}: {choice.reason}); runner-ups: {runner_ups}; "
-            f"{pricing_note(planner_cluster(spec, cluster))}",
+            f"{pricing_note(devices)}",
         )
         chosen = tuple(names[d] for d in choice.best.devices)
         return choice.best.plan, chosen, choice.best.prediction, notes
