@@ -181,10 +181,18 @@ def test_the_leader_plans_over_the_cluster_exo_tp_plan_previews() -> None:
     same cluster, the same choice. The link between the first two is slow, and decides it."""
     from exo_tp.plan.cluster import cluster_from_profiles
     from exo_tp.plan.devices import MatmulScore
+    from exo_tp.plan.render_choice import render_choice
     from exo_tp.wire.profiles import LinkProfile
 
     spec = llama_spec(9, 3, 64, 576, 1536, 49152, 30, True, None)
-    slow = LinkProfile(a="0@x", b="1@y", up=True, all_sum_latency=5e-3, all_sum_bandwidth=1e7)
+    slow = LinkProfile(
+        a="0@x",
+        b="1@y",
+        up=True,
+        all_sum_latency=5e-3,
+        all_sum_bandwidth=1e7,
+        measured_at="2026-12-01T21:00:00+00:00",
+    )
     kernel = MatmulScore(
         kind="matvec", dtype="float32", m=1, k=576, n=1536, seconds=1e-3, flops=1.0,
         weight_bytes_per_second=1e9,
@@ -206,3 +214,8 @@ def test_the_leader_plans_over_the_cluster_exo_tp_plan_previews() -> None:
     assert leader.link(0, 1).latency == 5e-3 and not leader.link(0, 2).measured
     assert choose_plan(spec, leader) == choose_plan(spec, preview)
     assert set(choose_plan(spec, leader).best.devices) != {0, 1, 2}  # not over the slow link
+    # what exo-tp plan prints of them: each pair measured (how, when) or assumed
+    text = render_choice(choose_plan(spec, preview), preview)
+    assert "a - b: all_sum 5 ms at 4 KB" in text, text
+    assert "measured (bench 2026-12-01T21:00:00+00:00)" in text
+    assert "a - c: all_sum 200 µs at 4 KB, 1 GB/s; assumed (not measured)" in text

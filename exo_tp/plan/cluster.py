@@ -58,6 +58,11 @@ class Link(Frozen):
     source: LinkSource = "bench"  # where the figures come from
     measured_at: str = ""  # ISO 8601, of the newest measurement behind it
 
+    @property
+    def origin(self) -> str:
+        """How and when it was measured: "probe 2026-12-01T21:00:00+00:00"."""
+        return " ".join(filter(None, (self.source, self.measured_at)))
+
 
 def slowest(costs: Sequence[LinkCost]) -> LinkCost:
     """A link as slow as the worst of ``costs`` in both latency and bandwidth."""
@@ -257,7 +262,7 @@ def pricing_note(cluster: Cluster) -> str:
     headline = [d.name for d in cluster.devices if not d.score_measured]
     links = [
         f"{names[x.a]}-{names[x.b]} {x.cost.latency * 1e3:.3g} ms, "
-        f"{x.cost.bandwidth / 1e6:.3g} MB/s ({' '.join(filter(None, (x.source, x.measured_at)))})"
+        f"{x.cost.bandwidth / 1e6:.3g} MB/s ({x.origin})"
         for x in cluster.links
     ]
     assumed = len(names) * (len(names) - 1) // 2 - len(cluster.links)

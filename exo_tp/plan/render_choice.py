@@ -59,11 +59,7 @@ def render_links(cluster: Cluster) -> list[str]:
         for b in range(a + 1, len(names)):
             measured = next((x for x in cluster.links if {x.a, x.b} == {a, b}), None)
             cost = measured.cost if measured else cluster.default_link
-            how = (
-                f"measured ({' '.join(filter(None, (measured.source, measured.measured_at)))})"
-                if measured
-                else "assumed (not measured)"
-            )
+            how = f"measured ({measured.origin})" if measured else "assumed (not measured)"
             lines.append(
                 f"  {names[a]} - {names[b]}: all_sum {duration(cost.latency)} at 4 KB, "
                 f"{rate(cost.bandwidth)}; {how}"
