@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
-from exo_tp import __version__, log_flood
+from exo_tp import __version__
 from exo_tp.api.server_limits import remember_fd_limit
 from exo_tp.cli import bench, finetune, launch, model, plan, run
+from exo_tp.cli.logs import configure_logging
 from exo_tp.errors import ExoTpError
 from exo_tp.process.lifecycle import exit_on_sigterm
 
@@ -29,20 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         command.add_parser(sub)
     return parser
-
-
-def configure_logging(verbose: bool) -> None:
-    """stderr logging of every exo-tp process that serves (`exo-tp`, a local node's child)."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(levelname)s %(message)s",
-    )
-    log_flood.install()  # a flood of one error (a failing accept()) is summarised, not copied
-    if not verbose:
-        # One line per HTTP request (huggingface_hub talks through httpx): noise, not news.
-        for name in ("httpx", "httpx2", "httpcore", "huggingface_hub"):
-            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

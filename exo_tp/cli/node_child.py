@@ -10,7 +10,7 @@ import os
 import sys
 
 from exo_tp.api.server_limits import remember_fd_limit
-from exo_tp.cli.main import configure_logging
+from exo_tp.cli.logs import configure_logging
 from exo_tp.cli.serve_node import serve_node
 from exo_tp.node.options import NODE_OPTIONS_ENV, NodeOptions
 from exo_tp.process.child import SupervisorLink, run_child

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from exo_tp.cli.connection_args import connection_limits
 from exo_tp.cli.lab_args import lab_factor, lab_variables
+from exo_tp.cli.logs import label_logs
 from exo_tp.cli.security_args import api_access, node_secret
 from exo_tp.frozen import replace
 from exo_tp.security.addresses import is_loopback
@@ -194,6 +195,7 @@ async def _serve(
         log.info("no --model: this node receives its shard of the cluster's model from peers")
     profile = _profile_now(options, [folder for _, folder in folders])
     config = _node_config(options, host, bind, secret, access)
+    label_logs(config.node_id)
     node = Node(
         config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None
     )

@@ -220,7 +220,9 @@ class Node:
         )
 
     async def _maintain(self, peers: Peers) -> None:
-        """Poll the peers every second; let a worker go once its leader is gone."""
+        """Poll the peers (every second, faster while the cluster changes); let a worker go
+        once its leader is gone."""
+        assert self.joined is not None
         while True:
             try:
                 await peers.poll_once()
@@ -228,4 +230,4 @@ class Node:
                 await self.finetune_ranks.drop_orphan(peers.alive_ids())
             except Exception:  # a bug: without this loop the node drops out of the cluster
                 log.exception("maintenance round failed")
-            await asyncio.sleep(1.0 if len(peers.membership.members) > 1 else 0.5)
+            await asyncio.sleep(peers.poll_interval(self.joined.leader.forming()))

@@ -100,6 +100,11 @@ class Leader:
     def leads(self) -> bool:
         return self.peers.leader_id() == self.me
 
+    def forming(self) -> bool:
+        """This node leads an epoch whose workers are not all ready yet."""
+        led = self.led
+        return self.leads() and led is not None and led.state == "loading"
+
     # ---- a fine-tuning job holds the cluster -----------------------------------------------
 
     async def pause(self, reason: str) -> None:
@@ -173,7 +178,7 @@ class Leader:
             if led.state == "ready" and model is not None:
                 await self._rebalance(led, members, model)
             return
-        if time.monotonic() - self.peers.changed_at < self.config.settle:
+        if time.monotonic() - self.peers.joined_at < self.config.settle:
             return
         if same and time.monotonic() < self._retry_at:
             return
