@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +113,26 @@ class LocalCluster:
     urls: list[str]
     proc: subprocess.Popen
     log: Path  # the nodes' stderr (one file for the whole cluster)
+
+
+def roles(cluster: LocalCluster) -> tuple[int, int, int]:
+    """Indexes in ``cluster.urls`` of a 3-node cluster's leader, a non-leader and the third."""
+    leader = http_json(cluster.urls[0] + "/v1/cluster")[1]["leader"]
+    first = int(leader.rsplit("-", 1)[1])
+    others = [i for i in range(3) if i != first]
+    return first, others[0], others[1]
+
+
+def wait_for_log(log: Path, start: int, done: Callable[[str], bool], timeout: float = 60) -> str:
+    """The cluster log written since byte ``start`` once ``done`` holds for it (polled: the
+    log is written by other processes); fails after ``timeout`` seconds with what it has."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_bytes()[start:].decode(errors="replace")
+        if done(text) or time.monotonic() > deadline:
+            assert done(text), f"not in the log after {timeout:.0f} s:\n{text[-3000:]}"
+            return text
+        time.sleep(0.2)
 
 
 @contextmanager

@@ -8,15 +8,17 @@ from exo_tp.node.backend import api_error
 from exo_tp.node.leader.dispatch import ClusterLost, GenerationFailed, NotReady, QueueFull
 
 
-def _error(message: str, code: str) -> dict[str, object]:
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+def _error(message: str, code: str, kind: str = "server_error") -> dict[str, object]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 def test_queue_full_is_a_429_with_retry_after() -> None:
     error = api_error(QueueFull(running=4, waiting=9))
     assert error.status == 429 and error.headers() == {"Retry-After": "2"}
     assert error.body() == _error(
-        "the cluster is busy: 4 requests running and 9 waiting; retry later", "queue_full"
+        "the cluster is busy: 4 requests running and 9 waiting; retry later",
+        "queue_full",
+        "requests",  # OpenAI's rate-limit type (issue #45: it was server_error)
     )
     assert api_error(QueueFull(running=8, waiting=3)).headers() == {"Retry-After": "1"}
 

@@ -1,5 +1,6 @@
 """Faults end cleanly (issue #15 point 4): a frozen rank fails its requests and is planned out;
-a killed node's rank folder does not outlive the next start."""
+a killed node's rank folder does not outlive the next start; a killed leader is named, replaced,
+and keeps its place once back (issue #45)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import node_views
 import psutil
+from api_reference import SingleDevice
 from cluster_helpers import (
     CLI,
     LongStream,
@@ -24,6 +26,7 @@ from helpers import wait_gone
 from openai import OpenAI
 
 MODEL = "smollm2-135m"
+HELLO = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
@@ -116,3 +119,38 @@ def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
     finally:
         if node.poll() is None:
             os.killpg(node.pid, signal.SIGKILL)
+
+
+def test_a_killed_leader_is_named_and_replaced_and_does_not_take_the_lead_back(
+    default_models: dict[str, Path],
+) -> None:
+    """kill -9 the leader's daemon with a stream in flight through another node: the stream
+    ends with an error naming the dead leader by node id (no internal address), the next
+    node in line serves the single-device answer, and the restarted node joins as a member
+    without taking the lead back (which would throw away the epoch that just formed)."""
+    reference = SingleDevice(default_models[MODEL])
+    expected = reference.generate(reference.chat_tokens(HELLO), 8).text
+    with local_cluster(3, weights=[1, 1, 1]) as cluster:
+        first = node_views.cluster_view(cluster.urls[1]).leader
+        assert first == "local-0"
+        stream = LongStream(cluster.urls[1], MODEL).start()
+        daemons = {
+            p.cmdline()[p.cmdline().index("--node-id") + 1]: p
+            for p in psutil.Process(cluster.proc.pid).children(recursive=True)
+            if "exo_tp.cli.node_child" in p.cmdline()
+        }
+        daemons[first].kill()
+        errors = stream.ended()
+        assert len(errors) == 1 and "node local-0" in errors[0], errors
+        assert "http" not in errors[0] and "127.0.0.1" not in errors[0], errors
+        wait_ready(cluster.urls[1:], timeout=120)
+        # retried while the survivors re-plan (their 503s say when: Retry-After)
+        survivor = OpenAI(base_url=cluster.urls[2] + "/v1", api_key="none", max_retries=8)
+        answer = survivor.chat.completions.create(
+            model=MODEL, messages=HELLO, temperature=0, max_tokens=8
+        )
+        assert answer.choices[0].message.content == expected
+        # --local-nodes restarts local-0 after 5 s: it joins under the new leader
+        wait_ready(cluster.urls, nodes=3, timeout=180)
+        views = [node_views.cluster_view(url) for url in cluster.urls]
+        assert {view.leader for view in views} == {"local-1"}, views

@@ -20,7 +20,14 @@ import anthropic
 import pytest
 import requests
 from api_reference import SingleDevice
-from cluster_helpers import LongStream, http_json, local_cluster, rank_processes, wait_ready
+from cluster_helpers import (
+    LongStream,
+    http_json,
+    local_cluster,
+    rank_processes,
+    roles,
+    wait_ready,
+)
 
 MODEL = "smollm2-135m"
 TIMEOUT = 3.0  # the nodes' --header-timeout, --body-timeout and --keepalive-timeout
@@ -68,14 +75,6 @@ def _chat(url: str, model: str = MODEL, max_tokens: int = 8, timeout: float = 12
         {"model": model, "messages": HELLO, "max_tokens": max_tokens, "temperature": 0},
         timeout=timeout,
     )
-
-
-def _roles(cluster: Any) -> tuple[int, int, int]:
-    """Indexes of the leader, a non-leader and the third node."""
-    leader = http_json(cluster.urls[0] + "/v1/cluster")[1]["leader"]
-    first = int(leader.rsplit("-", 1)[1])
-    others = [i for i in range(3) if i != first]
-    return first, others[0], others[1]
 
 
 # ---- mlx-lm's tests/test_server.py HTTP cases, as written (ml-explore/mlx-lm@d78bf58) -------
@@ -323,7 +322,7 @@ def test_stalled_connections_never_fail_the_cluster(
     cluster: Any, log_file: Path, ref: SingleDevice
 ) -> None:
     count = 3000
-    leader, other, third = _roles(cluster)
+    leader, other, third = roles(cluster)
     before = http_json(cluster.urls[third] + "/v1/cluster")[1]
     log_before = log_file.stat().st_size
     # 5 s, or on a box too loaded for that even without a flood, twice the slowest of 3
@@ -393,7 +392,7 @@ def test_stalled_connections_never_fail_the_cluster(
 
 
 def test_a_killed_rank_is_named_in_the_streams_error(cluster: Any) -> None:
-    leader, other, _ = _roles(cluster)
+    leader, other, _ = roles(cluster)
     victim_node = f"local-{other}"
     victim = rank_processes(cluster.proc.pid)[victim_node]
     stream = LongStream(cluster.urls[leader], MODEL).start()

@@ -188,6 +188,20 @@ class _Conversation(_Strict):
             return {"type": "function", "function": {"name": choice.name}}
         return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
+    @model_validator(mode="after")
+    def _non_empty(self) -> _Conversation:
+        """Anthropic's rule: every message has content, except a final assistant message (a
+        prefill of the answer, which may be empty)."""
+        for i, message in enumerate(self.messages):
+            last_reply = i == len(self.messages) - 1 and message.role == "assistant"
+            empty = message.content == "" or message.content == []
+            if empty and not last_reply:
+                raise ValueError(
+                    f"messages.{i}: all messages must have non-empty content except for the "
+                    "optional final assistant message"
+                )
+        return self
+
 
 class CountTokensRequest(_Conversation):
     pass

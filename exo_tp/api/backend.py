@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.finetune_api import FineTuningService
 from exo_tp.api.openai_shapes import ModelObject
+from exo_tp.api.proxy import Upstream
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 
@@ -33,8 +34,8 @@ class Backend(Protocol):
 
     def leader_id(self) -> str | None: ...
 
-    def generation_url(self) -> str | None:
-        """Where requests go when another node runs generation: that node's cluster
+    def generation_upstream(self) -> Upstream | None:
+        """Where requests go when another node runs generation: that node's id and cluster
         listener, under `exo_tp.api.errors.FORWARD_PREFIX` (requests are passed through to
         it, signed by `forward_headers`); None when this node runs it."""
 

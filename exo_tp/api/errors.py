@@ -25,6 +25,9 @@ _ANTHROPIC_TYPES = {
 }
 
 
+_OPENAI_TYPES = {429: "requests"}
+
+
 class ApiError(Exception):
     """An error the API returns as OpenAI-style JSON with an HTTP status."""
 
@@ -40,9 +43,12 @@ class ApiError(Exception):
     ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        # Unless given: OpenAI's convention, a 5xx is the server's failure and anything else
-        # the request's (clients read the type to tell which).
-        self.kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
+        # Unless given: OpenAI's convention, a 5xx is the server's failure, a 429 a rate limit
+        # ("requests": its type for a requests-per-minute limit) and anything else the
+        # request's (clients read the type to tell which).
+        self.kind = kind or (
+            "server_error" if status >= 500 else _OPENAI_TYPES.get(status, "invalid_request_error")
+        )
         self.retry_after = retry_after  # seconds, sent as the Retry-After header
 
     def headers(self) -> dict[str, str]:

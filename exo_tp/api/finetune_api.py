@@ -19,7 +19,7 @@ from yarl import URL
 
 from exo_tp.api.errors import ApiError, api_path
 from exo_tp.api.http_io import MAX_BODY, read_body, validate
-from exo_tp.api.proxy import pass_through
+from exo_tp.api.proxy import Upstream, pass_through
 from exo_tp.finetune.openai_schema import (
     Checkpoint,
     CheckpointList,
@@ -57,7 +57,7 @@ class FineTuningService(Protocol):
 class Leader(Protocol):
     fine_tuning: FineTuningService
 
-    def generation_url(self) -> str | None: ...
+    def generation_upstream(self) -> Upstream | None: ...
     def forward_headers(self, path: str, body: bytes) -> dict[str, str]: ...
 
 
@@ -111,12 +111,13 @@ def _page(items: list[Listed], request: web.Request) -> tuple[list[Listed], bool
     return items[:limit], len(items) > limit
 
 
-async def forward(request: web.Request, node: Leader, upstream: str) -> web.StreamResponse:
+async def forward(request: web.Request, node: Leader, upstream: Upstream) -> web.StreamResponse:
     """The request as it came, to the leader's same endpoint; its answer as it comes back."""
     body = await request.read()
-    url = URL(upstream + api_path(request.path)).with_query(request.query)
+    url = URL(upstream.url + api_path(request.path)).with_query(request.query)
     return await pass_through(
         request,
+        upstream.node,
         str(url),
         body,
         node.forward_headers(url.path, body),
@@ -141,7 +142,7 @@ def _on_leader(node_of: Callable[[web.Request], Leader], handler: Handler) -> Ro
 
     async def route(request: web.Request) -> web.StreamResponse:
         node = node_of(request)
-        upstream = node.generation_url()
+        upstream = node.generation_upstream()
         if upstream is not None:
             return await forward(request, node, upstream)
         return await handler(request, node.fine_tuning)

@@ -4,6 +4,7 @@ as answer pieces, and those streamed or collected into a whole answer. Each dial
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -12,10 +13,13 @@ from aiohttp import web
 
 from exo_tp.api.answer_stream import AnswerPiece, AnswerStream, PlainText
 from exo_tp.api.backend import Backend
-from exo_tp.api.errors import ApiError
+from exo_tp.api.errors import ApiError, api_path
 from exo_tp.api.generation_request import Ask, fitted
 from exo_tp.api.http_io import EventStream
+from exo_tp.api.refusals import client_of
 from exo_tp.wire.runtime import Delta, Done, TokenLogprob
+
+log = logging.getLogger(__name__)
 
 
 def finish(done: Done) -> Literal["stop", "length"]:
@@ -108,19 +112,25 @@ async def _stream(
 ) -> web.StreamResponse:
     event = await first_event(events)
     out = renderer.output(request)
-    await out.open()
     try:
-        await renderer.start()
-        while isinstance(event, Delta):
-            await renderer.delta(text.feed(event.text), event)
-            event = await anext(events)
-        piece = text.finish(finish(event))
-        await renderer.end(piece, event, text.finish_reason(finish(event)))
-    except ApiError as error:  # mid-stream failure: an error event, then the stream ends
-        await renderer.error(error)
-    finally:
-        await events.aclose()
-    return await out.close()
+        await out.open()
+        try:
+            await renderer.start()
+            while isinstance(event, Delta):
+                await renderer.delta(text.feed(event.text), event)
+                event = await anext(events)
+            piece = text.finish(finish(event))
+            await renderer.end(piece, event, text.finish_reason(finish(event)))
+        except ApiError as error:  # mid-stream failure: an error event, then the stream ends
+            await renderer.error(error)
+        finally:
+            await events.aclose()  # a client that left cancels its generation here
+        return await out.close()
+    except ConnectionResetError:  # the client (or the member passing it on) left: news, no bug
+        log.info(
+            "client %s left %s before its answer ended", client_of(request), api_path(request.path)
+        )
+        return out.response
 
 
 async def first_event(events: AsyncIterator[Delta | Done]) -> Delta | Done:

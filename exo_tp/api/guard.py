@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from exo_tp.api.errors import ApiError, api_path, shaped_body
+from exo_tp.api.refusals import REFUSAL
 from exo_tp.security.access import ANY_ORIGIN, ApiAccess
 
 # Routes anyone may read: liveness, and the UI's page and files (the page asks for the key).
@@ -141,6 +142,7 @@ def require_api_key(access: ApiAccess) -> Any:
             f"Bearer KEY' (OpenAI clients' api_key) or 'x-api-key: KEY'.",
             code="invalid_api_key",
         )
+        request[REFUSAL] = error  # for the refusal's log line
         # Anthropic's shape on its routes: its SDK raises AuthenticationError from it
         return web.json_response(
             shaped_body(request.path, error),

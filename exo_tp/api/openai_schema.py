@@ -357,7 +357,11 @@ def _text_modalities(value: Any) -> bool:
 
 
 _CANNOT: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "audio": (_absent, "audio output is not supported: this cluster serves a text model"),
+    # any audio object asks for spoken output, even {} (OpenAI then asks for its voice)
+    "audio": (
+        lambda value: value is None,
+        "audio output is not supported: this cluster serves a text model",
+    ),
     "modalities": (_text_modalities, "only the 'text' modality is supported"),
     "web_search_options": (_absent, "web search is not available on this cluster"),
     "functions": (

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
 from exo_tp.api.errors import ApiError, not_ready
+from exo_tp.api.refusals import CLIENT_HEADER, PASSED_ON
 
 log = logging.getLogger(__name__)
 
-# The client's credentials and request id go to the leader, which checks them too.
-FORWARDED = ("Authorization", "x-api-key", "x-request-id")
+# The client's credentials and request id go to the leader, which checks them too; its user
+# agent, for the leader's log line if it refuses the request.
+FORWARDED = ("Authorization", "x-api-key", "x-request-id", "User-Agent")
 _HOP_HEADERS = {
     "content-length",
     "transfer-encoding",
@@ -32,12 +35,22 @@ _HOP_HEADERS = {
 EVENT_END = b"\n\n"
 
 
-def _lost(url: str, when: str) -> ApiError:
+@dataclass(frozen=True)
+class Upstream:
+    """Where this node passes generation requests: the leader's cluster listener. Clients are
+    told the leader's node id, never this address (an internal port, useless to them)."""
+
+    node: str  # the leader's node id
+    url: str  # its cluster listener, under FORWARD_PREFIX
+
+
+def _lost(leader: str, when: str) -> ApiError:
     return ApiError(
         503,
-        f"the leader at {url} went away {when}; the cluster is re-planning, retry shortly",
+        f"the leader (node {leader}) went away {when}; the cluster is re-planning, retry shortly",
         kind="server_error",
         code="cluster_not_ready",
+        retry_after=5,
     )
 
 
@@ -47,6 +60,7 @@ def _headers_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
 
 async def pass_through(
     request: web.Request,
+    leader: str,
     url: str,
     body: bytes,
     extra_headers: dict[str, str] | None = None,
@@ -55,9 +69,11 @@ async def pass_through(
     content_type: str | None = "application/json",
     timeout_s: float | None = None,
 ) -> web.StreamResponse:
-    """Send ``body`` to ``url`` (the leader's same endpoint) with ``method`` and answer with
-    its response. ``timeout_s`` bounds the whole exchange (None: a stream may run for long)."""
+    """Send ``body`` to ``url`` (the same endpoint on ``leader``, a node id) with ``method``
+    and answer with its response. ``timeout_s`` bounds the whole exchange (None: a stream
+    may run for long)."""
     headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
+    headers[CLIENT_HEADER] = request.remote or "?"
     headers.update(extra_headers or {})
     if content_type is not None:
         headers["Content-Type"] = content_type
@@ -66,23 +82,24 @@ async def pass_through(
         try:
             upstream = await session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientConnectorError, TimeoutError):
-            raise not_ready(f"the leader at {url} is unreachable") from None
+            raise not_ready(f"the leader (node {leader}) is unreachable") from None
         except aiohttp.ClientError:  # connected, then lost before the answer's headers
-            raise _lost(url, "before it answered") from None
+            raise _lost(leader, "before it answered") from None
         async with upstream:
+            request[PASSED_ON] = leader  # the leader logs a refusal of it
             if upstream.content_type == "text/event-stream":
-                return await _relay_events(request, upstream, url)
+                return await _relay_events(request, upstream, leader)
             try:
                 payload = await upstream.read()
             except (aiohttp.ClientError, TimeoutError):
-                raise _lost(url, "before it answered") from None
+                raise _lost(leader, "before it answered") from None
             return web.Response(
                 status=upstream.status, body=payload, headers=_headers_back(upstream)
             )
 
 
 async def _relay_events(
-    request: web.Request, upstream: aiohttp.ClientResponse, url: str
+    request: web.Request, upstream: aiohttp.ClientResponse, leader: str
 ) -> web.StreamResponse:
     response = web.StreamResponse(status=upstream.status, headers=_headers_back(upstream))
     await response.prepare(request)
@@ -93,7 +110,7 @@ async def _relay_events(
                 chunk = await upstream.content.readany()
             except (aiohttp.ClientError, TimeoutError):
                 await response.write(
-                    f"data: {json.dumps(_lost(url, 'mid-stream').body())}\n\n".encode()
+                    f"data: {json.dumps(_lost(leader, 'mid-stream').body())}\n\n".encode()
                 )
                 break
             if not chunk:  # the leader ended the stream itself

@@ -26,7 +26,8 @@ from exo_tp.api.generation_request import DEFAULT_MODEL_ALIAS
 from exo_tp.api.guard import install_guard
 from exo_tp.api.http_io import MAX_BODY, json_view, off_loop, read_body, validate
 from exo_tp.api.openai_shapes import ModelList
-from exo_tp.api.proxy import pass_through
+from exo_tp.api.proxy import Upstream, pass_through
+from exo_tp.api.refusals import REFUSAL, log_refusal
 from exo_tp.api.server_limits import body_deadline
 from exo_tp.security.access import ApiAccess
 
@@ -38,6 +39,8 @@ _USABLE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def error_response(error: ApiError, request: web.Request | None = None) -> web.Response:
+    if request is not None:
+        request[REFUSAL] = error  # for the refusal's log line (exo_tp.api.refusals)
     if request is not None and api_path(request.path).startswith(ollama_api.OLLAMA_PREFIX):
         return ollama_api.ollama_error(error)
     body = shaped_body(request.path, error) if request is not None else error.body()
@@ -103,6 +106,7 @@ def build_public_app(
     app.middlewares.append(body_deadline(body_timeout, _too_large))
     app[BACKEND_KEY] = backend
     app.on_response_prepare.append(_tag_response)
+    app.on_response_prepare.append(log_refusal)
     app.add_routes(ROUTES)
     app.add_routes(extra_routes)
     return app
@@ -185,7 +189,7 @@ Generation = Callable[[Backend, web.Request], Awaitable[web.StreamResponse]]
 async def _on_leader(request: web.Request, generation: Generation) -> web.StreamResponse:
     """Run a generation endpoint here when this node runs generation, else pass it on."""
     node = _node(request)
-    upstream = node.generation_url()
+    upstream = node.generation_upstream()
     if upstream is not None:
         return await _pass_to_leader(request, upstream)
     return await generation(node, request)
@@ -255,13 +259,41 @@ async def ollama_generate(request: web.Request) -> web.StreamResponse:
 finetune_api.add_routes(ROUTES, _node)  # type: ignore[arg-type]
 
 
-async def _pass_to_leader(request: web.Request, upstream_url: str) -> web.StreamResponse:
+# ---- other modalities: a 404 that says so, not a bare "Not Found" ---------------------------
+
+NOT_SERVED = {
+    "/v1/embeddings": "embeddings",
+    "/v1/images/generations": "image generation",
+    "/v1/audio/speech": "speech",
+    "/v1/moderations": "moderation",
+    "/api/embed": "embeddings",  # Ollama's
+    "/api/embeddings": "embeddings",
+}
+
+
+def _not_served(what: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def route(request: web.Request) -> web.StreamResponse:
+        raise ApiError(
+            404,
+            f"{what} is not served: this cluster serves a text-generation model "
+            f"('{_node(request).model}') through chat, completions, responses and messages",
+            code="unsupported_endpoint",
+        )
+
+    return route
+
+
+for _path, _what in NOT_SERVED.items():
+    ROUTES.post(_path)(_not_served(_what))
+
+
+async def _pass_to_leader(request: web.Request, upstream: Upstream) -> web.StreamResponse:
     body = await read_body(request)  # malformed bodies are refused here already
-    url = upstream_url + api_path(request.path)
+    url = upstream.url + api_path(request.path)
     data = json.dumps(body).encode()
     # Signed for the leader's cluster listener: public clients can never crowd it out.
     headers = {
         REQUEST_ID: request_id(request),
         **_node(request).forward_headers(URL(url).path, data),
     }
-    return await pass_through(request, url, data, headers)
+    return await pass_through(request, upstream.node, url, data, headers)

@@ -12,6 +12,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from exo_tp.api.defaults import GenerationDefaults
 from exo_tp.api.errors import FORWARD_PREFIX, ApiError, not_ready
 from exo_tp.api.openai_shapes import ModelObject
+from exo_tp.api.proxy import Upstream
 from exo_tp.frozen import Frozen
 from exo_tp.models.catalog import local_models
 from exo_tp.models.hub import HubError, HubRef, hub_ref
@@ -42,7 +43,6 @@ def api_error(error: DispatchError) -> ApiError:
             429,
             f"the cluster is busy: {error.running} requests "
             f"running and {error.waiting} waiting; retry later",
-            kind="server_error",
             code="queue_full",
             retry_after=error.retry_after,
         )
@@ -258,7 +258,7 @@ class NodeBackend:
     def leader_id(self) -> str | None:
         return self._views.leader_id()
 
-    def generation_url(self) -> str | None:
+    def generation_upstream(self) -> Upstream | None:
         if self._views.leads():
             return None
         joined = self._views.joined
@@ -268,7 +268,7 @@ class NodeBackend:
                 503, "cluster not ready: no leader", kind="server_error", code="cluster_not_ready"
             )
         # over the leader's cluster listener: a flood of its public API cannot block it
-        return leader.control_url + FORWARD_PREFIX
+        return Upstream(leader.node_id, leader.control_url + FORWARD_PREFIX)
 
     def forward_headers(self, path: str, body: bytes) -> dict[str, str]:
         return control_headers(self._views.config.secret, path, body)

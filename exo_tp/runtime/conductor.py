@@ -277,9 +277,10 @@ class Conductor:
             detokenizer.finalize()
         text = entry.stops.feed(detokenizer.last_segment)
         params = entry.request.sampling
+        # the stop token is not text, so it has no entry either: the entries join to the text
         logprobs = (
             (token_logprob(response.logprobs, response.token, params.top_logprobs),)
-            if params.logprobs
+            if params.logprobs and response.finish_reason != "stop"
             else ()
         )
         if response.finish_reason is not None and not entry.stops.stopped:

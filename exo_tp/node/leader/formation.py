@@ -140,12 +140,24 @@ class Leader:
                 ExoTpError,
             ) as error:
                 log.warning("formation round failed: %s", error)
-                reason = str(error) or type(error).__name__
+                reason = self._client_reason(error)
             except Exception as error:  # a bug: the cluster must not stop forming over it
                 log.exception("formation round failed")
                 reason = f"{type(error).__name__}: {error}"
             self._fail("formation failed: " + reason)
             await asyncio.sleep(1.0)
+
+    def _client_reason(self, error: BaseException) -> str:
+        """What clients are told of a failed round: a peer that did not answer is named by its
+        node id, never by the internal address in the error (the log keeps that)."""
+        if isinstance(error, aiohttp.ClientConnectorError):
+            for member in self.peers.alive():
+                if (member.host, member.control_port) == (error.host, error.port):
+                    return f"node {member.node_id} did not answer"
+            return "a member did not answer"
+        if isinstance(error, aiohttp.ClientError | TimeoutError | OSError):
+            return f"a member did not answer ({type(error).__name__})"
+        return str(error) or type(error).__name__
 
     def _eligible(self) -> list[Announcement]:
         now = time.monotonic()
