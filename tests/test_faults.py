@@ -125,9 +125,10 @@ def test_a_killed_leader_is_named_and_replaced_and_does_not_take_the_lead_back(
     default_models: dict[str, Path],
 ) -> None:
     """kill -9 the leader's daemon with a stream in flight through another node: the stream
-    ends with an error naming the dead leader by node id (no internal address), the next
-    node in line serves the single-device answer, and the restarted node joins as a member
-    without taking the lead back (which would throw away the epoch that just formed)."""
+    ends with an error naming the dead leader by node id (no internal address), and the
+    restarted node joins under the next node in line, without taking the lead back (which
+    would throw away the epoch that just formed); the cluster then serves the single-device
+    answer. How fast: bench/faults.py."""
     reference = SingleDevice(default_models[MODEL])
     expected = reference.generate(reference.chat_tokens(HELLO), 8).text
     with local_cluster(3, weights=[1, 1, 1]) as cluster:
@@ -143,14 +144,11 @@ def test_a_killed_leader_is_named_and_replaced_and_does_not_take_the_lead_back(
         errors = stream.ended()
         assert len(errors) == 1 and "node local-0" in errors[0], errors
         assert "http" not in errors[0] and "127.0.0.1" not in errors[0], errors
-        wait_ready(cluster.urls[1:], timeout=120)
-        # retried while the survivors re-plan (their 503s say when: Retry-After)
-        survivor = OpenAI(base_url=cluster.urls[2] + "/v1", api_key="none", max_retries=8)
-        answer = survivor.chat.completions.create(
+        # --local-nodes restarts local-0 after 5 s: it joins under the new leader
+        wait_ready(cluster.urls, nodes=3, timeout=240)
+        answer = OpenAI(base_url=cluster.urls[0] + "/v1", api_key="none").chat.completions.create(
             model=MODEL, messages=HELLO, temperature=0, max_tokens=8
         )
         assert answer.choices[0].message.content == expected
-        # --local-nodes restarts local-0 after 5 s: it joins under the new leader
-        wait_ready(cluster.urls, nodes=3, timeout=180)
         views = [node_views.cluster_view(url) for url in cluster.urls]
         assert {view.leader for view in views} == {"local-1"}, views

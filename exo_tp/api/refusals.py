@@ -10,7 +10,7 @@ import logging
 
 from aiohttp import web
 
-from exo_tp.api.errors import FORWARD_PREFIX, ApiError
+from exo_tp.api.errors import FORWARD_PREFIX, ApiError, api_path
 
 log = logging.getLogger("exo_tp.api.refused")
 
@@ -36,7 +36,8 @@ async def log_refusal(request: web.Request, response: web.StreamResponse) -> Non
     if response.status < 400 or PASSED_ON in request:
         return
     route = request.match_info.route.resource
-    name = route.canonical if route is not None else "(no such route)"
+    # the public API's names, also for a request a member passed on to the leader
+    name = api_path(route.canonical) if route is not None else "(no such route)"
     error = request.get(REFUSAL)
     message = error.message if error is not None else (response.reason or "")
     param = error.param if error is not None and error.param else "-"
@@ -49,5 +50,5 @@ async def log_refusal(request: web.Request, response: web.StreamResponse) -> Non
         param,
         client_of(request),
         agent[:MAX_SHOWN],
-        request.path[:MAX_SHOWN],
+        api_path(request.path)[:MAX_SHOWN],
     )

@@ -35,6 +35,9 @@ class Peers:
     ):
         self.me = me
         self.membership = Membership(me)
+        # a node that just started settles as after a join: its peers' announcements are
+        # on their way, and leading alone meanwhile starts a worker only to drop it
+        self.membership.joined_at = time.monotonic()
         self._control, self._my_status = control, my_status
         self.statuses: dict[NodeId, NodeStatus] = {}
         self._seen: dict[NodeId, float] = {}  # when each status arrived
