@@ -298,6 +298,11 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
     serve(job, key, driver, tokenizer, group, progress, supervisor, ready)
 
 
+def _peer_lost(error: Exception) -> bool:
+    """MLX's ring backend's error when a peer's socket closed (that peer's rank died)."""
+    return isinstance(error, RuntimeError) and "connection to a peer was lost" in str(error)
+
+
 def main() -> None:
     die_with_parent()
     pin_from_env()  # the lab: one core per rank (nothing unless EXO_TP_CPUS is set)
@@ -314,7 +319,10 @@ def main() -> None:
     try:
         run(job, key, supervisor, link.child)
     except Exception as error:  # report, then die: a broken ring cannot be reused
-        log.exception("rank failed")
+        if _peer_lost(error):  # news (another rank died first), not a bug: one line
+            log.error("rank failed: %s", error)
+        else:
+            log.exception("rank failed")
         try:
             supervisor.send(RankFailed(message=f"{type(error).__name__}: {error}"))
         finally:
