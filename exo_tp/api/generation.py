@@ -14,7 +14,8 @@ from exo_tp.api.answer_stream import AnswerPiece, AnswerStream, PlainText
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import Ask, fitted
-from exo_tp.api.http_io import EventStream
+from exo_tp.api.http_io import EventStream, off_loop
+from exo_tp.api.structured import check
 from exo_tp.wire.runtime import Delta, Done, TokenLogprob
 
 
@@ -85,6 +86,9 @@ async def respond(
     node: Backend, request: web.Request, ask: Ask, renderer: Renderer
 ) -> web.StreamResponse:
     """Generate ``ask`` and answer it in ``renderer``'s shapes, streamed or whole."""
+    constraint, param = ask.structure()
+    if constraint is not None:  # a schema that cannot compile: a 400 before any work
+        await off_loop(check, node.tokenizer, node.vocab_size, constraint, param)
     generation = fitted(node, ask)
     text = (
         AnswerStream(node.tokenizer, ask.prompt, ask.call_indexes, ask.max_calls)

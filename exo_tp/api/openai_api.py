@@ -29,9 +29,10 @@ from exo_tp.api.openai_shapes import (
     CompletionLogprobs,
     CompletionShape,
 )
+from exo_tp.api.structured import response_format
 from exo_tp.api.token_text import TokenText
 from exo_tp.frozen import replace
-from exo_tp.wire.runtime import Delta, Done
+from exo_tp.wire.runtime import Constraint, Delta, Done
 
 
 async def _parsed(request: web.Request, schema: type[Any]) -> Any:
@@ -70,6 +71,14 @@ def _chat_prompt(node: Backend, parsed: ChatCompletionRequest) -> Prompt:
     args = {**node.defaults.chat_template_args, **(parsed.chat_template_kwargs or {})}
     messages = [m.for_template() for m in parsed.messages]
     return render_chat(node.tokenizer, messages, use, args, parsed.role_mapping)
+
+
+def _response_format(parsed: ChatCompletionRequest) -> Constraint | None:
+    form = parsed.response_format
+    if form is None:
+        return None
+    schema = form.json_schema.schema_ if form.json_schema else None
+    return response_format(form.type, schema, "response_format.json_schema.schema")
 
 
 class _Chat(_OpenAIStream):
@@ -117,6 +126,8 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
         top_logprobs=parsed.top_logprobs or 0,
         max_calls=1 if parsed.parallel_tool_calls is False else None,
         call_indexes=parsed.stream,
+        constraint=_response_format(parsed),
+        constraint_param="response_format.json_schema.schema",
     )
     return await respond(node, request, ask, _Chat(node, ask, parsed.include_usage()))
 

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exo_tp.api.errors import ApiError
 
@@ -161,8 +161,25 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None  # no obfuscation padding is ever added
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's ``json_schema``: the text is decoded under ``schema`` (exo_tp.api.structured),
+    strict or not (decoding is always constrained; ``strict`` only names OpenAI's promise)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Strict):
-    type: Literal["text"]  # json_object / json_schema need constrained decoding: not here
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("'json_schema' is required with type 'json_schema', and only then")
+        return self
 
 
 # ---- what every generation request shares ------------------------------------------------

@@ -55,6 +55,16 @@ class SamplingParams(Frozen):
     top_logprobs: int = Field(default=0, ge=0, le=20)  # and the k most likely alternatives
 
 
+class Constraint(Frozen):
+    """Constrained decoding (`exo_tp.grammar`): the generated text must match ``grammar``, a
+    JSON schema's text (``kind`` "json_schema") or an llguidance lark grammar ("lark": a tool
+    call's syntax around its arguments' schema). The text travels rather than a compiled
+    grammar: the API compiles it to refuse a bad one, the conductor compiles it again."""
+
+    kind: Literal["json_schema", "lark"]
+    grammar: str = Field(min_length=1)
+
+
 class GenerateRequest(Frozen):
     """One generation: the prompt's token ids and how to continue them."""
 
@@ -65,6 +75,7 @@ class GenerateRequest(Frozen):
     # the text continues the prompt's (completions): a first token's leading space is kept
     continuation: bool = False
     logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
+    constraint: Constraint | None = None  # structured output: the text must match it
 
     def fit(self, vocab_size: int) -> GenerateRequest:
         """The one check of a request against its model, done where it is made (the API, the
