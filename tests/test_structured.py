@@ -1,10 +1,11 @@
-"""Structured outputs by constrained decoding on a real 3-rank uneven cluster (weights 5,3,2
-in two pipeline stages: ranks 0,1 tensor-parallel, rank 2 the last stage and conductor):
-200 random schemas through OpenAI's response_format, the Responses API's text.format and
-Ollama's format, every answer parsed and validated by the `jsonschema` package, batched
-next to unconstrained streams whose text must equal single-device mlx-lm's; forced tool
-calls whose arguments validate against the tool's parameters; and the 400 that names a
-schema llguidance cannot compile."""
+"""Structured outputs by constrained decoding, and n choices, on a real 3-rank uneven cluster
+(weights 5,3,2 in two pipeline stages: ranks 0,1 tensor-parallel, rank 2 the last stage and
+conductor): 200 random schemas through OpenAI's response_format, the Responses API's
+text.format and Ollama's format, every answer parsed and validated by the `jsonschema`
+package, batched next to unconstrained streams whose text must equal single-device mlx-lm's;
+forced tool calls whose arguments validate against the tool's parameters; the 400 that names
+a schema llguidance cannot compile; n choices through the official openai SDK, whole and
+streamed, each greedy choice single-device mlx-lm's text and seeded choices different."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def model_dir(default_models: dict[str, Path], tmp_path_factory: pytest.TempPath
 
 @pytest.fixture(scope="module")
 def cluster(model_dir: Path) -> Iterator[LocalCluster]:
-    extra = ("--stages", "2,1", "--max-concurrency", "16")
+    extra = ("--stages", "2,1", "--max-concurrency", "32")
     with local_cluster(3, weights=[5, 3, 2], model=str(model_dir), extra=extra) as running:
         yield running
 
@@ -79,7 +80,7 @@ def _client(cluster: LocalCluster) -> OpenAI:
 def _structured(cluster: LocalCluster, index: int, schema: dict[str, Any]) -> str:
     """One schema's answer, through the dialect ``index`` picks; greedy or sampled."""
     budget = max_bytes(schema) + 1  # every token is at least a byte: the JSON always ends
-    sampling: dict[str, Any] = {"temperature": 0.0} if index % 2 else {"temperature": 0.9}
+    sampling: dict[str, Any] = {"temperature": 0.0} if index % 2 else {"temperature": 0.7}
     dialect = index % 3
     if dialect == 0:
         reply = _client(cluster).chat.completions.create(
@@ -136,7 +137,7 @@ def test_random_schemas_parse_and_validate_batched_next_to_free_streams(
     rng = random.Random(40)
     schemas = [random_schema(rng) for _ in range(SCHEMAS)]
     references = {p: mlx_lm_reference(model_dir, p, FREE_TOKENS).text for p in FREE_PROMPTS}
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(32) as pool:
         # the unconstrained streams join first, then stay in the batch with constrained ones
         free = {p: pool.submit(_free, cluster, p) for p in FREE_PROMPTS}
         answers = list(pool.map(_structured, [cluster] * SCHEMAS, range(SCHEMAS), schemas))
@@ -233,3 +234,62 @@ def test_forced_calls_in_an_unknown_call_syntax_are_refused() -> None:
     with pytest.raises(ApiError) as caught:
         tool_call(tokenizer, [WEATHER])  # type: ignore[arg-type]
     assert caught.value.status == 400 and caught.value.param == "tool_choice"
+
+
+def test_n_greedy_choices_each_equal_single_device(cluster: LocalCluster, model_dir: Path) -> None:
+    reference = mlx_lm_reference(model_dir, FREE_PROMPTS[1], FREE_TOKENS).text
+    client = _client(cluster)
+    reply = client.chat.completions.create(
+        model="default_model",
+        messages=[{"role": "user", "content": FREE_PROMPTS[1]}],
+        max_tokens=FREE_TOKENS,
+        temperature=0,
+        n=3,
+    )
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.message.content for c in reply.choices] == [reference] * 3
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 3 * FREE_TOKENS  # the prompt counted once
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 3 * FREE_TOKENS
+    completion = client.completions.create(
+        model="default_model", prompt="The capital of France is", max_tokens=6, temperature=0, n=2
+    )
+    assert [c.index for c in completion.choices] == [0, 1]
+    assert completion.choices[0].text == completion.choices[1].text
+
+
+def test_n_seeded_choices_differ_and_stream_as_they_answer(cluster: LocalCluster) -> None:
+    client = _client(cluster)
+    fields: dict[str, Any] = {
+        "model": "default_model",
+        "messages": [{"role": "user", "content": "Tell me a story about a dragon."}],
+        "max_tokens": FREE_TOKENS,
+        "temperature": 1.0,
+        "seed": 7,
+        "n": 2,
+    }
+    whole = client.chat.completions.create(**fields)
+    texts = [c.message.content for c in whole.choices]
+    assert texts[0] != texts[1]  # choice i samples with seed + i
+    streamed = ["", ""]
+    usage = None
+    for chunk in client.chat.completions.create(
+        **fields, stream=True, stream_options={"include_usage": True}
+    ):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+        usage = chunk.usage or usage
+    assert streamed == texts  # the same seeds: the same choices
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    shaped = client.chat.completions.create(
+        **{**fields, "max_tokens": 12},
+        response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}},
+    )
+    for choice in shaped.choices:
+        jsonschema.validate(json.loads(choice.message.content or ""), schema)

@@ -16,7 +16,7 @@ from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import Ask, fitted
 from exo_tp.api.http_io import EventStream, off_loop
 from exo_tp.api.structured import check
-from exo_tp.wire.runtime import Delta, Done, TokenLogprob
+from exo_tp.wire.runtime import Delta, Done, GenerateRequest, TokenLogprob
 
 
 def finish(done: Done) -> Literal["stop", "length"]:
@@ -81,27 +81,44 @@ class SseRenderer:
         self._out = EventStream(request)
         return self._out
 
+    def attach(self, out: EventStream) -> None:
+        """Write to another renderer's stream (n choices share one)."""
+        self._out = out
+
 
 async def respond(
     node: Backend, request: web.Request, ask: Ask, renderer: Renderer
 ) -> web.StreamResponse:
     """Generate ``ask`` and answer it in ``renderer``'s shapes, streamed or whole."""
-    constraint, param = ask.structure()
-    if constraint is not None:  # a schema that cannot compile: a 400 before any work
-        await off_loop(check, node.tokenizer, node.vocab_size, constraint, param)
-    generation = fitted(node, ask)
-    text = (
-        AnswerStream(node.tokenizer, ask.prompt, ask.call_indexes, ask.max_calls)
-        if ask.split
-        else PlainText()
-    )
+    generation = await prepared(node, ask)
+    text = answer_text(node, ask)
     events = node.generate(generation)
     if ask.stream:
         return await _stream(request, events, text, renderer)
     deltas, done = await collect(events)
+    return await renderer.whole(whole_answer(deltas, done, text))
+
+
+async def prepared(node: Backend, ask: Ask) -> GenerateRequest:
+    """The runtime's request for ``ask``; a schema that cannot compile is a 400 before any
+    work (compiled off the loop: llguidance reads the tokenizer once, ~1 s)."""
+    constraint, param = ask.structure()
+    if constraint is not None:
+        await off_loop(check, node.tokenizer, node.vocab_size, constraint, param)
+    return fitted(node, ask)
+
+
+def answer_text(node: Backend, ask: Ask) -> AnswerStream | PlainText:
+    """How the answer's text is read: split as a chat answer, or all of it content."""
+    if ask.split:
+        return AnswerStream(node.tokenizer, ask.prompt, ask.call_indexes, ask.max_calls)
+    return PlainText()
+
+
+def whole_answer(deltas: list[Delta], done: Done, text: AnswerStream | PlainText) -> WholeAnswer:
     pieces = [text.feed(delta.text) for delta in deltas]
     pieces.append(text.finish(finish(done)))
-    return await renderer.whole(WholeAnswer(pieces, deltas, done, text.finish_reason(finish(done))))
+    return WholeAnswer(pieces, deltas, done, text.finish_reason(finish(done)))
 
 
 async def _stream(
@@ -114,17 +131,27 @@ async def _stream(
     out = renderer.output(request)
     await out.open()
     try:
-        await renderer.start()
-        while isinstance(event, Delta):
-            await renderer.delta(text.feed(event.text), event)
-            event = await anext(events)
-        piece = text.finish(finish(event))
-        await renderer.end(piece, event, text.finish_reason(finish(event)))
+        await play(event, events, text, renderer)
     except ApiError as error:  # mid-stream failure: an error event, then the stream ends
         await renderer.error(error)
     finally:
         await events.aclose()
     return await out.close()
+
+
+async def play(
+    event: Delta | Done,
+    events: AsyncIterator[Delta | Done],
+    text: AnswerStream | PlainText,
+    renderer: Renderer,
+) -> Done:
+    """One answer's stream from its first event on, rendered; its end."""
+    await renderer.start()
+    while isinstance(event, Delta):
+        await renderer.delta(text.feed(event.text), event)
+        event = await anext(events)
+    await renderer.end(text.finish(finish(event)), event, text.finish_reason(finish(event)))
+    return event
 
 
 async def first_event(events: AsyncIterator[Delta | Done]) -> Delta | Done:
@@ -133,9 +160,12 @@ async def first_event(events: AsyncIterator[Delta | Done]) -> Delta | Done:
     return await anext(events)
 
 
-async def collect(events: AsyncIterator[Delta | Done]) -> tuple[list[Delta], Done]:
-    """A whole answer (for a request that is not streamed): its deltas and its end."""
-    deltas: list[Delta] = []
+async def collect(
+    events: AsyncIterator[Delta | Done], first: Delta | None = None
+) -> tuple[list[Delta], Done]:
+    """A whole answer (for a request that is not streamed): its deltas (after ``first``, when
+    it was read already) and its end."""
+    deltas: list[Delta] = [] if first is None else [first]
     try:
         async for event in events:
             if isinstance(event, Delta):

@@ -17,6 +17,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4
 MAX_STOP_CHARS = 1000
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 16  # n: each choice is a stream in the batch (--max-concurrency, 8 by default)
 CONTEXT_SIZE_LIMIT = 2**31 - 1  # mlx slices token history with 32-bit indices
 SEED_RANGE = (-(2**63), 2**64)  # int64 like OpenAI, or any uint64 like mx.random.seed
 PENALTY_LIMIT = 100.0  # larger additive penalties only push logits to +-inf (NaN probabilities)
@@ -231,7 +232,7 @@ class _Generation(SamplingFields):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)  # choices: exo_tp.api.choices
     # bookkeeping that changes nothing in the answer
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -240,16 +241,6 @@ class _Generation(SamplingFields):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     num_draft_tokens: int | None = None  # mlx_lm.server: only with a draft model
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(
-                "only n=1 is supported: the cluster generates one choice per "
-                "request (send n requests instead)"
-            )
-        return n
 
     @field_validator("stop")
     @classmethod

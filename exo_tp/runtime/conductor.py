@@ -136,6 +136,7 @@ class Conductor:
                 max_tokens=request.sampling.max_tokens,
                 save_logits=request.logits_out is not None,
                 lane=self._lightest_lane(),
+                keep_prompt=request.keep_prompt,
             )
         )
         return True

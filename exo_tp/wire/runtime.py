@@ -76,6 +76,8 @@ class GenerateRequest(Frozen):
     continuation: bool = False
     logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
     constraint: Constraint | None = None  # structured output: the text must match it
+    # more choices of this prompt follow (n > 1): keep its KV cache once it is prefilled
+    keep_prompt: bool = False
 
     def fit(self, vocab_size: int) -> GenerateRequest:
         """The one check of a request against its model, done where it is made (the API, the
@@ -245,6 +247,7 @@ class Insert(Frozen):
     save_logits: bool = False
     # Overlapped pipelines: the micro-batch (lane) it joins; every rank steps the lanes in turn.
     lane: int = Field(default=0, ge=0)
+    keep_prompt: bool = False  # the prompt's cache goes to the prompt cache at its first token
 
 
 class Remove(Frozen):
