@@ -19,15 +19,16 @@ from typing import Any
 
 import jsonschema
 import pytest
+import test_api_clients
 from cluster_helpers import LocalCluster, http_json, local_cluster
 from helpers import mlx_lm_reference
 from openai import BadRequestError, OpenAI
 from random_schemas import max_bytes, random_schema
-from tool_model import write_tool_model
 
 from exo_tp.api.errors import ApiError
 from exo_tp.api.structured import tool_call
 
+model_dir = test_api_clients.model_dir  # the fixture: SmolLM2 with a Qwen-style tool template
 SCHEMAS = 200
 PROMPT = [{"role": "user", "content": "Reply with a JSON object."}]  # one prompt: cached
 FREE_PROMPTS = ["What is the capital of France?", "Name three primary colors."]
@@ -57,13 +58,6 @@ TIME = {
         },
     },
 }
-
-
-@pytest.fixture(scope="module")
-def model_dir(default_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tool_model(
-        tmp_path_factory.mktemp("tool-model") / "smollm2-tools", default_models["smollm2-135m"]
-    )
 
 
 @pytest.fixture(scope="module")
