@@ -164,7 +164,7 @@ class _Choices:
     async def whole(self, answers: list[WholeAnswer]) -> web.StreamResponse:
         views = [await r.view(a) for r, a in zip(self._renderers, answers, strict=True)]
         answer = views[0]
-        answer.choices = [choice for view in views for choice in view.choices]  # type: ignore[misc]
+        answer.choices = [choice for view in views for choice in view.choices]
         answer.usage = usage(summed([a.done for a in answers]))
         return json_view(answer)
 
