@@ -185,6 +185,20 @@ def test_forced_tool_calls_have_arguments_that_validate(cluster: LocalCluster, c
     jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
 
 
+def test_anthropic_tool_choice_any_gives_a_call_that_validates(cluster: LocalCluster) -> None:
+    tool = TIME["function"]
+    message = test_api_clients._anthropic(cluster).messages.create(
+        model="default_model",
+        max_tokens=60,
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        tools=[{"name": tool["name"], "input_schema": tool["parameters"]}],  # type: ignore[list-item]
+        tool_choice={"type": "any"},
+    )
+    (call,) = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and call.name == "get_time"
+    jsonschema.validate(call.input, tool["parameters"])
+
+
 def test_a_schema_that_cannot_compile_is_a_400_naming_it(cluster: LocalCluster) -> None:
     client = _client(cluster)
     with pytest.raises(BadRequestError) as caught:
