@@ -1,6 +1,7 @@
 """Structured outputs by constrained decoding, and n choices, on a real 3-rank uneven cluster
-(weights 5,3,2 in two pipeline stages: ranks 0,1 tensor-parallel, rank 2 the last stage and
-conductor): 200 random schemas through OpenAI's response_format, the Responses API's
+(weights 5,3,2 in two pipeline stages: rank 0 the first layers, ranks 1,2 a tensor-parallel
+last stage whose first rank, the conductor, masks and samples, and whose other rank follows
+its tokens): 200 random schemas through OpenAI's response_format, the Responses API's
 text.format and Ollama's format, every answer parsed and validated by the `jsonschema`
 package, batched next to unconstrained streams whose text must equal single-device mlx-lm's;
 forced tool calls whose arguments validate against the tool's parameters; the 400 that names
@@ -62,7 +63,7 @@ TIME = {
 
 @pytest.fixture(scope="module")
 def cluster(model_dir: Path) -> Iterator[LocalCluster]:
-    extra = ("--stages", "2,1", "--max-concurrency", "32")
+    extra = ("--stages", "1,2", "--max-concurrency", "32")
     with local_cluster(3, weights=[5, 3, 2], model=str(model_dir), extra=extra) as running:
         yield running
 
