@@ -223,7 +223,7 @@ def _chat_request(body: dict) -> object:
         ({"audio": {"voice": "alloy"}}, "audio", "text model"),
         ({"modalities": ["text", "audio"]}, "modalities", "text"),
         ({"foo": 1}, "foo", "Unrecognized request argument supplied: foo"),
-        ({"n": 2}, "n", "n=1"),
+        ({"n": 17}, "n", "16"),
         ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs", "not a"),
         ({"logit_bias": {"²": 1}}, "logit_bias", "token ids"),
         ({"temperature": "0.5"}, "temperature", "valid number"),

@@ -59,7 +59,7 @@ BAD_CHAT = [
     ("content as number", _chat(messages=[{"role": "user", "content": 5}]), 400, "messages"),
     ("stream as string", _chat(stream="yes"), 400, "stream"),
     ("too many stops", _chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
-    ("n > 1", _chat(n=3), 400, "n"),
+    ("n > 16", _chat(n=17), 400, "n"),
     (
         "prompt longer than context",
         _chat(messages=[{"role": "user", "content": "hello " * 9000}]),

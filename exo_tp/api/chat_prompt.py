@@ -13,6 +13,8 @@ from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.errors import ApiError
+from exo_tp.api.structured import tool_call
+from exo_tp.wire.runtime import Constraint
 
 # What rendering a client's conversation through the model's template raises when the template
 # refuses it: the template's own raise_exception or an undefined name (TemplateError), a value
@@ -38,6 +40,7 @@ class Prompt:
     tokens: list[int]
     initial_state: str = "normal"  # the answer's first state: normal, reasoning or tool
     tools: list[dict[str, Any]] | None = None  # tool calls in the answer are parsed for these
+    constraint: Constraint | None = None  # a forced tool call's grammar (its arguments parse)
 
 
 def choose_tools(
@@ -100,9 +103,10 @@ def render_chat(
         ) from None
     tokens = _token_list(tokens)
     state = _initial_state(tokenizer, tokens)
-    if use.forced:  # the answer starts inside a tool call
+    if use.forced and use.tools:  # the answer starts inside a tool call, and is one
         tokens += list(tokenizer.tool_call_start_tokens)
-        state = "tool"
+        constraint = tool_call(tokenizer, use.tools)
+        return Prompt(tokens=tokens, initial_state="tool", tools=use.tools, constraint=constraint)
     return Prompt(tokens=tokens, initial_state=state, tools=use.tools)
 
 

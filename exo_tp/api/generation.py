@@ -15,9 +15,10 @@ from exo_tp.api.answer_stream import AnswerPiece, AnswerStream, PlainText
 from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError, api_path
 from exo_tp.api.generation_request import Ask, fitted
-from exo_tp.api.http_io import EventStream
+from exo_tp.api.http_io import EventStream, off_loop
 from exo_tp.api.refusals import client_of
-from exo_tp.wire.runtime import Delta, Done, TokenLogprob
+from exo_tp.api.structured import check
+from exo_tp.wire.runtime import Delta, Done, GenerateRequest, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -84,24 +85,44 @@ class SseRenderer:
         self._out = EventStream(request)
         return self._out
 
+    def attach(self, out: EventStream) -> None:
+        """Write to another renderer's stream (n choices share one)."""
+        self._out = out
+
 
 async def respond(
     node: Backend, request: web.Request, ask: Ask, renderer: Renderer
 ) -> web.StreamResponse:
     """Generate ``ask`` and answer it in ``renderer``'s shapes, streamed or whole."""
-    generation = fitted(node, ask)
-    text = (
-        AnswerStream(node.tokenizer, ask.prompt, ask.call_indexes, ask.max_calls)
-        if ask.split
-        else PlainText()
-    )
+    generation = await prepared(node, ask)
+    text = answer_text(node, ask)
     events = node.generate(generation)
     if ask.stream:
         return await _stream(request, events, text, renderer)
     deltas, done = await collect(events)
+    return await renderer.whole(whole_answer(deltas, done, text))
+
+
+async def prepared(node: Backend, ask: Ask) -> GenerateRequest:
+    """The runtime's request for ``ask``; a schema that cannot compile is a 400 before any
+    work (compiled off the loop: llguidance reads the tokenizer once, ~1 s)."""
+    constraint, param = ask.structure()
+    if constraint is not None:
+        await off_loop(check, node.tokenizer, node.vocab_size, constraint, param)
+    return fitted(node, ask)
+
+
+def answer_text(node: Backend, ask: Ask) -> AnswerStream | PlainText:
+    """How the answer's text is read: split as a chat answer, or all of it content."""
+    if ask.split:
+        return AnswerStream(node.tokenizer, ask.prompt, ask.call_indexes, ask.max_calls)
+    return PlainText()
+
+
+def whole_answer(deltas: list[Delta], done: Done, text: AnswerStream | PlainText) -> WholeAnswer:
     pieces = [text.feed(delta.text) for delta in deltas]
     pieces.append(text.finish(finish(done)))
-    return await renderer.whole(WholeAnswer(pieces, deltas, done, text.finish_reason(finish(done))))
+    return WholeAnswer(pieces, deltas, done, text.finish_reason(finish(done)))
 
 
 async def _stream(
@@ -115,22 +136,38 @@ async def _stream(
     try:
         await out.open()
         try:
-            await renderer.start()
-            while isinstance(event, Delta):
-                await renderer.delta(text.feed(event.text), event)
-                event = await anext(events)
-            piece = text.finish(finish(event))
-            await renderer.end(piece, event, text.finish_reason(finish(event)))
+            await play(event, events, text, renderer)
         except ApiError as error:  # mid-stream failure: an error event, then the stream ends
             await renderer.error(error)
         finally:
             await events.aclose()  # a client that left cancels its generation here
         return await out.close()
     except ConnectionResetError:  # the client (or the member passing it on) left: news, no bug
-        log.info(
-            "client %s left %s before its answer ended", client_of(request), api_path(request.path)
-        )
-        return out.response
+        return client_left(request, out.response)
+
+
+def client_left(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """One line for a client that left its stream (or a member passing it on that dropped its
+    connection): news, not a bug, so no traceback; the stream is over."""
+    log.info(
+        "client %s left %s before its answer ended", client_of(request), api_path(request.path)
+    )
+    return response
+
+
+async def play(
+    event: Delta | Done,
+    events: AsyncIterator[Delta | Done],
+    text: AnswerStream | PlainText,
+    renderer: Renderer,
+) -> Done:
+    """One answer's stream from its first event on, rendered; its end."""
+    await renderer.start()
+    while isinstance(event, Delta):
+        await renderer.delta(text.feed(event.text), event)
+        event = await anext(events)
+    await renderer.end(text.finish(finish(event)), event, text.finish_reason(finish(event)))
+    return event
 
 
 async def first_event(events: AsyncIterator[Delta | Done]) -> Delta | Done:
@@ -139,9 +176,12 @@ async def first_event(events: AsyncIterator[Delta | Done]) -> Delta | Done:
     return await anext(events)
 
 
-async def collect(events: AsyncIterator[Delta | Done]) -> tuple[list[Delta], Done]:
-    """A whole answer (for a request that is not streamed): its deltas and its end."""
-    deltas: list[Delta] = []
+async def collect(
+    events: AsyncIterator[Delta | Done], first: Delta | None = None
+) -> tuple[list[Delta], Done]:
+    """A whole answer (for a request that is not streamed): its deltas (after ``first``, when
+    it was read already) and its end."""
+    deltas: list[Delta] = [] if first is None else [first]
     try:
         async for event in events:
             if isinstance(event, Delta):

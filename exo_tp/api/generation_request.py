@@ -13,8 +13,9 @@ from exo_tp.api.backend import Backend
 from exo_tp.api.chat_prompt import Prompt
 from exo_tp.api.errors import ApiError
 from exo_tp.api.openai_schema import SamplingFields
+from exo_tp.frozen import replace
 from exo_tp.wire.ids import RequestId
-from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
+from exo_tp.wire.runtime import Constraint, GenerateRequest, OutOfVocabulary, SamplingParams
 
 # Below this a temperature divides logits into infinities; its limit is greedy decoding.
 MIN_TEMPERATURE = 1e-6
@@ -57,6 +58,16 @@ class Ask:
     split: bool = True
     max_calls: int | None = None  # tool calls kept (1 when parallel calls are off)
     call_indexes: bool = False  # each tool call numbered, as OpenAI's stream chunks carry them
+    # structured output (exo_tp.api.structured), and the field that asked for it (in errors);
+    # a forced tool call's own (the prompt's) comes before it
+    constraint: Constraint | None = None
+    constraint_param: str = "response_format"  # the schema's field, as the dialect names it
+
+    def structure(self) -> tuple[Constraint | None, str]:
+        """The constraint the text is decoded under, and the field that set it."""
+        if self.prompt.constraint is not None:
+            return self.prompt.constraint, "tools"
+        return self.constraint, self.constraint_param
 
 
 def fitted(node: Backend, ask: Ask) -> GenerateRequest:
@@ -65,9 +76,11 @@ def fitted(node: Backend, ask: Ask) -> GenerateRequest:
         node, len(ask.prompt.tokens), ask.max_tokens, ask.prompt_param, ask.max_param
     )
     sampling = sampling_params(node, ask.sampling, budget, ask.logprobs, ask.top_logprobs)
-    return generate_request(
+    request = generate_request(
         node, ask.id, ask.prompt.tokens, sampling, ask.stops, ask.prompt_param, ask.continuation
     )
+    constraint, _ = ask.structure()
+    return request if constraint is None else replace(request, constraint=constraint)
 
 
 def sampling_params(

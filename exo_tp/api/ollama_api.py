@@ -36,7 +36,8 @@ from exo_tp.api.ollama_shapes import (
     Version,
     timestamp,
 )
-from exo_tp.wire.runtime import Delta, Done
+from exo_tp.api.structured import ANY_OBJECT, json_schema
+from exo_tp.wire.runtime import Constraint, Delta, Done
 
 OLLAMA_PREFIX = "/api/"
 # The Ollama version whose API this follows (clients check it for features such as tools).
@@ -198,8 +199,17 @@ async def _answer(
         # is sent as it came, unsplit
         continuation=not chat,
         split=chat,
+        constraint=_format(parsed.format),
+        constraint_param="format",
     )
     return await respond(node, request, ask, lines)
+
+
+def _format(form: str | dict[str, Any] | None) -> Constraint | None:
+    """Ollama's ``format``: "json" (any JSON object, as Ollama's JSON mode) or a schema."""
+    if not form:
+        return None
+    return ANY_OBJECT if form == "json" else json_schema(form, "format")
 
 
 class _Lines:

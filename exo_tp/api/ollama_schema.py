@@ -172,12 +172,9 @@ class OllamaRequest(_Strict):
 
     @field_validator("format")
     @classmethod
-    def _plain_text(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if value:
-            raise ValueError(
-                'structured output ("json" or a JSON schema) is not supported: the '
-                "sampler has no constrained decoding; ask for JSON in the prompt instead"
-            )
+    def _json_format(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(value, str) and value not in ("", "json"):
+            raise ValueError('must be "json" or a JSON schema (an object)')
         return value
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ from aiohttp import web
 from exo_tp.api.answer_stream import AnswerPiece
 from exo_tp.api.backend import Backend
 from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, render_chat
+from exo_tp.api.choices import choice_asks, respond_choices, summed
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
 from exo_tp.api.generation_request import Ask, check_model, request_id
@@ -22,16 +23,18 @@ from exo_tp.api.openai_schema import (
     without_harmless,
 )
 from exo_tp.api.openai_shapes import (
-    ChatCompletionChunk,
+    ChatCompletion,
     ChatLogprobs,
     ChatShape,
     Completion,
     CompletionLogprobs,
     CompletionShape,
+    usage,
 )
+from exo_tp.api.structured import response_format
 from exo_tp.api.token_text import TokenText
 from exo_tp.frozen import replace
-from exo_tp.wire.runtime import Delta, Done
+from exo_tp.wire.runtime import Constraint, Delta, Done
 
 
 async def _parsed(request: web.Request, schema: type[Any]) -> Any:
@@ -44,14 +47,21 @@ async def _parsed(request: web.Request, schema: type[Any]) -> Any:
 
 class _OpenAIStream(SseRenderer):
     """What both answers stream alike: an error as OpenAI's error body, and the end's usage
-    chunk (when asked for) and ``[DONE]``."""
+    chunk (when asked for) and ``[DONE]``: after its own end, or with n choices after every
+    choice's (``closes`` False: `_Choices` closes)."""
 
-    def __init__(self, include_usage: bool):
-        self._include_usage = include_usage
+    _shape: ChatShape | CompletionShape
 
-    async def _usage_and_done(self, usage_chunk: ChatCompletionChunk | Completion) -> None:
+    def __init__(self, include_usage: bool, closes: bool):
+        self._include_usage, self._closes = include_usage, closes
+
+    async def _ended(self, done: Done) -> None:
+        if self._closes:
+            await self.close_stream(done)
+
+    async def close_stream(self, done: Done) -> None:
         if self._include_usage:
-            await self._out.send(usage_chunk)
+            await self._out.send(self._shape.usage_chunk(done))
         await self._out.send("[DONE]")
 
     async def error(self, error: ApiError) -> None:
@@ -72,12 +82,23 @@ def _chat_prompt(node: Backend, parsed: ChatCompletionRequest) -> Prompt:
     return render_chat(node.tokenizer, messages, use, args, parsed.role_mapping)
 
 
-class _Chat(_OpenAIStream):
-    """A chat completion: whole, or as chunks (the first names the role)."""
+def _response_format(parsed: ChatCompletionRequest) -> Constraint | None:
+    form = parsed.response_format
+    if form is None:
+        return None
+    schema = form.json_schema.schema_ if form.json_schema else None
+    return response_format(form.type, schema, "response_format.json_schema.schema")
 
-    def __init__(self, node: Backend, ask: Ask, include_usage: bool):
-        super().__init__(include_usage)
-        self._shape = ChatShape(ask.id, node.model)
+
+class _Chat(_OpenAIStream):
+    """A chat completion (or its choice ``index`` of the answer ``answer_id``): whole, or as
+    chunks (the first names the role)."""
+
+    def __init__(
+        self, node: Backend, ask: Ask, include_usage: bool, index: int = 0, answer_id: str = ""
+    ):
+        super().__init__(include_usage, closes=not answer_id)
+        self._shape = ChatShape(answer_id or ask.id, node.model, index)
         self._scores = ChatLogprobs(TokenText(node.tokenizer)) if ask.logprobs else None
 
     async def start(self) -> None:
@@ -93,11 +114,14 @@ class _Chat(_OpenAIStream):
         if piece:
             await self._out.send(self._shape.chunk(piece, None))
         await self._out.send(self._shape.chunk(None, reason))
-        await self._usage_and_done(self._shape.usage_chunk(done))
+        await self._ended(done)
+
+    async def view(self, answer: WholeAnswer) -> ChatCompletion:
+        logprobs = self._scores.block(answer.logprobs()) if self._scores else None
+        return self._shape.whole(answer.merged(), answer.reason, answer.done, logprobs)
 
     async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
-        logprobs = self._scores.block(answer.logprobs()) if self._scores else None
-        return json_view(self._shape.whole(answer.merged(), answer.reason, answer.done, logprobs))
+        return json_view(await self.view(answer))
 
 
 async def chat_completions(node: Backend, request: web.Request) -> web.StreamResponse:
@@ -117,8 +141,32 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
         top_logprobs=parsed.top_logprobs or 0,
         max_calls=1 if parsed.parallel_tool_calls is False else None,
         call_indexes=parsed.stream,
+        constraint=_response_format(parsed),
+        constraint_param="response_format.json_schema.schema",
     )
-    return await respond(node, request, ask, _Chat(node, ask, parsed.include_usage()))
+    if parsed.n == 1:
+        return await respond(node, request, ask, _Chat(node, ask, parsed.include_usage()))
+    asks = choice_asks(ask, parsed.n)
+    chats = [_Chat(node, a, parsed.include_usage(), i, ask.id) for i, a in enumerate(asks)]
+    return await respond_choices(node, request, asks, chats, _Choices(chats))
+
+
+class _Choices:
+    """n choices in one answer: every choice's, the usage summed (the prompt counted once);
+    streamed, one usage chunk and ``[DONE]`` after every choice's end."""
+
+    def __init__(self, renderers: list[_Chat] | list[_Completion]):
+        self._renderers = renderers
+
+    async def end(self, dones: list[Done]) -> None:
+        await self._renderers[0].close_stream(summed(dones))
+
+    async def whole(self, answers: list[WholeAnswer]) -> web.StreamResponse:
+        views = [await r.view(a) for r, a in zip(self._renderers, answers, strict=True)]
+        answer = views[0]
+        answer.choices = [choice for view in views for choice in view.choices]
+        answer.usage = usage(summed([a.done for a in answers]))
+        return json_view(answer)
 
 
 # ---- plain completions --------------------------------------------------------------------
@@ -127,10 +175,17 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
 class _Completion(_OpenAIStream):
     """A completion: its text as it came, after the prompt's when ``echo`` asks for it."""
 
-    def __init__(self, node: Backend, ask: Ask, parsed: CompletionRequest):
-        super().__init__(parsed.include_usage())
+    def __init__(
+        self,
+        node: Backend,
+        ask: Ask,
+        parsed: CompletionRequest,
+        index: int = 0,
+        answer_id: str = "",
+    ):
+        super().__init__(parsed.include_usage(), closes=not answer_id)
         self._node, self._parsed, self._tokens = node, parsed, ask.prompt.tokens
-        self._shape = CompletionShape(ask.id, node.model)
+        self._shape = CompletionShape(answer_id or ask.id, node.model, index)
         top = parsed.top_n()
         self._scores = CompletionLogprobs(TokenText(node.tokenizer), top) if ask.logprobs else None
 
@@ -156,12 +211,15 @@ class _Completion(_OpenAIStream):
 
     async def end(self, piece: AnswerPiece, done: Done, reason: str) -> None:
         await self._out.send(self._shape.chunk("", reason))
-        await self._usage_and_done(self._shape.usage_chunk(done))
+        await self._ended(done)
 
-    async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
+    async def view(self, answer: WholeAnswer) -> Completion:
         text = await self._echo() + answer.merged().content
         logprobs = self._scores.block(answer.logprobs()) if self._scores else None
-        return json_view(self._shape.whole(text, answer.reason, answer.done, logprobs))
+        return self._shape.whole(text, answer.reason, answer.done, logprobs)
+
+    async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
+        return json_view(await self.view(answer))
 
 
 async def completions(node: Backend, request: web.Request) -> web.StreamResponse:
@@ -188,4 +246,8 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
         continuation=True,
         split=False,
     )
-    return await respond(node, request, ask, _Completion(node, ask, parsed))
+    if parsed.n == 1:
+        return await respond(node, request, ask, _Completion(node, ask, parsed))
+    asks = choice_asks(ask, parsed.n)
+    texts = [_Completion(node, a, parsed, i, ask.id) for i, a in enumerate(asks)]
+    return await respond_choices(node, request, asks, texts, _Choices(texts))

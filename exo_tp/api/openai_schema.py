@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exo_tp.api.errors import ApiError
 
@@ -17,6 +17,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4
 MAX_STOP_CHARS = 1000
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 16  # n: each choice is a stream in the batch (--max-concurrency, 8 by default)
 CONTEXT_SIZE_LIMIT = 2**31 - 1  # mlx slices token history with 32-bit indices
 SEED_RANGE = (-(2**63), 2**64)  # int64 like OpenAI, or any uint64 like mx.random.seed
 PENALTY_LIMIT = 100.0  # larger additive penalties only push logits to +-inf (NaN probabilities)
@@ -161,8 +162,25 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None  # no obfuscation padding is ever added
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's ``json_schema``: the text is decoded under ``schema`` (exo_tp.api.structured),
+    strict or not (decoding is always constrained; ``strict`` only names OpenAI's promise)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Strict):
-    type: Literal["text"]  # json_object / json_schema need constrained decoding: not here
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("'json_schema' is required with type 'json_schema', and only then")
+        return self
 
 
 # ---- what every generation request shares ------------------------------------------------
@@ -214,7 +232,7 @@ class _Generation(SamplingFields):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)  # choices: exo_tp.api.choices
     # bookkeeping that changes nothing in the answer
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -223,16 +241,6 @@ class _Generation(SamplingFields):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     num_draft_tokens: int | None = None  # mlx_lm.server: only with a draft model
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(
-                "only n=1 is supported: the cluster generates one choice per "
-                "request (send n requests instead)"
-            )
-        return n
 
     @field_validator("stop")
     @classmethod

@@ -243,8 +243,8 @@ class CompletionLogprobs:
 
 
 class ChatShape:
-    def __init__(self, request_id: str, model: str):
-        self.id, self.model = request_id, model
+    def __init__(self, request_id: str, model: str, index: int = 0):
+        self.id, self.model, self.index = request_id, model, index  # index: the choice's
         self.created = int(time.time())
 
     def _chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
@@ -272,7 +272,9 @@ class ChatShape:
                 delta.reasoning = piece.reasoning
             if piece.tool_calls:
                 delta.tool_calls = _tool_calls(piece.tool_calls)
-        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish, logprobs=logprobs)
+        choice = ChatChunkChoice(
+            index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs
+        )
         return self._chunk([choice])
 
     def usage_chunk(self, done: Done) -> ChatCompletionChunk:
@@ -298,14 +300,18 @@ class ChatShape:
             created=self.created,
             model=self.model,
             system_fingerprint=SYSTEM_FINGERPRINT,
-            choices=[ChatChoice(index=0, message=message, finish_reason=finish, logprobs=logprobs)],
+            choices=[
+                ChatChoice(
+                    index=self.index, message=message, finish_reason=finish, logprobs=logprobs
+                )
+            ],
             usage=usage(done),
         )
 
 
 class CompletionShape:
-    def __init__(self, request_id: str, model: str):
-        self.id, self.model = request_id, model
+    def __init__(self, request_id: str, model: str, index: int = 0):
+        self.id, self.model, self.index = request_id, model, index  # index: the choice's
         self.created = int(time.time())
 
     def _view(self, choices: list[CompletionChoice]) -> Completion:
@@ -321,7 +327,9 @@ class CompletionShape:
     def chunk(
         self, text: str, finish: str | None, logprobs: CompletionLogprobsBlock | None = None
     ) -> Completion:
-        choice = CompletionChoice(index=0, text=text, finish_reason=finish, logprobs=logprobs)
+        choice = CompletionChoice(
+            index=self.index, text=text, finish_reason=finish, logprobs=logprobs
+        )
         return self._view([choice])
 
     def usage_chunk(self, done: Done) -> Completion:
@@ -332,7 +340,9 @@ class CompletionShape:
     def whole(
         self, text: str, finish: str, done: Done, logprobs: CompletionLogprobsBlock | None
     ) -> Completion:
-        choice = CompletionChoice(index=0, text=text, finish_reason=finish, logprobs=logprobs)
+        choice = CompletionChoice(
+            index=self.index, text=text, finish_reason=finish, logprobs=logprobs
+        )
         view = self._view([choice])
         view.usage = usage(done)
         return view

@@ -43,8 +43,9 @@ from exo_tp.api.responses_shapes import (
     StreamEvent,
     Usage,
 )
+from exo_tp.api.structured import response_format
 from exo_tp.frozen import replace
-from exo_tp.wire.runtime import Delta, Done
+from exo_tp.wire.runtime import Constraint, Delta, Done
 
 
 def _refuse_unsupported(body: Any) -> None:
@@ -236,8 +237,15 @@ async def responses(node: Backend, request: web.Request) -> web.StreamResponse:
         prompt_param="input",
         max_param="max_output_tokens",
         max_calls=parsed.max_calls(),
+        constraint=_text_format(parsed),
+        constraint_param="text.format.schema",
     )
     return await respond(node, request, ask, _Response(_Head(node, parsed)))
+
+
+def _text_format(parsed: ResponsesRequest) -> Constraint | None:
+    form = parsed.text.format if parsed.text else None
+    return response_format(form.type, form.schema_, "text.format.schema") if form else None
 
 
 class _Response(SseRenderer):

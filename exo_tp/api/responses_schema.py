@@ -102,18 +102,15 @@ class NamedFunction(_Strict):
     name: str
 
 
-class TextFormat(_Item):
-    type: str
+class TextFormat(_Strict):
+    """The answer's format: plain text, any JSON object, or JSON under ``schema`` (decoded
+    under it, exo_tp.api.structured; ``strict`` or not, decoding is constrained)."""
 
-    @field_validator("type")
-    @classmethod
-    def _plain(cls, kind: str) -> str:
-        if kind != "text":
-            raise ValueError(
-                f"the {kind!r} format is not supported: structured output needs constrained "
-                "decoding, which this cluster's sampler lacks"
-            )
-        return kind
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
 
 
 class TextConfig(_Strict):

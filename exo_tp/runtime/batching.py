@@ -40,7 +40,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from exo_tp.runtime.prompt_cache import PromptCache
 from exo_tp.wire.assignment import ServingOptions
@@ -109,6 +109,9 @@ class LockstepBatch:
         # is never starved by a stream of short ones. `joined`: the step each uid joined at.
         self.patience = 4 * options.max_concurrency
         self._joined: dict[int, int] = {}
+        # Prompts kept in the prompt cache once prefilled (an Insert's keep_prompt: n choices
+        # of one prompt), by uid, until the uid's first token.
+        self._keep: dict[int, list[int]] = {}
         self.after_step: Callable[[], None] | None = None  # e.g. the live speed probe
         # Lanes only: the lane of each uid, the visits since the batch was last idle, the last
         # broadcast count of each recent visit, the largest count already agreed, the rows
@@ -214,6 +217,8 @@ class LockstepBatch:
             raise DivergedError(f"request joined as {uid}, the conductor says {change.uid}")
         self.active.add(uid)
         self._joined[uid] = self.steps
+        if change.keep_prompt and self.prompt_cache is not None:
+            self._keep[uid] = tokens
         self._lane_of[uid] = change.lane
         self.applied += 1
         return cached, logits
@@ -231,6 +236,7 @@ class LockstepBatch:
         for uid in present:
             del self._lane_of[uid]
             self._joined.pop(uid, None)
+            self._keep.pop(uid, None)
         self.applied += 1
 
     def step(self) -> list[Response]:
@@ -252,12 +258,29 @@ class LockstepBatch:
         if self.after_step is not None:
             self.after_step()
         for response in responses:
+            if response.uid in self._keep:
+                self._keep_prompt(generator, response.uid, self._keep.pop(response.uid))
             if response.finish_reason is not None:
                 self.active.discard(response.uid)
                 self._lane_of.pop(response.uid, None)
                 self._joined.pop(response.uid, None)
                 self._remember(response.all_tokens, response.prompt_cache)
         return responses
+
+    def _keep_prompt(self, generator: BatchGenerator, uid: int, prompt: list[int]) -> None:
+        """At a uid's first token, its prompt's KV cache into the prompt cache (under the
+        prompt alone: the token computed past it is trimmed), so that the choices sent after
+        this one skip its prefill. Every rank does it at the same step, for the same prompt."""
+        batch = generator._generation_batch
+        if uid not in batch.uids:  # it finished at once: kept whole as it left
+            return
+        row = batch.uids.index(uid)
+        cache, extra = batch.extract_cache(row), len(batch.tokens[row]) - len(prompt)
+        if extra > 0 and not can_trim_prompt_cache(cache):
+            return
+        if extra > 0:
+            trim_prompt_cache(cache, extra)
+        self._remember(prompt, cache)
 
     def _order_waiting(self, generator: BatchGenerator) -> None:
         """Put the prompts not yet prefilling in admission order: shortest first (the first

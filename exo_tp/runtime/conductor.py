@@ -17,6 +17,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from exo_tp.grammar.compiler import Grammars, grammars_for
+from exo_tp.grammar.mask import GrammarMask
 from exo_tp.runtime.batching import DivergedError, LockstepBatch, Response, Word
 from exo_tp.runtime.detokenizers import Detokenizers
 from exo_tp.runtime.sampling import request_processors, request_sampler, token_logprob
@@ -134,6 +136,7 @@ class Conductor:
                 max_tokens=request.sampling.max_tokens,
                 save_logits=request.logits_out is not None,
                 lane=self._lightest_lane(),
+                keep_prompt=request.keep_prompt,
             )
         )
         return True
@@ -158,6 +161,10 @@ class Conductor:
         params = request.sampling
         sampler = request_sampler(params, self.tokenizer)
         processors = request_processors(params)
+        if request.constraint is not None:  # last: no penalty or bias can lift its -inf
+            matcher = self._grammars().matcher(request.constraint)  # GrammarError: ValueError
+            eos = sorted(self.tokenizer.eos_token_ids)
+            processors = [*processors, GrammarMask(matcher, self.vocab_size, eos)]
         key = None
         if params.seed is not None:
             outside = mx.random.state[0]
@@ -174,6 +181,10 @@ class Conductor:
             StopMatcher(request.stop),
             key=key,
         )
+
+    def _grammars(self) -> Grammars:
+        """llguidance's view of the tokenizer, built (~1 s) at the first constrained request."""
+        return grammars_for(self.tokenizer, self.vocab_size)
 
     def _take_pending(self) -> bool:
         while True:

@@ -55,6 +55,16 @@ class SamplingParams(Frozen):
     top_logprobs: int = Field(default=0, ge=0, le=20)  # and the k most likely alternatives
 
 
+class Constraint(Frozen):
+    """Constrained decoding (`exo_tp.grammar`): the generated text must match ``grammar``, a
+    JSON schema's text (``kind`` "json_schema") or an llguidance lark grammar ("lark": a tool
+    call's syntax around its arguments' schema). The text travels rather than a compiled
+    grammar: the API compiles it to refuse a bad one, the conductor compiles it again."""
+
+    kind: Literal["json_schema", "lark"]
+    grammar: str = Field(min_length=1)
+
+
 class GenerateRequest(Frozen):
     """One generation: the prompt's token ids and how to continue them."""
 
@@ -65,6 +75,9 @@ class GenerateRequest(Frozen):
     # the text continues the prompt's (completions): a first token's leading space is kept
     continuation: bool = False
     logits_out: str | None = None  # launch only: save the prompt's logits here (npy)
+    constraint: Constraint | None = None  # structured output: the text must match it
+    # more choices of this prompt follow (n > 1): keep its KV cache once it is prefilled
+    keep_prompt: bool = False
 
     def fit(self, vocab_size: int) -> GenerateRequest:
         """The one check of a request against its model, done where it is made (the API, the
@@ -234,6 +247,7 @@ class Insert(Frozen):
     save_logits: bool = False
     # Overlapped pipelines: the micro-batch (lane) it joins; every rank steps the lanes in turn.
     lane: int = Field(default=0, ge=0)
+    keep_prompt: bool = False  # the prompt's cache goes to the prompt cache at its first token
 
 
 class Remove(Frozen):
