@@ -66,7 +66,10 @@ def _refuse_unsupported(body: Any) -> None:
 def _prompt(node: Backend, parsed: ResponsesRequest) -> Prompt:
     use = choose_tools(parsed.chat_tools(), parsed.chat_tool_choice(), node.tokenizer)
     return render_chat(
-        node.tokenizer, parsed.chat_messages(), use, dict(node.defaults.chat_template_args)
+        node.tokenizer,
+        parsed.chat_messages(),
+        use,
+        parsed.template_args(node.defaults.chat_template_args),
     )
 
 

@@ -160,7 +160,10 @@ class TextConfig(_Strict):
 
 
 class Reasoning(_Strict):
-    # hints for reasoning models; a thinking model here thinks as its chat template says
+    """``effort`` switches the chat template's ``enable_thinking``: off at "none", on at any
+    other effort; left out, the server's --chat-template-args decide. ``summary`` is accepted:
+    the reasoning item carries the whole reasoning text, no summary of it."""
+
     effort: str | None = None
     summary: str | None = None
     generate_summary: str | None = None
@@ -271,6 +274,13 @@ class ResponsesRequest(_Strict):
                     message["name"] = names[item.call_id]
                 out.append(message)
         return out
+
+    def template_args(self, defaults: dict[str, Any]) -> dict[str, Any]:
+        """The server's chat template arguments, with thinking switched by the effort."""
+        args = dict(defaults)
+        if self.reasoning is not None and self.reasoning.effort is not None:
+            args["enable_thinking"] = self.reasoning.effort != "none"
+        return args
 
     def functions(self) -> list[FunctionTool]:
         """The function tools the model is offered: namespaces' functions included."""
