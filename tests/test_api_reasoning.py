@@ -26,7 +26,7 @@ from openai import OpenAI
 from thinking_model import write_thinking_model
 
 TOKENS = 40  # the answers end (end of turn) well before
-EXAMPLE = "<think>\nThe user greets me.\n</think>\nHello!"
+EXAMPLE = "<think>\nThe user greets me.\n</think>\n\nHello!"  # as Qwen3 writes it
 CHAT = [
     {"role": "user", "content": "Say hi."},
     {"role": "assistant", "content": EXAMPLE},
@@ -49,9 +49,13 @@ def cluster(model_dir: Path) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="module")
-def expected(model_dir: Path) -> dict[bool, tuple[str, str]]:
+def ref(model_dir: Path) -> SingleDevice:
+    return SingleDevice(model_dir, {"enable_thinking": False})
+
+
+@pytest.fixture(scope="module")
+def expected(ref: SingleDevice) -> dict[bool, tuple[str, str]]:
     """(reasoning, answer) with thinking on and off, from single-device mlx-lm."""
-    ref = SingleDevice(model_dir, {"enable_thinking": False})
     out = {}
     for thinking in (True, False):
         prompt = ref.chat_tokens(CHAT, template_kwargs={"enable_thinking": thinking})
@@ -178,3 +182,38 @@ def test_responses_reasoning_items(
         "response.output_text.delta": answer,
     }
     assert events[-1]["type"] == "response.completed"
+
+
+BUDGET = 4  # thinking tokens: the model's own reasoning takes more
+
+
+def test_anthropic_thinking_budget_caps_the_thinking(
+    cluster: LocalCluster, ref: SingleDevice
+) -> None:
+    """budget_tokens: after that many tokens of thinking the block is closed for the model
+    (its end marker and a blank line, as budget forcing does) and it answers from there;
+    the reference generates the same two parts on a single device."""
+    prompt = ref.chat_tokens(CHAT, template_kwargs={"enable_thinking": True})
+    thought = ref.generate(prompt, BUDGET)
+    assert "</think>" not in thought.text  # the budget does cut the thinking
+    closing = ref.tokenizer.encode("</think>\n\n", add_special_tokens=False)
+    rest = ref.generate([*prompt, *thought.tokens, *closing], TOKENS - BUDGET - len(closing))
+    assert rest.finish_reason == "stop"
+    client = anthropic.Anthropic(base_url=cluster.urls[1], api_key="unused", max_retries=0)
+    request: dict[str, Any] = {
+        "model": "default_model",
+        "messages": CHAT,
+        "max_tokens": TOKENS,
+        "thinking": {"type": "enabled", "budget_tokens": BUDGET},
+    }
+    answer = [("thinking", thought.text), ("text", "\n\n" + rest.text)]
+    message = client.messages.create(**request)
+    assert [(b.type, b.thinking if b.type == "thinking" else b.text) for b in message.content] == (
+        answer
+    )
+    assert message.usage.output_tokens == BUDGET + len(closing) + len(rest.tokens)
+    with client.messages.stream(**request) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, b.thinking if b.type == "thinking" else b.text) for b in final.content] == (
+        answer
+    )

@@ -90,6 +90,7 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
         stream=parsed.stream,
         stops=parsed.stop_sequences or [],
         max_calls=1 if single else None,
+        thinking_budget=parsed.thinking_budget(),
     )
     head = Message(
         id=f"msg_{uuid.uuid4().hex[:24]}",

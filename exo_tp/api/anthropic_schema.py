@@ -160,8 +160,8 @@ class ToolChoice(_Strict):
 class Thinking(_Strict):
     """``enabled`` turns the chat template's ``enable_thinking`` on, ``disabled`` off;
     ``adaptive`` (the model decides) leaves the server's --chat-template-args as they are. A
-    model whose template cannot think simply answers. ``budget_tokens`` is accepted and not
-    enforced (max_tokens caps the whole answer); ``display: omitted`` sends no thinking text."""
+    model whose template cannot think simply answers. ``budget_tokens`` caps the thinking
+    (with ``enabled``: thinking_budget.py); ``display: omitted`` sends no thinking text."""
 
     type: Literal["disabled", "enabled", "adaptive"]
     budget_tokens: int | None = Field(default=None, ge=1)
@@ -203,6 +203,11 @@ class _Conversation(_Strict):
         if self.thinking is not None and self.thinking.type != "adaptive":
             args["enable_thinking"] = self.thinking.type == "enabled"
         return args
+
+    def thinking_budget(self) -> int | None:
+        if self.thinking is None or self.thinking.type != "enabled":
+            return None
+        return self.thinking.budget_tokens
 
     def shows_thinking(self) -> bool:
         return self.thinking is None or self.thinking.display != "omitted"

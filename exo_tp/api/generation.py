@@ -15,6 +15,7 @@ from exo_tp.api.backend import Backend
 from exo_tp.api.errors import ApiError
 from exo_tp.api.generation_request import Ask, fitted
 from exo_tp.api.http_io import EventStream
+from exo_tp.api.thinking_budget import within_budget
 from exo_tp.wire.runtime import Delta, Done, TokenLogprob
 
 
@@ -91,7 +92,13 @@ async def respond(
         if ask.split
         else PlainText()
     )
-    events = node.generate(generation)
+    events = (
+        node.generate(generation)
+        if ask.thinking_budget is None
+        else within_budget(
+            node, generation, ask.thinking_budget, ask.prompt.initial_state == "reasoning"
+        )
+    )
     if ask.stream:
         return await _stream(request, events, text, renderer)
     deltas, done = await collect(events)

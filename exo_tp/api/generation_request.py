@@ -56,6 +56,7 @@ class Ask:
     split: bool = True
     max_calls: int | None = None  # tool calls kept (1 when parallel calls are off)
     call_indexes: bool = False  # each tool call numbered, as OpenAI's stream chunks carry them
+    thinking_budget: int | None = None  # tokens of thinking at most (thinking_budget.py)
 
 
 def fitted(node: Backend, ask: Ask) -> GenerateRequest:
