@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -410,3 +411,14 @@ def test_openai_agents_sdk_turn_with_a_tool(
     turn = json.loads(done.stdout.splitlines()[-1])
     assert turn["calls"][:1] == [{"name": "shout", "arguments": {"text": "hi"}}], turn
     assert turn["outputs"][:1] == ["HI!"] and turn["final"], turn
+
+
+@pytest.mark.parametrize(("method", "path"), [("HEAD", "/"), ("GET", "/v1/models")])
+def test_routes_clients_probe_answer(cluster: LocalCluster, method: str, path: str) -> None:
+    """What clients check before their first request: the server is there, a model is served."""
+    request = urllib.request.Request(f"{cluster.urls[1]}{path}", method=method)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+        body = response.read()
+    if method == "GET":
+        assert json.loads(body)["data"], body
