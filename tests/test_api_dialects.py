@@ -433,7 +433,6 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("/api/chat", {"model": "no-such-model", "messages": QUESTION}, "no-such-model"),
     ("/v1/responses", {"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ("/v1/responses", {"input": "x", "store": True}, "store"),
-    ("/v1/responses", {"input": "x", "tools": [{"type": "web_search"}]}, "web_search"),
     (
         "/v1/responses",
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},

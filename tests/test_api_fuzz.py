@@ -106,7 +106,7 @@ NASTIES: list[tuple[str, Any, int]] = [
     ("/v1/chat/completions", {"messages": HELLO, "top_k": 10**30}, 200),
     ("/v1/chat/completions", {"messages": HELLO, "top_k": VOCAB, "temperature": 1}, 200),
     ("/v1/chat/completions", {"messages": HELLO, "temperature": 1e-320}, 200),
-    ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 10**40}, 400),
+    ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 10**40}, 200),  # a cap
     ("/v1/chat/completions", {"messages": HELLO, "repetition_context_size": 2**40}, 400),
     ("/v1/chat/completions", {"messages": HELLO, "repetition_penalty": 1e-300}, 400),
     ("/v1/chat/completions", {"messages": HELLO, "repetition_penalty": 0}, 200),
@@ -180,7 +180,7 @@ NASTIES: list[tuple[str, Any, int]] = [
             "messages": HELLO,
             "thinking": {"type": "enabled", "budget_tokens": 1024},
         },
-        400,
+        200,  # accepted on every model: one that cannot think simply answers
     ),
     ("/v1/messages", {"max_tokens": 1, "messages": HELLO, "stream": True}, 200),
 ]
@@ -249,8 +249,9 @@ sampling = {
     "logit_bias": maybe(
         st.dictionaries(st.integers(-2, VOCAB + 2).map(str), st.floats(-150, 150), max_size=3)
     ),
-    # small enough to generate quickly when valid, or far past the context
-    "max_tokens": maybe(st.integers(-1, 3) | st.integers(10**5, 10**30)),
+    # small enough to generate quickly when valid (one far past the context is a cap now, and
+    # would generate up to the context: a hand-written nasty sends one, greedy)
+    "max_tokens": maybe(st.integers(-1, 3)),
     "stop": maybe(text | st.lists(text, max_size=5)),
     "stream": maybe(st.booleans()),
     "n": maybe(st.integers(0, 3)),

@@ -51,7 +51,6 @@ BAD_CHAT = [
     ("unknown model", _chat(model="gpt-5"), 404, "model"),
     ("unknown role", _chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages"),
     ("negative max_tokens", _chat(max_tokens=-5), 400, "max_tokens"),
-    ("huge max_tokens", _chat(max_tokens=10**9), 400, "max_tokens"),
     ("max_tokens as string", _chat(max_tokens="10"), 400, "max_tokens"),
     ("temperature as word", _chat(temperature="hot"), 400, "temperature"),
     ("temperature too high", _chat(temperature=7), 400, "temperature"),

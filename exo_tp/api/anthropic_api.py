@@ -39,6 +39,7 @@ from exo_tp.api.errors import ApiError
 from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
 from exo_tp.api.generation_request import Ask, check_model, request_id
 from exo_tp.api.http_io import json_view, off_loop, read_body, validate
+from exo_tp.api.left_out import leave_out
 from exo_tp.api.openai_schema import SamplingFields
 from exo_tp.frozen import replace
 from exo_tp.wire.runtime import Delta, Done
@@ -47,7 +48,10 @@ from exo_tp.wire.runtime import Delta, Done
 def _prompt(node: Backend, parsed: CountTokensRequest | MessagesRequest) -> Prompt:
     use = choose_tools(parsed.chat_tools(), parsed.chat_tool_choice(), node.tokenizer)
     return render_chat(
-        node.tokenizer, parsed.chat_messages(), use, dict(node.defaults.chat_template_args)
+        node.tokenizer,
+        parsed.chat_messages(),
+        use,
+        parsed.template_args(node.defaults.chat_template_args),
     )
 
 
@@ -73,6 +77,7 @@ def _stop_reason(done: Done, reason: str) -> tuple[str, str | None]:
 async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(MessagesRequest, await read_body(request))
     check_model(node, parsed.model)
+    leave_out(request, parsed.left_out())
     prompt = await off_loop(_prompt, node, parsed)
     single = bool(parsed.tool_choice and parsed.tool_choice.disable_parallel_tool_use)
     ask = Ask(
@@ -85,6 +90,7 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
         stream=parsed.stream,
         stops=parsed.stop_sequences or [],
         max_calls=1 if single else None,
+        thinking_budget=parsed.thinking_budget(),
     )
     head = Message(
         id=f"msg_{uuid.uuid4().hex[:24]}",
@@ -94,15 +100,17 @@ async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
         stop_sequence=None,
         usage=usage(len(prompt.tokens), None),
     )
-    return await respond(node, request, ask, _Messages(head, len(prompt.tokens)))
+    renderer = _Messages(head, len(prompt.tokens), parsed.shows_thinking())
+    return await respond(node, request, ask, renderer)
 
 
 class _Messages(SseRenderer):
     """A message: whole, or streamed as content blocks (start, deltas, stop), one block at a
     time, between its start and its stop reason."""
 
-    def __init__(self, head: Message, prompt_tokens: int):
+    def __init__(self, head: Message, prompt_tokens: int, thinking: bool):
         self._head, self._prompt_tokens = head, prompt_tokens
+        self._thinking = thinking  # False: thinking.display "omitted", no thinking text sent
         self._index = -1
         self._open: str | None = None
 
@@ -131,7 +139,7 @@ class _Messages(SseRenderer):
         await self._blocks(piece)
 
     async def _blocks(self, piece: AnswerPiece) -> None:
-        if piece.reasoning:
+        if piece.reasoning and self._thinking:
             if self._open != "thinking":
                 await self._start_block(ThinkingBlock(thinking=""))
             await self._block_delta(ThinkingDelta(thinking=piece.reasoning))
@@ -164,7 +172,7 @@ class _Messages(SseRenderer):
     async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
         whole = answer.merged()
         content: list[Block] = []
-        if whole.reasoning:
+        if whole.reasoning and self._thinking:
             content.append(ThinkingBlock(thinking=whole.reasoning))
         if whole.content:
             content.append(TextBlock(text=whole.content))

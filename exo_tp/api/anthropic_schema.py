@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -70,9 +72,18 @@ _BLOCKS: dict[str, type[BaseModel]] = {
 }
 
 
+class OutputConfig(_Strict):
+    effort: str | None = None  # a hint for thinking models; this cluster's answer is the same
+    format: None = None  # structured (JSON schema) output needs constrained decoding: not here
+
+
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    # Claude Code sends reminders as system messages inside the conversation: each is a
+    # system message of the chat template where it stands
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
+    # a per-turn effort hint (Claude Code's per-turn control): the answer is the same
+    output_config: OutputConfig | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -98,12 +109,40 @@ class Message(_Strict):
                 raise ValueError(f"content block {i}: {where}: {first['msg']}") from None
         return blocks
 
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
 
 class CustomTool(_Block):
     type: Literal["custom"] | None = None
     name: str = Field(min_length=1, max_length=256)
     description: str | None = None
     input_schema: dict[str, Any]
+    # a deferred tool is not shown to the model until a tool search loads it (as Anthropic
+    # does): here it is left out of the prompt
+    defer_loading: bool | None = None
+
+
+class ServerTool(_Block):
+    """A built-in tool (web_search_*, code_execution_*, bash_*, text_editor_*, computer_*...):
+    its schema lives in Anthropic's servers, so the model here never sees it (left_out.py)."""
+
+    type: str
+    name: str | None = None
+
+
+def _tool_kind(tool: Any) -> str:
+    """A tool by its ``type``: a custom one (no type or "custom") or a built-in one."""
+    kind = tool.get("type") if isinstance(tool, dict) else getattr(tool, "type", None)
+    return "custom" if kind in (None, "custom") else "server"
+
+
+AnyTool = Annotated[
+    Annotated[CustomTool, Tag("custom")] | Annotated[ServerTool, Tag("server")],
+    Discriminator(_tool_kind),
+]
 
 
 class ToolChoice(_Strict):
@@ -119,25 +158,59 @@ class ToolChoice(_Strict):
 
 
 class Thinking(_Strict):
-    type: Literal["disabled"]  # extended thinking budgets are not supported
+    """``enabled`` turns the chat template's ``enable_thinking`` on, ``disabled`` off;
+    ``adaptive`` (the model decides) leaves the server's --chat-template-args as they are. A
+    model whose template cannot think simply answers. ``budget_tokens`` caps the thinking
+    (with ``enabled``: thinking_budget.py); ``display: omitted`` sends no thinking text."""
+
+    type: Literal["disabled", "enabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=1)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class ContextEdit(_Block):
+    # each edit's own settings (keep, trigger, clear_at_least...) are accepted with it
+    type: str
+
+
+class ContextManagement(_Strict):
+    """Accepted; nothing is edited: earlier thinking is never shown to the model again (what
+    clear_thinking asks), and tool results are kept (the conversation is rendered whole)."""
+
+    edits: list[ContextEdit] = []
 
 
 class Metadata(_Strict):
     user_id: str | None = None
 
 
-class OutputConfig(_Strict):
-    effort: str | None = None  # a hint for thinking models; this cluster's answer is the same
-    format: None = None  # structured (JSON schema) output needs constrained decoding: not here
-
-
 class _Conversation(_Strict):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
-    tools: list[CustomTool] | None = None
+    tools: list[AnyTool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    context_management: ContextManagement | None = None
+
+    def left_out(self) -> list[str]:
+        """The built-in tools the model will not see (their names, else their types)."""
+        return [t.name or t.type for t in self.tools or [] if isinstance(t, ServerTool)]
+
+    def template_args(self, defaults: dict[str, Any]) -> dict[str, Any]:
+        """The server's chat template arguments, with thinking switched as ``thinking`` asks."""
+        args = dict(defaults)
+        if self.thinking is not None and self.thinking.type != "adaptive":
+            args["enable_thinking"] = self.thinking.type == "enabled"
+        return args
+
+    def thinking_budget(self) -> int | None:
+        if self.thinking is None or self.thinking.type != "enabled":
+            return None
+        return self.thinking.budget_tokens
+
+    def shows_thinking(self) -> bool:
+        return self.thinking is None or self.thinking.display != "omitted"
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation as chat-template messages: tool results become ``tool``
@@ -151,10 +224,14 @@ class _Conversation(_Strict):
             )
             out.append({"role": "system", "content": system})
         for message in self.messages:
-            if isinstance(message.content, str):
-                out.append({"role": message.role, "content": message.content})
+            text = message.text()
+            if message.role == "system":
+                if text:  # Claude Code sends empty ones, which say nothing
+                    out.append({"role": "system", "content": text})
                 continue
-            text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+            if isinstance(message.content, str):
+                out.append({"role": message.role, "content": text})
+                continue
             if message.role == "user":
                 out += [
                     {"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
@@ -176,9 +253,10 @@ class _Conversation(_Strict):
         return out
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
-        if not self.tools:
+        shown = [t for t in self.tools or [] if isinstance(t, CustomTool) and not t.defer_loading]
+        if not shown:
             return None
-        return [template_tool(t.name, t.description, t.input_schema) for t in self.tools]
+        return [template_tool(t.name, t.description, t.input_schema) for t in shown]
 
     def chat_tool_choice(self) -> str | dict[str, Any] | None:
         choice = self.tool_choice

@@ -18,6 +18,7 @@ from exo_tp.api.generation_request import Ask, fitted
 from exo_tp.api.http_io import EventStream, off_loop
 from exo_tp.api.refusals import client_of
 from exo_tp.api.structured import check
+from exo_tp.api.thinking_budget import within_budget
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,13 @@ async def respond(
     """Generate ``ask`` and answer it in ``renderer``'s shapes, streamed or whole."""
     generation = await prepared(node, ask)
     text = answer_text(node, ask)
-    events = node.generate(generation)
+    events = (
+        node.generate(generation)
+        if ask.thinking_budget is None
+        else within_budget(
+            node, generation, ask.thinking_budget, ask.prompt.initial_state == "reasoning"
+        )
+    )
     if ask.stream:
         return await _stream(request, events, text, renderer)
     deltas, done = await collect(events)

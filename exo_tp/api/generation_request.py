@@ -38,8 +38,8 @@ def request_id(prefix: str) -> RequestId:
 @dataclass(frozen=True)
 class Ask:
     """One generation as any dialect asks for it: the rendered prompt, the client's sampling
-    fields and token budget, and how its answer is read. ``prompt_param`` and ``max_param``
-    name, in errors, the dialect's fields for the prompt and the budget."""
+    fields and token budget, and how its answer is read. ``prompt_param`` names, in errors, the
+    dialect's field for the prompt."""
 
     id: RequestId  # from request_id
     prompt: Prompt
@@ -48,7 +48,6 @@ class Ask:
     stream: bool
     stops: Sequence[str] = ()
     prompt_param: str = "messages"
-    max_param: str = "max_tokens"
     logprobs: bool = False
     top_logprobs: int = 0
     # the text continues its prompt (completions): a first token's leading space is kept
@@ -62,6 +61,7 @@ class Ask:
     # a forced tool call's own (the prompt's) comes before it
     constraint: Constraint | None = None
     constraint_param: str = "response_format"  # the schema's field, as the dialect names it
+    thinking_budget: int | None = None  # tokens of thinking at most (thinking_budget.py)
 
     def structure(self) -> tuple[Constraint | None, str]:
         """The constraint the text is decoded under, and the field that set it."""
@@ -72,9 +72,7 @@ class Ask:
 
 def fitted(node: Backend, ask: Ask) -> GenerateRequest:
     """The runtime's request for ``ask``: its budget and sampling, checked against the model."""
-    budget = token_budget(
-        node, len(ask.prompt.tokens), ask.max_tokens, ask.prompt_param, ask.max_param
-    )
+    budget = token_budget(node, len(ask.prompt.tokens), ask.max_tokens, ask.prompt_param)
     sampling = sampling_params(node, ask.sampling, budget, ask.logprobs, ask.top_logprobs)
     request = generate_request(
         node, ask.id, ask.prompt.tokens, sampling, ask.stops, ask.prompt_param, ask.continuation
@@ -116,11 +114,12 @@ def sampling_params(
     )
 
 
-def token_budget(
-    node: Backend, prompt_tokens: int, wanted: int | None, prompt_param: str, max_param: str
-) -> int:
-    """How many tokens to generate: the request's number (which must fit the context with
-    the prompt), else the server default cut to what the context leaves."""
+def token_budget(node: Backend, prompt_tokens: int, wanted: int | None, prompt_param: str) -> int:
+    """How many tokens to generate: the request's number, else the server default, either cut
+    to what the context leaves after the prompt. A client's number is a cap, not a promise:
+    agent CLIs ask for the largest budget of the model they think they talk to (Claude Code
+    asks for 32000-128000 tokens), and the answer ends at the context either way
+    (``finish_reason: "length"``)."""
     context = node.context_length
     if prompt_tokens >= context:
         raise ApiError(
@@ -130,16 +129,7 @@ def token_budget(
             param=prompt_param,
             code="context_length_exceeded",
         )
-    if wanted is not None and prompt_tokens + wanted > context:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {context} tokens; you "
-            f"requested {prompt_tokens + wanted} ({prompt_tokens} in the prompt, "
-            f"{wanted} to generate).",
-            param=max_param,
-            code="context_length_exceeded",
-        )
-    return wanted or min(node.defaults.max_tokens, context - prompt_tokens)
+    return min(wanted or node.defaults.max_tokens, context - prompt_tokens)
 
 
 def generate_request(

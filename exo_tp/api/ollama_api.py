@@ -194,7 +194,6 @@ async def _answer(
         stream=parsed.stream,
         stops=options.stop or [],
         prompt_param="messages" if chat else "prompt",
-        max_param="options.num_predict",
         # generate's text continues its prompt (a first token's leading space is kept), and
         # is sent as it came, unsplit
         continuation=not chat,

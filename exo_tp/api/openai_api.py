@@ -136,7 +136,6 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
         max_tokens=parsed.requested_max_tokens(),
         stream=parsed.stream,
         stops=parsed.stop_list(),
-        max_param="max_completion_tokens" if parsed.max_completion_tokens else "max_tokens",
         logprobs=parsed.logprobs,
         top_logprobs=parsed.top_logprobs or 0,
         max_calls=1 if parsed.parallel_tool_calls is False else None,

@@ -83,6 +83,8 @@ class CompletionLogprobsBlock(ApiView):
 class ChatDelta(ApiView):
     role: Literal["assistant"] | None = None  # the first chunk's only
     content: str = ""
+    # the thinking, under the name most clients read (DeepSeek's, vLLM's) and mlx-lm's
+    reasoning_content: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = []
 
@@ -98,6 +100,7 @@ class ChatMessage(ApiView):
     role: Literal["assistant"]
     content: str | None  # null beside tool calls, as OpenAI and mlx_lm.server give it
     refusal: None
+    reasoning_content: str = ""  # as ChatDelta's
     reasoning: str = ""
     tool_calls: list[ToolCall] = []
 
@@ -269,7 +272,7 @@ class ChatShape:
             if piece.content:
                 delta.content = piece.content
             if piece.reasoning:
-                delta.reasoning = piece.reasoning
+                delta.reasoning_content = delta.reasoning = piece.reasoning
             if piece.tool_calls:
                 delta.tool_calls = _tool_calls(piece.tool_calls)
         choice = ChatChunkChoice(
@@ -291,7 +294,7 @@ class ChatShape:
             refusal=None,
         )
         if answer.reasoning:
-            message.reasoning = answer.reasoning
+            message.reasoning_content = message.reasoning = answer.reasoning
         if answer.tool_calls:
             message.tool_calls = _tool_calls(answer.tool_calls)
         return ChatCompletion(

@@ -1,7 +1,8 @@
 """OpenAI's Responses API (`POST /v1/responses`) over the same generation path as chat
 completions: input items through the chat template, function calls parsed by the model's mlx-lm
 tool parser, the Response object and its typed stream events. Nothing is stored, so stored
-conversations (`previous_response_id`, `store: true`) and hosted tools get a 400."""
+conversations (`previous_response_id`, `store: true`) get a 400; hosted tools are left out of
+what the model sees (left_out.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from exo_tp.api.errors import ApiError
 from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
 from exo_tp.api.generation_request import Ask, check_model, request_id
 from exo_tp.api.http_io import off_loop, read_body, validate
+from exo_tp.api.left_out import leave_out
 from exo_tp.api.responses_schema import REFUSED, ResponsesRequest
 from exo_tp.api.responses_shapes import (
     ArgumentsDelta,
@@ -65,7 +67,10 @@ def _refuse_unsupported(body: Any) -> None:
 def _prompt(node: Backend, parsed: ResponsesRequest) -> Prompt:
     use = choose_tools(parsed.chat_tools(), parsed.chat_tool_choice(), node.tokenizer)
     return render_chat(
-        node.tokenizer, parsed.chat_messages(), use, dict(node.defaults.chat_template_args)
+        node.tokenizer,
+        parsed.chat_messages(),
+        use,
+        parsed.template_args(node.defaults.chat_template_args),
     )
 
 
@@ -206,7 +211,7 @@ class _Head:
             temperature=parsed.temperature,
             top_p=parsed.top_p,
             tool_choice=parsed.tool_choice or "auto",
-            tools=parsed.tools or [],
+            tools=parsed.functions(),
             truncation=parsed.truncation or "disabled",
             metadata=parsed.metadata or {},
             user=parsed.user,
@@ -228,6 +233,7 @@ async def responses(node: Backend, request: web.Request) -> web.StreamResponse:
     _refuse_unsupported(body)
     parsed = validate(ResponsesRequest, body)
     check_model(node, parsed.model)
+    leave_out(request, parsed.left_out())
     ask = Ask(
         id=request_id("resp"),
         prompt=await off_loop(_prompt, node, parsed),
@@ -235,7 +241,6 @@ async def responses(node: Backend, request: web.Request) -> web.StreamResponse:
         max_tokens=parsed.max_output_tokens,
         stream=parsed.stream,
         prompt_param="input",
-        max_param="max_output_tokens",
         max_calls=parsed.max_calls(),
         constraint=_text_format(parsed),
         constraint_param="text.format.schema",

@@ -4,9 +4,17 @@ take. Nothing is stored: a conversation is sent whole, as input items."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 from exo_tp.api.openai_schema import SamplingFields, template_tool
 
@@ -97,6 +105,36 @@ class FunctionTool(_Item):
     strict: bool | None = None
 
 
+class NamespaceTool(_Item):
+    """A group of function tools under one name (Codex CLI's ``multi_agent_v1``): its
+    functions are offered to the model as function tools of their own."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    tools: list[FunctionTool] = []
+
+
+class HostedTool(_Item):
+    """A built-in tool (web search, file search, code interpreter, computer use, MCP, image
+    generation...): this cluster cannot run it, so the model never sees it (left_out.py)."""
+
+    type: str
+
+
+def _tool_kind(tool: Any) -> str:
+    kind = tool.get("type") if isinstance(tool, dict) else getattr(tool, "type", None)
+    return kind if kind in ("function", "namespace") else "hosted"
+
+
+AnyTool = Annotated[
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("hosted")],
+    Discriminator(_tool_kind),
+]
+
+
 class NamedFunction(_Strict):
     type: Literal["function"]
     name: str
@@ -119,7 +157,10 @@ class TextConfig(_Strict):
 
 
 class Reasoning(_Strict):
-    # hints for reasoning models; a thinking model here thinks as its chat template says
+    """``effort`` switches the chat template's ``enable_thinking``: off at "none", on at any
+    other effort; left out, the server's --chat-template-args decide. ``summary`` is accepted:
+    the reasoning item carries the whole reasoning text, no summary of it."""
+
     effort: str | None = None
     summary: str | None = None
     generate_summary: str | None = None
@@ -142,7 +183,7 @@ class ResponsesRequest(_Strict):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    tools: list[FunctionTool] | None = None
+    tools: list[AnyTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(default=None, ge=1)
@@ -166,6 +207,7 @@ class ResponsesRequest(_Strict):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     service_tier: str | None = None
+    client_metadata: dict[str, str] | None = None  # Codex CLI's ids of its session and turn
 
     @field_validator("input", mode="before")
     @classmethod
@@ -196,19 +238,6 @@ class ResponsesRequest(_Strict):
                 where = ".".join(str(p) for p in first["loc"])
                 raise ValueError(f"input item {i}: {where}: {first['msg']}") from None
         return items
-
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _functions_only(cls, tools: Any) -> Any:
-        for i, tool in enumerate(tools or []):
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if kind != "function":
-                raise ValueError(
-                    f"tool {i} of type {kind!r} is not supported: built-in tools (web search, "
-                    "file search, code interpreter, computer use, MCP...) are not available on "
-                    "this cluster; only function tools are"
-                )
-        return tools
 
     def sampling(self) -> SamplingFields:
         return SamplingFields(temperature=self.temperature, top_p=self.top_p)
@@ -243,14 +272,35 @@ class ResponsesRequest(_Strict):
                 out.append(message)
         return out
 
+    def template_args(self, defaults: dict[str, Any]) -> dict[str, Any]:
+        """The server's chat template arguments, with thinking switched by the effort."""
+        args = dict(defaults)
+        if self.reasoning is not None and self.reasoning.effort is not None:
+            args["enable_thinking"] = self.reasoning.effort != "none"
+        return args
+
+    def functions(self) -> list[FunctionTool]:
+        """The function tools the model is offered: namespaces' functions included."""
+        out: list[FunctionTool] = []
+        for tool in self.tools or []:
+            if isinstance(tool, FunctionTool):
+                out.append(tool)
+            elif isinstance(tool, NamespaceTool):
+                out += tool.tools
+        return out
+
+    def left_out(self) -> list[str]:
+        return [t.type for t in self.tools or [] if isinstance(t, HostedTool)]
+
     def chat_tools(self) -> list[dict[str, Any]] | None:
-        if not self.tools:
+        functions = self.functions()
+        if not functions:
             return None
         return [
             template_tool(
                 t.name, t.description, t.parameters or {"type": "object", "properties": {}}
             )
-            for t in self.tools
+            for t in functions
         ]
 
     def chat_tool_choice(self) -> str | dict[str, Any] | None:

@@ -25,6 +25,7 @@ from exo_tp.api.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
 from exo_tp.api.generation_request import DEFAULT_MODEL_ALIAS
 from exo_tp.api.guard import install_guard
 from exo_tp.api.http_io import MAX_BODY, json_view, off_loop, read_body, validate
+from exo_tp.api.left_out import tag as tag_left_out
 from exo_tp.api.openai_shapes import ModelList
 from exo_tp.api.proxy import Upstream, pass_through
 from exo_tp.api.refusals import REFUSAL, log_refusal
@@ -87,6 +88,7 @@ async def _tag_response(request: web.Request, response: web.StreamResponse) -> N
         response.headers[REQUEST_ID] = request_id(request)
     if api_path(request.path) in ANTHROPIC_PATHS and "request-id" not in response.headers:
         response.headers["request-id"] = response.headers[REQUEST_ID]
+    tag_left_out(request, response)
 
 
 def _too_large() -> ApiError:
