@@ -401,7 +401,8 @@ def test_llm_turn_with_a_tool(cluster: LocalCluster, tmp_path: Path) -> None:
 def test_openai_agents_sdk_turn_with_a_tool(
     cluster: LocalCluster, tmp_path: Path, api: str
 ) -> None:
-    """The OpenAI Agents SDK, with a function tool, on its chat and its Responses model."""
+    """The OpenAI Agents SDK, with a function tool, on its chat and its Responses model; then
+    a structured `output_type`, decoded under its schema and parsed by the SDK."""
     python = AGENTS / "py/bin/python"
     if not python.exists() or subprocess.run([python, "-c", "import agents"]).returncode:
         pytest.skip(f"openai-agents is not installed (.ci/install puts it in {AGENTS}/py)")
@@ -411,6 +412,8 @@ def test_openai_agents_sdk_turn_with_a_tool(
     turn = json.loads(done.stdout.splitlines()[-1])
     assert turn["calls"][:1] == [{"name": "shout", "arguments": {"text": "hi"}}], turn
     assert turn["outputs"][:1] == ["HI!"] and turn["final"], turn
+    assert turn["structured"]["answer"] in ("yes", "no"), turn
+    assert isinstance(turn["structured"]["sure"], bool), turn
 
 
 @pytest.mark.parametrize(("method", "path"), [("HEAD", "/"), ("GET", "/v1/models")])
