@@ -14,7 +14,7 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 TOOLS_LEFT_OUT = "x-exo-tp-tools-left-out"
-_KEY = "exo_tp.tools_left_out"
+_KEY = web.RequestKey("tools_left_out", str)  # the names, comma-separated
 
 
 def leave_out(request: web.Request, names: Sequence[str]) -> None:
