@@ -268,12 +268,13 @@ class _Conversation(_Strict):
 
     @model_validator(mode="after")
     def _non_empty(self) -> _Conversation:
-        """Anthropic's rule: every message has content, except a final assistant message (a
-        prefill of the answer, which may be empty)."""
+        """Anthropic's rule: every user and assistant message has content, except a final
+        assistant message (a prefill of the answer, which may be empty). System messages
+        inside the conversation are Claude Code's, which sends empty ones: they are skipped."""
         for i, message in enumerate(self.messages):
             last_reply = i == len(self.messages) - 1 and message.role == "assistant"
             empty = message.content == "" or message.content == []
-            if empty and not last_reply:
+            if empty and not last_reply and message.role != "system":
                 raise ValueError(
                     f"messages.{i}: all messages must have non-empty content except for the "
                     "optional final assistant message"
