@@ -335,8 +335,15 @@ def test_web_ui_asks_for_the_key_once_and_keeps_it(
     assert status == 200
 
 
-def _kill_leader_node(cluster: LocalCluster) -> None:
-    os.kill(_node(cluster, 0).pid, signal.SIGKILL)
+def _leader_index(cluster: LocalCluster) -> int:
+    """Which node leads now: local-0 at first; after it died and came back, the node that
+    replaced it (leadership stays with it)."""
+    leader = http_json(f"{cluster.urls[0]}/v1/cluster", headers=AUTH, timeout=5)[1]["leader"]
+    return int(leader.rsplit("-", 1)[1])
+
+
+def _kill_leader_node(cluster: LocalCluster, leader: int = 0) -> None:
+    os.kill(_node(cluster, leader).pid, signal.SIGKILL)
 
 
 def test_leader_death_ends_a_proxied_stream_with_an_error_event(
@@ -403,9 +410,12 @@ def test_leader_death_gives_a_proxied_request_a_503(cluster: LocalCluster) -> No
         CHAT | {"max_tokens": 2000, "messages": [{"role": "user", "content": "Tell a long story."}]}
     )
 
+    leader = _leader_index(cluster)  # the test before killed local-0, which then came back
+    member = 1 - leader
+
     def long_request() -> None:
         outcome["reply"] = _call(
-            cluster.urls[1],
+            cluster.urls[member],
             "POST",
             "/v1/chat/completions",
             {**AUTH, "Content-Type": "application/json"},
@@ -417,7 +427,7 @@ def test_leader_death_gives_a_proxied_request_a_503(cluster: LocalCluster) -> No
     # passed on over the leader's cluster listener: its dispatcher shows the request
     _until(
         lambda: (
-            http_json(f"{cluster.urls[0]}/v1/cluster", headers=AUTH, timeout=2)[1]["serving"][
+            http_json(f"{cluster.urls[leader]}/v1/cluster", headers=AUTH, timeout=2)[1]["serving"][
                 "in_flight"
             ]
             > 0
@@ -425,7 +435,7 @@ def test_leader_death_gives_a_proxied_request_a_503(cluster: LocalCluster) -> No
         30,
         "the request never reached the leader",
     )
-    _kill_leader_node(cluster)
+    _kill_leader_node(cluster, leader)
     thread.join(timeout=30)
     assert not thread.is_alive(), "the proxied request hung"
     status, _, raw = outcome["reply"]
