@@ -266,3 +266,20 @@ def loss_recorder() -> Any:
             self.val.append(info["val_loss"])
 
     return Losses()
+
+
+def greedy_batch(model: Any, tokenizer: Any, prompt_cache_size: int) -> Any:
+    """The runtime's `LockstepBatch` over a single-device model, sampling greedily (an argmax
+    per row), batching up to 4 sequences: how the in-process batching tests drive it."""
+    import mlx.core as mx
+
+    from exo_tp.runtime.batching import LockstepBatch
+    from exo_tp.wire.assignment import ServingOptions
+
+    return LockstepBatch(
+        model,
+        tokenizer.eos_token_ids,
+        ServingOptions(max_concurrency=4, prompt_cache_size=prompt_cache_size),
+        lambda logprobs: (mx.argmax(logprobs, axis=-1).astype(mx.uint32), 0),
+        bytes_per_token=0,
+    )

@@ -8,11 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
-from helpers import mlx_lm_reference
+from helpers import greedy_batch, mlx_lm_reference
 from mlx_lm import load
 
-from exo_tp.runtime.batching import LockstepBatch
-from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert
 
 PROMPT = "What is the capital of France?"
@@ -29,13 +27,7 @@ def test_a_kept_prompt_serves_the_next_choice_from_the_prompt_cache(
         [{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True
     )
     prompt = tuple(tokenizer.encode(text, add_special_tokens=False))
-    batch = LockstepBatch(
-        model,
-        tokenizer.eos_token_ids,
-        ServingOptions(max_concurrency=4, prompt_cache_size=4),
-        lambda logprobs: (mx.argmax(logprobs, axis=-1).astype(mx.uint32), 0),
-        bytes_per_token=0,
-    )
+    batch = greedy_batch(model, tokenizer, prompt_cache_size=4)
     generated: dict[int, list[int]] = {0: [], 1: []}
     assert batch.insert(Insert(uid=0, tokens=prompt, max_tokens=TOKENS, keep_prompt=True))[0] == 0
     while not generated[0]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from cluster_helpers import LocalCluster, http_json, local_cluster, wait_ready
-from helpers import mlx_lm_reference
+from helpers import greedy_batch, mlx_lm_reference
 from openai import APIError, OpenAI
 
 MODEL = "smollm2-135m"
@@ -298,8 +298,6 @@ def test_waiting_prompts_are_prefilled_one_per_step_shortest_first(
     import mlx.core as mx
     from mlx_lm import load
 
-    from exo_tp.runtime.batching import LockstepBatch
-    from exo_tp.wire.assignment import ServingOptions
     from exo_tp.wire.runtime import Insert
 
     model_dir = default_models[MODEL]
@@ -315,13 +313,7 @@ def test_waiting_prompts_are_prefilled_one_per_step_shortest_first(
         )
         for p in prompts
     ]
-    batch = LockstepBatch(
-        model,
-        tokenizer.eos_token_ids,
-        ServingOptions(max_concurrency=4, prompt_cache_size=0),
-        lambda logprobs: (mx.argmax(logprobs, axis=-1).astype(mx.uint32), 0),
-        bytes_per_token=0,
-    )
+    batch = greedy_batch(model, tokenizer, prompt_cache_size=0)
     for uid, prompt in enumerate(ids):
         batch.insert(Insert(uid=uid, tokens=tuple(prompt), max_tokens=TOKENS))
     first_step: dict[int, int] = {}
