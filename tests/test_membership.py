@@ -3,6 +3,8 @@ rules that decide how fast a cluster recovers from its leader's death (issue #45
 
 from __future__ import annotations
 
+from lab_profiles import lab_announcement
+
 from exo_tp.node.membership import MISSED_PINGS_DEAD, SAME_START_S, Membership
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.ids import NodeId
@@ -11,15 +13,7 @@ T0 = 1_700_000_000.0  # a unix time: when the cluster started
 
 
 def _node(name: str, started: float) -> Announcement:
-    return Announcement(
-        node_id=NodeId(name),
-        version="test",
-        cluster="c",
-        host="127.0.0.1",
-        api_port=8000,
-        control_port=9000,
-        started=started,
-    )
+    return lab_announcement(name, started=started)
 
 
 def test_a_cluster_started_together_is_led_by_its_smallest_id() -> None:

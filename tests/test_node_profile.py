@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import local_cluster, loopback_nodes
 from helpers import assert_latency_in_seconds, tcp_loopback_reference
+from lab_profiles import lab_announcement
 from node_views import cluster_view, plan_view
 
 from exo_tp.node.leader.members import node_weights
@@ -70,16 +71,7 @@ def _profile(q4_bytes_per_second: float, headline: float = 3e-10) -> DeviceProfi
 
 
 def _member(node_id: str, weight: float = 0.0, score: float = 0.0) -> Announcement:
-    return Announcement(
-        node_id=node_id,
-        version="0",
-        cluster="c",
-        host="127.0.0.1",
-        api_port=8000,
-        control_port=8001,
-        decode_seconds_per_byte=score,
-        weight=weight,
-    )
+    return lab_announcement(node_id, decode_seconds_per_byte=score, weight=weight)
 
 
 def _spec(quantized: bool) -> ModelSpec:
