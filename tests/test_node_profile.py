@@ -177,7 +177,10 @@ def test_nodes_announce_their_scores_plan_with_them_and_show_measured_links(
     for i, profile in enumerate(profiles):
         files.append(tmp_path / f"p{i}.json")
         files[-1].write_text(profile.model_dump_json())
-    with loopback_nodes([["--profile", str(f)] for f in files], Q4_MODEL, tmp_path) as nodes:
+    # --stages 2: both nodes in one tensor-parallel stage whatever the measured link costs (on a
+    # slow loopback the planner rightly serves this tiny model from n0 alone)
+    node_args = [["--profile", str(f), "--stages", "2"] for f in files]
+    with loopback_nodes(node_args, Q4_MODEL, tmp_path) as nodes:
         txt = _announcements(nodes.cluster, nodes.secret, 2)
         view = _wait_links(nodes.urls[1], 1)
         plan = plan_view(nodes.urls[1])
