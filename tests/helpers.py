@@ -121,6 +121,8 @@ class Reference:
     # The prompt's logits cost a second prefill (as slow as decoding on this CPU): computed
     # only for the tests that read them.
     prompt_logits: Callable[[], np.ndarray]
+    # The prompt's token ids (chat template applied as mlx-lm's generate does)
+    prompt_ids: list[int]
 
     @functools.cached_property
     def logits(self) -> np.ndarray:
@@ -185,7 +187,11 @@ def _reference(
         top2 = np.partition(np.array(response.logprobs.astype(mx.float32)), -2)[-2:]
         margins.append(float(top2[1] - top2[0]))
     return Reference(
-        tokens, out, margins, lambda: np.array(model(mx.array(ids)[None]).astype(mx.float32)[0])
+        tokens,
+        out,
+        margins,
+        lambda: np.array(model(mx.array(ids)[None]).astype(mx.float32)[0]),
+        list(ids),
     )
 
 

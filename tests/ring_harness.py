@@ -15,7 +15,7 @@ from exo_tp.transport.ring import ring_env, write_hostfile
 
 def run_on_ranks(n: int, script: str, tmp: Path, timeout: float = 120) -> dict:
     """``script`` runs on every rank with ``group`` joined and ``OUT`` the result path; rank 0
-    must write JSON there."""
+    must write JSON there. One rank runs without a ring (MLX's group of one)."""
     hostfile, out, code = tmp / "hosts.json", tmp / "out.json", tmp / "script.py"
     write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(n)])
     code.write_text(
@@ -27,7 +27,7 @@ def run_on_ranks(n: int, script: str, tmp: Path, timeout: float = 120) -> dict:
     procs = [
         subprocess.Popen(
             [sys.executable, str(code)],
-            env={**os.environ, **ring_env(r, hostfile)},
+            env={**os.environ, **(ring_env(r, hostfile) if n > 1 else {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

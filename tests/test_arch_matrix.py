@@ -2,11 +2,16 @@
 
 Each case writes a tiny random checkpoint of the architecture (tests/arch_configs.py: awkward
 head, KV-head and FFN counts) laid out the way real checkpoints are shipped (tests/tiny_models.py:
-Hugging Face names, tied heads omitted, quantized variants through mlx-lm's converter), starts
-real ranks on the MLX ring through `exo-tp launch` with random shares, and compares with mlx-lm
-run whole in this process on the same folder: prompt logits in fp32 within 1e-4 (absolute; the
-tiny models' |logits| stay below ~18) and greedy tokens identical, for float and quantized
-variants alike (quantized slices are bit-exact, so both checks hold).
+Hugging Face names, tied heads omitted, quantized variants through mlx-lm's converter), loads
+each rank's shard with the engine's loader on real ranks of the MLX ring with random shares,
+and compares with mlx-lm run whole in this process on the same folder: prompt logits in fp32
+within 1e-4 (absolute; the tiny models' |logits| stay below ~18) and greedy tokens identical, for
+float and quantized variants alike (quantized slices are bit-exact, so both checks hold).
+
+Every case with the same rank count runs in one ring job, model after model
+(tests/matrix_ring.py), so the matrix costs one start of N processes per rank count, not one
+`exo-tp launch` per case; `test_launch_runs_a_family_end_to_end` keeps one case through the
+launcher.
 
 The default run is a deterministic sample (SAMPLE); `--full-matrix` runs every architecture x
 ranks 1..6 x {float, 4/8-bit at group 32/64/128} (and gpt_oss in MX-FP4, converted by mlx-lm
@@ -22,9 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from arch_configs import ARCHS, tiny_config
 from helpers import Reference, assert_logits_close, launch, mlx_lm_reference
+from matrix_ring import RingCase, RingCases, RingOutcome, RingOutcomes
+from ring_harness import run_on_ranks
 from tiny_models import write_tiny_model
 
 PROMPT = "Write a short poem about the sea."
@@ -135,9 +143,13 @@ def full_matrix() -> list[Case]:
     ]
 
 
+def selected_cases(config: pytest.Config) -> list[Case]:
+    return full_matrix() if config.getoption("--full-matrix") else SAMPLE
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "matrix_case" in metafunc.fixturenames:
-        cases = full_matrix() if metafunc.config.getoption("--full-matrix") else SAMPLE
+        cases = selected_cases(metafunc.config)
         metafunc.parametrize("matrix_case", cases, ids=[c.id for c in cases])
 
 
@@ -177,14 +189,78 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Pat
     return TinyModels(tmp_path_factory.mktemp("arch"), default_models["smollm2-135m"])
 
 
-def test_equals_single_device_mlx_lm(tmp_path: Path, tiny: TinyModels, matrix_case: Case) -> None:
-    c = matrix_case
-    reference = tiny.reference(c.arch, c.variant)
+class RingJobs:
+    """Each rank count's cases in one ring job, run when the first of them is asked for."""
+
+    def __init__(self, root: Path, tiny: TinyModels, cases: list[Case]):
+        self.root, self.tiny, self.cases = root, tiny, cases
+        self.outcomes: dict[str, RingOutcome] = {}
+
+    def outcome(self, case: Case) -> RingOutcome:
+        if case.id not in self.outcomes:
+            self._run([c for c in self.cases if len(c.weights) == len(case.weights)])
+        return self.outcomes[case.id]
+
+    def _run(self, cases: list[Case]) -> None:
+        n = len(cases[0].weights)
+        job = self.root / f"ranks-{n}"
+        job.mkdir()
+        ring_cases = RingCases(
+            cases=tuple(
+                RingCase(
+                    id=c.id,
+                    model=str(self.tiny.model(c.arch, c.variant)),
+                    weights=c.weights,
+                    prompt_ids=tuple(self.tiny.reference(c.arch, c.variant).prompt_ids),
+                    tokens=TOKENS,
+                )
+                for c in cases
+            )
+        )
+        (job / "cases.json").write_text(ring_cases.model_dump_json())
+        script = (
+            f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from matrix_ring import run_cases\n"
+            f"run_cases(group, {str(job / 'cases.json')!r}, OUT)\n"
+        )
+        # a few seconds per case on 2 cores (loading included), 6 ranks sharing them
+        result = run_on_ranks(n, script, job, timeout=60 + 20 * len(cases))
+        self.outcomes.update((o.id, o) for o in RingOutcomes.model_validate(result).outcomes)
+
+
+@pytest.fixture(scope="module")
+def ring_jobs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny: TinyModels
+) -> RingJobs:
+    return RingJobs(tmp_path_factory.mktemp("rings"), tiny, selected_cases(request.config))
+
+
+def checked_reference(tiny: TinyModels, arch: str, variant: str) -> Reference:
+    reference = tiny.reference(arch, variant)
     assert min(reference.margins) >= MIN_MARGIN and len(reference.tokens) == TOKENS, (
         f"the reference stops early or its greedy choice is a near-tie "
         f"({min(reference.margins):.2g}): change the tiny model's seed"
     )
-    ours = launch(tmp_path, tiny.model(c.arch, c.variant), list(c.weights), PROMPT, TOKENS)
+    return reference
+
+
+def test_equals_single_device_mlx_lm(
+    tiny: TinyModels, ring_jobs: RingJobs, matrix_case: Case
+) -> None:
+    c = matrix_case
+    reference = checked_reference(tiny, c.arch, c.variant)
+    outcome = ring_jobs.outcome(c)
+    assert outcome.error is None and outcome.logits, outcome.error
+    assert_logits_close(np.load(outcome.logits), reference.logits, atol=1e-4)
+    assert list(outcome.tokens) == reference.tokens
+
+
+def test_launch_runs_a_family_end_to_end(tmp_path: Path, tiny: TinyModels) -> None:
+    """One case through `exo-tp launch` (the launcher, the conductor, the chat template): an
+    MoE family on uneven ranks, one of them holding nothing."""
+    reference = checked_reference(tiny, "qwen3_moe", "q4g32")
+    weights = [0.0, 0.7, 0.3, 0.5]
+    ours = launch(tmp_path, tiny.model("qwen3_moe", "q4g32"), weights, PROMPT, TOKENS)
     assert_logits_close(ours.logits, reference.logits, atol=1e-4)
     assert list(ours.report.tokens) == reference.tokens
 
@@ -195,8 +271,7 @@ def test_tied_gemma3_without_lm_head_on_uneven_ranks(tmp_path: Path, tiny: TinyM
     folder = tiny.model("gemma3_text", "float")
     stored = mx.load(str(folder / "model.safetensors"))
     assert "lm_head.weight" not in stored and "model.embed_tokens.weight" in stored
-    reference = tiny.reference("gemma3_text", "float")
-    assert min(reference.margins) >= MIN_MARGIN and len(reference.tokens) == TOKENS
+    reference = checked_reference(tiny, "gemma3_text", "float")
     ours = launch(tmp_path, folder, [0.5, 0.2, 0.3], PROMPT, TOKENS)
     assert_logits_close(ours.logits, reference.logits, atol=1e-4)
     assert list(ours.report.tokens) == reference.tokens
