@@ -402,12 +402,14 @@ def rank_processes(root_pid: int) -> dict[str, psutil.Process]:
 @dataclass
 class LongStream:
     """A long greedy chat streamed from ``url`` in a thread: ``streaming`` is set at its first
-    chunk; the API error that ends it, if any, lands in ``errors``."""
+    chunk; the API error that ends it, if any, lands in ``errors``; ``stop()`` hangs up (the
+    client leaves, as a user closing the tab does) instead of waiting for 2000 tokens."""
 
     url: str
     model: str
     errors: list[str] = field(default_factory=list)
     streaming: threading.Event = field(default_factory=threading.Event)
+    stopping: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
     def start(self) -> LongStream:
@@ -419,16 +421,25 @@ class LongStream:
     def _stream(self) -> None:
         api = OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
         try:
-            for _ in api.chat.completions.create(
+            chunks = api.chat.completions.create(
                 model=self.model,
                 messages=[{"role": "user", "content": "Tell a long story."}],
                 temperature=0,
                 max_tokens=2000,
                 stream=True,
-            ):
-                self.streaming.set()
+            )
+            with chunks:  # closes the connection when the loop is left early
+                for _ in chunks:
+                    self.streaming.set()
+                    if self.stopping.is_set():
+                        return
         except APIError as error:
             self.errors.append(str(error))
+
+    def stop(self, timeout: float = 60) -> None:
+        """Hang up at the next chunk and wait for the thread."""
+        self.stopping.set()
+        self.ended(timeout)
 
     def ended(self, timeout: float = 60) -> list[str]:
         """Wait for the stream to end; its errors."""

@@ -14,7 +14,6 @@ import math
 import os
 import random
 import shutil
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 
 import psutil
 import pytest
-from cluster_helpers import LocalCluster, http_json, local_cluster, wait_ready
+from cluster_helpers import LocalCluster, LongStream, http_json, local_cluster, wait_ready
 
 from exo_tp.node.views import plan_view
 from exo_tp.plan import load_spec
@@ -438,15 +437,8 @@ def test_balance_panel_shows_the_leaders_live_speeds(cluster: LocalCluster, page
     held share exactly as the leader's /v1/cluster balance says."""
     leader = http_json(cluster.urls[0] + "/v1/cluster")[1]["leader"]
     leader_url = cluster.urls[int(leader.rsplit("-", 1)[1])]
-    stream = threading.Thread(
-        target=http_json,
-        args=(
-            leader_url + "/v1/completions",
-            {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 128, "temperature": 0},
-        ),
-        kwargs={"timeout": 300},
-    )
-    stream.start()
+    # a long stream keeps the ranks stepping (and probing); the test hangs up when it is done
+    stream = LongStream(leader_url, MODEL).start()
     try:
 
         def agreeing(driver: Any) -> list[dict[str, Any]] | None:
@@ -478,7 +470,7 @@ def test_balance_panel_shows_the_leaders_live_speeds(cluster: LocalCluster, page
         together = wait(page, probed_together, 60, "the ranks never probed in one round")
         assert together[-1] - together[0] < 0.5, together
     finally:
-        stream.join(300)
+        stream.stop()
     assert [row["node"] for row in rows] == plan_of(cluster.urls[0])["nodes"]
     assert sum(float(row["balanced"]) for row in rows) == pytest.approx(1.0)
     for row in rows:
