@@ -195,9 +195,24 @@ function ffnRows(response, groups) {
         data: { start: part.start, stop: part.stop, count: size(part) },
       });
     }), { caption: caption(groups, group), total: rows }));
-    return row(`ffn:${kind}`, `FFN · ${kind}`, `${count(rows)} rows in units of ` +
-      `${plan.ffn_unit} (gate/up columns, down inputs)`, ...bars);
+    return row(`ffn:${kind}`, ffnTitle(kind), `${count(rows)} rows in units of ` +
+      `${plan.ffn_unit} (gate/up columns, down inputs)${expertNote(plan.spec, kind)}`, ...bars);
   });
+}
+
+// MoE kinds say what the rows are of: every routed expert is split alike (the experts stay
+// stacked), and a decoded token reads only its top-k experts' rows.
+const FFN_TITLES = { ffn: "FFN", expert_ffn: "MoE · routed experts",
+  shared_expert_ffn: "MoE · shared experts" };
+
+function ffnTitle(kind) {
+  return FFN_TITLES[kind] ?? `FFN · ${kind}`;
+}
+
+function expertNote(spec, kind) {
+  if (kind !== "expert_ffn" || !spec.num_experts) return "";
+  return `; each of ${spec.num_experts} experts split alike (top ${spec.experts_per_token} ` +
+    `read per token)`;
 }
 
 // Vocab shards as laid out in the logits all-gather: every shard padded to the largest.
