@@ -202,6 +202,46 @@ ARCHS: dict[str, dict[str, Any]] = {
         sliding_window=8,
         tie_word_embeddings=False,
     ),
+    # Layer 0 dense, layer 1 MoE (moe_layer_start_index 1): 4 experts (top 2) of FFN 104 and an
+    # ungated shared expert; 6 heads / 2 KV heads, tied embeddings.
+    "ernie4_5_moe": dict(
+        model_type="ernie4_5_moe",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=64,
+        use_bias=False,
+        moe_num_experts=4,
+        moe_k=2,
+        moe_intermediate_size=104,
+        moe_num_shared_experts=1,
+        moe_layer_start_index=1,
+        tie_word_embeddings=True,
+    ),
+    # Packed, biased query_key_value with per-head q/k norms, 5 heads / 1 KV head (replicated
+    # on every rank), half-rotary heads; layer 0 dense, layer 1 MoE: sigmoid router with an
+    # expert bias, 4 experts (top 2) plus a shared expert; a normalised LM head (norm_head).
+    "bailing_moe": dict(
+        model_type="bailing_moe",
+        hidden_size=640,
+        intermediate_size=200,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        use_qkv_bias=True,
+        use_qk_norm=True,
+        partial_rotary_factor=0.5,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        moe_intermediate_size=104,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+        norm_head=True,
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).

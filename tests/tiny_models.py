@@ -140,6 +140,8 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "qwen2_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "deepseek_v2": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "deepseek_v3": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "ernie4_5_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "bailing_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
 }
 # Families whose Hugging Face exports may carry rotary inv_freq buffers (mlx-lm drops them).
 _INV_FREQ = {"llama", "mistral", "qwen2"}
@@ -170,6 +172,9 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
             wv = out.pop(f"{prefix}.unembed_out.weight")  # (heads, v, latent)
             kv_b = mx.concatenate([wk, wv], axis=1)
             out[f"{prefix}.kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    if arch == "bailing_moe":  # the router's linear is stored as the gate itself
+        for name in [n for n in out if ".mlp.gate.gate_proj." in n]:
+            out[name.replace(".mlp.gate.gate_proj.", ".mlp.gate.")] = out.pop(name)
     if arch in _INV_FREQ:
         dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         theta = config.get("rope_theta", 10000.0)

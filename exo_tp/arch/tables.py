@@ -183,6 +183,57 @@ GPT_OSS = ArchTable(
     tie_default=False,
 )
 
+# ERNIE 4.5 MoE: llama attention; MoE layers (every moe_layer_interval-th from
+# moe_layer_start_index) hold a softmax/sigmoid router (replicated: every rank must route alike),
+# stacked routed experts and an ungated shared-expert MLP, summed before the one all-reduce.
+ERNIE45_MOE = ArchTable(
+    model_types=("ernie4_5_moe",),
+    linears=(
+        *_attention(),
+        *_glu("mlp", "ffn"),
+        *_glu("mlp.switch_mlp", "expert_ffn"),
+        *_glu("mlp.shared_experts", "shared_expert_ffn"),
+    ),
+    branches=(
+        ATTENTION,
+        MLP,
+        EXPERTS,
+        BranchRule(path="mlp.shared_experts", kind="mlp", reduce=False),
+    ),
+    replicated=("mlp.gate",),
+    counts=HEAD_COUNTS,
+)
+
+# Ling / Bailing MoE: packed q|k|v ("query_key_value", split part by part as phi3's) and a
+# row-parallel "dense" output under "attention"; per-head q/k norms replicated; grouped top-k
+# router with its expert bias replicated; shared experts as an MLP inside the MoE branch. A
+# normalised LM head (norm_head: sanitize divides each column by its norm over the whole
+# vocabulary) is computed by mlx-lm's own load before the rows are cut.
+BAILING_MOE = ArchTable(
+    model_types=("bailing_moe",),
+    linears=(
+        _col("attention.query_key_value", "q_heads", "kv_heads", "kv_heads"),
+        _row("attention.dense", "q_heads"),
+        *_glu("mlp", "ffn"),
+        *_glu("mlp.switch_mlp", "expert_ffn"),
+        *_glu("mlp.shared_experts", "shared_expert_ffn"),
+    ),
+    branches=(
+        BranchRule(path="attention", kind="attention"),
+        MLP,
+        EXPERTS,
+        BranchRule(path="mlp.shared_experts", kind="mlp", reduce=False),
+    ),
+    replicated=("attention.query_layernorm", "attention.key_layernorm", "mlp.gate"),
+    counts=(
+        CountRule(path="attention.num_attention_heads", dim="q_heads"),
+        CountRule(path="attention.num_key_value_heads", dim="kv_heads"),
+    ),
+    embedding="model.word_embeddings",
+    tie_default=False,
+    reads_head_dim=False,
+)
+
 TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
@@ -193,4 +244,6 @@ TABLES: tuple[ArchTable, ...] = (
     QWEN2_MOE,
     DEEPSEEK,
     GPT_OSS,
+    ERNIE45_MOE,
+    BAILING_MOE,
 )

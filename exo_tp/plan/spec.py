@@ -91,11 +91,23 @@ def _ffn_sizes(c: dict[str, Any]) -> dict[str, int]:
     ffn = {"ffn": int(c["intermediate_size"])} if c.get("intermediate_size") else {}
     if c.get("moe_intermediate_size"):
         ffn["expert_ffn"] = int(c["moe_intermediate_size"])
+    # Shared experts run as one MLP of all their rows: deepseek's n_shared_experts, ERNIE's
+    # moe_num_shared_experts, Bailing's num_shared_experts (of its own width when it has one).
+    shared = (
+        c.get("n_shared_experts") or c.get("moe_num_shared_experts") or c.get("num_shared_experts")
+    )
+    shared_width = c.get("moe_shared_expert_intermediate_size") or c.get("moe_intermediate_size")
     if c.get("shared_expert_intermediate_size"):  # qwen2_moe
         ffn["shared_expert_ffn"] = int(c["shared_expert_intermediate_size"])
-    elif c.get("n_shared_experts") and c.get("moe_intermediate_size"):  # deepseek: one MLP
-        ffn["shared_expert_ffn"] = int(c["moe_intermediate_size"]) * int(c["n_shared_experts"])
+    elif shared and shared_width:
+        ffn["shared_expert_ffn"] = int(shared_width) * int(shared)
     return ffn
+
+
+def _dense_layers(c: dict[str, Any]) -> int:
+    """Leading layers with a dense FFN (DeepSeek's first_k_dense_replace, ERNIE's MoE start)."""
+    start = c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or 0
+    return int(min(start) if isinstance(start, list) else start)
 
 
 def _heads(c: dict[str, Any], reads_head_dim: bool) -> tuple[int, int, dict[str, int]]:
@@ -135,10 +147,16 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             quantization=_quantization(config),
             context_length=int(c.get("max_position_embeddings") or 4096),
             num_experts=int(
-                c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0
+                c.get("num_local_experts")
+                or c.get("num_experts")
+                or c.get("n_routed_experts")
+                or c.get("moe_num_experts")
+                or 0
             ),
-            experts_per_token=int(c.get("num_experts_per_tok") or c.get("experts_per_token") or 0),
-            dense_layers=int(c.get("first_k_dense_replace") or 0),
+            experts_per_token=int(
+                c.get("num_experts_per_tok") or c.get("experts_per_token") or c.get("moe_k") or 0
+            ),
+            dense_layers=_dense_layers(c),
         )
     except KeyError as missing:
         raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None
