@@ -219,6 +219,25 @@ ARCHS: dict[str, dict[str, Any]] = {
         moe_layer_start_index=1,
         tie_word_embeddings=True,
     ),
+    # 10 heads / 2 KV heads with per-head q/k norms, a sliding-window layer (window 8, rope)
+    # then a global one (no rope); layer 1 MoE: grouped sigmoid router with a score-correction
+    # bias, 4 experts (top 2) of FFN 104 and a shared expert.
+    "exaone_moe": dict(
+        model_type="exaone_moe",
+        hidden_size=128,
+        intermediate_size=200,
+        num_attention_heads=10,
+        num_key_value_heads=2,
+        head_dim=64,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8,
+        is_moe_layer=[False, True],
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        moe_intermediate_size=104,
+        tie_word_embeddings=False,
+    ),
     # Packed, biased query_key_value with per-head q/k norms, 5 heads / 1 KV head (replicated
     # on every rank), half-rotary heads; layer 0 dense, layer 1 MoE: sigmoid router with an
     # expert bias, 4 experts (top 2) plus a shared expert; a normalised LM head (norm_head).

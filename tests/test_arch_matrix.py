@@ -133,6 +133,8 @@ SAMPLE = [
     case("gpt_oss", "mxfp4", 3, zero_rank=1),
     case("ernie4_5_moe", "float", 5),
     case("ernie4_5_moe", "q8g64", 3, zero_rank=1),
+    case("exaone_moe", "float", 4, zero_rank=3),
+    case("exaone_moe", "q4g64", 5),
     case("bailing_moe", "float", 3),
     case("bailing_moe", "q4g128", 4, zero_rank=0),
 ]

@@ -142,6 +142,7 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "deepseek_v3": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "ernie4_5_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "bailing_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "exaone_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
 }
 # Families whose Hugging Face exports may carry rotary inv_freq buffers (mlx-lm drops them).
 _INV_FREQ = {"llama", "mistral", "qwen2"}
@@ -172,6 +173,9 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
             wv = out.pop(f"{prefix}.unembed_out.weight")  # (heads, v, latent)
             kv_b = mx.concatenate([wk, wv], axis=1)
             out[f"{prefix}.kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    if arch == "exaone_moe":  # the router's score correction is stored beside the gate
+        for name in [n for n in out if n.endswith(".mlp.gate.e_score_correction_bias")]:
+            out[name.replace(".gate.", ".")] = out.pop(name)
     if arch == "bailing_moe":  # the router's linear is stored as the gate itself
         for name in [n for n in out if ".mlp.gate.gate_proj." in n]:
             out[name.replace(".mlp.gate.gate_proj.", ".mlp.gate.")] = out.pop(name)

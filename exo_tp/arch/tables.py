@@ -204,6 +204,13 @@ ERNIE45_MOE = ArchTable(
     counts=HEAD_COUNTS,
 )
 
+# EXAONE MoE: the same split with per-head q/k norms (replicated) and a grouped sigmoid router
+# (its weight and score-correction bias replicated); sliding-window layers keep a
+# RotatingKVCache of the local heads, the global ones use no rope.
+EXAONE_MOE = replace(
+    ERNIE45_MOE, model_types=("exaone_moe",), replicated=(*QK_NORMS, "mlp.gate"), tie_default=False
+)
+
 # Ling / Bailing MoE: packed q|k|v ("query_key_value", split part by part as phi3's) and a
 # row-parallel "dense" output under "attention"; per-head q/k norms replicated; grouped top-k
 # router with its expert bias replicated; shared experts as an MLP inside the MoE branch. A
@@ -245,5 +252,6 @@ TABLES: tuple[ArchTable, ...] = (
     DEEPSEEK,
     GPT_OSS,
     ERNIE45_MOE,
+    EXAONE_MOE,
     BAILING_MOE,
 )

@@ -105,7 +105,11 @@ def _ffn_sizes(c: dict[str, Any]) -> dict[str, int]:
 
 
 def _dense_layers(c: dict[str, Any]) -> int:
-    """Leading layers with a dense FFN (DeepSeek's first_k_dense_replace, ERNIE's MoE start)."""
+    """Leading layers with a dense FFN (DeepSeek's first_k_dense_replace, ERNIE's MoE start,
+    EXAONE's per-layer is_moe_layer flags)."""
+    flags = c.get("is_moe_layer")
+    if isinstance(flags, list):
+        return next((i for i, moe in enumerate(flags) if moe), len(flags))
     start = c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or 0
     return int(min(start) if isinstance(start, list) else start)
 
