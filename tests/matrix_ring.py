@@ -18,21 +18,26 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from exo_tp.frozen import Frozen
+from exo_tp.plan import Span
 
 
 class RingCase(Frozen):
-    """One matrix case as the ring job reads it."""
+    """One matrix case as the ring job reads it. ``staged``: also run it as two pipeline stages
+    on the same ranks (see `_staged`), with ``stage_weights`` for the second stage."""
 
     id: str
     model: str
     weights: tuple[float, ...]
     prompt_ids: tuple[int, ...]
     tokens: int
+    staged: bool = False
+    stage_weights: tuple[float, ...] = ()
 
 
 class RingCases(Frozen):
@@ -40,12 +45,14 @@ class RingCases(Frozen):
 
 
 class RingOutcome(Frozen):
-    """What rank 0 saw of one case: its logits file and tokens, or why it could not run."""
+    """What rank 0 saw of one case: its logits file and tokens, or why it could not run (and
+    the same for the case run as two stages, where it was)."""
 
     id: str
     tokens: tuple[int, ...] = ()
     logits: str | None = None
     error: str | None = None
+    staged: RingOutcome | None = None
 
 
 class RingOutcomes(Frozen):
@@ -59,33 +66,90 @@ def _everyone_loaded(group: mx.distributed.Group, loaded: bool) -> bool:
     return int(held.item()) == group.size()
 
 
-def _run(group: mx.distributed.Group, case: RingCase, out: Path) -> RingOutcome:
-    from mlx_lm.models.cache import make_prompt_cache
-
+def _load(group: mx.distributed.Group, case: RingCase, stages: int) -> list[Any] | str:
+    """Every stage's shard (all stages on this same group), or the error that stopped any
+    rank (every rank agrees, before the first collective)."""
     from exo_tp.plan.spec import load_spec
     from exo_tp.plan.tensor_parallel import plan_tensor_parallel
     from exo_tp.shard.apply import load_shard
 
-    error = None
+    error, models = None, []
     try:
-        plan = plan_tensor_parallel(load_spec(Path(case.model)), list(case.weights))
-        model = load_shard(Path(case.model), plan, group.rank(), group, mx.float32)
+        spec = load_spec(Path(case.model))
+        cut = spec.num_layers // 2
+        spans = (
+            [Span(start=0, stop=spec.num_layers)]
+            if stages == 1
+            else [Span(start=0, stop=cut), Span(start=cut, stop=spec.num_layers)]
+        )
+        shares = [case.weights, case.stage_weights or case.weights]
+        for i, layers in enumerate(spans):
+            plan = plan_tensor_parallel(spec, list(shares[i]))
+            first, last = i == 0, i == len(spans) - 1
+            model = load_shard(
+                Path(case.model), plan, group.rank(), group, mx.float32, layers, first, last
+            )
+            models.append(model)
     except Exception:  # reported on the case, after every rank agreed to skip it
         error = traceback.format_exc(limit=-4)
     if not _everyone_loaded(group, error is None):
-        return RingOutcome(id=case.id, error=error or "another rank failed to load its shard")
-    cache = make_prompt_cache(model)
-    logits = model(mx.array(case.prompt_ids)[None], cache=cache).astype(mx.float32)
+        return error or "another rank failed to load its shard"
+    return models
+
+
+def _staged_forward(models: list[Any], case: RingCase) -> Any:
+    """What two pipeline stages compute: the first stage's layer stack (its final norm an
+    identity), then the second stage's model fed that hidden state through its embedding's
+    `HiddenFeed` (exo_tp.runtime.pipeline.StageModel, minus the hop between machines)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from exo_tp.arch import table_for
+    from exo_tp.plan.spec import load_spec
+    from exo_tp.shard.tree import get_path
+
+    table = table_for(load_spec(Path(case.model)).model_type)
+    inner = get_path(models[0], table.layers.rpartition(".")[0])
+    feed = get_path(models[1], table.embedding)
+    caches = [make_prompt_cache(m) for m in models]
+
+    def forward(tokens: mx.array) -> mx.array:
+        feed.feed(inner(tokens, caches[0]))
+        return models[1](tokens, cache=caches[1])
+
+    return forward
+
+
+def _generate(group: mx.distributed.Group, forward: Any, case: RingCase, out: Path, name: str):
+    logits = forward(mx.array(case.prompt_ids)[None]).astype(mx.float32)
     mx.eval(logits)  # on every rank: the forward pass is collective
     prompt_logits = np.array(logits[0])
     tokens = [int(mx.argmax(logits[0, -1]).item())]
     while len(tokens) < case.tokens:
-        step = model(mx.array([[tokens[-1]]]), cache=cache)
+        step = forward(mx.array([[tokens[-1]]]))
         tokens.append(int(mx.argmax(step[0, -1]).item()))
-    path = out / f"{case.id}.npy"
+    path = out / f"{name}.npy"
     if group.rank() == 0:
         np.save(path, prompt_logits)
-    return RingOutcome(id=case.id, tokens=tuple(tokens), logits=str(path))
+    return RingOutcome(id=name, tokens=tuple(tokens), logits=str(path))
+
+
+def _run(group: mx.distributed.Group, case: RingCase, out: Path) -> RingOutcome:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    models = _load(group, case, 1)
+    if isinstance(models, str):
+        return RingOutcome(id=case.id, error=models)
+    cache = make_prompt_cache(models[0])
+    whole = _generate(group, lambda t: models[0](t, cache=cache), case, out, case.id)
+    if not case.staged:
+        return whole
+    stages = _load(group, case, 2)
+    if isinstance(stages, str):
+        staged = RingOutcome(id=f"{case.id}-staged", error=stages)
+    else:
+        forward = _staged_forward(stages, case)
+        staged = _generate(group, forward, case, out, f"{case.id}-staged")
+    return whole.model_copy(update={"staged": staged})
 
 
 def run_cases(group: mx.distributed.Group, cases_file: str, out_file: str) -> None:

@@ -35,6 +35,8 @@ from matrix_ring import RingCase, RingCases, RingOutcome, RingOutcomes
 from ring_harness import run_on_ranks
 from tiny_models import write_tiny_model
 
+from exo_tp.arch import table_for
+
 PROMPT = "Write a short poem about the sea."
 TOKENS = 5
 # Greedy steps of the references are decided by at least this much (see Reference.margins).
@@ -219,6 +221,8 @@ class RingJobs:
                     weights=c.weights,
                     prompt_ids=tuple(self.tiny.reference(c.arch, c.variant).prompt_ids),
                     tokens=TOKENS,
+                    staged=table_for(ARCHS[c.arch]["model_type"]).stages,
+                    stage_weights=c.weights[::-1],
                 )
                 for c in cases
             )
@@ -259,14 +263,22 @@ def test_equals_single_device_mlx_lm(
     assert outcome.error is None and outcome.logits, outcome.error
     assert_logits_close(np.load(outcome.logits), reference.logits, atol=1e-4)
     assert list(outcome.tokens) == reference.tokens
+    if table_for(ARCHS[c.arch]["model_type"]).stages:
+        # the same shares for the first half of the layers, reversed for the second half
+        staged = outcome.staged
+        assert staged is not None and staged.error is None and staged.logits, staged
+        assert_logits_close(np.load(staged.logits), reference.logits, atol=1e-4)
+        assert list(staged.tokens) == reference.tokens
 
 
 def test_launch_runs_a_family_end_to_end(tmp_path: Path, tiny: TinyModels) -> None:
-    """One case through `exo-tp launch` (the launcher, the conductor, the chat template): an
-    MoE family on uneven ranks, one of them holding nothing."""
+    """One case through `exo-tp launch` (the launcher, the conductor, the chat template, the
+    hops between pipeline stages): an MoE family as two uneven tensor-parallel stages, one
+    rank holding nothing."""
     reference = checked_reference(tiny, "qwen3_moe", "q4g32")
     weights = [0.0, 0.7, 0.3, 0.5]
-    ours = launch(tmp_path, tiny.model("qwen3_moe", "q4g32"), weights, PROMPT, TOKENS)
+    model = tiny.model("qwen3_moe", "q4g32")
+    ours = launch(tmp_path, model, weights, PROMPT, TOKENS, "--stages", "2,2")
     assert_logits_close(ours.logits, reference.logits, atol=1e-4)
     assert list(ours.report.tokens) == reference.tokens
 

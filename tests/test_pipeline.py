@@ -102,8 +102,9 @@ def test_impossible_pipelines_say_why(weights: list[list[float]], layers: list[i
 
 
 def test_architectures_without_stage_support_are_refused() -> None:
-    """gemma3 picks sliding or global attention by a layer's index within the model it runs:
-    a later stage would silently use the wrong kind; refused instead of computed wrong."""
+    """gemma3 scales its embedding inside the model's forward pass: a later stage would scale
+    the hidden state it receives again (the matrix measured logits off by ~20 when tried);
+    refused instead of computed wrong."""
     gemma = SPEC.model_copy(update={"model_type": "gemma3_text"})
     with pytest.raises(PlanError, match="not supported for gemma3_text.*llama"):
         plan_pipeline(gemma, [[1], [1]])

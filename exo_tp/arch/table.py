@@ -94,8 +94,11 @@ class ArchTable(Frozen):
     tie_default: bool = True
     # False where mlx-lm derives head_dim as hidden_size // heads whatever config.json says
     reads_head_dim: bool = True
-    # Pipeline stages (a layer range per stage) are known to work: the model takes
-    # input_embeddings and nothing in it depends on a layer's global index.
+    # Pipeline stages (a layer range per stage) are known to work: the model's forward pass
+    # embeds its tokens and runs its layers with nothing in between (a later stage's embedding
+    # is a HiddenFeed handing over the previous stage's hidden state) and nothing depends on
+    # a layer's global index (masks' cache indices follow the slice: exo_tp.shard.apply).
+    # Not so where the embedding is scaled (Gemma) or read per layer (Gemma 4).
     stages: bool = False
 
     @model_validator(mode="after")

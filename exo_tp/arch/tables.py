@@ -82,6 +82,7 @@ PHI3 = ArchTable(
     counts=HEAD_COUNTS,
     tie_default=False,
     reads_head_dim=False,
+    stages=True,
 )
 
 # Mixture of experts: every expert's FFN is split alike (the experts stay stacked), the router
@@ -98,6 +99,7 @@ MIXTRAL = ArchTable(
     ),
     tie_default=False,
     reads_head_dim=False,
+    stages=True,
 )
 
 EXPERTS = BranchRule(path="mlp.switch_mlp", kind="experts", reduce=False)
@@ -109,6 +111,7 @@ QWEN3_MOE = ArchTable(
     branches=(ATTENTION, MLP, EXPERTS),
     replicated=(*QK_NORMS, "mlp.gate"),
     counts=HEAD_COUNTS,
+    stages=True,
 )
 
 # Qwen2-MoE: routed experts plus a sigmoid-gated shared expert, summed before the all-reduce.
@@ -129,6 +132,7 @@ QWEN2_MOE = ArchTable(
     counts=HEAD_COUNTS,
     tie_default=False,
     reads_head_dim=False,
+    stages=True,
 )
 
 # DeepSeek V2/V3 (MLA): split by heads. Per-head projections (q or q_b, V2's kv_b, V3's
@@ -163,6 +167,7 @@ DEEPSEEK = ArchTable(
     ),
     counts=(CountRule(path="self_attn.num_heads", dim="q_heads"),),
     tie_default=False,
+    stages=True,
 )
 
 # gpt-oss: biased q/k/v/o, one attention sink per query head, biased experts.
@@ -181,6 +186,7 @@ GPT_OSS = ArchTable(
         CountRule(path="self_attn.num_key_value_groups", dim="repeats"),
     ),
     tie_default=False,
+    stages=True,
 )
 
 # ERNIE 4.5 MoE: llama attention; MoE layers (every moe_layer_interval-th from
@@ -202,6 +208,7 @@ ERNIE45_MOE = ArchTable(
     ),
     replicated=("mlp.gate",),
     counts=HEAD_COUNTS,
+    stages=True,
 )
 
 # EXAONE MoE: the same split with per-head q/k norms (replicated) and a grouped sigmoid router
@@ -239,6 +246,7 @@ BAILING_MOE = ArchTable(
     embedding="model.word_embeddings",
     tie_default=False,
     reads_head_dim=False,
+    stages=True,
 )
 
 TABLES: tuple[ArchTable, ...] = (

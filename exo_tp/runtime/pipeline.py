@@ -22,6 +22,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
+from exo_tp.shard.layers import HiddenFeed
 from exo_tp.transport.channel import Channel
 from exo_tp.wire.runtime import Hello, HiddenHeader
 
@@ -48,14 +49,26 @@ def recv_hidden(channel: HopChannel) -> mx.array:
 class StageModel(nn.Module):
     """One pipeline stage of a rank: its shard of its layers, fed by the previous stage's hop
     (``incoming``; None on stage 0) and feeding the next stage's ranks (``outgoing``: only the
-    stage's first rank sends)."""
+    stage's first rank sends).
+
+    ``inner`` is the model's layer stack with its embedding (where ``model.layers`` live): a
+    stage before the last runs only that (its final norm is an identity). A later stage's
+    embedding is a `HiddenFeed`, handed the received hidden state before each call."""
 
     def __init__(
-        self, model: nn.Module, incoming: HopChannel | None, outgoing: list[HopChannel], last: bool
+        self,
+        model: nn.Module,
+        inner: nn.Module,
+        incoming: HopChannel | None,
+        outgoing: list[HopChannel],
+        last: bool,
+        feed: HiddenFeed | None,
     ):
         super().__init__()
         self.model = model
+        self._inner = inner
         self._incoming, self._outgoing, self._last = incoming, outgoing, last
+        self._feed = feed
 
     @property
     def layers(self) -> list[Any]:
@@ -65,15 +78,11 @@ class StageModel(nn.Module):
         return make_prompt_cache(self.model)
 
     def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
-        if self._incoming is None:
-            hidden = self.model.model(inputs, cache)
-        else:
-            received = recv_hidden(self._incoming)
-            if self._last:
-                return self.model(inputs, cache=cache, input_embeddings=received)
-            hidden = self.model.model(
-                mx.zeros(inputs.shape, dtype=mx.int32), cache, input_embeddings=received
-            )
+        if self._incoming is not None and self._feed is not None:
+            self._feed.feed(recv_hidden(self._incoming))
+        if self._last:
+            return self.model(inputs, cache=cache)
+        hidden = self._inner(inputs, cache)
         mx.eval(hidden)
         for channel in self._outgoing:
             send_hidden(channel, hidden)

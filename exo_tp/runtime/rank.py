@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
+from exo_tp.arch import table_for
 from exo_tp.lab.factor import FACTOR_ENV, FACTOR_FILE_ENV, pin_from_env
 from exo_tp.models.registry import resolve_model
 from exo_tp.models.tokenizer import load_model_tokenizer
@@ -39,7 +40,9 @@ from exo_tp.runtime.conductor import Conductor
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
 from exo_tp.runtime.pipeline import HopChannel, StageModel
 from exo_tp.shard.apply import load_shard
+from exo_tp.shard.layers import HiddenFeed
 from exo_tp.shard.row_pieces import multiply_in_pieces, pieces_wanted
+from exo_tp.shard.tree import get_path
 from exo_tp.transport.channel import Channel, Listener, accept_count, connect
 from exo_tp.transport.ring import init_group
 from exo_tp.wire.assignment import LINK_KEY_ENV, Assignment
@@ -148,8 +151,15 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
         hello = incoming[0].recv()
         if not isinstance(hello, Hello) or hello.epoch != job.epoch:
             raise ConnectionError(f"unexpected hop peer: {hello}")
+    table = table_for(plan.spec.model_type)
+    feed = get_path(model, table.embedding) if index > 0 else None
     return StageModel(
-        model, incoming[0] if incoming else None, outgoing, last=index == len(stages) - 1
+        model,
+        get_path(model, table.layers.rpartition(".")[0]),
+        incoming[0] if incoming else None,
+        outgoing,
+        last=index == len(stages) - 1,
+        feed=feed if isinstance(feed, HiddenFeed) else None,
     )
 
 

@@ -18,7 +18,7 @@ from exo_tp.plan import ShardPlan, Span
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.adapters import apply_to_block, check_layers, read_adapter
 from exo_tp.shard.blocks import BlockSharder
-from exo_tp.shard.layers import Absent, VocabParallelEmbedding, VocabParallelHead
+from exo_tp.shard.layers import Absent, HiddenFeed, VocabParallelEmbedding, VocabParallelHead
 from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import get_path, has_path, set_path
 
@@ -30,18 +30,33 @@ def _finish(module: nn.Module, dtype: mx.Dtype | None) -> None:
 
 
 def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
-    """Only this stage's blocks stay; HF-style per-layer type lists follow the slice."""
+    """Only this stage's blocks stay; per-layer type lists follow the slice, and so do the
+    indices of the first full and first sliding layer, whose caches make the masks (llama's
+    fa_idx/swa_idx, gpt-oss' and EXAONE's ga_idx/swa_idx: from the layer types, or from each
+    layer's is_sliding_window)."""
     blocks = get_path(model, table.layers)
-    set_path(model, table.layers, blocks[layers.start : layers.stop])
+    kept = blocks[layers.start : layers.stop]
+    set_path(model, table.layers, kept)
     inner = get_path(model, table.layers.rpartition(".")[0])
     types = getattr(inner, "layer_types", None)
     if types is not None:
         inner.layer_types = types = types[layers.start : layers.stop]
-        if hasattr(inner, "fa_idx"):  # mlx-lm llama: the layers whose caches make the masks
-            inner.fa_idx = types.index("full_attention") if "full_attention" in types else 0
-        if hasattr(inner, "swa_idx"):
-            sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
-            inner.swa_idx = sliding[0] if sliding else None
+    elif any(hasattr(block, "is_sliding_window") for block in kept):
+        types = [
+            "sliding_attention" if getattr(block, "is_sliding_window", False) else "full"
+            for block in kept
+        ]
+    if types is None:
+        return
+    full = [i for i, t in enumerate(types) if t != "sliding_attention"]
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    for name in ("fa_idx", "ga_idx"):
+        if hasattr(inner, name):
+            setattr(inner, name, full[0] if full else 0)
+    if hasattr(inner, "swa_idx"):
+        # None means "no sliding layer" to llama; the others make a mask they will not use
+        had = inner.swa_idx is not None
+        inner.swa_idx = sliding[0] if sliding else (0 if had else None)
 
 
 def _shard_vocab(
@@ -84,6 +99,8 @@ def _shard_vocab(
         )
     else:
         set_path(model, table.embedding, Absent("the embedding"))
+    if not first:  # a later stage embeds the previous stage's hidden state
+        set_path(model, table.embedding, HiddenFeed(get_path(model, table.embedding)))
     if not tied:
         if last:
             head = get_path(model, table.lm_head)

@@ -159,5 +159,37 @@ class Absent(nn.Module):
         return self(x)
 
 
+class _Slot:
+    """Holds the next hidden state outside the module tree (an array attribute of a Module
+    would become one of its parameters)."""
+
+    def __init__(self) -> None:
+        self.value: mx.array | None = None
+
+
+class HiddenFeed(nn.Module):
+    """The embedding of a pipeline stage after the first: the model's own forward pass looks
+    its inputs up here and gets the previous stage's hidden state instead, so any family whose
+    model embeds its tokens and then runs its layers pipelines without an ``input_embeddings``
+    argument. A tied LM head on the last stage still multiplies by the held embedding rows."""
+
+    def __init__(self, embedding: nn.Module):
+        super().__init__()
+        self.embedding = embedding
+        self._next = _Slot()
+
+    def feed(self, hidden: mx.array) -> None:
+        self._next.value = hidden
+
+    def __call__(self, inputs: mx.array) -> mx.array:
+        hidden, self._next.value = self._next.value, None
+        if hidden is None:
+            raise RuntimeError("no hidden state from the previous pipeline stage")
+        return hidden
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self.embedding.as_linear(x)
+
+
 def _no_logits(x: mx.array) -> mx.array:
     return zeros_after((*x.shape[:-1], 0), x.dtype, x)
