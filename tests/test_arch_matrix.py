@@ -123,6 +123,18 @@ SAMPLE = [
     case("gpt_oss", "q8g64", 5, zero_rank=4),
     # MX-FP4 embeddings look up bfloat16: the rank without vocab rows must send bfloat16 zeros
     case("gpt_oss", "mxfp4", 3, zero_rank=1),
+    case("glm4_moe", "float", 3),
+    case("glm4_moe", "q4g64", 4, zero_rank=0),
+    case("glm4_moe_lite", "float", 5),
+    case("glm4_moe_lite", "q8g32", 2),
+    case("mistral4", "float", 3, zero_rank=1),
+    case("mistral4", "q8g128", 4),
+    case("kimi_k25", "float", 4),
+    case("kimi_k25", "q4g64", 3, zero_rank=2),
+    case("deepseek_v32", "float", 5, zero_rank=3),
+    case("deepseek_v32", "q8g64", 2),
+    case("glm_moe_dsa", "float", 3),
+    case("glm_moe_dsa", "q4g32", 4, zero_rank=1),
 ]
 
 

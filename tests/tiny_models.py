@@ -3,9 +3,10 @@
 The random weights come from mlx-lm's own classes; the file is then what a user downloads:
 
 - float checkpoints in the family's Hugging Face layout: a tied LM head is omitted, MoE experts
-  are stored one by one, DeepSeek V3 stores kv_b_proj (mlx-lm splits it into embed_q and
-  unembed_out), and Llama/Qwen2 keep the rotary ``inv_freq`` buffers old exports carry; mlx-lm's
-  ``sanitize`` turns each of these into the model's parameters at load time;
+  are stored one by one (Mistral 4's fused per layer), MLA families (DeepSeek V3 and kin) store
+  kv_b_proj (mlx-lm splits it into embed_q and unembed_out), and Llama/Qwen2 keep the rotary
+  ``inv_freq`` buffers old exports carry; mlx-lm's ``sanitize`` turns each of these into the
+  model's parameters at load time;
 - quantized checkpoints made from that float checkpoint by mlx-lm's own converter
   (``mlx_lm.convert -q``), so the layout and the per-layer ``quantization`` config are what
   mlx-lm writes;
@@ -140,7 +141,14 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "qwen2_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "deepseek_v2": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "deepseek_v3": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "glm4_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "glm4_moe_lite": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "kimi_k25": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "deepseek_v32": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "glm_moe_dsa": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
 }
+# Families storing each MLA layer's kv_b_proj, which mlx-lm splits into embed_q and unembed_out.
+_KV_B = {"deepseek_v3", "glm4_moe_lite", "mistral4", "kimi_k25", "deepseek_v32", "glm_moe_dsa"}
 # Families whose Hugging Face exports may carry rotary inv_freq buffers (mlx-lm drops them).
 _INV_FREQ = {"llama", "mistral", "qwen2"}
 
@@ -162,7 +170,16 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
             value = out.pop(name)
             for e in range(value.shape[0]):
                 out[f"{layer}.{single.format(e=e)}.{names[proj]}.{part}"] = value[e]
-    if arch == "deepseek_v3":
+    if arch == "mistral4":
+        # Mistral 4 stores each MoE layer's experts fused (transformers' Mistral4NaiveMoe):
+        # experts.gate_up_proj (E, 2 * ffn, hidden), gate rows first, and experts.down_proj.
+        for name in [n for n in out if n.endswith(".mlp.switch_mlp.gate_proj.weight")]:
+            prefix = name.removesuffix(".switch_mlp.gate_proj.weight")
+            gate = out.pop(name)
+            up = out.pop(f"{prefix}.switch_mlp.up_proj.weight")
+            out[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=1)
+            out[f"{prefix}.experts.down_proj"] = out.pop(f"{prefix}.switch_mlp.down_proj.weight")
+    if arch in _KV_B:
         # kv_b_proj: per head, nope rows of keys then v_head_dim rows of values, over the latent.
         for name in [n for n in out if n.endswith(".self_attn.embed_q.weight")]:
             prefix = name.removesuffix(".embed_q.weight")
