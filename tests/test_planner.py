@@ -15,9 +15,15 @@ from exo_tp.errors import PlanError, UnsupportedArchitectureError
 from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel, spec_from_config
 from exo_tp.plan.apportion import largest_remainder
 from exo_tp.plan.slices import RankSelector
+from exo_tp.plan.spec import LatentAttention
 from exo_tp.plan.tensor_parallel import FLOAT_FFN_ALIGN, VOCAB_ALIGN
 
-MLA_TYPES = ("deepseek_v2", "deepseek_v3")
+# MLA families: their tables split by per-head widths other than head_dim (v_head_dim, ...).
+MLA_TYPES = tuple(
+    t
+    for t in supported_model_types()
+    if any(rule.width != "head_dim" for rule in table_for(t).linears)
+)
 OTHER_TYPES = tuple(t for t in supported_model_types() if t not in MLA_TYPES)
 
 
@@ -247,6 +253,8 @@ def test_mla_config_reads_per_head_widths() -> None:
     assert spec.num_kv_heads == 6  # MLA: no GQA, whatever num_key_value_heads says
     assert spec.head_dim == 48
     assert spec.head_widths == {"kv_b_head_dim": 56, "v_head_dim": 24}
+    # what the cost model prices: latent projections and a latent KV cache (V3 absorbs kv_b)
+    assert spec.latent_attention == LatentAttention(q_lora_rank=48, kv_lora_rank=64, rope_dim=16)
     assert spec.ffn_sizes == {"ffn": 200, "expert_ffn": 104, "shared_expert_ffn": 208}
     assert spec.input_align == 64  # the router's override counts too
     assert not spec.tie_word_embeddings  # deepseek never ties

@@ -13,7 +13,14 @@ from exo_tp.arch import table_for
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
 
-__all__ = ["Frozen", "ModelSpec", "Quantization", "load_spec", "spec_from_config"]
+__all__ = [
+    "Frozen",
+    "LatentAttention",
+    "ModelSpec",
+    "Quantization",
+    "load_spec",
+    "spec_from_config",
+]
 
 
 class Quantization(Frozen):
@@ -21,6 +28,24 @@ class Quantization(Frozen):
 
     group_size: int = Field(gt=0)
     bits: int = Field(gt=0)
+
+
+class LatentAttention(Frozen):
+    """Multi-head latent attention (DeepSeek V2/V3 and kin): what the cost model needs beyond
+    the per-head widths. Queries come through a replicated q_lora_rank latent (0: a plain
+    q_proj), keys and values through a replicated kv_lora_rank latent plus one shared rope key;
+    the per-head parts are split by heads like any attention."""
+
+    q_lora_rank: int = Field(default=0, ge=0)
+    kv_lora_rank: int = Field(gt=0)
+    rope_dim: int = Field(ge=0)
+    # The KV cache holds the latent and the rope key (replicated on every rank holding heads:
+    # DeepSeek V3 and kin); otherwise per-head keys and values (mlx-lm's DeepSeek V2).
+    latent_cache: bool = True
+    # DeepSeek Sparse Attention's indexer (replicated): its heads, their width, and its key
+    # cache (one index_head_dim key per token; mlx-lm also keeps values of the same shape).
+    index_heads: int = Field(default=0, ge=0)
+    index_head_dim: int = Field(default=0, ge=0)
 
 
 class ModelSpec(Frozen):
@@ -45,6 +70,7 @@ class ModelSpec(Frozen):
     num_experts: int = Field(default=0, ge=0)
     experts_per_token: int = Field(default=0, ge=0)
     dense_layers: int = Field(default=0, ge=0)  # leading layers with a dense FFN (DeepSeek)
+    latent_attention: LatentAttention | None = None
 
     @property
     def group_size(self) -> int:
@@ -112,6 +138,23 @@ def _heads(c: dict[str, Any], reads_head_dim: bool) -> tuple[int, int, dict[str,
     return kv_heads, int(head_dim or int(c["hidden_size"]) // heads), {}
 
 
+# mlx-lm's DeepSeek V2 decompresses the latent into per-head keys and values in its cache.
+_PER_HEAD_MLA_CACHE = frozenset({"deepseek_v2"})
+
+
+def _latent_attention(model_type: str, c: dict[str, Any]) -> LatentAttention | None:
+    if c.get("kv_lora_rank") is None:
+        return None
+    return LatentAttention(
+        q_lora_rank=int(c.get("q_lora_rank") or 0),
+        kv_lora_rank=int(c["kv_lora_rank"]),
+        rope_dim=int(c["qk_rope_head_dim"]),
+        latent_cache=model_type not in _PER_HEAD_MLA_CACHE,
+        index_heads=int(c.get("index_n_heads") or 0),
+        index_head_dim=int(c.get("index_head_dim") or 0) if c.get("index_n_heads") else 0,
+    )
+
+
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     """The planner's view of a model; refuses an architecture without a table."""
     if "model_type" not in config:
@@ -139,6 +182,7 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             ),
             experts_per_token=int(c.get("num_experts_per_tok") or c.get("experts_per_token") or 0),
             dense_layers=int(c.get("first_k_dense_replace") or 0),
+            latent_attention=_latent_attention(str(config["model_type"]), c),
         )
     except KeyError as missing:
         raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None
