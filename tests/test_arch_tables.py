@@ -130,3 +130,24 @@ def test_the_planner_prices_what_mlx_lm_holds(arch: str) -> None:
     for shard in plan_tensor_parallel(spec, [0.6, 0.3, 0.1]).ranks:
         load = rank_load(spec, shard, layers, True, True)
         assert load.kv_bytes_per_token == (per_token if shard.heads.q_heads.size else 0)
+
+
+def test_a_sigmoid_router_keeps_its_float32_correction_bias_in_a_16_bit_shard(
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
+    """mlx-lm's cast_predicate holds: a bfloat16 shard of glm4_moe casts every floating weight
+    but the router's e_score_correction_bias, so routing does not depend on the compute dtype."""
+    from mlx.utils import tree_flatten
+
+    from exo_tp.plan import load_spec, plan_tensor_parallel
+    from exo_tp.shard.apply import load_shard
+
+    folder = write_tiny_model(
+        tmp_path / "m", tiny_config("glm4_moe"), default_models["smollm2-135m"]
+    )
+    plan = plan_tensor_parallel(load_spec(folder), [1])
+    model = load_shard(folder, plan, 0, mx.distributed.init(), dtype=mx.bfloat16)
+    dtypes = {name: value.dtype for name, value in tree_flatten(model.parameters())}
+    biases = [name for name in dtypes if "e_score_correction_bias" in name]
+    assert biases and all(dtypes[name] == mx.float32 for name in biases)
+    assert all(dtype == mx.bfloat16 for name, dtype in dtypes.items() if name not in biases)
