@@ -279,6 +279,35 @@ def test_legacy_mxfp4_checkpoints_split_on_groups_of_32() -> None:
     assert all(r.ffn["ffn"].start % 32 == 0 for r in plan.ranks)
 
 
+def test_kimi_k25_int4_as_shipped_splits_on_groups_of_32() -> None:
+    """Kimi K2.5 ships int4 experts as compressed-tensors ("pack-quantized"), its
+    quantization_config under text_config: mlx-lm loads them as affine 4-bit in groups of 32."""
+    text = dict(
+        model_type="kimi_k2",
+        hidden_size=7168,
+        num_hidden_layers=2,
+        intermediate_size=18432,
+        moe_intermediate_size=2048,
+        num_attention_heads=64,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=384,
+        n_shared_experts=1,
+        num_experts_per_tok=8,
+        first_k_dense_replace=1,
+        vocab_size=163840,
+        quantization_config={"quant_method": "compressed-tensors", "format": "pack-quantized"},
+    )
+    spec = spec_from_config(dict(model_type="kimi_k25", text_config=text))
+    assert spec.quantization == Quantization(group_size=32, bits=4)
+    assert (spec.num_experts, spec.experts_per_token, spec.dense_layers) == (384, 8, 1)
+    plan = plan_tensor_parallel(spec, [3, 2, 2])
+    assert all(r.ffn["expert_ffn"].start % 32 == 0 for r in plan.ranks)
+
+
 def test_unsupported_architecture_names_itself_and_the_supported() -> None:
     with pytest.raises(UnsupportedArchitectureError) as info:
         spec_from_config({"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2})

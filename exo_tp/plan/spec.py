@@ -98,9 +98,30 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 _LEGACY_GROUPS = {"mxfp4": {"group_size": 32, "bits": 4}, "mxfp8": {"group_size": 32, "bits": 8}}
 
 
+# compressed-tensors formats mlx-lm loads packed (utils._compressed_tensors_quantization), e.g.
+# Kimi K2.5's int4 experts ("pack-quantized": affine 4-bit in groups of 32).
+_COMPRESSED_TENSORS_GROUPS = {
+    "pack-quantized": {"group_size": 32, "bits": 4},
+    "mxfp4-pack-quantized": {"group_size": 32, "bits": 4},
+    "nvfp4-pack-quantized": {"group_size": 16, "bits": 4},
+}
+
+
+def _legacy_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
+    # mlx-lm also reads a multimodal wrapper's quantization_config from its text_config.
+    legacy = config.get("quantization_config") or (config.get("text_config") or {}).get(
+        "quantization_config"
+    )
+    if not legacy:
+        return None
+    method = str(legacy.get("quant_method"))
+    if method == "compressed-tensors":
+        return _COMPRESSED_TENSORS_GROUPS.get(str(legacy.get("format")))
+    return _LEGACY_GROUPS.get(method)
+
+
 def _quantization(config: dict[str, Any]) -> Quantization | None:
-    legacy = (config.get("quantization_config") or {}).get("quant_method")
-    quant = config.get("quantization") or _LEGACY_GROUPS.get(str(legacy))
+    quant = config.get("quantization") or _legacy_quantization(config)
     if not quant:
         return None
     # Per-module overrides may use other group sizes; a split must respect all of them.
