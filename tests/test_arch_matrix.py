@@ -47,7 +47,9 @@ ARCH_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "gpt_oss": {
         "mxfp4": {"bits": 4, "group_size": 32, "mode": "mxfp4"},
         "openai": {"openai_mxfp4": True},
-    }
+    },
+    # Kimi K2.5 as shipped: int4 routed experts in compressed-tensors, the rest float.
+    "kimi_k25": {"int4": {"compressed_tensors": True}},
 }
 
 
@@ -131,6 +133,7 @@ SAMPLE = [
     case("mistral4", "q8g128", 4),
     case("kimi_k25", "float", 4),
     case("kimi_k25", "q4g64", 3, zero_rank=2),
+    case("kimi_k25", "int4", 5),  # as shipped: compressed-tensors int4 experts
     case("deepseek_v32", "float", 5, zero_rank=3),
     case("deepseek_v32", "q8g64", 2),
     case("glm_moe_dsa", "float", 3),

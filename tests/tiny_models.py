@@ -11,7 +11,10 @@ The random weights come from mlx-lm's own classes; the file is then what a user 
   (``mlx_lm.convert -q``), so the layout and the per-layer ``quantization`` config are what
   mlx-lm writes;
 - gpt-oss as OpenAI ships it (``openai_mxfp4``): MX-FP4 experts as ``*_blocks``/``*_scales``
-  with gate and up interleaved, everything else float, and a ``quantization_config``.
+  with gate and up interleaved, everything else float, and a ``quantization_config``;
+- Kimi K2.5 as Moonshot ships it (``compressed_tensors``): routed experts in compressed-tensors
+  int4 (``weight_packed``/``weight_scale``/``weight_shape``, symmetric, groups of 32), everything
+  else float, and a ``quantization_config`` under ``text_config``.
 
 ``form="mlx"`` writes the parameters as mlx-lm holds them instead (an already converted model).
 """
@@ -47,7 +50,9 @@ def write_tiny_model(
 
     ``quantize`` ({"group_size": g, "bits": b, optional "mode"}) quantizes with mlx-lm's
     converter (modules whose input width is not a multiple of g stay float);
-    ``{"openai_mxfp4": True}`` writes gpt-oss's own MX-FP4 layout instead.
+    ``{"openai_mxfp4": True}`` writes gpt-oss's own MX-FP4 layout instead,
+    ``{"compressed_tensors": True}`` Kimi K2.5's int4 experts (both in the shipped layout,
+    whatever ``form``).
     """
     folder.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
@@ -63,6 +68,10 @@ def write_tiny_model(
     if quantize and quantize.get("openai_mxfp4"):
         weights, config = _openai_mxfp4(params, config, dtype)
         _write(folder, weights, config, tokenizer_from)
+        return folder
+    if quantize and quantize.get("compressed_tensors"):
+        weights, config = _compressed_tensors(_shipped(params, config, args), config)
+        _write(folder, weights, config, tokenizer_from, dtype)
         return folder
     if form == "mlx":
         model.load_weights(list(params.items()))
@@ -231,6 +240,42 @@ def _openai_mxfp4(
         },
     }
     return out, config
+
+
+def _compressed_tensors(
+    weights: dict[str, mx.array], config: dict[str, Any]
+) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    """Routed experts in compressed-tensors int4 "pack-quantized": per group of 32 inputs a
+    scale s = max|w| / 7, q = round(w / s) in [-8, 7] stored as q + 8, eight 4-bit values per
+    int32 (lowest bits first); mlx-lm reads them as affine 4-bit with biases -8 s."""
+    group = 32
+    out: dict[str, mx.array] = {}
+    for name, w in weights.items():
+        if ".mlp.experts." not in name or not name.endswith(".weight"):
+            out[name] = w
+            continue
+        base = name.removesuffix("weight")
+        rows, cols = w.shape
+        grouped = w.astype(mx.float32).reshape(rows, cols // group, group)
+        scale = mx.maximum(mx.abs(grouped).max(axis=-1, keepdims=True) / 7, 1e-8)
+        q = (mx.clip(mx.round(grouped / scale), -8, 7) + 8).astype(mx.uint32)
+        nibbles = q.reshape(rows, cols // 8, 8) << (4 * mx.arange(8, dtype=mx.uint32))
+        packed = mx.sum(nibbles, axis=-1).astype(mx.uint32)
+        out[f"{base}weight_packed"] = packed.view(mx.int32)
+        out[f"{base}weight_scale"] = scale.squeeze(-1)
+        out[f"{base}weight_shape"] = mx.array([rows, cols], dtype=mx.int32)
+    quantization_config = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "group_size": group},
+            }
+        },
+    }
+    text = {**config["text_config"], "quantization_config": quantization_config}
+    return out, {**config, "text_config": text}
 
 
 def write_tokenizer(path: Path, source: Path, vocab_size: int) -> None:
