@@ -310,6 +310,29 @@ ARCHS: dict[str, dict[str, Any]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # Kimi K2 (mlx-lm runs it as deepseek_v3): 3 heads of v 128, so 4+ ranks leave a rank
+    # without heads; layer 0 dense, layer 1: 4 experts top 2 + a shared expert.
+    "kimi_k2": dict(
+        model_type="kimi_k2",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        q_lora_rank=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=104,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.827,
+        tie_word_embeddings=False,
+    ),
     # DeepSeek V3.2: MLA (6 heads) plus the sparse-attention indexer (3 heads of 32, top 4 keys:
     # shorter than the prompt, so the selection matters), latent + indexer caches per layer.
     "deepseek_v32": dict(

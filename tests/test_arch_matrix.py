@@ -131,6 +131,8 @@ SAMPLE = [
     case("glm4_moe_lite", "q8g32", 2),
     case("mistral4", "float", 3, zero_rank=1),
     case("mistral4", "q8g128", 4),
+    case("kimi_k2", "float", 4),  # 3 heads: one rank holds none
+    case("kimi_k2", "q4g128", 2),
     case("kimi_k25", "float", 4),
     case("kimi_k25", "q4g64", 3, zero_rank=2),
     case("kimi_k25", "int4", 5),  # as shipped: compressed-tensors int4 experts

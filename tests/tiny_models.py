@@ -152,12 +152,21 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "deepseek_v3": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "glm4_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "glm4_moe_lite": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "kimi_k2": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "kimi_k25": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "deepseek_v32": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "glm_moe_dsa": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
 }
 # Families storing each MLA layer's kv_b_proj, which mlx-lm splits into embed_q and unembed_out.
-_KV_B = {"deepseek_v3", "glm4_moe_lite", "mistral4", "kimi_k25", "deepseek_v32", "glm_moe_dsa"}
+_KV_B = {
+    "deepseek_v3",
+    "glm4_moe_lite",
+    "mistral4",
+    "kimi_k2",
+    "kimi_k25",
+    "deepseek_v32",
+    "glm_moe_dsa",
+}
 # Families whose Hugging Face exports may carry rotary inv_freq buffers (mlx-lm drops them).
 _INV_FREQ = {"llama", "mistral", "qwen2"}
 

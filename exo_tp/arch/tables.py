@@ -236,6 +236,9 @@ GLM4_MOE_LITE = replace(DEEPSEEK, model_types=("glm4_moe_lite",))
 # second argument (the zero stand-in finds the cache among the arguments).
 MISTRAL4 = replace(DEEPSEEK, model_types=("mistral4",))
 
+# Kimi K2 (and K2 Thinking): DeepSeek V3 under another model type (mlx-lm remaps it).
+KIMI_K2 = replace(DEEPSEEK, model_types=("kimi_k2",))
+
 # Kimi K2.5: a DeepSeek V3 text model nested in a multimodal wrapper (the vision tower is
 # dropped by mlx-lm's sanitize), so every path starts at language_model.
 KIMI_K25 = replace(
@@ -262,4 +265,4 @@ DEEPSEEK_DSA = replace(
     replicated=(*DEEPSEEK.replicated, "self_attn.indexer"),
 )
 
-TABLES += (GLM4_MOE, GLM4_MOE_LITE, MISTRAL4, KIMI_K25, DEEPSEEK_DSA)
+TABLES += (GLM4_MOE, GLM4_MOE_LITE, MISTRAL4, KIMI_K2, KIMI_K25, DEEPSEEK_DSA)
