@@ -134,8 +134,7 @@ SAMPLE = [
     case("kimi_k2", "float", 4),  # 3 heads: one rank holds none
     case("kimi_k2", "q4g128", 2),
     case("kimi_k25", "float", 4),
-    case("kimi_k25", "q4g64", 3, zero_rank=2),
-    case("kimi_k25", "int4", 5),  # as shipped: compressed-tensors int4 experts
+    case("kimi_k25", "int4", 3, zero_rank=2),  # as shipped: compressed-tensors int4 experts
     case("deepseek_v32", "float", 5, zero_rank=3),
     case("deepseek_v32", "q8g64", 2),
     case("glm_moe_dsa", "float", 3),
