@@ -125,6 +125,9 @@ SAMPLE = [
     case("gpt_oss", "q8g64", 5, zero_rank=4),
     # MX-FP4 embeddings look up bfloat16: the rank without vocab rows must send bfloat16 zeros
     case("gpt_oss", "mxfp4", 3, zero_rank=1),
+    # GLM/Mistral 4/Kimi/DSA MoE families: float on 3-5 ranks (glm4_moe: more ranks than its
+    # 2 KV heads; kimi_k2: more ranks than its 3 heads), quantized with another N; kimi_k25's
+    # quantized case is its shipped int4 form.
     case("glm4_moe", "float", 3),
     case("glm4_moe", "q4g64", 4, zero_rank=0),
     case("glm4_moe_lite", "float", 5),
