@@ -202,6 +202,192 @@ ARCHS: dict[str, dict[str, Any]] = {
         sliding_window=8,
         tie_word_embeddings=False,
     ),
+    # GQA 3 over 2 KV heads (more ranks than KV heads from N=3), head_dim 64 with half of it
+    # rotary, per-head q/k norms, biased q/k/v; layer 0 dense (FFN 200), layer 1 MoE: 4
+    # experts (top 2, sigmoid router with a correction bias) of FFN 104 plus one shared expert.
+    "glm4_moe": dict(
+        model_type="glm4_moe",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=64,
+        partial_rotary_factor=0.5,
+        use_qk_norm=True,
+        attention_bias=True,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=104,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        rope_scaling=None,
+        tie_word_embeddings=False,
+    ),
+    # GLM-4.7-Flash: DeepSeek V3's MLA (q_a/q_b, latent cache) with 5 heads of v 128, and its
+    # MoE (layer 0 dense, layer 1: 4 experts top 2 + a shared expert).
+    "glm4_moe_lite": dict(
+        model_type="glm4_moe_lite",
+        hidden_size=640,
+        intermediate_size=200,
+        num_attention_heads=5,
+        num_key_value_heads=5,
+        q_lora_rank=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=32,
+        v_head_dim=128,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=104,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.8,
+        tie_word_embeddings=False,
+    ),
+    # Mistral 4: MLA with 6 heads of v 64, a softmax router, yarn rope and the llama-4 query
+    # scale (original context 8: the prompt crosses it).
+    "mistral4": dict(
+        model_type="mistral4",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+        q_lora_rank=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=104,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=1.0,
+        norm_topk_prob=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 64.0,  # max_position_embeddings / original, as transformers expects
+            "original_max_position_embeddings": 8,
+            "llama_4_scaling_beta": 0.1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        },
+        tie_word_embeddings=False,
+    ),
+    # Kimi K2.5: a DeepSeek V3 text model (5 heads, q compression, latent cache) nested under
+    # text_config of a multimodal wrapper.
+    "kimi_k25": dict(
+        model_type="kimi_k25",
+        text_config=dict(
+            COMMON,
+            model_type="kimi_k2",
+            hidden_size=640,
+            intermediate_size=200,
+            num_attention_heads=5,
+            num_key_value_heads=5,
+            q_lora_rank=128,
+            kv_lora_rank=128,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=32,
+            v_head_dim=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            moe_intermediate_size=104,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Kimi K2 (mlx-lm runs it as deepseek_v3): 3 heads of v 128, so 4+ ranks leave a rank
+    # without heads; layer 0 dense, layer 1: 4 experts top 2 + a shared expert.
+    "kimi_k2": dict(
+        model_type="kimi_k2",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        q_lora_rank=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=104,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.827,
+        tie_word_embeddings=False,
+    ),
+    # DeepSeek V3.2: MLA (6 heads) plus the sparse-attention indexer (3 heads of 32, top 4 keys:
+    # shorter than the prompt, so the selection matters), latent + indexer caches per layer.
+    "deepseek_v32": dict(
+        model_type="deepseek_v32",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+        q_lora_rank=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+        index_n_heads=3,
+        index_head_dim=64,
+        index_topk=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=104,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        tie_word_embeddings=False,
+    ),
+    # GLM-5: DeepSeek V3.2's model with rope_parameters and an interleaved indexer rope; 5 heads.
+    "glm_moe_dsa": dict(
+        model_type="glm_moe_dsa",
+        hidden_size=640,
+        intermediate_size=200,
+        num_attention_heads=5,
+        num_key_value_heads=5,
+        q_lora_rank=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=32,
+        v_head_dim=128,
+        index_n_heads=2,
+        index_head_dim=64,
+        index_topk=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=104,
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+        routed_scaling_factor=2.5,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        norm_topk_prob=True,
+        n_group=1,
+        topk_group=1,
+        attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+    ),
     # Layer 0 dense, layer 1 MoE (moe_layer_start_index 1): 4 experts (top 2) of FFN 104 and an
     # ungated shared expert; 6 heads / 2 KV heads, tied embeddings.
     "ernie4_5_moe": dict(
@@ -276,7 +462,11 @@ _EXPERT_SIZED = {"mixtral", "gpt_oss"}
 def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
     config = {**COMMON, **ARCHS[arch]}
     if quantized:
-        config.update({k: v for k, v in _QUANTIZED_FFN.items() if k in config})
+        # Multimodal wrappers (kimi_k25) keep the text model's sizes under text_config.
+        text = config
+        if "text_config" in config:
+            text = config["text_config"] = dict(config["text_config"])
+        text.update({k: v for k, v in _QUANTIZED_FFN.items() if k in text})
         if arch in _EXPERT_SIZED:
-            config["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
+            text["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
     return config

@@ -57,7 +57,9 @@ ARCH_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "gpt_oss": {
         "mxfp4": {"bits": 4, "group_size": 32, "mode": "mxfp4"},
         "openai": {"openai_mxfp4": True},
-    }
+    },
+    # Kimi K2.5 as shipped: int4 routed experts in compressed-tensors, the rest float.
+    "kimi_k25": {"int4": {"compressed_tensors": True}},
 }
 
 
@@ -139,6 +141,23 @@ SAMPLE = [
     case("exaone_moe", "q4g64", 5),
     case("bailing_moe", "float", 3),
     case("bailing_moe", "q4g128", 4, zero_rank=0),
+    # GLM/Mistral 4/Kimi/DSA MoE families: float on 3-5 ranks (glm4_moe: more ranks than its
+    # 2 KV heads; kimi_k2: more ranks than its 3 heads), quantized with another N; kimi_k25's
+    # quantized case is its shipped int4 form.
+    case("glm4_moe", "float", 3),
+    case("glm4_moe", "q4g64", 4, zero_rank=0),
+    case("glm4_moe_lite", "float", 5),
+    case("glm4_moe_lite", "q8g32", 2),
+    case("mistral4", "float", 3, zero_rank=1),
+    case("mistral4", "q8g128", 4),
+    case("kimi_k2", "float", 4),  # 3 heads: one rank holds none
+    case("kimi_k2", "q4g128", 2),
+    case("kimi_k25", "float", 4),
+    case("kimi_k25", "int4", 3, zero_rank=2),  # as shipped: compressed-tensors int4 experts
+    case("deepseek_v32", "float", 5, zero_rank=3),
+    case("deepseek_v32", "q8g64", 2),
+    case("glm_moe_dsa", "float", 3),
+    case("glm_moe_dsa", "q4g32", 4, zero_rank=1),
 ]
 
 

@@ -90,3 +90,64 @@ def test_a_module_the_table_misses_is_an_error_not_a_wrong_split(
         sharder.shard(model.model.layers[1], "model.layers.1")  # the MoE layer
     assert "table" in str(info.value)
     assert table_for("qwen3_moe") is QWEN3_MOE  # the real table is untouched
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "deepseek_v2",
+        "deepseek_v3",
+        "glm4_moe",
+        "glm4_moe_lite",
+        "mistral4",
+        "kimi_k25",
+        "deepseek_v32",
+    ],
+)
+def test_the_planner_prices_what_mlx_lm_holds(arch: str) -> None:
+    """One rank's held bytes as the cost model counts them are the model's parameter bytes
+    (norms aside: within 0.1%), MLA's latent projections, per-head stacks and DSA's indexer
+    included; MLA's latent KV cache (and the indexer's key cache) is the same on every rank
+    that holds heads, whatever its share."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    from exo_tp.plan import Span, plan_tensor_parallel, spec_from_config
+    from exo_tp.plan.cost import rank_load
+
+    config = tiny_config(arch)
+    spec = spec_from_config(config)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    held = sum(v.size for _, v in tree_flatten(model.parameters())) * 4  # float32
+    layers = Span(start=0, stop=spec.num_layers)
+    whole = rank_load(spec, plan_tensor_parallel(spec, [1]).ranks[0], layers, True, True)
+    assert abs(whole.held_bytes / held - 1) < 1e-3
+    mla = spec.latent_attention
+    if mla is None or not mla.latent_cache:
+        return
+    per_token = spec.num_layers * (mla.kv_lora_rank + mla.rope_dim + 2 * mla.index_head_dim) * 4
+    for shard in plan_tensor_parallel(spec, [0.6, 0.3, 0.1]).ranks:
+        load = rank_load(spec, shard, layers, True, True)
+        assert load.kv_bytes_per_token == (per_token if shard.heads.q_heads.size else 0)
+
+
+def test_a_sigmoid_router_keeps_its_float32_correction_bias_in_a_16_bit_shard(
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
+    """mlx-lm's cast_predicate holds: a bfloat16 shard of glm4_moe casts every floating weight
+    but the router's e_score_correction_bias, so routing does not depend on the compute dtype."""
+    from mlx.utils import tree_flatten
+
+    from exo_tp.plan import load_spec, plan_tensor_parallel
+    from exo_tp.shard.apply import load_shard
+
+    folder = write_tiny_model(
+        tmp_path / "m", tiny_config("glm4_moe"), default_models["smollm2-135m"]
+    )
+    plan = plan_tensor_parallel(load_spec(folder), [1])
+    model = load_shard(folder, plan, 0, mx.distributed.init(), dtype=mx.bfloat16)
+    dtypes = {name: value.dtype for name, value in tree_flatten(model.parameters())}
+    biases = [name for name in dtypes if "e_score_correction_bias" in name]
+    assert biases and all(dtypes[name] == mx.float32 for name in biases)
+    assert all(dtype == mx.bfloat16 for name, dtype in dtypes.items() if name not in biases)

@@ -15,9 +15,15 @@ from exo_tp.errors import PlanError, UnsupportedArchitectureError
 from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel, spec_from_config
 from exo_tp.plan.apportion import largest_remainder
 from exo_tp.plan.slices import RankSelector
+from exo_tp.plan.spec import LatentAttention
 from exo_tp.plan.tensor_parallel import FLOAT_FFN_ALIGN, VOCAB_ALIGN
 
-MLA_TYPES = ("deepseek_v2", "deepseek_v3")
+# MLA families: their tables split by per-head widths other than head_dim (v_head_dim, ...).
+MLA_TYPES = tuple(
+    t
+    for t in supported_model_types()
+    if any(rule.width != "head_dim" for rule in table_for(t).linears)
+)
 OTHER_TYPES = tuple(t for t in supported_model_types() if t not in MLA_TYPES)
 
 
@@ -247,6 +253,8 @@ def test_mla_config_reads_per_head_widths() -> None:
     assert spec.num_kv_heads == 6  # MLA: no GQA, whatever num_key_value_heads says
     assert spec.head_dim == 48
     assert spec.head_widths == {"kv_b_head_dim": 56, "v_head_dim": 24}
+    # what the cost model prices: latent projections and a latent KV cache (V3 absorbs kv_b)
+    assert spec.latent_attention == LatentAttention(q_lora_rank=48, kv_lora_rank=64, rope_dim=16)
     assert spec.ffn_sizes == {"ffn": 200, "expert_ffn": 104, "shared_expert_ffn": 208}
     assert spec.input_align == 64  # the router's override counts too
     assert not spec.tie_word_embeddings  # deepseek never ties
@@ -269,6 +277,35 @@ def test_legacy_mxfp4_checkpoints_split_on_groups_of_32() -> None:
     assert spec.input_align == 32
     plan = plan_tensor_parallel(spec, [3, 2, 2])
     assert all(r.ffn["ffn"].start % 32 == 0 for r in plan.ranks)
+
+
+def test_kimi_k25_int4_as_shipped_splits_on_groups_of_32() -> None:
+    """Kimi K2.5 ships int4 experts as compressed-tensors ("pack-quantized"), its
+    quantization_config under text_config: mlx-lm loads them as affine 4-bit in groups of 32."""
+    text = dict(
+        model_type="kimi_k2",
+        hidden_size=7168,
+        num_hidden_layers=2,
+        intermediate_size=18432,
+        moe_intermediate_size=2048,
+        num_attention_heads=64,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=384,
+        n_shared_experts=1,
+        num_experts_per_tok=8,
+        first_k_dense_replace=1,
+        vocab_size=163840,
+        quantization_config={"quant_method": "compressed-tensors", "format": "pack-quantized"},
+    )
+    spec = spec_from_config(dict(model_type="kimi_k25", text_config=text))
+    assert spec.quantization == Quantization(group_size=32, bits=4)
+    assert (spec.num_experts, spec.experts_per_token, spec.dense_layers) == (384, 8, 1)
+    plan = plan_tensor_parallel(spec, [3, 2, 2])
+    assert all(r.ffn["expert_ffn"].start % 32 == 0 for r in plan.ranks)
 
 
 def test_unsupported_architecture_names_itself_and_the_supported() -> None:

@@ -129,7 +129,9 @@ def test_smollm2_boxes_are_the_loader_reads(
 
 # (architecture, quantization): a MoE with shared experts, quantized MoE, packed q|k|v and
 # gate|up, MLA stacks, biased gpt-oss with MX-FP4 experts and sinks, a plan with an empty rank;
-# Gemma 3 as shipped has no lm_head (tied: the embedding is vocab-parallel on both ends).
+# Gemma 3 as shipped has no lm_head (tied: the embedding is vocab-parallel on both ends); Kimi
+# K2.5's layers nested under language_model and its compressed-tensors int4 experts (derived by
+# sanitize: whole), DeepSeek V3.2's replicated indexer, Mistral 4's experts shipped fused.
 TINY = [
     ("gemma3_text", None),
     ("qwen2_moe", None),
@@ -138,6 +140,9 @@ TINY = [
     ("deepseek_v3", {"group_size": 32, "bits": 8}),
     ("gpt_oss", {"group_size": 32, "bits": 4, "mode": "mxfp4"}),
     ("llama", {"group_size": 64, "bits": 4}),
+    ("kimi_k25", {"compressed_tensors": True}),
+    ("deepseek_v32", {"group_size": 64, "bits": 4}),
+    ("mistral4", None),
 ]
 
 
@@ -162,7 +167,8 @@ def test_tiny_architectures_boxes_are_the_loader_reads(
     )
     manifest = build_manifest(folder)
     spec = load_spec(folder)
-    derived = form == "shipped"
+    # compressed-tensors checkpoints are in the shipped layout whatever the form
+    derived = form == "shipped" or bool(quantize and quantize.get("compressed_tensors"))
     for weights in ([5, 3, 2], [3, 0, 2]):  # [3, 0, 2]: a rank with nothing (stand-ins only)
         plan = single_stage(plan_tensor_parallel(spec, weights))
         check_plan(monkeypatch, folder, manifest, plan, derived)

@@ -3,14 +3,18 @@
 The random weights come from mlx-lm's own classes; the file is then what a user downloads:
 
 - float checkpoints in the family's Hugging Face layout: a tied LM head is omitted, MoE experts
-  are stored one by one, DeepSeek V3 stores kv_b_proj (mlx-lm splits it into embed_q and
-  unembed_out), and Llama/Qwen2 keep the rotary ``inv_freq`` buffers old exports carry; mlx-lm's
-  ``sanitize`` turns each of these into the model's parameters at load time;
+  are stored one by one (Mistral 4's fused per layer), MLA families (DeepSeek V3 and kin) store
+  kv_b_proj (mlx-lm splits it into embed_q and unembed_out), and Llama/Qwen2 keep the rotary
+  ``inv_freq`` buffers old exports carry; mlx-lm's ``sanitize`` turns each of these into the
+  model's parameters at load time;
 - quantized checkpoints made from that float checkpoint by mlx-lm's own converter
   (``mlx_lm.convert -q``), so the layout and the per-layer ``quantization`` config are what
   mlx-lm writes;
 - gpt-oss as OpenAI ships it (``openai_mxfp4``): MX-FP4 experts as ``*_blocks``/``*_scales``
-  with gate and up interleaved, everything else float, and a ``quantization_config``.
+  with gate and up interleaved, everything else float, and a ``quantization_config``;
+- Kimi K2.5 as Moonshot ships it (``compressed_tensors``): routed experts in compressed-tensors
+  int4 (``weight_packed``/``weight_scale``/``weight_shape``, symmetric, groups of 32), everything
+  else float, and a ``quantization_config`` under ``text_config``.
 
 ``form="mlx"`` writes the parameters as mlx-lm holds them instead (an already converted model).
 """
@@ -46,7 +50,9 @@ def write_tiny_model(
 
     ``quantize`` ({"group_size": g, "bits": b, optional "mode"}) quantizes with mlx-lm's
     converter (modules whose input width is not a multiple of g stay float);
-    ``{"openai_mxfp4": True}`` writes gpt-oss's own MX-FP4 layout instead.
+    ``{"openai_mxfp4": True}`` writes gpt-oss's own MX-FP4 layout instead,
+    ``{"compressed_tensors": True}`` Kimi K2.5's int4 experts (both in the shipped layout,
+    whatever ``form``).
     """
     folder.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
@@ -62,6 +68,10 @@ def write_tiny_model(
     if quantize and quantize.get("openai_mxfp4"):
         weights, config = _openai_mxfp4(params, config, dtype)
         _write(folder, weights, config, tokenizer_from)
+        return folder
+    if quantize and quantize.get("compressed_tensors"):
+        weights, config = _compressed_tensors(_shipped(params, config, args), config)
+        _write(folder, weights, config, tokenizer_from, dtype)
         return folder
     if form == "mlx":
         model.load_weights(list(params.items()))
@@ -143,6 +153,22 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "ernie4_5_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "bailing_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "exaone_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "glm4_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "glm4_moe_lite": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "kimi_k2": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "kimi_k25": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "deepseek_v32": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "glm_moe_dsa": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+}
+# Families storing each MLA layer's kv_b_proj, which mlx-lm splits into embed_q and unembed_out.
+_KV_B = {
+    "deepseek_v3",
+    "glm4_moe_lite",
+    "mistral4",
+    "kimi_k2",
+    "kimi_k25",
+    "deepseek_v32",
+    "glm_moe_dsa",
 }
 # Families whose Hugging Face exports may carry rotary inv_freq buffers (mlx-lm drops them).
 _INV_FREQ = {"llama", "mistral", "qwen2"}
@@ -165,7 +191,16 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
             value = out.pop(name)
             for e in range(value.shape[0]):
                 out[f"{layer}.{single.format(e=e)}.{names[proj]}.{part}"] = value[e]
-    if arch == "deepseek_v3":
+    if arch == "mistral4":
+        # Mistral 4 stores each MoE layer's experts fused (transformers' Mistral4NaiveMoe):
+        # experts.gate_up_proj (E, 2 * ffn, hidden), gate rows first, and experts.down_proj.
+        for name in [n for n in out if n.endswith(".mlp.switch_mlp.gate_proj.weight")]:
+            prefix = name.removesuffix(".switch_mlp.gate_proj.weight")
+            gate = out.pop(name)
+            up = out.pop(f"{prefix}.switch_mlp.up_proj.weight")
+            out[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=1)
+            out[f"{prefix}.experts.down_proj"] = out.pop(f"{prefix}.switch_mlp.down_proj.weight")
+    if arch in _KV_B:
         # kv_b_proj: per head, nope rows of keys then v_head_dim rows of values, over the latent.
         for name in [n for n in out if n.endswith(".self_attn.embed_q.weight")]:
             prefix = name.removesuffix(".embed_q.weight")
@@ -223,6 +258,42 @@ def _openai_mxfp4(
         },
     }
     return out, config
+
+
+def _compressed_tensors(
+    weights: dict[str, mx.array], config: dict[str, Any]
+) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    """Routed experts in compressed-tensors int4 "pack-quantized": per group of 32 inputs a
+    scale s = max|w| / 7, q = round(w / s) in [-8, 7] stored as q + 8, eight 4-bit values per
+    int32 (lowest bits first); mlx-lm reads them as affine 4-bit with biases -8 s."""
+    group = 32
+    out: dict[str, mx.array] = {}
+    for name, w in weights.items():
+        if ".mlp.experts." not in name or not name.endswith(".weight"):
+            out[name] = w
+            continue
+        base = name.removesuffix("weight")
+        rows, cols = w.shape
+        grouped = w.astype(mx.float32).reshape(rows, cols // group, group)
+        scale = mx.maximum(mx.abs(grouped).max(axis=-1, keepdims=True) / 7, 1e-8)
+        q = (mx.clip(mx.round(grouped / scale), -8, 7) + 8).astype(mx.uint32)
+        nibbles = q.reshape(rows, cols // 8, 8) << (4 * mx.arange(8, dtype=mx.uint32))
+        packed = mx.sum(nibbles, axis=-1).astype(mx.uint32)
+        out[f"{base}weight_packed"] = packed.view(mx.int32)
+        out[f"{base}weight_scale"] = scale.squeeze(-1)
+        out[f"{base}weight_shape"] = mx.array([rows, cols], dtype=mx.int32)
+    quantization_config = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "group_size": group},
+            }
+        },
+    }
+    text = {**config["text_config"], "quantization_config": quantization_config}
+    return out, {**config, "text_config": text}
 
 
 def write_tokenizer(path: Path, source: Path, vocab_size: int) -> None:

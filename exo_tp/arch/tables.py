@@ -263,3 +263,75 @@ TABLES: tuple[ArchTable, ...] = (
     EXAONE_MOE,
     BAILING_MOE,
 )
+
+
+# --- GLM-4 MoE, GLM-4.7-Flash (glm4_moe_lite), Mistral 4, Kimi K2.5, DeepSeek Sparse Attention ---
+
+# The DeepSeek-style MoE block: routed experts and the shared experts (one MLP of
+# n_shared_experts * moe_intermediate_size) are each split by FFN rows and summed before the
+# block's single all-reduce; the router (weights and, with sigmoid routing, its
+# e_score_correction_bias) is replicated so every rank routes every token alike.
+_DEEPSEEK_MOE = (
+    *_glu("mlp", "ffn"),
+    *_glu("mlp.switch_mlp", "expert_ffn"),
+    *_glu("mlp.shared_experts", "shared_expert_ffn"),
+)
+_DEEPSEEK_MOE_BRANCHES = (
+    MLP,
+    EXPERTS,
+    BranchRule(path="mlp.shared_experts", kind="mlp", reduce=False),
+)
+
+# GLM-4.5/4.6 (glm4_moe): GQA attention like Llama (q/k/v column-parallel by heads with their
+# biases, o row-parallel); the per-head q/k norms and the partial rotary embedding act within
+# each head, so they need nothing but the local head counts. Dense first layers
+# (first_k_dense_replace) share the "mlp" path with the MoE layers.
+GLM4_MOE = ArchTable(
+    model_types=("glm4_moe",),
+    linears=(*_attention(), *_DEEPSEEK_MOE),
+    branches=(ATTENTION, *_DEEPSEEK_MOE_BRANCHES),
+    replicated=(*QK_NORMS, "mlp.gate"),
+    counts=HEAD_COUNTS,
+    tie_default=False,
+)
+
+# glm4_moe_lite (GLM-4.7-Flash) is DeepSeek V3's MLA and MoE under other class names: the same
+# split (per-head q_b/embed_q/unembed_out, o row-parallel over v_head_dim, latent projections and
+# the latent KV cache replicated).
+GLM4_MOE_LITE = replace(DEEPSEEK, model_types=("glm4_moe_lite",))
+
+# Mistral 4: DeepSeek V3's MLA (latent cache replicated, heads split) with a softmax router that
+# is a plain Linear ("mlp.gate", replicated); its attention takes the llama-4 query scale as a
+# second argument (the zero stand-in finds the cache among the arguments).
+MISTRAL4 = replace(DEEPSEEK, model_types=("mistral4",))
+
+# Kimi K2 (and K2 Thinking): DeepSeek V3 under another model type (mlx-lm remaps it).
+KIMI_K2 = replace(DEEPSEEK, model_types=("kimi_k2",))
+
+# Kimi K2.5: a DeepSeek V3 text model nested in a multimodal wrapper (the vision tower is
+# dropped by mlx-lm's sanitize), so every path starts at language_model.
+KIMI_K25 = replace(
+    DEEPSEEK,
+    model_types=("kimi_k25",),
+    layers="language_model.model.layers",
+    embedding="language_model.model.embed_tokens",
+    lm_head="language_model.lm_head",
+    norm="language_model.model.norm",
+)
+
+# DeepSeek V3.2 and GLM-5 (glm_moe_dsa): DeepSeek V3's MLA and MoE plus DeepSeek Sparse
+# Attention's indexer, which picks the top index_topk keys per query from its own small
+# projections (wq_b over the replicated q_a latent, wk, k_norm, weights_proj). The indexer is
+# replicated, not split: every rank needs the same full selection for its heads, and a split
+# indexer would have to all-reduce a (queries x keys) score tensor per layer and could then pick
+# different keys than one device does (a sum in another order can reorder near-ties). Replicated,
+# each rank computes exactly the single-device selection, with no extra collective; it costs
+# every rank the indexer's weights (small next to the experts) and its key cache (one
+# index_head_dim vector per token, the second cache of each layer's CacheList).
+DEEPSEEK_DSA = replace(
+    DEEPSEEK,
+    model_types=("deepseek_v32", "glm_moe_dsa"),
+    replicated=(*DEEPSEEK.replicated, "self_attn.indexer"),
+)
+
+TABLES += (GLM4_MOE, GLM4_MOE_LITE, MISTRAL4, KIMI_K2, KIMI_K25, DEEPSEEK_DSA)

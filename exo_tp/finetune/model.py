@@ -175,14 +175,17 @@ def _shard_columns(
 
 
 def _refuse_unsharded(model: nn.Module) -> None:
-    """Only small replicated parameters (norms) may stay whole on every rank."""
+    """Only small replicated parameters (norms) may stay whole on every rank.
+
+    The refusal names the family: mixture-of-experts families (stacked expert weights) and
+    MLA's per-head stacks are refused here, whichever table serves them."""
+    family = getattr(model, "model_type", type(model).__module__.rpartition(".")[2])
     for path, module in model.named_modules():
         if isinstance(module, ShardedBase):
             continue
         for key, value in module.items():
             if isinstance(value, mx.array) and value.ndim >= 2 and key not in LORA_PARTS:
                 raise ExoTpError(
-                    f"{path}.{key}: exo-tp finetune shards dense linears and "
-                    f"embeddings only; this {tuple(value.shape)} "
-                    f"{type(module).__name__} weight is neither"
+                    f"{family}: exo-tp finetune shards dense linears and embeddings only; "
+                    f"{path}.{key} is a {tuple(value.shape)} {type(module).__name__} weight"
                 )

@@ -17,9 +17,11 @@ L/2 + s/B (a 2-rank all_sum is two such steps of b/2):
 A pipeline hop (TCP, `exo_tp.runtime.pipeline`) of b bytes to k ranks costs
 HOP_OVERHEAD + L + k * b/B.
 
-Counted: attention (q, k, v, o), every FFN kind as a gated MLP (gate, up, down), MoE experts
-(held: all of them; read per token: ``experts_per_token``) and their router, the vocab-parallel
-embedding and LM head, norms, the KV cache. Weights are held in the engine's float dtype
+Counted: attention (q, k, v, o; under multi-head latent attention its latent projections,
+per-head stacks and DSA's indexer, see `_latent_attention_matrices`), every FFN kind as a gated
+MLP (gate, up, down), MoE experts (held: all of them; read per token: ``experts_per_token``)
+and their router, the vocab-parallel embedding and LM head, norms, the KV cache (MLA's latent
+cache: replicated on every rank holding heads). Weights are held in the engine's float dtype
 (float32: 4 bytes) unless quantized: then ``bits/8`` bytes per weight plus a float scale and
 bias per group. Not counted: activations other than the KV cache.
 
@@ -46,7 +48,7 @@ from exo_tp.plan.devices import quant_key
 from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
 from exo_tp.plan.profiles import ENGINE_DTYPE
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
-from exo_tp.plan.spec import Frozen, ModelSpec
+from exo_tp.plan.spec import Frozen, LatentAttention, ModelSpec
 
 FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
 TOKEN_BYTES = 4  # a token id on the wire (int32)
@@ -107,6 +109,8 @@ def layer_matrices(
         ("attention", h, kv_width, 2),  # k_proj, v_proj
         ("attention", q_width, h, 1),  # o_proj
     ]
+    if spec.latent_attention is not None:
+        read = _latent_attention_matrices(spec, spec.latent_attention, shard.heads.q_heads.size)
     if not moe:
         rows = shard.ffn["ffn"].size if "ffn" in shard.ffn else 0
         return [*read, ("ffn", h, rows, 2), ("ffn", rows, h, 1)]  # gate, up; down
@@ -122,6 +126,37 @@ def layer_matrices(
     ]
 
 
+def _latent_attention_matrices(
+    spec: ModelSpec, mla: LatentAttention, heads: int
+) -> list[tuple[Segment, int, int, int]]:
+    """MLA's weights on a rank holding ``heads`` query heads: the per-head parts split, the
+    latent projections (and DSA's indexer) whole on every rank that holds a head (a rank
+    without heads runs a zero stand-in and holds none of them)."""
+    if not heads:
+        return []
+    h, qk = spec.hidden_size, spec.head_dim
+    v = spec.head_width("v_head_dim")
+    nope = qk - mla.rope_dim
+    latent = mla.kv_lora_rank
+    if mla.q_lora_rank:  # q_a (replicated), q_b (per head)
+        read = [("attention", h, mla.q_lora_rank, 1), ("attention", mla.q_lora_rank, heads * qk, 1)]
+    else:
+        read = [("attention", h, heads * qk, 1)]  # q_proj
+    read.append(("attention", h, latent + mla.rope_dim, 1))  # kv_a, replicated
+    if mla.latent_cache:  # kv_b absorbed: embed_q and unembed_out, one matrix per head
+        read += [("attention", nope, latent, heads), ("attention", latent, v, heads)]
+    else:
+        read.append(("attention", latent, heads * (nope + v), 1))  # kv_b
+    read.append(("attention", heads * v, h, 1))  # o_proj
+    if mla.index_heads:  # DSA's indexer, replicated: wq_b, wk, weights_proj
+        read += [
+            ("attention", mla.q_lora_rank, mla.index_heads * mla.index_head_dim, 1),
+            ("attention", h, mla.index_head_dim, 1),
+            ("attention", h, mla.index_heads, 1),
+        ]
+    return read
+
+
 def unread_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> int:
     """Matrix weights one layer of this rank holds but does not read per decoded token: an MoE
     layer holds every expert and reads experts_per_token of them."""
@@ -133,7 +168,17 @@ def unread_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> int:
 
 def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTES) -> int:
     """KV cache bytes one layer of this rank adds per token of context."""
-    return 2 * len(shard.heads.kv_heads) * spec.head_dim * float_bytes
+    mla = spec.latent_attention
+    if mla is None:
+        return 2 * len(shard.heads.kv_heads) * spec.head_dim * float_bytes
+    heads = shard.heads.q_heads.size
+    if not heads:
+        return 0
+    if mla.latent_cache:  # the latent and the rope key, the same on every rank
+        width = mla.kv_lora_rank + mla.rope_dim
+    else:  # per-head keys (nope + rope) and values
+        width = heads * (spec.head_dim + spec.head_width("v_head_dim"))
+    return (width + 2 * mla.index_head_dim) * float_bytes
 
 
 class RankLoad(Frozen):

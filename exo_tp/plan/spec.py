@@ -13,7 +13,14 @@ from exo_tp.arch import table_for
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
 
-__all__ = ["Frozen", "ModelSpec", "Quantization", "load_spec", "spec_from_config"]
+__all__ = [
+    "Frozen",
+    "LatentAttention",
+    "ModelSpec",
+    "Quantization",
+    "load_spec",
+    "spec_from_config",
+]
 
 
 class Quantization(Frozen):
@@ -21,6 +28,24 @@ class Quantization(Frozen):
 
     group_size: int = Field(gt=0)
     bits: int = Field(gt=0)
+
+
+class LatentAttention(Frozen):
+    """Multi-head latent attention (DeepSeek V2/V3 and kin): what the cost model needs beyond
+    the per-head widths. Queries come through a replicated q_lora_rank latent (0: a plain
+    q_proj), keys and values through a replicated kv_lora_rank latent plus one shared rope key;
+    the per-head parts are split by heads like any attention."""
+
+    q_lora_rank: int = Field(default=0, ge=0)
+    kv_lora_rank: int = Field(gt=0)
+    rope_dim: int = Field(ge=0)
+    # The KV cache holds the latent and the rope key (replicated on every rank holding heads:
+    # DeepSeek V3 and kin); otherwise per-head keys and values (mlx-lm's DeepSeek V2).
+    latent_cache: bool = True
+    # DeepSeek Sparse Attention's indexer (replicated): its heads, their width, and its key
+    # cache (one index_head_dim key per token; mlx-lm also keeps values of the same shape).
+    index_heads: int = Field(default=0, ge=0)
+    index_head_dim: int = Field(default=0, ge=0)
 
 
 class ModelSpec(Frozen):
@@ -45,6 +70,7 @@ class ModelSpec(Frozen):
     num_experts: int = Field(default=0, ge=0)
     experts_per_token: int = Field(default=0, ge=0)
     dense_layers: int = Field(default=0, ge=0)  # leading layers with a dense FFN (DeepSeek)
+    latent_attention: LatentAttention | None = None
 
     @property
     def group_size(self) -> int:
@@ -72,9 +98,30 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 _LEGACY_GROUPS = {"mxfp4": {"group_size": 32, "bits": 4}, "mxfp8": {"group_size": 32, "bits": 8}}
 
 
+# compressed-tensors formats mlx-lm loads packed (utils._compressed_tensors_quantization), e.g.
+# Kimi K2.5's int4 experts ("pack-quantized": affine 4-bit in groups of 32).
+_COMPRESSED_TENSORS_GROUPS = {
+    "pack-quantized": {"group_size": 32, "bits": 4},
+    "mxfp4-pack-quantized": {"group_size": 32, "bits": 4},
+    "nvfp4-pack-quantized": {"group_size": 16, "bits": 4},
+}
+
+
+def _legacy_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
+    # mlx-lm also reads a multimodal wrapper's quantization_config from its text_config.
+    legacy = config.get("quantization_config") or (config.get("text_config") or {}).get(
+        "quantization_config"
+    )
+    if not legacy:
+        return None
+    method = str(legacy.get("quant_method"))
+    if method == "compressed-tensors":
+        return _COMPRESSED_TENSORS_GROUPS.get(str(legacy.get("format")))
+    return _LEGACY_GROUPS.get(method)
+
+
 def _quantization(config: dict[str, Any]) -> Quantization | None:
-    legacy = (config.get("quantization_config") or {}).get("quant_method")
-    quant = config.get("quantization") or _LEGACY_GROUPS.get(str(legacy))
+    quant = config.get("quantization") or _legacy_quantization(config)
     if not quant:
         return None
     # Per-module overrides may use other group sizes; a split must respect all of them.
@@ -128,6 +175,23 @@ def _heads(c: dict[str, Any], reads_head_dim: bool) -> tuple[int, int, dict[str,
     return kv_heads, int(head_dim or int(c["hidden_size"]) // heads), {}
 
 
+# mlx-lm's DeepSeek V2 decompresses the latent into per-head keys and values in its cache.
+_PER_HEAD_MLA_CACHE = frozenset({"deepseek_v2"})
+
+
+def _latent_attention(model_type: str, c: dict[str, Any]) -> LatentAttention | None:
+    if c.get("kv_lora_rank") is None:
+        return None
+    return LatentAttention(
+        q_lora_rank=int(c.get("q_lora_rank") or 0),
+        kv_lora_rank=int(c["kv_lora_rank"]),
+        rope_dim=int(c["qk_rope_head_dim"]),
+        latent_cache=model_type not in _PER_HEAD_MLA_CACHE,
+        index_heads=int(c.get("index_n_heads") or 0),
+        index_head_dim=int(c.get("index_head_dim") or 0) if c.get("index_n_heads") else 0,
+    )
+
+
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     """The planner's view of a model; refuses an architecture without a table."""
     if "model_type" not in config:
@@ -161,6 +225,7 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
                 c.get("num_experts_per_tok") or c.get("experts_per_token") or c.get("moe_k") or 0
             ),
             dense_layers=_dense_layers(c),
+            latent_attention=_latent_attention(str(config["model_type"]), c),
         )
     except KeyError as missing:
         raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None

@@ -8,10 +8,12 @@ LM head are vocab-parallel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_map_with_path
 
 from exo_tp.arch import ArchTable, table_for
 from exo_tp.plan import ShardPlan, Span
@@ -23,9 +25,19 @@ from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import get_path, has_path, set_path
 
 
-def _finish(module: nn.Module, dtype: mx.Dtype | None) -> None:
+def _finish(
+    module: nn.Module, dtype: mx.Dtype | None, keep: Callable[[str], bool] = lambda _: True
+) -> None:
+    """Cast floating parameters to ``dtype`` (packed uint32 weights stay) where ``keep`` (the
+    model's cast_predicate, as mlx-lm's converter applies it) allows: sigmoid routers' score
+    correction biases stay float32, so routing does not change with the compute dtype."""
     if dtype is not None:
-        module.set_dtype(dtype)  # floating parameters only; packed uint32 weights stay
+
+        def cast(path: str, value: mx.array) -> mx.array:
+            floating = mx.issubdtype(value.dtype, mx.floating)
+            return value.astype(dtype) if floating and keep(path) else value
+
+        module.update(tree_map_with_path(cast, module.parameters()))
     mx.eval(module.parameters())
 
 
@@ -137,14 +149,16 @@ def load_shard(
     adapter = read_adapter(adapter_path) if adapter_path else None
     if adapter:
         check_layers(adapter, table, len(blocks))
+    keep = getattr(model, "cast_predicate", lambda _: True)
     for i in range(layers.start, layers.stop):
-        sharder.shard(blocks[i], f"{table.layers}.{i}")
+        prefix = f"{table.layers}.{i}"
+        sharder.shard(blocks[i], prefix)
         if adapter:
-            apply_to_block(adapter, blocks[i], f"{table.layers}.{i}", table, ranks[rank])
-        _finish(blocks[i], dtype)
+            apply_to_block(adapter, blocks[i], prefix, table, ranks[rank])
+        _finish(blocks[i], dtype, lambda path, prefix=prefix: keep(f"{prefix}.{path}"))
     _keep_layers(model, table, layers)
     if not last:
         set_path(model, table.norm, nn.Identity())
     _shard_vocab(model, table, slicer, plan, rank, group, dtype, first, last)
-    _finish(model, dtype)
+    _finish(model, dtype, keep)
     return model

@@ -78,14 +78,25 @@ class ZeroAttention(ZeroMLP):
         super().__init__(width)
         self._head_dim = head_dim
 
-    def __call__(
-        self, x: mx.array, mask: Any = None, cache: Any = None, *args: Any, **kwargs: Any
-    ) -> mx.array:
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        cache = _cache_argument(args, kwargs)
         if cache is not None:
             b, length, _ = x.shape
             stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
-            cache.update_and_fetch(stand_in, stand_in)
+            # A CacheList (DeepSeek Sparse Attention: latent cache + indexer key cache) keeps
+            # every one of its caches in step.
+            for one in getattr(cache, "caches", (cache,)):
+                one.update_and_fetch(stand_in, stand_in)
         return super().__call__(x)
+
+
+def _cache_argument(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The KV cache an attention was called with: by keyword, or positionally after the mask
+    (or, as Mistral 4 passes it, after the mask and a query scale). It is the one argument that
+    is a cache (one with update_and_fetch, or a CacheList of them)."""
+    if "cache" in kwargs:
+        return kwargs["cache"]
+    return next((a for a in args if hasattr(a, "update_and_fetch") or hasattr(a, "caches")), None)
 
 
 class VocabParallelEmbedding(nn.Module):
