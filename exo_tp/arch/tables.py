@@ -293,6 +293,7 @@ GLM4_MOE = ArchTable(
     replicated=(*QK_NORMS, "mlp.gate"),
     counts=HEAD_COUNTS,
     tie_default=False,
+    stages=True,
 )
 
 # glm4_moe_lite (GLM-4.7-Flash) is DeepSeek V3's MLA and MoE under other class names: the same
