@@ -100,6 +100,11 @@ class ArchTable(Frozen):
     # a layer's global index (masks' cache indices follow the slice: exo_tp.shard.apply).
     # Not so where the embedding is scaled (Gemma) or read per layer (Gemma 4).
     stages: bool = False
+    # The attention computes its scores per KV group, (B, KV heads, repeats, L, S) (mlx-lm's
+    # gemma2), where mlx-lm's batched mask (B, 1, L, S) does not broadcast: the mask gets the
+    # group axis (exo_tp.shard.layers.GroupedScoresMask), or two prompts of different lengths
+    # in one batch fail.
+    grouped_scores: bool = False
 
     @model_validator(mode="after")
     def _every_split_is_reduced_once(self) -> ArchTable:

@@ -62,12 +62,16 @@ QWEN2 = replace(LLAMA_LIKE, model_types=("qwen2",), reads_head_dim=False)
 # the final logits acts on the gathered logits, the embedding scale after the embedding's
 # all-reduce, and sliding-window layers keep a RotatingKVCache of the local heads.
 GEMMA = ArchTable(
-    model_types=("gemma2", "gemma3_text"),
+    model_types=("gemma3_text",),
     linears=(*_attention(), *_glu("mlp", "ffn")),
     branches=(ATTENTION, MLP),
     replicated=QK_NORMS,
     counts=(*HEAD_COUNTS, CountRule(path="self_attn.repeats", dim="repeats")),
 )
+
+# Gemma 2 computes its soft-capped scores per KV group (no fused attention): a batched mask
+# needs the group axis.
+GEMMA2 = replace(GEMMA, model_types=("gemma2",), grouped_scores=True)
 
 # Phi-3 packs q|k|v and gate|up into one projection each: every packed part is split on its own.
 PHI3 = ArchTable(
@@ -253,6 +257,7 @@ TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
     GEMMA,
+    GEMMA2,
     PHI3,
     MIXTRAL,
     QWEN3_MOE,

@@ -12,7 +12,13 @@ from exo_tp.arch import ArchTable, BranchRule, LinearRule
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
-from exo_tp.shard.layers import PartialSum, ZeroAttention, ZeroExperts, ZeroMLP
+from exo_tp.shard.layers import (
+    GroupedScoresMask,
+    PartialSum,
+    ZeroAttention,
+    ZeroExperts,
+    ZeroMLP,
+)
 from exo_tp.shard.slicing import ShardError, WeightSlicer
 from exo_tp.shard.tree import get_path, has_path, set_path
 
@@ -68,6 +74,8 @@ class BlockSharder:
         for branch in branches:
             if branch.reduce:
                 inner = get_path(layer, branch.path)
+                if branch.kind == "attention" and self.table.grouped_scores:
+                    inner = GroupedScoresMask(inner)
                 set_path(layer, branch.path, PartialSum(inner, self.width, self.group))
 
     def _check_dims(self, rule: LinearRule, prefix: str) -> None:

@@ -44,6 +44,30 @@ class PartialSum(nn.Module):
             return getattr(self["inner"], key)
 
 
+class GroupedScoresMask(nn.Module):
+    """Gives a batched attention mask the KV-group axis that an attention computing its scores
+    as (B, KV heads, repeats, L, S) needs: (B, 1, L, S) becomes (B, 1, 1, L, S). A causal
+    string, no mask, or an attention without grouped queries pass unchanged."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, x: mx.array, mask: Any = None, *args: Any, **kwargs: Any) -> mx.array:
+        grouped = getattr(self.inner, "repeats", 1) > 1
+        if grouped and isinstance(mask, mx.array) and mask.ndim == 4:
+            mask = mx.expand_dims(mask, 2)
+        return self.inner(x, mask, *args, **kwargs)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], key)
+
+
 class ZeroMLP(nn.Module):
     """Stands in for a sub-block called with ``x`` of which this rank holds nothing: zeros of
     the output's shape, tied to ``x`` (see ``zeros_after``) so collectives keep their order."""

@@ -1,0 +1,99 @@
+"""Every family's caches under the runtime's continuous batching and prompt cache.
+
+Tensor parallelism is checked by the matrix (tests/test_arch_matrix.py); what a family adds to
+serving is its caches: rotating windows, MLA's latent cache, DeepSeek Sparse Attention's
+CacheList, Gemma 4's shared KV, chunked attention. Here each family's tiny checkpoint runs whole
+in this process, loaded by the engine's own loader on one rank, through the runtime's
+`LockstepBatch` (mlx-lm's batch generator plus exo-tp's
+admission order, prompt cache and lockstep), with three prompts of different lengths joining one
+batch, then a second turn that extends the first conversation and must be served from the prompt
+cache. Every stream's greedy tokens must equal mlx-lm's `stream_generate` on that prompt alone,
+up to the first step whose reference choice is a near-tie (batched sums may decide a near-tie
+the other way; the tiny models are random).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from arch_configs import ARCHS, tiny_config
+from helpers import greedy_batch
+from test_arch_matrix import MIN_MARGIN, SEEDS
+from tiny_models import write_tiny_model
+
+from exo_tp.plan.spec import load_spec
+from exo_tp.plan.tensor_parallel import plan_tensor_parallel
+from exo_tp.shard.apply import load_shard
+from exo_tp.wire.runtime import Insert
+
+TOKENS = 6
+PROMPTS = ["Hi.", "Write a short poem about the sea.", "Name three colors, then count to five."]
+FOLLOW_UP = " And now one more line, please."
+
+
+def _reference(model: object, tokenizer: object, ids: list[int]) -> tuple[list[int], list[float]]:
+    """mlx-lm's own greedy tokens for one prompt alone, with each step's top-2 margin."""
+    from mlx_lm import stream_generate
+
+    tokens, margins = [], []
+    for response in stream_generate(model, tokenizer, mx.array(ids), max_tokens=TOKENS):
+        tokens.append(response.token)
+        top2 = np.partition(np.array(response.logprobs.astype(mx.float32)), -2)[-2:]
+        margins.append(float(top2[1] - top2[0]))
+    return tokens, margins
+
+
+def _assert_same_until_a_tie(ours: list[int], reference: tuple[list[int], list[float]]) -> None:
+    tokens, margins = reference
+    decided = next((i for i, m in enumerate(margins) if m < MIN_MARGIN), len(tokens))
+    assert decided > 0, "the reference's first token is a near-tie: change the prompt"
+    assert ours[:decided] == tokens[:decided], (ours, tokens, margins)
+
+
+def _run(batch: object, prompts: list[list[int]], first_uid: int) -> tuple[dict, dict]:
+    cached = {}
+    for i, ids in enumerate(prompts):
+        change = Insert(uid=first_uid + i, tokens=tuple(ids), max_tokens=TOKENS)
+        cached[change.uid], _ = batch.insert(change)  # type: ignore[attr-defined]
+    out: dict[int, list[int]] = {first_uid + i: [] for i in range(len(prompts))}
+    while not batch.idle:  # type: ignore[attr-defined]
+        for response in batch.step():  # type: ignore[attr-defined]
+            out[response.uid].append(response.token)
+    return out, cached
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_batched_streams_and_a_cached_turn_equal_mlx_lm(
+    tmp_path: Path, default_models: dict[str, Path], arch: str
+) -> None:
+    from mlx_lm import load
+
+    folder = write_tiny_model(
+        tmp_path / arch,
+        tiny_config(arch),
+        default_models["smollm2-135m"],
+        seed=SEEDS.get(arch, 0),
+    )
+    model, tokenizer = load(str(folder))  # the reference
+    model.set_dtype(mx.float32)
+    plan = plan_tensor_parallel(load_spec(folder), [1.0])
+    ours = load_shard(folder, plan, 0, mx.distributed.init(), mx.float32)
+    ids = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+        for p in PROMPTS
+    ]
+    batch = greedy_batch(ours, tokenizer, prompt_cache_size=4)
+    try:
+        first, _ = _run(batch, ids, 0)
+        for uid, prompt in enumerate(ids):
+            _assert_same_until_a_tie(first[uid], _reference(model, tokenizer, prompt))
+        # the first conversation goes on: its prompt, its answer, a follow-up
+        turn = ids[1] + first[1] + tokenizer.encode(FOLLOW_UP, add_special_tokens=False)
+        second, cached = _run(batch, [turn], len(ids))
+    finally:
+        batch.close()
+    assert cached[len(ids)] >= len(ids[1]), cached  # the first turn came from the prompt cache
+    _assert_same_until_a_tie(second[len(ids)], _reference(model, tokenizer, turn))
