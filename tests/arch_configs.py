@@ -388,6 +388,39 @@ ARCHS: dict[str, dict[str, Any]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=False,
     ),
+    # Step 3.5: 8 query heads over 2 KV heads (x 64) in full-attention layers, 12 in sliding
+    # ones (window 8; 64 and 96 over 8 in the real model, the same ratio), per-head q/k norms, a
+    # head-wise gate, half rotary on the full layer; layer 0 dense (clamped SwiGLU), layer 1
+    # MoE: 4 experts (top 2, sigmoid router with a bias) + a shared expert of FFN 136.
+    "step3p5": dict(
+        model_type="step3p5",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=8,
+        num_attention_groups=2,
+        head_dim=64,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8,
+        attention_other_setting={
+            "attention_type": "sliding_attention",
+            "num_attention_heads": 12,
+            "num_attention_groups": 2,
+            "head_dim": 64,
+            "true_head_dim": 64,
+        },
+        partial_rotary_factors=[1.0, 0.5],
+        use_head_wise_attn_gate=True,
+        moe_num_experts=4,
+        moe_top_k=2,
+        moe_intermediate_size=104,
+        share_expert_dim=136,
+        moe_layers_enum="1",
+        moe_router_scaling_factor=3.0,
+        norm_expert_weight=True,
+        swiglu_limits=[0.0, 7.0],
+        swiglu_limits_shared=[7.0, 16.0],
+        tie_word_embeddings=False,
+    ),
     # Layer 0 dense, layer 1 MoE (moe_layer_start_index 1): 4 experts (top 2) of FFN 104 and an
     # ungated shared expert; 6 heads / 2 KV heads, tied embeddings.
     "ernie4_5_moe": dict(
@@ -454,6 +487,7 @@ _QUANTIZED_FFN = {
     "intermediate_size": 640,
     "moe_intermediate_size": 384,
     "shared_expert_intermediate_size": 256,
+    "share_expert_dim": 256,  # step3p5's name for it
 }
 # Where intermediate_size is the experts' width, the smaller one.
 _EXPERT_SIZED = {"mixtral", "gpt_oss"}

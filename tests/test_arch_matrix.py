@@ -70,7 +70,14 @@ def variants(arch: str) -> dict[str, dict[str, Any] | None]:
 # Weight seeds (default 0), picked so that every variant's reference generates TOKENS tokens
 # (no early end of sequence) and decides each greedy step by at least MIN_MARGIN (random tiny
 # models have no reason to be peaked).
-SEEDS = {"gemma3_text": 1, "phi3": 1, "qwen2_moe": 1, "deepseek_v2": 1, "bailing_moe": 1}
+SEEDS = {
+    "gemma3_text": 1,
+    "phi3": 1,
+    "qwen2_moe": 1,
+    "deepseek_v2": 1,
+    "bailing_moe": 1,
+    "step3p5": 1,
+}
 # Float checkpoints of these are stored as bf16 (sliced on disk as raw 16-bit words), the
 # others as fp32; every run computes in fp32.
 BF16_ARCHS = {"qwen3", "gemma3_text", "mixtral", "qwen2_moe", "deepseek_v3"}
@@ -158,6 +165,9 @@ SAMPLE = [
     case("deepseek_v32", "q8g64", 2),
     case("glm_moe_dsa", "float", 3),
     case("glm_moe_dsa", "q4g32", 4, zero_rank=1),
+    # Step 3.5: sliding layers with 12 heads, full ones with 8, the same 2 KV heads
+    case("step3p5", "float", 3),
+    case("step3p5", "q8g64", 4, zero_rank=1),
 ]
 
 

@@ -18,11 +18,11 @@ from exo_tp.plan.slices import RankSelector
 from exo_tp.plan.spec import LatentAttention
 from exo_tp.plan.tensor_parallel import FLOAT_FFN_ALIGN, VOCAB_ALIGN
 
-# MLA families: their tables split by per-head widths other than head_dim (v_head_dim, ...).
+# MLA families: their tables split o_proj by heads of v_head_dim.
 MLA_TYPES = tuple(
     t
     for t in supported_model_types()
-    if any(rule.width != "head_dim" for rule in table_for(t).linears)
+    if any(rule.width == "v_head_dim" for rule in table_for(t).linears)
 )
 OTHER_TYPES = tuple(t for t in supported_model_types() if t not in MLA_TYPES)
 
@@ -306,6 +306,49 @@ def test_kimi_k25_int4_as_shipped_splits_on_groups_of_32() -> None:
     assert (spec.num_experts, spec.experts_per_token, spec.dense_layers) == (384, 8, 1)
     plan = plan_tensor_parallel(spec, [3, 2, 2])
     assert all(r.ffn["expert_ffn"].start % 32 == 0 for r in plan.ranks)
+
+
+def test_step3p5_sliding_layers_hold_the_same_fraction_of_more_heads() -> None:
+    """Step 3.5 Flash: 64 query heads in full-attention layers, 96 in sliding ones, 8 KV heads
+    in both. Every rank's span in a sliding layer is its span scaled by 3/2: whole heads, its
+    o_proj cut on a quantization group, the same KV heads."""
+    layers = 45
+    spec = spec_from_config(
+        dict(
+            model_type="step3p5",
+            hidden_size=4096,
+            num_hidden_layers=layers,
+            num_attention_heads=64,
+            num_attention_groups=8,
+            head_dim=128,
+            attention_other_setting={"num_attention_heads": 96, "num_attention_groups": 8},
+            layer_types=["full_attention", "sliding_attention", "sliding_attention"] * 15,
+            use_head_wise_attn_gate=True,
+            intermediate_size=11264,
+            moe_num_experts=288,
+            moe_top_k=8,
+            moe_intermediate_size=1280,
+            share_expert_dim=1280,
+            moe_layers_enum=",".join(str(i) for i in range(3, layers)),
+            vocab_size=128896,
+            quantization={"group_size": 64, "bits": 4},
+        )
+    )
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_widths) == (64, 8, {"head_gate": 1})
+    assert spec.other_attention is not None and spec.other_attention.num_heads == 96
+    assert spec.other_attention.layers == tuple(i for i in range(layers) if i % 3)
+    assert (spec.num_experts, spec.experts_per_token, spec.dense_layers) == (288, 8, 3)
+    assert spec.ffn_sizes == {"ffn": 11264, "expert_ffn": 1280, "shared_expert_ffn": 1280}
+    for weights in ([3, 2, 2], [1] * 11, [5, 0, 1, 1]):
+        plan = plan_tensor_parallel(spec, weights)
+        for layer, heads in ((0, 64), (1, 96)):
+            shards = [RankSelector(plan, r).for_layer(layer).shard.heads for r in range(plan.size)]
+            spans = [h.q_heads for h in shards]
+            assert spans[0].start == 0 and spans[-1].stop == heads
+            assert all(a.stop == b.start for a, b in zip(spans, spans[1:], strict=False))
+            assert all(s.start * 128 % 64 == 0 for s in spans)
+            full = [RankSelector(plan, r).shard.heads.kv_heads for r in range(plan.size)]
+            assert [h.kv_heads for h in shards] == full
 
 
 def test_unsupported_architecture_names_itself_and_the_supported() -> None:

@@ -131,7 +131,8 @@ def test_smollm2_boxes_are_the_loader_reads(
 # gate|up, MLA stacks, biased gpt-oss with MX-FP4 experts and sinks, a plan with an empty rank;
 # Gemma 3 as shipped has no lm_head (tied: the embedding is vocab-parallel on both ends); Kimi
 # K2.5's layers nested under language_model and its compressed-tensors int4 experts (derived by
-# sanitize: whole), DeepSeek V3.2's replicated indexer, Mistral 4's experts shipped fused.
+# sanitize: whole), DeepSeek V3.2's replicated indexer, Mistral 4's experts shipped fused,
+# Step 3.5's sliding layers with more query heads than its full ones (spans scaled).
 TINY = [
     ("gemma3_text", None),
     ("qwen2_moe", None),
@@ -143,6 +144,7 @@ TINY = [
     ("kimi_k25", {"compressed_tensors": True}),
     ("deepseek_v32", {"group_size": 64, "bits": 4}),
     ("mistral4", None),
+    ("step3p5", {"group_size": 64, "bits": 4}),
 ]
 
 

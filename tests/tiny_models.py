@@ -4,9 +4,9 @@ The random weights come from mlx-lm's own classes; the file is then what a user 
 
 - float checkpoints in the family's Hugging Face layout: a tied LM head is omitted, MoE experts
   are stored one by one (Mistral 4's fused per layer), MLA families (DeepSeek V3 and kin) store
-  kv_b_proj (mlx-lm splits it into embed_q and unembed_out), and Llama/Qwen2 keep the rotary
-  ``inv_freq`` buffers old exports carry; mlx-lm's ``sanitize`` turns each of these into the
-  model's parameters at load time;
+  kv_b_proj (mlx-lm splits it into embed_q and unembed_out), Step 3.5 stores zero-centred norms
+  under StepFun's names, and Llama/Qwen2 keep the rotary ``inv_freq`` buffers old exports carry;
+  mlx-lm's ``sanitize`` turns each of these into the model's parameters at load time;
 - quantized checkpoints made from that float checkpoint by mlx-lm's own converter
   (``mlx_lm.convert -q``), so the layout and the per-layer ``quantization`` config are what
   mlx-lm writes;
@@ -214,6 +214,24 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
     if arch == "bailing_moe":  # the router's linear is stored as the gate itself
         for name in [n for n in out if ".mlp.gate.gate_proj." in n]:
             out[name.replace(".mlp.gate.gate_proj.", ".mlp.gate.")] = out.pop(name)
+    if arch == "step3p5":
+        # StepFun's names (experts stacked under moe, the router and its bias beside them, the
+        # shared expert outside mlp) and zero-centred norms (stored as weight - 1).
+        renames = (
+            (".mlp.switch_mlp.", ".moe."),
+            (".mlp.gate.gate.", ".moe.gate."),
+            (".mlp.gate.router_bias", ".moe.router_bias"),
+            (".mlp.share_expert.", ".share_expert."),
+        )
+        for name in list(out):
+            value = out.pop(name)
+            if name.endswith(".weight") and "norm" in name:
+                value = value - 1
+            for src, dst in renames:
+                if src in name:
+                    name = name.replace(src, dst)
+                    break
+            out[name] = value
     if arch in _INV_FREQ:
         dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         theta = config.get("rope_theta", 10000.0)

@@ -340,4 +340,33 @@ DEEPSEEK_DSA = replace(
     replicated=(*DEEPSEEK.replicated, "self_attn.indexer"),
 )
 
-TABLES += (GLM4_MOE, GLM4_MOE_LITE, MISTRAL4, KIMI_K2, KIMI_K25, DEEPSEEK_DSA)
+# Step 3.5: GQA attention as Llama with per-head q/k norms (replicated) and a head-wise
+# sigmoid gate (g_proj: one row per query head, split with its heads); its sliding-window layers
+# have more query heads than the others (96 against 64, the same 8 KV heads): a rank holds the
+# same fraction of heads in every layer (ModelSpec.other_attention). Dense first layers; MoE
+# layers route with a replicated sigmoid router (gate Linear + router_bias) over stacked experts
+# and add a shared expert (share_expert), both split by FFN rows; one all-reduce per MoE block.
+STEP3P5 = ArchTable(
+    model_types=("step3p5",),
+    linears=(
+        *_attention(),
+        _col("self_attn.g_proj", "q_heads", width="head_gate"),
+        *_glu("mlp", "ffn"),
+        *_glu("mlp.switch_mlp", "expert_ffn"),
+        *_glu("mlp.share_expert", "shared_expert_ffn"),
+    ),
+    branches=(
+        ATTENTION,
+        MLP,
+        EXPERTS,
+        BranchRule(path="mlp.share_expert", kind="mlp", reduce=False),
+    ),
+    replicated=(*QK_NORMS, "mlp.gate"),
+    counts=(
+        CountRule(path="self_attn.num_heads", dim="q_heads"),
+        CountRule(path="self_attn.num_kv_heads", dim="kv_heads"),
+    ),
+    tie_default=False,
+)
+
+TABLES += (GLM4_MOE, GLM4_MOE_LITE, MISTRAL4, KIMI_K2, KIMI_K25, DEEPSEEK_DSA, STEP3P5)

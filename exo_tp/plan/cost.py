@@ -49,6 +49,7 @@ from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
 from exo_tp.plan.profiles import ENGINE_DTYPE
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import Frozen, LatentAttention, ModelSpec
+from exo_tp.plan.tensor_parallel import heads_for_layer
 
 FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
 TOKEN_BYTES = 4  # a token id on the wire (int32)
@@ -109,6 +110,8 @@ def layer_matrices(
         ("attention", h, kv_width, 2),  # k_proj, v_proj
         ("attention", q_width, h, 1),  # o_proj
     ]
+    if "head_gate" in spec.head_widths:  # a head-wise gate: one row per query head
+        read.append(("attention", h, shard.heads.q_heads.size, 1))
     if spec.latent_attention is not None:
         read = _latent_attention_matrices(spec, spec.latent_attention, shard.heads.q_heads.size)
     if not moe:
@@ -203,17 +206,24 @@ def rank_load(
     float_bytes: int = FLOAT_BYTES,
 ) -> RankLoad:
     per = bytes_per_weight(spec, float_bytes)
-    moe_layers = (
-        max(0, layers.stop - max(layers.start, spec.dense_layers)) if spec.num_experts else 0
-    )
-    dense_layers = layers.size - moe_layers
+    # Layers alike for the cost: MoE or dense FFN, and the query-head count of their attention
+    # (ModelSpec.other_attention), with how many of each this rank holds.
+    kinds: dict[tuple[bool, bool], int] = {}
+    other = spec.other_attention.layers if spec.other_attention else ()
+    for i in range(layers.start, layers.stop):
+        kind = (bool(spec.num_experts) and i >= spec.dense_layers, i in other)
+        kinds[kind] = kinds.get(kind, 0) + 1
     held = 0
+    attention_width = kv_bytes = 0
     shapes: dict[tuple[Segment, int, int], int] = {}  # weights read per token, by shape
-    for layer_count, moe in ((dense_layers, False), (moe_layers, True)):
-        if not layer_count:
-            continue
-        held += layer_count * unread_weights(spec, shard, moe)
-        for segment, k, n, count in layer_matrices(spec, shard, moe):
+    for (moe, is_other), layer_count in kinds.items():
+        layer = other[0] if is_other else -1
+        view = spec.for_layer(layer)
+        mine = shard.model_copy(update={"heads": heads_for_layer(spec, shard.heads, layer)})
+        attention_width += layer_count * mine.heads.q_heads.size * view.head_dim
+        kv_bytes += layer_count * kv_bytes_per_token(view, mine, float_bytes)
+        held += layer_count * unread_weights(view, mine, moe)
+        for segment, k, n, count in layer_matrices(view, mine, moe):
             held += layer_count * k * n * count
             shapes[segment, k, n] = shapes.get((segment, k, n), 0) + layer_count * count
     vocab = shard.vocab.size * spec.hidden_size
@@ -229,8 +239,8 @@ def rank_load(
         held_bytes=round((held + vocab_held) * per + norms),
         read_bytes=round(read * per + norms),
         flops_per_token=2.0 * read,
-        attention_width=layers.size * shard.heads.q_heads.size * spec.head_dim,
-        kv_bytes_per_token=layers.size * kv_bytes_per_token(spec, shard, float_bytes),
+        attention_width=attention_width,
+        kv_bytes_per_token=kv_bytes,
         matrices=tuple(
             Matrix(segment=g, k=k, n=n, count=c, bytes=round(k * n * c * per))
             for (g, k, n), c in shapes.items()

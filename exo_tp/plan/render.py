@@ -12,6 +12,12 @@ def render_plan(plan: ShardPlan) -> str:
         f"model {spec.model_type}: {spec.num_layers} layers, hidden {spec.hidden_size}, "
         f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads x {spec.head_dim}"
         + "".join(f", {name} {width}" for name, width in spec.head_widths.items())
+        + (
+            f" ({spec.other_attention.num_heads} heads in {len(spec.other_attention.layers)} "
+            f"layers: spans scaled)"
+            if spec.other_attention
+            else ""
+        )
         + ", "
         f"ffn {spec.ffn_sizes}, vocab {spec.vocab_size}"
         + (

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from exo_tp.arch import LinearRule
 from exo_tp.arch.table import HEAD_DIMS
 from exo_tp.plan.shard_plan import RankShard, ShardPlan
+from exo_tp.plan.tensor_parallel import heads_for_layer
 
 Ranges = list[tuple[int, int]]
 
@@ -16,6 +17,17 @@ class RankSelector:
     def __init__(self, plan: ShardPlan, rank: int):
         self.spec = plan.spec
         self.shard: RankShard = plan.ranks[rank]
+
+    def for_layer(self, layer: int) -> RankSelector:
+        """This rank's selector in layer ``layer``: itself, or in layers of another head count
+        (ModelSpec.other_attention) one over that count with its head span scaled to it."""
+        spec = self.spec.for_layer(layer)
+        if spec is self.spec:
+            return self
+        view = object.__new__(RankSelector)
+        heads = heads_for_layer(self.spec, self.shard.heads, layer)
+        view.spec, view.shard = spec, self.shard.model_copy(update={"heads": heads})
+        return view
 
     def count(self, dim: str) -> int:
         """Local size of a dimension: heads, KV slots, query heads per KV slot, or rows."""

@@ -17,6 +17,7 @@ __all__ = [
     "Frozen",
     "LatentAttention",
     "ModelSpec",
+    "OtherAttention",
     "Quantization",
     "load_spec",
     "spec_from_config",
@@ -48,6 +49,17 @@ class LatentAttention(Frozen):
     index_head_dim: int = Field(default=0, ge=0)
 
 
+class OtherAttention(Frozen):
+    """Layers whose attention has another query-head count, with the same KV heads and head
+    width (Step 3.5: 96 query heads in its sliding-window layers, 64 in the others, 8 KV heads
+    in both). A rank holds the same fraction of the heads there: its query-head span scaled by
+    ``num_heads / ModelSpec.num_heads`` (the planner's head unit keeps that whole), so its KV
+    heads are the same in every layer."""
+
+    num_heads: int = Field(gt=0)
+    layers: tuple[int, ...]
+
+
 class ModelSpec(Frozen):
     model_type: str
     hidden_size: int = Field(gt=0)
@@ -71,6 +83,14 @@ class ModelSpec(Frozen):
     experts_per_token: int = Field(default=0, ge=0)
     dense_layers: int = Field(default=0, ge=0)  # leading layers with a dense FFN (DeepSeek)
     latent_attention: LatentAttention | None = None
+    other_attention: OtherAttention | None = None
+
+    def for_layer(self, layer: int) -> ModelSpec:
+        """The spec as layer ``layer`` sees it: its own query-head count (OtherAttention)."""
+        other = self.other_attention
+        if other is None or layer not in other.layers:
+            return self
+        return self.model_copy(update={"num_heads": other.num_heads, "other_attention": None})
 
     @property
     def group_size(self) -> int:
@@ -192,14 +212,56 @@ def _latent_attention(model_type: str, c: dict[str, Any]) -> LatentAttention | N
     )
 
 
+# Step 3.5's names for the usual settings.
+_ALIASES = {
+    "num_attention_groups": "num_key_value_heads",
+    "moe_num_experts": "n_routed_experts",
+    "moe_top_k": "num_experts_per_tok",
+    "share_expert_dim": "shared_expert_intermediate_size",
+}
+
+
+def _usual_names(c: dict[str, Any]) -> dict[str, Any]:
+    out = {**{dst: c[src] for src, dst in _ALIASES.items() if src in c}, **c}
+    if "moe_layers_enum" in c:  # Step 3.5: MoE layers listed, else every layer but the first
+        enum = str(c["moe_layers_enum"] or "")
+        moe = [int(i) for i in enum.split(",") if i.strip()]
+        out["first_k_dense_replace"] = min(moe) if moe else 1
+    return out
+
+
+def _other_attention(c: dict[str, Any], kv_heads: int) -> OtherAttention | None:
+    """Step 3.5's attention_other_setting: its sliding-window layers' head counts."""
+    other = c.get("attention_other_setting")
+    if not other:
+        return None
+    layers = int(c["num_hidden_layers"])
+    types = c.get("layer_types") or [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+    ]
+    if int(other.get("num_attention_groups", kv_heads)) != kv_heads:
+        raise ExoTpError("layers with different KV head counts are not supported")
+    if int(other.get("head_dim", c.get("head_dim") or 0)) != int(c.get("head_dim") or 0):
+        raise ExoTpError("layers with different head widths are not supported")
+    sliding = tuple(i for i, t in enumerate(types[:layers]) if t == "sliding_attention")
+    heads = int(other["num_attention_heads"])
+    if heads == int(c["num_attention_heads"]) or not sliding:
+        return None
+    if heads % kv_heads:
+        raise ExoTpError(f"{heads} attention heads are not a multiple of {kv_heads} KV heads")
+    return OtherAttention(num_heads=heads, layers=sliding)
+
+
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     """The planner's view of a model; refuses an architecture without a table."""
     if "model_type" not in config:
         raise ExoTpError("config.json lacks 'model_type'")
     table = table_for(str(config["model_type"]))
-    c = _text_config(config)
+    c = _usual_names(_text_config(config))
     try:
         kv_heads, head_dim, head_widths = _heads(c, table.reads_head_dim)
+        if c.get("use_head_wise_attn_gate"):
+            head_widths["head_gate"] = 1  # Step 3.5's g_proj: one gate row per query head
         spec = ModelSpec(
             model_type=str(config["model_type"]),
             hidden_size=int(c["hidden_size"]),
@@ -226,6 +288,7 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             ),
             dense_layers=_dense_layers(c),
             latent_attention=_latent_attention(str(config["model_type"]), c),
+            other_attention=_other_attention(c, kv_heads),
         )
     except KeyError as missing:
         raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None

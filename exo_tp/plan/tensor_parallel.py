@@ -34,12 +34,42 @@ def _row_head_widths(spec: ModelSpec) -> set[int]:
 
 def _head_unit(spec: ModelSpec, by_group: bool) -> int:
     """Query heads per unit: a GQA group (or single head), grown until every input-column cut
-    by heads (``unit * width``) lands on a quantization group."""
+    by heads (``unit * width``) lands on a quantization group, in the layers of another head
+    count too (OtherAttention: there the unit scales to whole heads, aligned alike)."""
     base = spec.group_size if by_group else 1
     grow = math.lcm(
         1, *(math.lcm(base * w, spec.input_align) // (base * w) for w in _row_head_widths(spec))
     )
-    return base * grow
+    unit = base * grow
+    other = spec.other_attention
+    if other is None:
+        return unit
+
+    def whole(heads: int) -> bool:
+        scaled, rest = divmod(heads * other.num_heads, spec.num_heads)
+        aligned = all(scaled * w % spec.input_align == 0 for w in _row_head_widths(spec))
+        return not rest and aligned
+
+    grown = unit
+    while not whole(grown):
+        grown += unit
+    return grown
+
+
+def heads_for_layer(spec: ModelSpec, heads: HeadShard, layer: int) -> HeadShard:
+    """A rank's heads in layer ``layer``: in layers of another head count (OtherAttention) its
+    query-head span scaled to that count, the KV heads they need (the same ones)."""
+    other = spec.other_attention
+    if other is None or layer not in other.layers:
+        return heads
+    q = heads.q_heads
+    scaled = Span(
+        start=q.start * other.num_heads // spec.num_heads,
+        stop=q.stop * other.num_heads // spec.num_heads,
+    )
+    return HeadShard(
+        q_heads=scaled, kv_heads=kv_heads_for(scaled, other.num_heads // spec.num_kv_heads)
+    )
 
 
 def kv_heads_for(q_heads: Span, group_size: int) -> tuple[int, ...]:

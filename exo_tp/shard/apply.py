@@ -152,9 +152,9 @@ def load_shard(
     keep = getattr(model, "cast_predicate", lambda _: True)
     for i in range(layers.start, layers.stop):
         prefix = f"{table.layers}.{i}"
-        sharder.shard(blocks[i], prefix)
+        sharder.shard(blocks[i], prefix, i)
         if adapter:
-            apply_to_block(adapter, blocks[i], prefix, table, ranks[rank])
+            apply_to_block(adapter, blocks[i], prefix, table, ranks[rank].for_layer(i))
         _finish(blocks[i], dtype, lambda path, prefix=prefix: keep(f"{prefix}.{path}"))
     _keep_layers(model, table, layers)
     if not last:

@@ -38,11 +38,27 @@ class BlockSharder:
         self.table = table
         self.slicer = slicer
         self.ranks = ranks  # every rank's selector: a row-parallel bias goes to one holder
+        self.rank = rank
         self.mine = ranks[rank]
         self.width = width
         self.group = group
 
-    def shard(self, layer: nn.Module, prefix: str) -> None:
+    def shard(self, layer: nn.Module, prefix: str, index: int | None = None) -> None:
+        """Shard block ``layer`` (layer ``index`` of the model: some models have other head
+        counts in some layers, see RankSelector.for_layer)."""
+        if index is None:
+            self._shard(layer, prefix, self.ranks, self.mine)
+            return
+        ranks = [r.for_layer(index) for r in self.ranks]
+        self._shard(layer, prefix, ranks, ranks[self.rank])
+
+    def _shard(
+        self,
+        layer: nn.Module,
+        prefix: str,
+        ranks: Sequence[RankSelector],
+        mine: RankSelector,
+    ) -> None:
         rules = [r for r in self.table.linears if has_path(layer, r.path)]
         for rule in rules:
             self._check_dims(rule, prefix)
@@ -51,9 +67,7 @@ class BlockSharder:
             if branch.reduce:
                 self._check_covered(layer, prefix, branch, rules)
         empty = [
-            b
-            for b in branches
-            if not any(self.mine.holds(r) for r in rules if is_under(r.path, b.path))
+            b for b in branches if not any(mine.holds(r) for r in rules if is_under(r.path, b.path))
         ]
         # Outermost empty branches get stand-ins; everything inside them is dropped.
         stand_ins = [
@@ -63,12 +77,12 @@ class BlockSharder:
 
         for rule in rules:
             if not any(is_under(rule.path, path) for path in gone):
-                self._slice(layer, prefix, rule)
+                self._slice(layer, prefix, rule, ranks, mine)
         for count in self.table.counts:
             if not any(is_under(count.path, path) for path in gone):
                 if not has_path(layer, count.path):
                     raise ExoTpError(f"{prefix}.{count.path}: no such head count attribute")
-                set_path(layer, count.path, self.mine.count(count.dim))
+                set_path(layer, count.path, mine.count(count.dim))
         for branch in stand_ins:
             set_path(layer, branch.path, self._stand_in(branch))
         for branch in branches:
@@ -110,9 +124,16 @@ class BlockSharder:
                     f"{self.table.model_types[0]} does not say how to split it"
                 )
 
-    def _slice(self, layer: nn.Module, prefix: str, rule: LinearRule) -> None:
+    def _slice(
+        self,
+        layer: nn.Module,
+        prefix: str,
+        rule: LinearRule,
+        ranks: Sequence[RankSelector],
+        mine: RankSelector,
+    ) -> None:
         name = f"{prefix}.{rule.path}"
-        ranges, expected = self.mine.rule(rule)
+        ranges, expected = mine.rule(rule)
         if not ranges:  # zero-size weights break MLX kernels: a branch must stand in
             raise ShardError(f"{name}: empty on this rank but no enclosing branch stands in")
         if rule.style == "stacked":
@@ -124,8 +145,8 @@ class BlockSharder:
         if rule.style == "column":
             self.slicer.slice_rows(name, module, ranges, expected)
             return
-        holder = next(s for s in self.ranks if s.holds(rule))
-        self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is self.mine)
+        holder = next(s for s in ranks if s.holds(rule))
+        self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is mine)
 
     def _stand_in(self, branch: BranchRule) -> nn.Module:
         if branch.kind == "attention":

@@ -152,6 +152,7 @@ def _layer(
     """BlockSharder.shard, as reads."""
     manifest = reads.manifest
     prefix = f"{table.layers}.{layer}"
+    selectors = [s.for_layer(layer) for s in selectors]  # as BlockSharder.shard
     mine = selectors[local]
     rules = [r for r in table.linears if manifest.has(f"{prefix}.{r.path}")]
     branches = [b for b in table.branches if manifest.has(f"{prefix}.{b.path}")]

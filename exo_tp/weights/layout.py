@@ -126,6 +126,8 @@ def split_of(place: Place, shape: tuple[int, ...], spec: ModelSpec) -> Split | N
         return None
     rule = place.rule
     assert rule is not None
+    if place.layer is not None:
+        spec = spec.for_layer(place.layer)  # its own head count (ModelSpec.other_attention)
     total, points = _rule_points(rule, spec)
     if rule.style == "stacked":
         axis = 0
