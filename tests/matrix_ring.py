@@ -60,6 +60,7 @@ class RingOutcomes(Frozen):
 
 
 def _everyone_loaded(group: mx.distributed.Group, loaded: bool) -> bool:
+    """Whether every rank succeeded (one all-reduce of a flag)."""
     if group.size() == 1:
         return loaded
     held = mx.distributed.all_sum(mx.array([1.0 if loaded else 0.0]), group=group)
@@ -133,6 +134,22 @@ def _generate(group: mx.distributed.Group, forward: Any, case: RingCase, out: Pa
     return RingOutcome(id=name, tokens=tuple(tokens), logits=str(path))
 
 
+def _agreed_generate(
+    group: mx.distributed.Group, forward: Any, case: RingCase, out: Path, name: str
+) -> RingOutcome:
+    """`_generate`, or the error every rank agrees on (one raised before any collective of
+    the forward pass on every rank alike, such as a model indexing a cache it lacks)."""
+    outcome, error = None, None
+    try:
+        outcome = _generate(group, forward, case, out, name)
+    except Exception:
+        error = traceback.format_exc(limit=-4)
+    if not _everyone_loaded(group, error is None):
+        return RingOutcome(id=name, error=error or "another rank failed in the forward pass")
+    assert outcome is not None
+    return outcome
+
+
 def _run(group: mx.distributed.Group, case: RingCase, out: Path) -> RingOutcome:
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -140,7 +157,7 @@ def _run(group: mx.distributed.Group, case: RingCase, out: Path) -> RingOutcome:
     if isinstance(models, str):
         return RingOutcome(id=case.id, error=models)
     cache = make_prompt_cache(models[0])
-    whole = _generate(group, lambda t: models[0](t, cache=cache), case, out, case.id)
+    whole = _agreed_generate(group, lambda t: models[0](t, cache=cache), case, out, case.id)
     if not case.staged:
         return whole
     stages = _load(group, case, 2)
@@ -148,7 +165,7 @@ def _run(group: mx.distributed.Group, case: RingCase, out: Path) -> RingOutcome:
         staged = RingOutcome(id=f"{case.id}-staged", error=stages)
     else:
         forward = _staged_forward(stages, case)
-        staged = _generate(group, forward, case, out, f"{case.id}-staged")
+        staged = _agreed_generate(group, forward, case, out, f"{case.id}-staged")
     return whole.model_copy(update={"staged": staged})
 
 

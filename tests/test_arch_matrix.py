@@ -262,8 +262,12 @@ class RingJobs:
             "from matrix_ring import run_cases\n"
             f"run_cases(group, {str(job / 'cases.json')!r}, OUT)\n"
         )
-        # a few seconds per case on 2 cores (loading included), 6 ranks sharing them
-        result = run_on_ranks(n, script, job, timeout=60 + 20 * len(cases))
+        try:
+            # a few seconds per case on 2 cores (loading included), 6 ranks sharing them
+            result = run_on_ranks(n, script, job, timeout=60 + 20 * len(cases))
+        except AssertionError as failed:  # a rank died or hung: every case of the job says so
+            self.outcomes.update((c.id, RingOutcome(id=c.id, error=str(failed))) for c in cases)
+            return
         self.outcomes.update((o.id, o) for o in RingOutcomes.model_validate(result).outcomes)
 
 

@@ -367,6 +367,7 @@ STEP3P5 = ArchTable(
         CountRule(path="self_attn.num_kv_heads", dim="kv_heads"),
     ),
     tie_default=False,
+    stages=True,
 )
 
 TABLES += (GLM4_MOE, GLM4_MOE_LITE, MISTRAL4, KIMI_K2, KIMI_K25, DEEPSEEK_DSA, STEP3P5)

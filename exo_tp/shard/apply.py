@@ -41,11 +41,24 @@ def _finish(
     mx.eval(module.parameters())
 
 
+# The model attributes naming the first layer of each kind, whose cache makes that kind's mask
+# (llama's fa_idx/swa_idx, gpt-oss' and EXAONE's ga_idx/swa_idx, Step 3.5's _full_idx/_swa_idx).
+_FIRST_FULL = ("fa_idx", "ga_idx", "_full_idx")
+_FIRST_SLIDING = ("swa_idx", "_swa_idx")
+
+
+def _is_sliding(block: nn.Module) -> bool | None:
+    """A block's own sliding-window flag, where its family keeps one."""
+    for name in ("is_sliding_window", "is_sliding"):
+        if hasattr(block, name):
+            return bool(getattr(block, name))
+    return None
+
+
 def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
     """Only this stage's blocks stay; per-layer type lists follow the slice, and so do the
-    indices of the first full and first sliding layer, whose caches make the masks (llama's
-    fa_idx/swa_idx, gpt-oss' and EXAONE's ga_idx/swa_idx: from the layer types, or from each
-    layer's is_sliding_window)."""
+    indices of the first full and first sliding layer, whose caches make the masks (from the
+    layer types, or from each block's sliding flag)."""
     blocks = get_path(model, table.layers)
     kept = blocks[layers.start : layers.stop]
     set_path(model, table.layers, kept)
@@ -53,22 +66,20 @@ def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
     types = getattr(inner, "layer_types", None)
     if types is not None:
         inner.layer_types = types = types[layers.start : layers.stop]
-    elif any(hasattr(block, "is_sliding_window") for block in kept):
-        types = [
-            "sliding_attention" if getattr(block, "is_sliding_window", False) else "full"
-            for block in kept
-        ]
-    if types is None:
-        return
-    full = [i for i, t in enumerate(types) if t != "sliding_attention"]
-    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
-    for name in ("fa_idx", "ga_idx"):
-        if hasattr(inner, name):
-            setattr(inner, name, full[0] if full else 0)
-    if hasattr(inner, "swa_idx"):
-        # None means "no sliding layer" to llama; the others make a mask they will not use
-        had = inner.swa_idx is not None
-        inner.swa_idx = sliding[0] if sliding else (0 if had else None)
+        sliding = [t == "sliding_attention" for t in types]
+    else:
+        flags = [_is_sliding(block) for block in kept]
+        if any(flag is None for flag in flags):
+            return
+        sliding = [bool(flag) for flag in flags]
+    for names, kind in ((_FIRST_FULL, False), (_FIRST_SLIDING, True)):
+        first = next((i for i, s in enumerate(sliding) if s == kind), None)
+        for name in names:
+            if hasattr(inner, name):
+                # None means "no such layer" to the model; where it held an index, a stage
+                # without that kind makes a mask it never uses
+                had = getattr(inner, name) is not None
+                setattr(inner, name, first if first is not None else (0 if had else None))
 
 
 def _shard_vocab(
