@@ -202,6 +202,24 @@ ARCHS: dict[str, dict[str, Any]] = {
         sliding_window=8,
         tie_word_embeddings=False,
     ),
+    # Full-width q/k norms (over all heads), 6 heads / 2 KV heads (GQA 3, so more than 2 ranks
+    # replicate KV heads and the k norm must count each once), partial rotary (32 of 64);
+    # 5 experts (top 2) of FFN 200, sigmoid router with a score-correction bias.
+    "minimax": dict(
+        model_type="minimax",
+        hidden_size=256,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=64,
+        rotary_dim=32,
+        num_local_experts=5,
+        num_experts_per_tok=2,
+        shared_intermediate_size=0,
+        scoring_func="sigmoid",
+        use_qk_norm=True,
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).
@@ -211,7 +229,7 @@ _QUANTIZED_FFN = {
     "shared_expert_intermediate_size": 256,
 }
 # Where intermediate_size is the experts' width, the smaller one.
-_EXPERT_SIZED = {"mixtral", "gpt_oss"}
+_EXPERT_SIZED = {"mixtral", "gpt_oss", "minimax"}
 
 
 def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:

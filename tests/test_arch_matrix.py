@@ -123,6 +123,9 @@ SAMPLE = [
     case("gpt_oss", "q8g64", 5, zero_rank=4),
     # MX-FP4 embeddings look up bfloat16: the rank without vocab rows must send bfloat16 zeros
     case("gpt_oss", "mxfp4", 3, zero_rank=1),
+    # more ranks than KV heads: replicated KV heads are counted once in the full-width k norm
+    case("minimax", "float", 5),
+    case("minimax", "q8g64", 3, zero_rank=1),
 ]
 
 

@@ -136,6 +136,11 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
         "block_sparse_moe.experts.{e}",
         {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
     ),
+    "minimax": (
+        "block_sparse_moe.switch_mlp",
+        "block_sparse_moe.experts.{e}",
+        {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
+    ),
     "qwen3_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "qwen2_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
     "deepseek_v2": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),

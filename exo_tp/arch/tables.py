@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule
+from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule
 from exo_tp.frozen import replace
 
 
@@ -183,6 +183,34 @@ GPT_OSS = ArchTable(
     tie_default=False,
 )
 
+# ---------------------------------------------------------------------------------------------
+# Families added with full-width q/k norms (exo_tp.shard.sharded_norm), per-layer head widths
+# and KV sharing.
+# ---------------------------------------------------------------------------------------------
+
+# q_norm/k_norm normalise all heads together (width heads x head_dim): sharded norms, each
+# rank's entries cut like its q/k rows, one all-reduce of the sums of squares per norm.
+FULL_WIDTH_QK_NORMS = (
+    NormRule(path="self_attn.q_norm", dim="q_heads"),
+    NormRule(path="self_attn.k_norm", dim="kv_heads"),
+)
+
+# MiniMax (M1/M2): full-width q/k norms, partial rotary; every layer a MoE block with a
+# sigmoid router and a score-correction bias (both replicated: every rank routes alike), the
+# experts' FFN split like Mixtral's, one all-reduce after the weighted expert sum.
+MINIMAX = ArchTable(
+    model_types=("minimax",),
+    linears=(*_attention(), *_glu("block_sparse_moe.switch_mlp", "ffn")),
+    branches=(ATTENTION, BranchRule(path="block_sparse_moe", kind="mlp")),
+    replicated=("block_sparse_moe.gate", "block_sparse_moe.e_score_correction_bias"),
+    norms=FULL_WIDTH_QK_NORMS,
+    counts=(
+        CountRule(path="self_attn.num_attention_heads", dim="q_heads"),
+        CountRule(path="self_attn.num_key_value_heads", dim="kv_heads"),
+    ),
+    tie_default=False,
+)
+
 TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
@@ -193,4 +221,5 @@ TABLES: tuple[ArchTable, ...] = (
     QWEN2_MOE,
     DEEPSEEK,
     GPT_OSS,
+    MINIMAX,
 )

@@ -268,6 +268,10 @@ class _Layouts:
         if link is not None:
             one = all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
             collectives = 2 * (one + collective_floor(len(group), link, overhead))
+            # full-width q/k norms: one more all-reduce each per layer, latency-bound
+            norms = len(table_for(spec.model_type).norms)
+            tiny = all_sum_seconds(len(group), FLOAT_BYTES, link)
+            collectives += norms * (tiny + collective_floor(len(group), link, overhead))
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes)

@@ -121,6 +121,12 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
         # Vocab shards differ in size: padded to the largest before the gather.
         Collective(name="logits", op="all_gather", sizes=vocab_sizes, padded=max(vocab_sizes)),
     )
+    norms = len(table_for(spec.model_type).norms)
+    if norms:
+        # Full-width q/k norms: one sum of squares per position each (latency, not bytes).
+        collectives += (
+            Collective(name="qk_norm", op="all_sum", sizes=(1,) * n, padded=1, per_layer=norms),
+        )
     return ShardPlan(
         spec=spec,
         weights=shares,

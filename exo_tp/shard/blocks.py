@@ -8,11 +8,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from exo_tp.arch import ArchTable, BranchRule, LinearRule
+from exo_tp.arch import ArchTable, BranchRule, LinearRule, NormRule
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.layers import PartialSum, ZeroAttention, ZeroExperts, ZeroMLP
+from exo_tp.shard.sharded_norm import ShardedRMSNorm, counted_mask
 from exo_tp.shard.slicing import ShardError, WeightSlicer
 from exo_tp.shard.tree import get_path, has_path, set_path
 
@@ -58,13 +59,18 @@ class BlockSharder:
         for rule in rules:
             if not any(is_under(rule.path, path) for path in gone):
                 self._slice(layer, prefix, rule)
+        norms = [n for n in self.table.norms if has_path(layer, n.path)]
+        for norm in norms:
+            if not any(is_under(norm.path, path) for path in gone):
+                set_path(layer, norm.path, self._sharded_norm(layer, prefix, norm))
         for count in self.table.counts:
             if not any(is_under(count.path, path) for path in gone):
                 if not has_path(layer, count.path):
                     raise ExoTpError(f"{prefix}.{count.path}: no such head count attribute")
                 set_path(layer, count.path, self.mine.count(count.dim))
         for branch in stand_ins:
-            set_path(layer, branch.path, self._stand_in(branch))
+            joins = tuple(n.dim for n in norms if is_under(n.path, branch.path))
+            set_path(layer, branch.path, self._stand_in(branch, joins))
         for branch in branches:
             if branch.reduce:
                 inner = get_path(layer, branch.path)
@@ -87,7 +93,8 @@ class BlockSharder:
         Otherwise a projection the table does not know would be used whole on every rank and
         summed N times: refuse instead of computing something wrong.
         """
-        known = [r.path for r in rules] + list(self.table.replicated)
+        known = [r.path for r in rules] + [n.path for n in self.table.norms]
+        known += list(self.table.replicated)
         if not any(is_under(r.path, branch.path) for r in rules):
             raise ExoTpError(
                 f"{prefix}.{branch.path}: the {self.table.model_types[0]} table "
@@ -119,9 +126,31 @@ class BlockSharder:
         holder = next(s for s in self.ranks if s.holds(rule))
         self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is self.mine)
 
-    def _stand_in(self, branch: BranchRule) -> nn.Module:
+    def _sharded_norm(self, layer: nn.Module, prefix: str, rule: NormRule) -> ShardedRMSNorm:
+        """This rank's entries of a full-width norm, counting each head once (see NormRule)."""
+        name = f"{prefix}.{rule.path}"
+        norm = get_path(layer, rule.path)
+        width = self.mine.spec.head_width(rule.width)
+        ranges, full = self.mine.packed((rule.dim,), width)
+        _check_norm(name, norm, full)
+        weight = self.slicer.take(f"{name}.weight", norm["weight"], -1, ranges)
+        counted = None
+        if rule.dim == "kv_heads":  # replicated KV heads: only the first holder counts them
+            me = self.ranks.index(self.mine)
+            earlier = {k for s in self.ranks[:me] for k in s.shard.heads.kv_heads}
+            counted = counted_mask(self.mine.shard.heads.kv_heads, earlier, width)
+        return ShardedRMSNorm(weight, norm.eps, full, counted, self.group)
+
+    def _stand_in(self, branch: BranchRule, joins: tuple[str, ...] = ()) -> nn.Module:
         if branch.kind == "attention":
-            return ZeroAttention(self.width, self.mine.spec.head_dim)
+            return ZeroAttention(self.width, self.mine.spec.head_dim, joins, self.group)
         if branch.kind == "experts":
             return ZeroExperts(self.width)
         return ZeroMLP(self.width)
+
+
+def _check_norm(name: str, norm: nn.Module, full: int) -> None:
+    weight = norm.get("weight") if isinstance(norm, nn.Module) else None
+    if not isinstance(weight, mx.array) or weight.shape != (full,) or not hasattr(norm, "eps"):
+        shape = None if weight is None else tuple(weight.shape)
+        raise ExoTpError(f"{name}: expected an RMSNorm of width {full}, found {shape}")

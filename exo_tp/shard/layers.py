@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from exo_tp.shard.collectives import gather_padded, sum_over_ranks, zeros_after
+from exo_tp.shard.sharded_norm import join_norm_sum
 
 
 class PartialSum(nn.Module):
@@ -72,20 +73,37 @@ class ZeroAttention(ZeroMLP):
     all-reduces its peers run, and the ring would hang. It therefore caches one head-sized
     slice of its input (a stand-in head: negligible memory, never read). The cache keeps its
     offset (and a rotating cache its window) in step with the peers', which masks rely on.
+
+    ``joins``: the full-width norms inside the attention (NormRule dims), whose all-reduces
+    this rank joins with zeros: a key norm's before its cache update (peers cache normalised
+    keys: their prefill runs that all-reduce), every one before its output.
     """
 
-    def __init__(self, width: int, head_dim: int):
+    def __init__(
+        self,
+        width: int,
+        head_dim: int,
+        joins: tuple[str, ...] = (),
+        group: mx.distributed.Group | None = None,
+    ):
         super().__init__(width)
         self._head_dim = head_dim
+        self._joins = joins
+        self._group = group
 
     def __call__(
         self, x: mx.array, mask: Any = None, cache: Any = None, *args: Any, **kwargs: Any
     ) -> mx.array:
+        sums = [join_norm_sum(x, self._group) for _ in self._joins] if self._group else []
         if cache is not None:
             b, length, _ = x.shape
             stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
+            keyed = [s for s, dim in zip(sums, self._joins, strict=True) if dim == "kv_heads"]
+            if keyed:
+                stand_in = mx.depends(stand_in, keyed)
             cache.update_and_fetch(stand_in, stand_in)
-        return super().__call__(x)
+        out = super().__call__(x)
+        return mx.depends(out, sums) if sums else out
 
 
 class VocabParallelEmbedding(nn.Module):
