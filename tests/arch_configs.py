@@ -220,6 +220,19 @@ ARCHS: dict[str, dict[str, Any]] = {
         use_qk_norm=True,
         tie_word_embeddings=False,
     ),
+    # Full-width q/k norms, 10 heads / 5 KV heads (GQA 2), a sliding-window layer (window 8)
+    # then a full one, untied head.
+    "olmo3": dict(
+        model_type="olmo3",
+        hidden_size=256,
+        intermediate_size=232,
+        num_attention_heads=10,
+        num_key_value_heads=5,
+        head_dim=64,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).

@@ -126,6 +126,8 @@ SAMPLE = [
     # more ranks than KV heads: replicated KV heads are counted once in the full-width k norm
     case("minimax", "float", 5),
     case("minimax", "q8g64", 3, zero_rank=1),
+    case("olmo3", "float", 3),
+    case("olmo3", "q4g128", 6, zero_rank=4),
 ]
 
 

@@ -211,6 +211,21 @@ MINIMAX = ArchTable(
     tie_default=False,
 )
 
+# OLMo 3: llama-like, with full-width q/k norms (sharded as MiniMax's), post-norms applied to
+# each branch's all-reduced output, alternating sliding-window (RotatingKVCache of the local
+# heads) and full-attention layers.
+OLMO3 = ArchTable(
+    model_types=("olmo3",),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    norms=FULL_WIDTH_QK_NORMS,
+    counts=(
+        CountRule(path="self_attn.num_attention_heads", dim="q_heads"),
+        CountRule(path="self_attn.num_key_value_heads", dim="kv_heads"),
+    ),
+    tie_default=False,
+)
+
 TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
@@ -222,4 +237,5 @@ TABLES: tuple[ArchTable, ...] = (
     DEEPSEEK,
     GPT_OSS,
     MINIMAX,
+    OLMO3,
 )
