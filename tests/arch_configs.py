@@ -233,6 +233,58 @@ ARCHS: dict[str, dict[str, Any]] = {
         layer_types=["sliding_attention", "full_attention"],
         tie_word_embeddings=False,
     ),
+    # Gemma 4 (2B/4B-like): sliding layers of head_dim 64, global layers of head_dim 128 (two
+    # head widths in one plan), the last two layers attend with layers 0/1's keys and values
+    # (KV sharing) through a double-wide MLP, per-layer input embeddings (vocab-split), tied.
+    "gemma4_text": dict(
+        model_type="gemma4_text",
+        hidden_size=256,
+        num_hidden_layers=4,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=64,
+        global_head_dim=128,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=8,
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=64,
+        vocab_size_per_layer_input=512,
+        use_double_wide_mlp=True,
+        final_logit_softcapping=10.0,
+        tie_word_embeddings=True,
+    ),
+    # Gemma 4 checkpoint (26B-A4B-like) as shipped: the text model nested in text_config;
+    # global layers with K = V and 1 KV head (sliding: 3), an MoE block beside the MLP.
+    "gemma4": dict(
+        model_type="gemma4",
+        text_config=dict(
+            model_type="gemma4_text",
+            hidden_size=256,
+            num_hidden_layers=2,
+            intermediate_size=200,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            head_dim=64,
+            global_head_dim=128,
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=8,
+            num_kv_shared_layers=0,
+            hidden_size_per_layer_input=0,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=104,
+            final_logit_softcapping=10.0,
+            vocab_size=512,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+        ),
+        tie_word_embeddings=True,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).
@@ -247,8 +299,13 @@ _EXPERT_SIZED = {"mixtral", "gpt_oss", "minimax"}
 
 def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
     config = {**COMMON, **ARCHS[arch]}
+    if "text_config" in config:  # nested text model (gemma4): its sizes live there
+        config["text_config"] = dict(config["text_config"])
     if quantized:
         config.update({k: v for k, v in _QUANTIZED_FFN.items() if k in config})
+        if "text_config" in config:
+            text = config["text_config"]
+            text.update({k: v for k, v in _QUANTIZED_FFN.items() if k in text})
         if arch in _EXPERT_SIZED:
             config["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
     return config

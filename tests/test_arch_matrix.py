@@ -128,6 +128,10 @@ SAMPLE = [
     case("minimax", "q8g64", 3, zero_rank=1),
     case("olmo3", "float", 3),
     case("olmo3", "q4g128", 6, zero_rank=4),
+    case("gemma4_text", "float", 5, zero_rank=3),
+    case("gemma4_text", "q4g64", 3),
+    case("gemma4", "float", 3),
+    case("gemma4", "q8g32", 4, zero_rank=2),
 ]
 
 

@@ -138,6 +138,10 @@ TINY = [
     ("deepseek_v3", {"group_size": 32, "bits": 8}),
     ("gpt_oss", {"group_size": 32, "bits": 4, "mode": "mxfp4"}),
     ("llama", {"group_size": 64, "bits": 4}),
+    # two head widths, KV-shared layers' double-wide MLP, vocab-split per-layer embeddings
+    ("gemma4_text", {"group_size": 64, "bits": 4}),
+    # full-width q/k norms sliced by heads
+    ("minimax", None),
 ]
 
 

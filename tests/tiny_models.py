@@ -31,6 +31,9 @@ from mlx_lm.convert import convert
 from mlx_lm.utils import _get_classes, quantize_model
 
 Form = Literal["shipped", "mlx"]
+# Multiplicative parameters, drawn near 1 (norms; Gemma 4's layer scalars and router scales,
+# which near 0 would shrink every layer or flatten the routing into near-ties).
+_NEAR_ONE = ("norm.weight", "layer_scalar", "router.scale", "per_expert_scale")
 
 
 def write_tiny_model(
@@ -55,7 +58,7 @@ def write_tiny_model(
     model = model_class(args)
     params = {}
     for name, value in tree_flatten(model.parameters()):
-        if name.endswith("norm.weight"):
+        if name.endswith(_NEAR_ONE):
             params[name] = 1.0 + 0.1 * mx.random.normal(value.shape)
         else:
             params[name] = 0.08 * mx.random.normal(value.shape)
@@ -175,12 +178,47 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
             wv = out.pop(f"{prefix}.unembed_out.weight")  # (heads, v, latent)
             kv_b = mx.concatenate([wk, wv], axis=1)
             out[f"{prefix}.kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    if arch in ("gemma4", "gemma4_text"):
+        out = _gemma4_shipped(out, config)
     if arch in _INV_FREQ:
         dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         theta = config.get("rope_theta", 10000.0)
         inv_freq = 1.0 / (theta ** (mx.arange(0, dim, 2, dtype=mx.float32) / dim))
         for i in range(config["num_hidden_layers"]):
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = inv_freq
+    return out
+
+
+def _gemma4_shipped(params: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
+    """Gemma 4 as Google ships it: experts fused (gate|up in one ``experts.gate_up_proj``, no
+    ``.weight``), KV-shared layers still carrying k/v projections and k norm (mlx-lm drops
+    them), and in the multimodal checkpoint the text model under ``model.language_model``."""
+    text = config.get("text_config", config)
+    layers = text["num_hidden_layers"]
+    first_shared = layers - text.get("num_kv_shared_layers", 0)
+    types = text["layer_types"]
+    out: dict[str, mx.array] = {}
+    for name, value in params.items():
+        if name.endswith(".experts.switch_glu.gate_proj.weight"):
+            base = name.removesuffix(".switch_glu.gate_proj.weight")
+            up = params[f"{base}.switch_glu.up_proj.weight"]
+            out[f"{base}.gate_up_proj"] = mx.concatenate([value, up], axis=-2)
+        elif name.endswith(".experts.switch_glu.down_proj.weight"):
+            out[name.removesuffix(".switch_glu.down_proj.weight") + ".down_proj"] = value
+        elif not name.endswith(".experts.switch_glu.up_proj.weight"):
+            out[name] = value
+    prefix = "language_model.model.layers" if "text_config" in config else "model.layers"
+    for j in range(max(first_shared, 0), layers):
+        source = max(i for i in range(first_shared) if types[i] == types[j])
+        for part in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+            stored = out.get(f"{prefix}.{source}.self_attn.{part}")
+            if stored is not None:
+                out[f"{prefix}.{j}.self_attn.{part}"] = mx.random.normal(stored.shape)
+    if "text_config" in config:
+        out = {
+            f"model.{k.replace('language_model.model.', 'language_model.', 1)}": v
+            for k, v in out.items()
+        }
     return out
 
 

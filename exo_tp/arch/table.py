@@ -74,6 +74,10 @@ class BranchRule(Frozen):
     path: str
     kind: Literal["attention", "mlp", "experts"]
     reduce: bool = True
+    # Attention that returns (output, (keys, values), offset) and takes shared_kv/offset
+    # (Gemma 4: later layers attend with an earlier layer's keys and values). Only the output
+    # is all-reduced; a stand-in hands on (or caches) a stand-in head's keys and values.
+    shares_kv: bool = False
 
 
 class CountRule(Frozen):
@@ -110,6 +114,9 @@ class ArchTable(Frozen):
     embedding: str = "model.embed_tokens"
     lm_head: str = "lm_head"  # used only when the model has one (untied embeddings)
     norm: str = "model.norm"  # final norm: only the last pipeline stage applies it
+    # Other token-indexed tables (Gemma 4's per-layer input embeddings): vocab-split like the
+    # embedding, lookups all-reduced, where they have the model's vocabulary; else whole.
+    vocab_tables: tuple[str, ...] = ()
     # mlx-lm's default when config.json omits tie_word_embeddings
     tie_default: bool = True
     # False where mlx-lm derives head_dim as hidden_size // heads whatever config.json says

@@ -226,6 +226,41 @@ OLMO3 = ArchTable(
     tie_default=False,
 )
 
+# Gemma 4 (text): q/k/v by heads, o_proj row-parallel, in every layer; a layer's head width,
+# KV heads and FFN width come from its variant (ModelSpec.variants: global layers' wider heads
+# and, with K = V, fewer KV heads; KV-shared layers' double-wide MLP), all on the same query
+# heads, so a KV-shared layer holds exactly the KV slots of the layer it borrows them from.
+# Per-head q/k norms are replicated (v_norm has no weight). The MoE block's dense MLP and its
+# experts each have their own post-norm: two reducing branches. The router, the per-layer
+# input gate and projection, and the layer scalar are replicated (small, outside the
+# branches); the per-layer input embeddings (vocab x layers x width, as big as the rest of
+# E2B) are vocab-split like the embedding: one more all-reduce per forward instead of a
+# replica on every rank.
+GEMMA4_TEXT = ArchTable(
+    model_types=("gemma4_text",),
+    linears=(*_attention(), *_glu("mlp", "ffn"), *_glu("experts.switch_glu", "expert_ffn")),
+    branches=(
+        BranchRule(path="self_attn", kind="attention", shares_kv=True),
+        MLP,
+        BranchRule(path="experts", kind="mlp"),
+    ),
+    replicated=QK_NORMS,
+    counts=HEAD_COUNTS,
+    vocab_tables=("model.embed_tokens_per_layer",),
+)
+
+# Gemma 4 checkpoints (multimodal wrapper): the same text model under language_model; only
+# text prompts (the vision and audio towers are dropped by mlx-lm's sanitize).
+GEMMA4 = replace(
+    GEMMA4_TEXT,
+    model_types=("gemma4",),
+    layers="language_model.model.layers",
+    embedding="language_model.model.embed_tokens",
+    lm_head="language_model.lm_head",
+    norm="language_model.model.norm",
+    vocab_tables=("language_model.model.embed_tokens_per_layer",),
+)
+
 TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
@@ -238,4 +273,6 @@ TABLES: tuple[ArchTable, ...] = (
     GPT_OSS,
     MINIMAX,
     OLMO3,
+    GEMMA4_TEXT,
+    GEMMA4,
 )

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 from exo_tp.arch import LinearRule
 from exo_tp.arch.table import HEAD_DIMS
 from exo_tp.plan.shard_plan import RankShard, ShardPlan
+from exo_tp.plan.tensor_parallel import layer_view
 
 Ranges = list[tuple[int, int]]
 
@@ -16,6 +18,15 @@ class RankSelector:
     def __init__(self, plan: ShardPlan, rank: int):
         self.spec = plan.spec
         self.shard: RankShard = plan.ranks[rank]
+
+    def layer(self, index: int) -> RankSelector:
+        """This rank's selector for layer ``index`` (its variant's sizes; itself if plain)."""
+        spec, shard = layer_view(self.spec, self.shard, index)
+        if spec is self.spec:
+            return self
+        view = copy.copy(self)
+        view.__dict__ = {"spec": spec, "shard": shard}  # no cached rule ranges of another view
+        return view
 
     def count(self, dim: str) -> int:
         """Local size of a dimension: heads, KV slots, query heads per KV slot, or rows."""

@@ -82,8 +82,14 @@ def _shard_vocab(
                 group,
             ),
         )
+        for path in table.vocab_tables:
+            if has_path(model, path):
+                _vocab_table(model, path, slicer, plan, rank, group, dtype)
     else:
         set_path(model, table.embedding, Absent("the embedding"))
+        for path in table.vocab_tables:
+            if has_path(model, path):
+                set_path(model, path, Absent(f"the {path} table"))
     if not tied:
         if last:
             head = get_path(model, table.lm_head)
@@ -91,6 +97,31 @@ def _shard_vocab(
             set_path(model, table.lm_head, VocabParallelHead(head, sizes, group))
         else:
             set_path(model, table.lm_head, Absent("the LM head"))
+
+
+def _vocab_table(
+    model: nn.Module,
+    path: str,
+    slicer: WeightSlicer,
+    plan: ShardPlan,
+    rank: int,
+    group: mx.distributed.Group,
+    dtype: mx.Dtype | None,
+) -> None:
+    """Another token-indexed table (ArchTable.vocab_tables): this rank's vocabulary rows, its
+    lookups summed over ranks, like the embedding; kept whole if its vocabulary differs."""
+    table = get_path(model, path)
+    if dtype is not None:
+        table.set_dtype(dtype)
+    probe = table(mx.zeros((1,), dtype=mx.int32))  # graph only: width and lookup dtype
+    if table["weight"].shape[0] != plan.spec.vocab_size:
+        return
+    rows = RankSelector(plan, rank).ranges("vocab")
+    slicer.slice_rows(path, table, rows, plan.spec.vocab_size)
+    sizes = [r.vocab.size for r in plan.ranks]
+    start = plan.ranks[rank].vocab.start
+    wrapped = VocabParallelEmbedding(table, start, sizes, probe.shape[-1], probe.dtype, group)
+    set_path(model, path, wrapped)
 
 
 def load_shard(
@@ -121,9 +152,9 @@ def load_shard(
     if adapter:
         check_layers(adapter, table, len(blocks))
     for i in range(layers.start, layers.stop):
-        sharder.shard(blocks[i], f"{table.layers}.{i}")
+        sharder.shard(blocks[i], f"{table.layers}.{i}", i)
         if adapter:
-            apply_to_block(adapter, blocks[i], f"{table.layers}.{i}", table, ranks[rank])
+            apply_to_block(adapter, blocks[i], f"{table.layers}.{i}", table, ranks[rank].layer(i))
         _finish(blocks[i], dtype)
     _keep_layers(model, table, layers)
     if not last:

@@ -12,7 +12,13 @@ from exo_tp.arch import ArchTable, BranchRule, LinearRule, NormRule
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
-from exo_tp.shard.layers import PartialSum, ZeroAttention, ZeroExperts, ZeroMLP
+from exo_tp.shard.layers import (
+    PartialSum,
+    ZeroAttention,
+    ZeroExperts,
+    ZeroMLP,
+    ZeroSharingAttention,
+)
 from exo_tp.shard.sharded_norm import ShardedRMSNorm, counted_mask
 from exo_tp.shard.slicing import ShardError, WeightSlicer
 from exo_tp.shard.tree import get_path, has_path, set_path
@@ -32,12 +38,19 @@ class BlockSharder:
     ):
         self.table = table
         self.slicer = slicer
-        self.ranks = ranks  # every rank's selector: a row-parallel bias goes to one holder
+        self._all = list(ranks)
+        self._rank = rank
+        self.ranks = self._all  # every rank's selector: a row-parallel bias goes to one holder
         self.mine = ranks[rank]
         self.width = width
         self.group = group
 
-    def shard(self, layer: nn.Module, prefix: str) -> None:
+    def shard(self, layer: nn.Module, prefix: str, index: int | None = None) -> None:
+        """Shard block ``index`` (by default the number ending ``prefix``) in place."""
+        index = int(prefix.rpartition(".")[2]) if index is None else index
+        # this layer's sizes (ModelSpec.variants: wider heads, other KV heads, wider FFN)
+        self.ranks = [s.layer(index) for s in self._all]
+        self.mine = self.ranks[self._rank]
         rules = [r for r in self.table.linears if has_path(layer, r.path)]
         for rule in rules:
             self._check_dims(rule, prefix)
@@ -142,6 +155,8 @@ class BlockSharder:
         return ShardedRMSNorm(weight, norm.eps, full, counted, self.group)
 
     def _stand_in(self, branch: BranchRule, joins: tuple[str, ...] = ()) -> nn.Module:
+        if branch.kind == "attention" and branch.shares_kv:
+            return ZeroSharingAttention(self.width, self.mine.spec.head_dim)
         if branch.kind == "attention":
             return ZeroAttention(self.width, self.mine.spec.head_dim, joins, self.group)
         if branch.kind == "experts":

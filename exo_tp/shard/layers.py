@@ -32,8 +32,11 @@ class PartialSum(nn.Module):
         self._width = width
         self._group = group
 
-    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
-        return sum_over_ranks(self.inner(*args, **kwargs), self._width, self._group)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.inner(*args, **kwargs)
+        if isinstance(out, tuple):  # (output, what the layer hands on: KV, offset): output only
+            return (sum_over_ranks(out[0], self._width, self._group), *out[1:])
+        return sum_over_ranks(out, self._width, self._group)
 
     def __getattr__(self, key: str) -> Any:
         # Model code may read attributes of the sub-block it called (e.g. a head count).
@@ -96,14 +99,46 @@ class ZeroAttention(ZeroMLP):
     ) -> mx.array:
         sums = [join_norm_sum(x, self._group) for _ in self._joins] if self._group else []
         if cache is not None:
-            b, length, _ = x.shape
-            stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
             keyed = [s for s, dim in zip(sums, self._joins, strict=True) if dim == "kv_heads"]
-            if keyed:
-                stand_in = mx.depends(stand_in, keyed)
-            cache.update_and_fetch(stand_in, stand_in)
+            self._cache_stand_in(x, cache, keyed)
         out = super().__call__(x)
         return mx.depends(out, sums) if sums else out
+
+    def _cache_stand_in(
+        self, x: mx.array, cache: Any, after: Sequence[mx.array] = ()
+    ) -> tuple[mx.array, mx.array]:
+        """A stand-in head's keys and values (one head-sized slice of ``x``), through the cache
+        when there is one; computed after ``after``."""
+        b, length, _ = x.shape
+        stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
+        if after:
+            stand_in = mx.depends(stand_in, list(after))
+        if cache is None:
+            return stand_in, stand_in
+        return cache.update_and_fetch(stand_in, stand_in)
+
+
+class ZeroSharingAttention(ZeroAttention):
+    """Stands in for an attention that hands its keys and values on to later layers (Gemma 4,
+    see BranchRule.shares_kv): returns (zeros, (keys, values), offset) as the real one does.
+    A layer with its own KV caches a stand-in head (see ZeroAttention); a KV-shared layer hands
+    on what it was given."""
+
+    def __call__(  # type: ignore[override]
+        self,
+        x: mx.array,
+        mask: Any = None,
+        cache: Any = None,
+        shared_kv: Any = None,
+        offset: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[mx.array, Any, Any]:
+        out = ZeroMLP.__call__(self, x)
+        if shared_kv is not None:
+            return out, shared_kv, offset
+        offset = mx.array(cache.offset) if cache is not None else 0
+        return out, self._cache_stand_in(x, cache), offset
 
 
 class VocabParallelEmbedding(nn.Module):
