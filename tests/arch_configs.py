@@ -285,6 +285,65 @@ ARCHS: dict[str, dict[str, Any]] = {
         ),
         tie_word_embeddings=True,
     ),
+    # SmolLM3: llama whose every second layer has no rotary embedding; GQA 3 over 2 KV heads.
+    "smollm3": dict(
+        model_type="smollm3",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=64,
+        no_rope_layer_interval=2,
+        tie_word_embeddings=True,
+    ),
+    # Seed-OSS: q/k/v and o biases (o's added once), 10 heads / 2 KV heads; tied head in float,
+    # which mlx-lm computes from the embedding's weight (untied when quantized: see
+    # _UNTIED_WHEN_QUANTIZED).
+    "seed_oss": dict(
+        model_type="seed_oss",
+        hidden_size=256,
+        intermediate_size=200,
+        num_attention_heads=10,
+        num_key_value_heads=2,
+        head_dim=64,
+        attention_bias=True,
+        attention_out_bias=True,
+        mlp_bias=False,
+        tie_word_embeddings=True,
+    ),
+    # EXAONE 4: per-head q/k norms, post-norms, a sliding layer (window 8) with rotary
+    # embeddings then a global one without; 8 heads / 2 KV heads of 32.
+    "exaone4": dict(
+        model_type="exaone4",
+        hidden_size=256,
+        intermediate_size=200,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=8,
+        sliding_window_pattern="LG",
+        layer_types=["sliding_attention", "full_attention"],  # as shipped (transformers reads)
+        rope_scaling=None,
+        tie_word_embeddings=False,
+    ),
+    # Ministral 3: llama-4 query scaling, a sliding layer then a full one; 12 heads / 4 KV
+    # heads (head_dim = hidden / heads = 32).
+    "ministral3": dict(
+        model_type="ministral3",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": 4,
+        },
+        tie_word_embeddings=True,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).
@@ -297,6 +356,11 @@ _QUANTIZED_FFN = {
 _EXPERT_SIZED = {"mixtral", "gpt_oss", "minimax"}
 
 
+# mlx-lm's tied Seed-OSS head multiplies by the embedding's weight, which a quantized
+# embedding cannot do (mlx-lm itself fails): quantized variants keep an untied head.
+_UNTIED_WHEN_QUANTIZED = {"seed_oss"}
+
+
 def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
     config = {**COMMON, **ARCHS[arch]}
     if "text_config" in config:  # nested text model (gemma4): its sizes live there
@@ -306,6 +370,8 @@ def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
         if "text_config" in config:
             text = config["text_config"]
             text.update({k: v for k, v in _QUANTIZED_FFN.items() if k in text})
+        if arch in _UNTIED_WHEN_QUANTIZED:
+            config["tie_word_embeddings"] = False
         if arch in _EXPERT_SIZED:
             config["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
     return config

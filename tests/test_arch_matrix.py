@@ -132,6 +132,14 @@ SAMPLE = [
     case("gemma4_text", "q4g64", 3),
     case("gemma4", "float", 3),
     case("gemma4", "q8g32", 4, zero_rank=2),
+    case("smollm3", "float", 3),
+    case("smollm3", "q4g32", 4, zero_rank=0),
+    case("seed_oss", "float", 5),
+    case("seed_oss", "q8g128", 2),
+    case("exaone4", "float", 3, zero_rank=1),
+    case("exaone4", "q4g128", 5),
+    case("ministral3", "float", 5),
+    case("ministral3", "q8g64", 3, zero_rank=2),
 ]
 
 

@@ -78,6 +78,9 @@ class BranchRule(Frozen):
     # (Gemma 4: later layers attend with an earlier layer's keys and values). Only the output
     # is all-reduced; a stand-in hands on (or caches) a stand-in head's keys and values.
     shares_kv: bool = False
+    # Where an attention's stand-in finds the KV cache among its positional arguments (x is 0;
+    # Ministral 3 passes an attention scale before the mask: 3).
+    cache_arg: int = Field(default=2, ge=1)
 
 
 class CountRule(Frozen):
@@ -117,6 +120,11 @@ class ArchTable(Frozen):
     # Other token-indexed tables (Gemma 4's per-layer input embeddings): vocab-split like the
     # embedding, lookups all-reduced, where they have the model's vocabulary; else whole.
     vocab_tables: tuple[str, ...] = ()
+    # A model whose tied head multiplies by the embedding's weight itself (Seed-OSS:
+    # ``h @ embed_tokens.weight.T``) where the embedding is vocab-parallel: this attribute of
+    # the model is set False and its lm_head computes the tied logits through the
+    # vocab-parallel embedding instead.
+    untie_attr: str | None = None
     # mlx-lm's default when config.json omits tie_word_embeddings
     tie_default: bool = True
     # False where mlx-lm derives head_dim as hidden_size // heads whatever config.json says

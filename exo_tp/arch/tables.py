@@ -261,6 +261,45 @@ GEMMA4 = replace(
     vocab_tables=("language_model.model.embed_tokens_per_layer",),
 )
 
+# ---------------------------------------------------------------------------------------------
+# Llama-like families: the LLAMA_LIKE split (q/k/v by heads, o_proj and down_proj
+# row-parallel, gate/up by FFN rows); layer norms and per-head q/k norms replicated.
+# ---------------------------------------------------------------------------------------------
+
+# SmolLM3: llama with rotary embeddings switched off in every no_rope_layer_interval-th layer
+# (per layer, so any head split keeps it).
+SMOLLM3 = replace(LLAMA_LIKE, model_types=("smollm3",), stages=False)
+
+# Seed-OSS: llama with optional q/k/v, o and MLP biases (row-parallel biases kept by one rank);
+# its tied head multiplies by the embedding's weight directly, so the loader gives it a head
+# through the vocab-parallel embedding (untie_attr).
+SEED_OSS = ArchTable(
+    model_types=("seed_oss",),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    counts=HEAD_COUNTS,
+    untie_attr="tie_word_embeddings",
+)
+
+# EXAONE 4: per-head q/k norms (replicated), post-norms on the reduced branch outputs,
+# sliding-window layers with rotary embeddings and global layers without.
+EXAONE4 = ArchTable(
+    model_types=("exaone4",),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    replicated=QK_NORMS,
+    counts=HEAD_COUNTS,
+)
+
+# Ministral 3: llama-4 style position-dependent query scaling (computed alike on every rank)
+# passed to the attention before the mask and cache (cache_arg 3), optional sliding layers.
+MINISTRAL3 = ArchTable(
+    model_types=("ministral3",),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(BranchRule(path="self_attn", kind="attention", cache_arg=3), MLP),
+    counts=HEAD_COUNTS,
+)
+
 TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
@@ -275,4 +314,8 @@ TABLES: tuple[ArchTable, ...] = (
     OLMO3,
     GEMMA4_TEXT,
     GEMMA4,
+    SMOLLM3,
+    SEED_OSS,
+    EXAONE4,
+    MINISTRAL3,
 )

@@ -18,7 +18,7 @@ from exo_tp.plan import ShardPlan, Span
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.adapters import apply_to_block, check_layers, read_adapter
 from exo_tp.shard.blocks import BlockSharder
-from exo_tp.shard.layers import Absent, VocabParallelEmbedding, VocabParallelHead
+from exo_tp.shard.layers import Absent, TiedHead, VocabParallelEmbedding, VocabParallelHead
 from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import get_path, has_path, set_path
 
@@ -90,6 +90,9 @@ def _shard_vocab(
         for path in table.vocab_tables:
             if has_path(model, path):
                 set_path(model, path, Absent(f"the {path} table"))
+    if tied and last and table.untie_attr:  # its forward would read the embedding's weight
+        setattr(model, table.untie_attr, False)
+        set_path(model, table.lm_head, TiedHead(get_path(model, table.embedding)))
     if not tied:
         if last:
             head = get_path(model, table.lm_head)

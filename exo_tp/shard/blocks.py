@@ -83,7 +83,9 @@ class BlockSharder:
                 set_path(layer, count.path, self.mine.count(count.dim))
         for branch in stand_ins:
             joins = tuple(n.dim for n in norms if is_under(n.path, branch.path))
-            set_path(layer, branch.path, self._stand_in(branch, joins))
+            stand_in = self._stand_in(branch, joins)
+            _keep_settings(stand_in, get_path(layer, branch.path))
+            set_path(layer, branch.path, stand_in)
         for branch in branches:
             if branch.reduce:
                 inner = get_path(layer, branch.path)
@@ -158,7 +160,9 @@ class BlockSharder:
         if branch.kind == "attention" and branch.shares_kv:
             return ZeroSharingAttention(self.width, self.mine.spec.head_dim)
         if branch.kind == "attention":
-            return ZeroAttention(self.width, self.mine.spec.head_dim, joins, self.group)
+            return ZeroAttention(
+                self.width, self.mine.spec.head_dim, joins, self.group, branch.cache_arg
+            )
         if branch.kind == "experts":
             return ZeroExperts(self.width)
         return ZeroMLP(self.width)
@@ -169,3 +173,13 @@ def _check_norm(name: str, norm: nn.Module, full: int) -> None:
     if not isinstance(weight, mx.array) or weight.shape != (full,) or not hasattr(norm, "eps"):
         shape = None if weight is None else tuple(weight.shape)
         raise ExoTpError(f"{name}: expected an RMSNorm of width {full}, found {shape}")
+
+
+def _keep_settings(stand_in: nn.Module, original: nn.Module) -> None:
+    """Plain settings of the replaced sub-block (EXAONE 4's model reads ``self_attn.is_local``
+    to pick each layer's mask) stay readable on its stand-in; its weights do not."""
+    for key, value in vars(original).items():
+        if key.startswith("_") or key in vars(stand_in):
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            setattr(stand_in, key, value)

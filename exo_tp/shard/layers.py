@@ -88,15 +88,18 @@ class ZeroAttention(ZeroMLP):
         head_dim: int,
         joins: tuple[str, ...] = (),
         group: mx.distributed.Group | None = None,
+        cache_arg: int = 2,
     ):
         super().__init__(width)
         self._head_dim = head_dim
         self._joins = joins
         self._group = group
+        self._cache_arg = cache_arg  # the cache's position among the call's arguments
 
-    def __call__(
-        self, x: mx.array, mask: Any = None, cache: Any = None, *args: Any, **kwargs: Any
-    ) -> mx.array:
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        cache = kwargs.get("cache")
+        if cache is None and len(args) >= self._cache_arg:
+            cache = args[self._cache_arg - 1]
         sums = [join_norm_sum(x, self._group) for _ in self._joins] if self._group else []
         if cache is not None:
             keyed = [s for s, dim in zip(sums, self._joins, strict=True) if dim == "kv_heads"]
@@ -196,6 +199,18 @@ class VocabParallelHead(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         local = self.inner(x) if self._sizes[self._group.rank()] else _no_logits(x)
         return gather_padded(local, self._sizes, self._group)
+
+
+class TiedHead(nn.Module):
+    """The LM head of a model that ties it to the embedding by reading the embedding's weight
+    (ArchTable.untie_attr): the vocab-parallel embedding's gathered logits."""
+
+    def __init__(self, embedding: VocabParallelEmbedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.embedding.as_linear(x)
 
 
 class Absent(nn.Module):
