@@ -344,11 +344,26 @@ ARCHS: dict[str, dict[str, Any]] = {
         },
         tie_word_embeddings=True,
     ),
+    # mlx-lm's llama4_text (dense): weightless q/k norms, layer 1 without rotary embedding,
+    # 6 heads / 3 KV heads; tied in float (mlx-lm reads the embedding's weight for it).
+    "llama4_text": dict(
+        model_type="llama4_text",
+        hidden_size=256,
+        intermediate_size=200,
+        intermediate_size_mlp=232,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        head_dim=64,
+        no_rope_layers=[1, 0],
+        use_qk_norm=True,
+        tie_word_embeddings=True,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).
 _QUANTIZED_FFN = {
     "intermediate_size": 640,
+    "intermediate_size_mlp": 640,  # llama4_text's MLP
     "moe_intermediate_size": 384,
     "shared_expert_intermediate_size": 256,
 }
@@ -358,7 +373,7 @@ _EXPERT_SIZED = {"mixtral", "gpt_oss", "minimax"}
 
 # mlx-lm's tied Seed-OSS head multiplies by the embedding's weight, which a quantized
 # embedding cannot do (mlx-lm itself fails): quantized variants keep an untied head.
-_UNTIED_WHEN_QUANTIZED = {"seed_oss"}
+_UNTIED_WHEN_QUANTIZED = {"seed_oss", "llama4_text"}
 
 
 def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
@@ -373,5 +388,6 @@ def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
         if arch in _UNTIED_WHEN_QUANTIZED:
             config["tie_word_embeddings"] = False
         if arch in _EXPERT_SIZED:
-            config["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
+            sized = config.get("text_config", config)
+            sized["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
     return config

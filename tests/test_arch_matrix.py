@@ -140,6 +140,8 @@ SAMPLE = [
     case("exaone4", "q4g128", 5),
     case("ministral3", "float", 5),
     case("ministral3", "q8g64", 3, zero_rank=2),
+    case("llama4_text", "float", 3),
+    case("llama4_text", "q8g64", 4, zero_rank=1),
 ]
 
 

@@ -300,6 +300,22 @@ MINISTRAL3 = ArchTable(
     counts=HEAD_COUNTS,
 )
 
+# ---------------------------------------------------------------------------------------------
+# Llama 4 and Qwen3-VL text models.
+# ---------------------------------------------------------------------------------------------
+
+# mlx-lm's llama4_text: dense (feed_forward sized intermediate_size_mlp), weightless per-head
+# q/k norms, no-rope layers; untied head named "output", tied head read from the embedding's
+# weight (untie_attr, as Seed-OSS).
+LLAMA4_TEXT = ArchTable(
+    model_types=("llama4_text",),
+    linears=(*_attention(), *_glu("feed_forward", "ffn")),
+    branches=(ATTENTION, BranchRule(path="feed_forward", kind="mlp")),
+    counts=HEAD_COUNTS,
+    lm_head="output",
+    untie_attr="tie_word_embeddings",
+)
+
 TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
@@ -318,4 +334,5 @@ TABLES: tuple[ArchTable, ...] = (
     SEED_OSS,
     EXAONE4,
     MINISTRAL3,
+    LLAMA4_TEXT,
 )

@@ -138,6 +138,8 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def _ffn_sizes(c: dict[str, Any]) -> dict[str, int]:
+    if c.get("intermediate_size_mlp"):  # mlx-lm's llama4_text: its MLP's width
+        return {"ffn": int(c["intermediate_size_mlp"])}
     ffn = {"ffn": int(c["intermediate_size"])} if c.get("intermediate_size") else {}
     if c.get("moe_intermediate_size"):
         ffn["expert_ffn"] = int(c["moe_intermediate_size"])
@@ -232,6 +234,8 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     table = table_for(str(config["model_type"]))
     gemma4 = config["model_type"] in GEMMA4_TYPES
     c = _gemma4_text(config) if gemma4 else _text_config(config)
+    if config["model_type"] == "llama4_text":  # mlx-lm's llama4_text is dense whatever it says
+        c = {k: v for k, v in c.items() if k not in ("num_local_experts", "num_experts_per_tok")}
     try:
         extra = _gemma4_fields(c) if gemma4 else {}
         extra_ffn = extra.pop("extra_ffn", {})
