@@ -358,6 +358,54 @@ ARCHS: dict[str, dict[str, Any]] = {
         use_qk_norm=True,
         tie_word_embeddings=True,
     ),
+    # Qwen3-VL checkpoint (text model nested, multimodal rotary sections): 10 heads / 5 KV
+    # heads of 64, tied head.
+    "qwen3_vl": dict(
+        model_type="qwen3_vl",
+        text_config=dict(
+            model_type="qwen3_vl_text",
+            hidden_size=256,
+            num_hidden_layers=2,
+            intermediate_size=200,
+            num_attention_heads=10,
+            num_key_value_heads=5,
+            head_dim=64,
+            rms_norm_eps=1e-6,
+            vocab_size=512,
+            max_position_embeddings=512,
+            rope_theta=10000.0,
+            rope_scaling={"rope_type": "default", "mrope_section": [8, 12, 12]},
+            tie_word_embeddings=True,
+        ),
+        tie_word_embeddings=True,
+    ),
+    # Qwen3-VL-MoE checkpoint: layer 0 dense (FFN 200), layer 1 MoE (5 experts, top 2, FFN
+    # 104) as Qwen3-MoE; experts shipped fused and transposed; untied head.
+    "qwen3_vl_moe": dict(
+        model_type="qwen3_vl_moe",
+        text_config=dict(
+            model_type="qwen3_vl_moe_text",
+            hidden_size=128,
+            num_hidden_layers=2,
+            intermediate_size=200,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_experts=5,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[0],
+            moe_intermediate_size=104,
+            norm_topk_prob=True,
+            rms_norm_eps=1e-6,
+            vocab_size=512,
+            max_position_embeddings=512,
+            rope_theta=10000.0,
+            rope_scaling={"rope_type": "default", "mrope_section": [8, 12, 12]},
+            tie_word_embeddings=False,
+        ),
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).

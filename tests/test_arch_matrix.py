@@ -142,6 +142,10 @@ SAMPLE = [
     case("ministral3", "q8g64", 3, zero_rank=2),
     case("llama4_text", "float", 3),
     case("llama4_text", "q8g64", 4, zero_rank=1),
+    case("qwen3_vl", "float", 3),
+    case("qwen3_vl", "q4g128", 6, zero_rank=2),
+    case("qwen3_vl_moe", "float", 5),
+    case("qwen3_vl_moe", "q8g32", 3, zero_rank=0),
 ]
 
 

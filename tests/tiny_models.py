@@ -178,6 +178,8 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
             wv = out.pop(f"{prefix}.unembed_out.weight")  # (heads, v, latent)
             kv_b = mx.concatenate([wk, wv], axis=1)
             out[f"{prefix}.kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    if arch in ("qwen3_vl", "qwen3_vl_moe"):
+        out = _qwen3_vl_shipped(out)
     if arch in ("gemma4", "gemma4_text"):
         out = _gemma4_shipped(out, config)
     if arch in _INV_FREQ:
@@ -187,6 +189,29 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
         for i in range(config["num_hidden_layers"]):
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = inv_freq
     return out
+
+
+def _qwen3_vl_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Qwen3-VL as Qwen ships it (newer checkpoints): the text model under
+    ``model.language_model``, ``lm_head`` at the top, MoE experts fused and transposed
+    (``experts.gate_up_proj`` (E, hidden, 2 x ffn), ``experts.down_proj`` (E, ffn, hidden))."""
+    out: dict[str, mx.array] = {}
+    for name, value in params.items():
+        if name.endswith(".switch_mlp.gate_proj.weight"):
+            base = name.removesuffix(".switch_mlp.gate_proj.weight")
+            up = params[f"{base}.switch_mlp.up_proj.weight"]
+            down = params[f"{base}.switch_mlp.down_proj.weight"]
+            value = mx.concatenate([value.swapaxes(1, 2), up.swapaxes(1, 2)], axis=-1)
+            out[f"{base}.experts.gate_up_proj"] = value
+            out[f"{base}.experts.down_proj"] = down.swapaxes(1, 2)
+        elif ".switch_mlp." not in name:
+            out[name] = value
+    return {
+        k.replace("language_model.model.", "model.language_model.", 1).replace(
+            "language_model.lm_head", "lm_head", 1
+        ): v
+        for k, v in out.items()
+    }
 
 
 def _gemma4_shipped(params: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:

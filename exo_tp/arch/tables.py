@@ -316,6 +316,19 @@ LLAMA4_TEXT = ArchTable(
     untie_attr="tie_word_embeddings",
 )
 
+# Qwen3-VL (dense and MoE) checkpoints, text prompts only: the Qwen3 / Qwen3-MoE text model
+# under language_model (mlx-lm drops the vision tower; a text-only prompt's multimodal rotary
+# positions are plain 1-D ones), split exactly as those.
+_LANGUAGE_MODEL = dict(
+    layers="language_model.model.layers",
+    embedding="language_model.model.embed_tokens",
+    lm_head="language_model.lm_head",
+    norm="language_model.model.norm",
+    stages=False,
+)
+QWEN3_VL = replace(LLAMA_LIKE, model_types=("qwen3_vl",), **_LANGUAGE_MODEL)
+QWEN3_VL_MOE = replace(QWEN3_MOE, model_types=("qwen3_vl_moe",), **_LANGUAGE_MODEL)
+
 TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
@@ -335,4 +348,6 @@ TABLES: tuple[ArchTable, ...] = (
     EXAONE4,
     MINISTRAL3,
     LLAMA4_TEXT,
+    QWEN3_VL,
+    QWEN3_VL_MOE,
 )
