@@ -480,27 +480,239 @@ ARCHS: dict[str, dict[str, Any]] = {
         norm_head=True,
         tie_word_embeddings=False,
     ),
+    # Full-width q/k norms (over all heads), 6 heads / 2 KV heads (GQA 3, so more than 2 ranks
+    # replicate KV heads and the k norm must count each once), partial rotary (32 of 64);
+    # 5 experts (top 2) of FFN 200, sigmoid router with a score-correction bias.
+    "minimax": dict(
+        model_type="minimax",
+        hidden_size=256,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=64,
+        rotary_dim=32,
+        num_local_experts=5,
+        num_experts_per_tok=2,
+        shared_intermediate_size=0,
+        scoring_func="sigmoid",
+        use_qk_norm=True,
+        tie_word_embeddings=False,
+    ),
+    # Full-width q/k norms, 10 heads / 5 KV heads (GQA 2), a sliding-window layer (window 8)
+    # then a full one, untied head.
+    "olmo3": dict(
+        model_type="olmo3",
+        hidden_size=256,
+        intermediate_size=232,
+        num_attention_heads=10,
+        num_key_value_heads=5,
+        head_dim=64,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        tie_word_embeddings=False,
+    ),
+    # Gemma 4 (2B/4B-like): sliding layers of head_dim 64, global layers of head_dim 128 (two
+    # head widths in one plan), the last two layers attend with layers 0/1's keys and values
+    # (KV sharing) through a double-wide MLP, per-layer input embeddings (vocab-split), tied.
+    "gemma4_text": dict(
+        model_type="gemma4_text",
+        hidden_size=256,
+        num_hidden_layers=4,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=64,
+        global_head_dim=128,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=8,
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=64,
+        vocab_size_per_layer_input=512,
+        use_double_wide_mlp=True,
+        final_logit_softcapping=10.0,
+        tie_word_embeddings=True,
+    ),
+    # Gemma 4 checkpoint (26B-A4B-like) as shipped: the text model nested in text_config;
+    # global layers with K = V and 1 KV head (sliding: 3), an MoE block beside the MLP.
+    "gemma4": dict(
+        model_type="gemma4",
+        text_config=dict(
+            model_type="gemma4_text",
+            hidden_size=256,
+            num_hidden_layers=2,
+            intermediate_size=200,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            head_dim=64,
+            global_head_dim=128,
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=8,
+            num_kv_shared_layers=0,
+            hidden_size_per_layer_input=0,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=104,
+            final_logit_softcapping=10.0,
+            vocab_size=512,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+        ),
+        tie_word_embeddings=True,
+    ),
+    # SmolLM3: llama whose every second layer has no rotary embedding; GQA 3 over 2 KV heads.
+    "smollm3": dict(
+        model_type="smollm3",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=64,
+        no_rope_layer_interval=2,
+        tie_word_embeddings=True,
+    ),
+    # Seed-OSS: q/k/v and o biases (o's added once), 10 heads / 2 KV heads; tied head in float,
+    # which mlx-lm computes from the embedding's weight (untied when quantized: see
+    # _UNTIED_WHEN_QUANTIZED).
+    "seed_oss": dict(
+        model_type="seed_oss",
+        hidden_size=256,
+        intermediate_size=200,
+        num_attention_heads=10,
+        num_key_value_heads=2,
+        head_dim=64,
+        attention_bias=True,
+        attention_out_bias=True,
+        mlp_bias=False,
+        tie_word_embeddings=True,
+    ),
+    # EXAONE 4: per-head q/k norms, post-norms, a sliding layer (window 8) with rotary
+    # embeddings then a global one without; 8 heads / 2 KV heads of 32.
+    "exaone4": dict(
+        model_type="exaone4",
+        hidden_size=256,
+        intermediate_size=200,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=8,
+        sliding_window_pattern="LG",
+        layer_types=["sliding_attention", "full_attention"],  # as shipped (transformers reads)
+        rope_scaling=None,
+        tie_word_embeddings=False,
+    ),
+    # Ministral 3: llama-4 query scaling, a sliding layer then a full one; 12 heads / 4 KV
+    # heads (head_dim = hidden / heads = 32).
+    "ministral3": dict(
+        model_type="ministral3",
+        hidden_size=384,
+        intermediate_size=200,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": 4,
+        },
+        tie_word_embeddings=True,
+    ),
+    # mlx-lm's llama4_text (dense): weightless q/k norms, layer 1 without rotary embedding,
+    # 6 heads / 3 KV heads; tied in float (mlx-lm reads the embedding's weight for it).
+    "llama4_text": dict(
+        model_type="llama4_text",
+        hidden_size=256,
+        intermediate_size=200,
+        intermediate_size_mlp=232,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        head_dim=64,
+        no_rope_layers=[1, 0],
+        use_qk_norm=True,
+        tie_word_embeddings=True,
+    ),
+    # Qwen3-VL checkpoint (text model nested, multimodal rotary sections): 10 heads / 5 KV
+    # heads of 64, tied head.
+    "qwen3_vl": dict(
+        model_type="qwen3_vl",
+        text_config=dict(
+            model_type="qwen3_vl_text",
+            hidden_size=256,
+            num_hidden_layers=2,
+            intermediate_size=200,
+            num_attention_heads=10,
+            num_key_value_heads=5,
+            head_dim=64,
+            rms_norm_eps=1e-6,
+            vocab_size=512,
+            max_position_embeddings=512,
+            rope_theta=10000.0,
+            rope_scaling={"rope_type": "default", "mrope_section": [8, 12, 12]},
+            tie_word_embeddings=True,
+        ),
+        tie_word_embeddings=True,
+    ),
+    # Qwen3-VL-MoE checkpoint: layer 0 dense (FFN 200), layer 1 MoE (5 experts, top 2, FFN
+    # 104) as Qwen3-MoE; experts shipped fused and transposed; untied head.
+    "qwen3_vl_moe": dict(
+        model_type="qwen3_vl_moe",
+        text_config=dict(
+            model_type="qwen3_vl_moe_text",
+            hidden_size=128,
+            num_hidden_layers=2,
+            intermediate_size=200,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_experts=5,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[0],
+            moe_intermediate_size=104,
+            norm_topk_prob=True,
+            rms_norm_eps=1e-6,
+            vocab_size=512,
+            max_position_embeddings=512,
+            rope_theta=10000.0,
+            rope_scaling={"rope_type": "default", "mrope_section": [8, 12, 12]},
+            tie_word_embeddings=False,
+        ),
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).
 _QUANTIZED_FFN = {
     "intermediate_size": 640,
+    "intermediate_size_mlp": 640,  # llama4_text's MLP
     "moe_intermediate_size": 384,
     "shared_expert_intermediate_size": 256,
     "share_expert_dim": 256,  # step3p5's name for it
 }
 # Where intermediate_size is the experts' width, the smaller one.
-_EXPERT_SIZED = {"mixtral", "gpt_oss"}
+_EXPERT_SIZED = {"mixtral", "gpt_oss", "minimax"}
+
+
+# mlx-lm's tied Seed-OSS head multiplies by the embedding's weight, which a quantized
+# embedding cannot do (mlx-lm itself fails): quantized variants keep an untied head.
+_UNTIED_WHEN_QUANTIZED = {"seed_oss", "llama4_text"}
 
 
 def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
     config = {**COMMON, **ARCHS[arch]}
+    if "text_config" in config:  # nested text models (gemma4, kimi_k25): their sizes live there
+        config["text_config"] = dict(config["text_config"])
     if quantized:
-        # Multimodal wrappers (kimi_k25) keep the text model's sizes under text_config.
-        text = config
-        if "text_config" in config:
-            text = config["text_config"] = dict(config["text_config"])
+        text = config.get("text_config", config)
+        config.update({k: v for k, v in _QUANTIZED_FFN.items() if k in config})
         text.update({k: v for k, v in _QUANTIZED_FFN.items() if k in text})
+        if arch in _UNTIED_WHEN_QUANTIZED:
+            config["tie_word_embeddings"] = False
         if arch in _EXPERT_SIZED:
             text["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
     return config

@@ -168,6 +168,29 @@ SAMPLE = [
     # Step 3.5: sliding layers with 12 heads, full ones with 8, the same 2 KV heads
     case("step3p5", "float", 3),
     case("step3p5", "q8g64", 4, zero_rank=1),
+    # more ranks than KV heads: replicated KV heads are counted once in the full-width k norm
+    case("minimax", "float", 5),
+    case("minimax", "q8g64", 3, zero_rank=1),
+    case("olmo3", "float", 3),
+    case("olmo3", "q4g128", 6, zero_rank=4),
+    case("gemma4_text", "float", 5, zero_rank=3),
+    case("gemma4_text", "q4g64", 3),
+    case("gemma4", "float", 3),
+    case("gemma4", "q8g32", 4, zero_rank=2),
+    case("smollm3", "float", 3),
+    case("smollm3", "q4g32", 4, zero_rank=0),
+    case("seed_oss", "float", 5),
+    case("seed_oss", "q8g128", 2),
+    case("exaone4", "float", 3, zero_rank=1),
+    case("exaone4", "q4g128", 5),
+    case("ministral3", "float", 5),
+    case("ministral3", "q8g64", 3, zero_rank=2),
+    case("llama4_text", "float", 3),
+    case("llama4_text", "q8g64", 4, zero_rank=1),
+    case("qwen3_vl", "float", 3),
+    case("qwen3_vl", "q4g128", 6, zero_rank=2),
+    case("qwen3_vl_moe", "float", 5),
+    case("qwen3_vl_moe", "q8g32", 3, zero_rank=0),
 ]
 
 

@@ -11,7 +11,14 @@ from arch_configs import ARCHS, tiny_config
 from pydantic import ValidationError
 from tiny_models import write_tiny_model
 
-from exo_tp.arch import ArchTable, BranchRule, LinearRule, supported_model_types, table_for
+from exo_tp.arch import (
+    ArchTable,
+    BranchRule,
+    LinearRule,
+    NormRule,
+    supported_model_types,
+    table_for,
+)
 from exo_tp.arch.tables import QWEN3_MOE
 from exo_tp.errors import ExoTpError
 
@@ -152,3 +159,45 @@ def test_a_sigmoid_router_keeps_its_float32_correction_bias_in_a_16_bit_shard(
     biases = [name for name in dtypes if "e_score_correction_bias" in name]
     assert biases and all(dtypes[name] == mx.float32 for name in biases)
     assert all(dtype == mx.bfloat16 for name, dtype in dtypes.items() if name not in biases)
+
+
+def test_a_full_width_norm_outside_an_attention_branch_is_refused() -> None:
+    """A sharded norm's all-reduce is joined by attention stand-ins only."""
+    with pytest.raises(ValidationError, match="inside no attention branch"):
+        ArchTable(
+            model_types=("x",),
+            linears=(LinearRule(path="mlp.down_proj", style="row", parts=("ffn",)),),
+            branches=(BranchRule(path="mlp", kind="mlp"),),
+            norms=(NormRule(path="mlp.norm", dim="q_heads"),),
+            counts=(),
+        )
+
+
+def test_a_replicated_kv_head_is_counted_once_in_a_full_width_norm() -> None:
+    from exo_tp.shard.sharded_norm import counted_mask
+
+    # KV head 1 is held twice here (after head 0) and head 0 already by an earlier rank
+    mask = counted_mask((0, 1, 1), earlier={0}, width=2)
+    assert mask is not None and mask.tolist() == [0, 0, 1, 1, 0, 0]
+    assert counted_mask((2, 3), earlier={0, 1}, width=4) is None  # all first holders
+
+
+def test_gemma4_layers_keep_their_own_head_widths_kv_heads_and_ffn() -> None:
+    """Global layers' wider heads and fewer KV heads, KV-shared layers' double-wide MLP: each
+    layer's view of one plan, on the same query heads."""
+    from exo_tp.plan import plan_tensor_parallel, spec_from_config
+    from exo_tp.plan.tensor_parallel import layer_plan
+
+    text = tiny_config("gemma4_text")
+    spec = spec_from_config(text)
+    assert spec.layer(0) is spec and spec.layer(1).head_dim == 128
+    assert spec.layer(2).ffn_sizes["ffn"] == 2 * text["intermediate_size"]
+    assert not spec.layer(3).has_kv and spec.layer(3).head_dim == 128
+    moe = spec_from_config(tiny_config("gemma4"))  # K = V global layer: 1 KV head (sliding: 3)
+    assert moe.layer(1).num_kv_heads == 1 and moe.num_kv_heads == 3
+    assert moe.dense_mlp_with_experts and moe.experts_per_token == 2
+    plan = plan_tensor_parallel(moe, [2, 1, 1])
+    global_layer = layer_plan(plan, 1)
+    for mine, there in zip(plan.ranks, global_layer.ranks, strict=True):
+        assert mine.heads.q_heads == there.heads.q_heads
+        assert set(there.heads.kv_heads) == {0}  # every rank's heads attend with KV head 0

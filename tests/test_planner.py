@@ -335,14 +335,14 @@ def test_step3p5_sliding_layers_hold_the_same_fraction_of_more_heads() -> None:
         )
     )
     assert (spec.num_heads, spec.num_kv_heads, spec.head_widths) == (64, 8, {"head_gate": 1})
-    assert spec.other_attention is not None and spec.other_attention.num_heads == 96
-    assert spec.other_attention.layers == tuple(i for i in range(layers) if i % 3)
+    (other,) = spec.variants
+    assert other.num_heads == 96 and other.layers == tuple(i for i in range(layers) if i % 3)
     assert (spec.num_experts, spec.experts_per_token, spec.dense_layers) == (288, 8, 3)
     assert spec.ffn_sizes == {"ffn": 11264, "expert_ffn": 1280, "shared_expert_ffn": 1280}
     for weights in ([3, 2, 2], [1] * 11, [5, 0, 1, 1]):
         plan = plan_tensor_parallel(spec, weights)
         for layer, heads in ((0, 64), (1, 96)):
-            shards = [RankSelector(plan, r).for_layer(layer).shard.heads for r in range(plan.size)]
+            shards = [RankSelector(plan, r).layer(layer).shard.heads for r in range(plan.size)]
             spans = [h.q_heads for h in shards]
             assert spans[0].start == 0 and spans[-1].stop == heads
             assert all(a.stop == b.start for a, b in zip(spans, spans[1:], strict=False))

@@ -145,6 +145,10 @@ TINY = [
     ("deepseek_v32", {"group_size": 64, "bits": 4}),
     ("mistral4", None),
     ("step3p5", {"group_size": 64, "bits": 4}),
+    # two head widths, KV-shared layers' double-wide MLP, vocab-split per-layer embeddings
+    ("gemma4_text", {"group_size": 64, "bits": 4}),
+    # full-width q/k norms sliced by heads
+    ("minimax", None),
 ]
 
 

@@ -35,6 +35,9 @@ from mlx_lm.convert import convert
 from mlx_lm.utils import _get_classes, quantize_model
 
 Form = Literal["shipped", "mlx"]
+# Multiplicative parameters, drawn near 1 (norms; Gemma 4's layer scalars and router scales,
+# which near 0 would shrink every layer or flatten the routing into near-ties).
+_NEAR_ONE = ("norm.weight", "layer_scalar", "router.scale", "per_expert_scale")
 
 
 def write_tiny_model(
@@ -61,7 +64,7 @@ def write_tiny_model(
     model = model_class(args)
     params = {}
     for name, value in tree_flatten(model.parameters()):
-        if name.endswith("norm.weight"):
+        if name.endswith(_NEAR_ONE):
             params[name] = 1.0 + 0.1 * mx.random.normal(value.shape)
         else:
             params[name] = 0.08 * mx.random.normal(value.shape)
@@ -142,6 +145,11 @@ def tied(config: dict[str, Any], args: Any) -> bool:
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "mixtral": (
+        "block_sparse_moe.switch_mlp",
+        "block_sparse_moe.experts.{e}",
+        {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
+    ),
+    "minimax": (
         "block_sparse_moe.switch_mlp",
         "block_sparse_moe.experts.{e}",
         {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
@@ -232,12 +240,72 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
                     name = name.replace(src, dst)
                     break
             out[name] = value
+    if arch in ("qwen3_vl", "qwen3_vl_moe"):
+        out = _qwen3_vl_shipped(out)
+    if arch in ("gemma4", "gemma4_text"):
+        out = _gemma4_shipped(out, config)
     if arch in _INV_FREQ:
         dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         theta = config.get("rope_theta", 10000.0)
         inv_freq = 1.0 / (theta ** (mx.arange(0, dim, 2, dtype=mx.float32) / dim))
         for i in range(config["num_hidden_layers"]):
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = inv_freq
+    return out
+
+
+def _qwen3_vl_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Qwen3-VL as Qwen ships it (newer checkpoints): the text model under
+    ``model.language_model``, ``lm_head`` at the top, MoE experts fused and transposed
+    (``experts.gate_up_proj`` (E, hidden, 2 x ffn), ``experts.down_proj`` (E, ffn, hidden))."""
+    out: dict[str, mx.array] = {}
+    for name, value in params.items():
+        if name.endswith(".switch_mlp.gate_proj.weight"):
+            base = name.removesuffix(".switch_mlp.gate_proj.weight")
+            up = params[f"{base}.switch_mlp.up_proj.weight"]
+            down = params[f"{base}.switch_mlp.down_proj.weight"]
+            value = mx.concatenate([value.swapaxes(1, 2), up.swapaxes(1, 2)], axis=-1)
+            out[f"{base}.experts.gate_up_proj"] = value
+            out[f"{base}.experts.down_proj"] = down.swapaxes(1, 2)
+        elif ".switch_mlp." not in name:
+            out[name] = value
+    return {
+        k.replace("language_model.model.", "model.language_model.", 1).replace(
+            "language_model.lm_head", "lm_head", 1
+        ): v
+        for k, v in out.items()
+    }
+
+
+def _gemma4_shipped(params: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
+    """Gemma 4 as Google ships it: experts fused (gate|up in one ``experts.gate_up_proj``, no
+    ``.weight``), KV-shared layers still carrying k/v projections and k norm (mlx-lm drops
+    them), and in the multimodal checkpoint the text model under ``model.language_model``."""
+    text = config.get("text_config", config)
+    layers = text["num_hidden_layers"]
+    first_shared = layers - text.get("num_kv_shared_layers", 0)
+    types = text["layer_types"]
+    out: dict[str, mx.array] = {}
+    for name, value in params.items():
+        if name.endswith(".experts.switch_glu.gate_proj.weight"):
+            base = name.removesuffix(".switch_glu.gate_proj.weight")
+            up = params[f"{base}.switch_glu.up_proj.weight"]
+            out[f"{base}.gate_up_proj"] = mx.concatenate([value, up], axis=-2)
+        elif name.endswith(".experts.switch_glu.down_proj.weight"):
+            out[name.removesuffix(".switch_glu.down_proj.weight") + ".down_proj"] = value
+        elif not name.endswith(".experts.switch_glu.up_proj.weight"):
+            out[name] = value
+    prefix = "language_model.model.layers" if "text_config" in config else "model.layers"
+    for j in range(max(first_shared, 0), layers):
+        source = max(i for i in range(first_shared) if types[i] == types[j])
+        for part in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+            stored = out.get(f"{prefix}.{source}.self_attn.{part}")
+            if stored is not None:
+                out[f"{prefix}.{j}.self_attn.{part}"] = mx.random.normal(stored.shape)
+    if "text_config" in config:
+        out = {
+            f"model.{k.replace('language_model.model.', 'language_model.', 1)}": v
+            for k, v in out.items()
+        }
     return out
 
 

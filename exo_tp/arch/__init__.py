@@ -1,6 +1,6 @@
 """Per-architecture tensor-parallel tables (pure data)."""
 
-from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule
+from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule
 from exo_tp.arch.tables import TABLES
 from exo_tp.errors import UnsupportedArchitectureError
 
@@ -28,6 +28,7 @@ __all__ = [
     "BranchRule",
     "CountRule",
     "LinearRule",
+    "NormRule",
     "pipeline_model_types",
     "supported_model_types",
     "table_for",

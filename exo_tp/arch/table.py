@@ -9,7 +9,10 @@ block:
   all-reduced exactly once at its output; a rank holding none of a branch runs a zero stand-in;
 - replicated: modules inside branches that every rank holds whole (norms, routers, latent
   projections);
-- counts: attributes holding head counts, set to the rank's local counts.
+- counts: attributes holding head counts, set to the rank's local counts;
+- norms: RMSNorms over the whole projected width of a head-split projection (MiniMax's and
+  OLMo 3's q_norm/k_norm normalise all heads together): each rank holds the weight entries of
+  its heads and completes the mean square with one all-reduce (exo_tp.shard.sharded_norm).
 
 A rule whose module a block lacks is skipped, so dense and MoE blocks of one model (or optional
 projections) share one table. The loader refuses a parameter inside a branch that no rule
@@ -71,6 +74,10 @@ class BranchRule(Frozen):
     path: str
     kind: Literal["attention", "mlp", "experts"]
     reduce: bool = True
+    # Attention that returns (output, (keys, values), offset) and takes shared_kv/offset
+    # (Gemma 4: later layers attend with an earlier layer's keys and values). Only the output
+    # is all-reduced; a stand-in hands on (or caches) a stand-in head's keys and values.
+    shares_kv: bool = False
 
 
 class CountRule(Frozen):
@@ -80,6 +87,22 @@ class CountRule(Frozen):
     dim: Literal["q_heads", "kv_heads", "repeats"]  # repeats: query heads per local KV head
 
 
+class NormRule(Frozen):
+    """An RMSNorm over the full width (all heads x head width) of a projection split by heads.
+
+    Its weight is cut like the projection's output rows (``dim``, heads of ``width``); the
+    mean square is a sum of squares over every rank's heads, each head counted once (a KV head
+    replicated on several ranks is counted by its first holder only), all-reduced, then divided
+    by the full width. A rank holding no heads of the enclosing attention still joins that
+    all-reduce (its stand-in sends zeros); ``dim`` kv_heads marks the norm whose output is
+    cached (keys), so the stand-in ties it to its cache as the real layer does.
+    """
+
+    path: str
+    dim: Literal["q_heads", "kv_heads"]
+    width: str = "head_dim"
+
+
 class ArchTable(Frozen):
     model_types: tuple[str, ...]
     layers: str = "model.layers"
@@ -87,9 +110,18 @@ class ArchTable(Frozen):
     branches: tuple[BranchRule, ...]
     replicated: tuple[str, ...] = ()
     counts: tuple[CountRule, ...]
+    norms: tuple[NormRule, ...] = ()
     embedding: str = "model.embed_tokens"
     lm_head: str = "lm_head"  # used only when the model has one (untied embeddings)
     norm: str = "model.norm"  # final norm: only the last pipeline stage applies it
+    # Other token-indexed tables (Gemma 4's per-layer input embeddings): vocab-split like the
+    # embedding, lookups all-reduced, where they have the model's vocabulary; else whole.
+    vocab_tables: tuple[str, ...] = ()
+    # A model whose tied head multiplies by the embedding's weight itself (Seed-OSS:
+    # ``h @ embed_tokens.weight.T``) where the embedding is vocab-parallel: this attribute of
+    # the model is set False and its lm_head computes the tied logits through the
+    # vocab-parallel embedding instead.
+    untie_attr: str | None = None
     # mlx-lm's default when config.json omits tie_word_embeddings
     tie_default: bool = True
     # False where mlx-lm derives head_dim as hidden_size // heads whatever config.json says
@@ -115,9 +147,14 @@ class ArchTable(Frozen):
                 raise ValueError(f"branch {branch.path} inside {outer[0]} would reduce twice")
             if not branch.reduce and not outer:
                 raise ValueError(f"branch {branch.path} is inside no reducing branch")
-        for rule in self.linears:
+        for rule in (*self.linears, *self.norms):
             if not any(is_under(rule.path, p) for p in reducing):
                 raise ValueError(f"{rule.path} is inside no reducing branch")
+        attention = [b.path for b in self.branches if b.kind == "attention"]
+        for norm in self.norms:
+            # its stand-in must join the norm's all-reduce: only attention stand-ins do
+            if not any(is_under(norm.path, p) for p in attention):
+                raise ValueError(f"{norm.path} is inside no attention branch")
         return self
 
 

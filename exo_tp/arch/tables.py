@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule
+from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule
 from exo_tp.frozen import replace
 
 
@@ -253,6 +253,153 @@ BAILING_MOE = ArchTable(
     stages=True,
 )
 
+# ---------------------------------------------------------------------------------------------
+# Families added with full-width q/k norms (exo_tp.shard.sharded_norm), per-layer head widths
+# and KV sharing.
+# ---------------------------------------------------------------------------------------------
+
+# q_norm/k_norm normalise all heads together (width heads x head_dim): sharded norms, each
+# rank's entries cut like its q/k rows, one all-reduce of the sums of squares per norm.
+FULL_WIDTH_QK_NORMS = (
+    NormRule(path="self_attn.q_norm", dim="q_heads"),
+    NormRule(path="self_attn.k_norm", dim="kv_heads"),
+)
+
+# MiniMax (M1/M2): full-width q/k norms, partial rotary; every layer a MoE block with a
+# sigmoid router and a score-correction bias (both replicated: every rank routes alike), the
+# experts' FFN split like Mixtral's, one all-reduce after the weighted expert sum.
+MINIMAX = ArchTable(
+    model_types=("minimax",),
+    linears=(*_attention(), *_glu("block_sparse_moe.switch_mlp", "ffn")),
+    branches=(ATTENTION, BranchRule(path="block_sparse_moe", kind="mlp")),
+    replicated=("block_sparse_moe.gate", "block_sparse_moe.e_score_correction_bias"),
+    norms=FULL_WIDTH_QK_NORMS,
+    counts=(
+        CountRule(path="self_attn.num_attention_heads", dim="q_heads"),
+        CountRule(path="self_attn.num_key_value_heads", dim="kv_heads"),
+    ),
+    tie_default=False,
+)
+
+# OLMo 3: llama-like, with full-width q/k norms (sharded as MiniMax's), post-norms applied to
+# each branch's all-reduced output, alternating sliding-window (RotatingKVCache of the local
+# heads) and full-attention layers.
+OLMO3 = ArchTable(
+    model_types=("olmo3",),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    norms=FULL_WIDTH_QK_NORMS,
+    counts=(
+        CountRule(path="self_attn.num_attention_heads", dim="q_heads"),
+        CountRule(path="self_attn.num_key_value_heads", dim="kv_heads"),
+    ),
+    tie_default=False,
+)
+
+# Gemma 4 (text): q/k/v by heads, o_proj row-parallel, in every layer; a layer's head width,
+# KV heads and FFN width come from its variant (ModelSpec.variants: global layers' wider heads
+# and, with K = V, fewer KV heads; KV-shared layers' double-wide MLP), all on the same query
+# heads, so a KV-shared layer holds exactly the KV slots of the layer it borrows them from.
+# Per-head q/k norms are replicated (v_norm has no weight). The MoE block's dense MLP and its
+# experts each have their own post-norm: two reducing branches. The router, the per-layer
+# input gate and projection, and the layer scalar are replicated (small, outside the
+# branches); the per-layer input embeddings (vocab x layers x width, as big as the rest of
+# E2B) are vocab-split like the embedding: one more all-reduce per forward instead of a
+# replica on every rank.
+GEMMA4_TEXT = ArchTable(
+    model_types=("gemma4_text",),
+    linears=(*_attention(), *_glu("mlp", "ffn"), *_glu("experts.switch_glu", "expert_ffn")),
+    branches=(
+        BranchRule(path="self_attn", kind="attention", shares_kv=True),
+        MLP,
+        BranchRule(path="experts", kind="mlp"),
+    ),
+    replicated=QK_NORMS,
+    counts=HEAD_COUNTS,
+    vocab_tables=("model.embed_tokens_per_layer",),
+)
+
+# Gemma 4 checkpoints (multimodal wrapper): the same text model under language_model; only
+# text prompts (the vision and audio towers are dropped by mlx-lm's sanitize).
+GEMMA4 = replace(
+    GEMMA4_TEXT,
+    model_types=("gemma4",),
+    layers="language_model.model.layers",
+    embedding="language_model.model.embed_tokens",
+    lm_head="language_model.lm_head",
+    norm="language_model.model.norm",
+    vocab_tables=("language_model.model.embed_tokens_per_layer",),
+)
+
+# ---------------------------------------------------------------------------------------------
+# Llama-like families: the LLAMA_LIKE split (q/k/v by heads, o_proj and down_proj
+# row-parallel, gate/up by FFN rows); layer norms and per-head q/k norms replicated.
+# ---------------------------------------------------------------------------------------------
+
+# SmolLM3: llama with rotary embeddings switched off in every no_rope_layer_interval-th layer
+# (per layer, so any head split keeps it).
+SMOLLM3 = replace(LLAMA_LIKE, model_types=("smollm3",), stages=False)
+
+# Seed-OSS: llama with optional q/k/v, o and MLP biases (row-parallel biases kept by one rank);
+# its tied head multiplies by the embedding's weight directly, so the loader gives it a head
+# through the vocab-parallel embedding (untie_attr).
+SEED_OSS = ArchTable(
+    model_types=("seed_oss",),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    counts=HEAD_COUNTS,
+    untie_attr="tie_word_embeddings",
+)
+
+# EXAONE 4: per-head q/k norms (replicated), post-norms on the reduced branch outputs,
+# sliding-window layers with rotary embeddings and global layers without.
+EXAONE4 = ArchTable(
+    model_types=("exaone4",),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    replicated=QK_NORMS,
+    counts=HEAD_COUNTS,
+)
+
+# Ministral 3: llama-4 style position-dependent query scaling (computed alike on every rank)
+# passed to the attention before the mask and cache (the stand-in finds the cache among the
+# arguments), optional sliding layers.
+MINISTRAL3 = ArchTable(
+    model_types=("ministral3",),
+    linears=(*_attention(), *_glu("mlp", "ffn")),
+    branches=(ATTENTION, MLP),
+    counts=HEAD_COUNTS,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Llama 4 and Qwen3-VL text models.
+# ---------------------------------------------------------------------------------------------
+
+# mlx-lm's llama4_text: dense (feed_forward sized intermediate_size_mlp), weightless per-head
+# q/k norms, no-rope layers; untied head named "output", tied head read from the embedding's
+# weight (untie_attr, as Seed-OSS).
+LLAMA4_TEXT = ArchTable(
+    model_types=("llama4_text",),
+    linears=(*_attention(), *_glu("feed_forward", "ffn")),
+    branches=(ATTENTION, BranchRule(path="feed_forward", kind="mlp")),
+    counts=HEAD_COUNTS,
+    lm_head="output",
+    untie_attr="tie_word_embeddings",
+)
+
+# Qwen3-VL (dense and MoE) checkpoints, text prompts only: the Qwen3 / Qwen3-MoE text model
+# under language_model (mlx-lm drops the vision tower; a text-only prompt's multimodal rotary
+# positions are plain 1-D ones), split exactly as those.
+_LANGUAGE_MODEL = dict(
+    layers="language_model.model.layers",
+    embedding="language_model.model.embed_tokens",
+    lm_head="language_model.lm_head",
+    norm="language_model.model.norm",
+    stages=False,
+)
+QWEN3_VL = replace(LLAMA_LIKE, model_types=("qwen3_vl",), **_LANGUAGE_MODEL)
+QWEN3_VL_MOE = replace(QWEN3_MOE, model_types=("qwen3_vl_moe",), **_LANGUAGE_MODEL)
+
 TABLES: tuple[ArchTable, ...] = (
     LLAMA_LIKE,
     QWEN2,
@@ -267,6 +414,17 @@ TABLES: tuple[ArchTable, ...] = (
     ERNIE45_MOE,
     EXAONE_MOE,
     BAILING_MOE,
+    MINIMAX,
+    OLMO3,
+    GEMMA4_TEXT,
+    GEMMA4,
+    SMOLLM3,
+    SEED_OSS,
+    EXAONE4,
+    MINISTRAL3,
+    LLAMA4_TEXT,
+    QWEN3_VL,
+    QWEN3_VL_MOE,
 )
 
 
@@ -343,7 +501,7 @@ DEEPSEEK_DSA = replace(
 # Step 3.5: GQA attention as Llama with per-head q/k norms (replicated) and a head-wise
 # sigmoid gate (g_proj: one row per query head, split with its heads); its sliding-window layers
 # have more query heads than the others (96 against 64, the same 8 KV heads): a rank holds the
-# same fraction of heads in every layer (ModelSpec.other_attention). Dense first layers; MoE
+# same fraction of heads in every layer (a LayerVariant of ModelSpec). Dense first layers; MoE
 # layers route with a replicated sigmoid router (gate Linear + router_bias) over stacked experts
 # and add a shared expert (share_expert), both split by FFN rows; one all-reduce per MoE block.
 STEP3P5 = ArchTable(

@@ -49,7 +49,7 @@ from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
 from exo_tp.plan.profiles import ENGINE_DTYPE
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import Frozen, LatentAttention, ModelSpec
-from exo_tp.plan.tensor_parallel import heads_for_layer
+from exo_tp.plan.tensor_parallel import layer_view
 
 FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
 TOKEN_BYTES = 4  # a token id on the wire (int32)
@@ -66,7 +66,7 @@ HOP_OVERHEAD = 4e-3
 TOKEN_OVERHEAD_LAYERS = 8.0
 COLLECTIVE_OVERHEAD_LAYERS = 0.5
 # Collectives that run once per forward on the first / last stage only.
-FIRST_STAGE_COLLECTIVES = frozenset({"embedding"})
+FIRST_STAGE_COLLECTIVES = frozenset({"embedding", "per_layer_embedding"})
 LAST_STAGE_COLLECTIVES = frozenset({"logits"})
 
 
@@ -107,16 +107,21 @@ def layer_matrices(
     kv_width = len(shard.heads.kv_heads) * spec.head_dim  # replicated KV heads count each time
     read: list[tuple[Segment, int, int, int]] = [
         ("attention", h, q_width, 1),  # q_proj
-        ("attention", h, kv_width, 2),  # k_proj, v_proj
+        ("attention", h, kv_width, 2 if spec.has_kv else 0),  # k_proj, v_proj (unless shared)
         ("attention", q_width, h, 1),  # o_proj
     ]
     if "head_gate" in spec.head_widths:  # a head-wise gate: one row per query head
         read.append(("attention", h, shard.heads.q_heads.size, 1))
     if spec.latent_attention is not None:
         read = _latent_attention_matrices(spec, spec.latent_attention, shard.heads.q_heads.size)
+    if spec.per_layer_embedding:  # Gemma 4's per-layer input gate and projection, replicated
+        width = spec.per_layer_embedding // spec.num_layers
+        read += [("ffn", h, width, 1), ("ffn", width, h, 1)]
+    dense = shard.ffn["ffn"].size if "ffn" in shard.ffn else 0
     if not moe:
-        rows = shard.ffn["ffn"].size if "ffn" in shard.ffn else 0
-        return [*read, ("ffn", h, rows, 2), ("ffn", rows, h, 1)]  # gate, up; down
+        return [*read, ("ffn", h, dense, 2), ("ffn", dense, h, 1)]  # gate, up; down
+    if spec.dense_mlp_with_experts:  # Gemma 4: a dense MLP beside the experts
+        read += [("ffn", h, dense, 2), ("ffn", dense, h, 1)]
     rows = shard.ffn[_expert_kind(spec)].size
     shared = shard.ffn["shared_expert_ffn"].size if "shared_expert_ffn" in shard.ffn else 0
     return [
@@ -170,7 +175,10 @@ def unread_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> int:
 
 
 def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTES) -> int:
-    """KV cache bytes one layer of this rank adds per token of context."""
+    """KV cache bytes one layer of this rank adds per token of context (a layer view's:
+    nothing where it reuses another layer's cache)."""
+    if not spec.has_kv:
+        return 0
     mla = spec.latent_attention
     if mla is None:
         return 2 * len(shard.heads.kv_heads) * spec.head_dim * float_bytes
@@ -182,6 +190,34 @@ def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLO
     else:  # per-head keys (nope + rope) and values
         width = heads * (spec.head_dim + spec.head_width("v_head_dim"))
     return (width + 2 * mla.index_head_dim) * float_bytes
+
+
+def layer_groups(
+    spec: ModelSpec, shard: RankShard, layers: Span
+) -> list[tuple[ModelSpec, RankShard, bool, int]]:
+    """The layers of ``layers`` grouped by what they hold: (layer view, the rank's share in it,
+    MoE, how many layers)."""
+    counts: dict[tuple[tuple[int, ...], bool], tuple[int, int]] = {}
+    for i in range(layers.start, layers.stop):
+        moe = bool(spec.num_experts) and i >= spec.dense_layers
+        key = (tuple(k for k, v in enumerate(spec.variants) if i in v.layers), moe)
+        first, n = counts.get(key, (i, 0))
+        counts[key] = (first, n + 1)
+    out = []
+    for (_, moe), (first, n) in counts.items():
+        view, mine = layer_view(spec, shard, first)
+        out.append((view, mine, moe, n))
+    return out
+
+
+def stage_kv_bytes_per_token(
+    spec: ModelSpec, shard: RankShard, layers: Span, float_bytes: int = FLOAT_BYTES
+) -> int:
+    """KV cache bytes the layers ``layers`` of this rank add per token of context."""
+    return sum(
+        n * kv_bytes_per_token(view, mine, float_bytes)
+        for view, mine, _, n in layer_groups(spec, shard, layers)
+    )
 
 
 class RankLoad(Frozen):
@@ -206,22 +242,10 @@ def rank_load(
     float_bytes: int = FLOAT_BYTES,
 ) -> RankLoad:
     per = bytes_per_weight(spec, float_bytes)
-    # Layers alike for the cost: MoE or dense FFN, and the query-head count of their attention
-    # (ModelSpec.other_attention), with how many of each this rank holds.
-    kinds: dict[tuple[bool, bool], int] = {}
-    other = spec.other_attention.layers if spec.other_attention else ()
-    for i in range(layers.start, layers.stop):
-        kind = (bool(spec.num_experts) and i >= spec.dense_layers, i in other)
-        kinds[kind] = kinds.get(kind, 0) + 1
     held = 0
-    attention_width = kv_bytes = 0
     shapes: dict[tuple[Segment, int, int], int] = {}  # weights read per token, by shape
-    for (moe, is_other), layer_count in kinds.items():
-        layer = other[0] if is_other else -1
-        view = spec.for_layer(layer)
-        mine = shard.model_copy(update={"heads": heads_for_layer(spec, shard.heads, layer)})
-        attention_width += layer_count * mine.heads.q_heads.size * view.head_dim
-        kv_bytes += layer_count * kv_bytes_per_token(view, mine, float_bytes)
+    groups = layer_groups(spec, shard, layers)
+    for view, mine, moe, layer_count in groups:
         held += layer_count * unread_weights(view, mine, moe)
         for segment, k, n, count in layer_matrices(view, mine, moe):
             held += layer_count * k * n * count
@@ -234,13 +258,18 @@ def rank_load(
         shapes["head", spec.hidden_size, shard.vocab.size] = 1
     if first and not (last and spec.tie_word_embeddings):
         vocab_held += vocab  # embedding shard; a lookup reads one row, not counted
+    if first and spec.per_layer_embedding:
+        # Gemma 4: per-layer input embeddings (vocab-split) and their projection (replicated)
+        vocab_held += (shard.vocab.size + spec.hidden_size) * spec.per_layer_embedding
+        key = ("head", spec.hidden_size, spec.per_layer_embedding)
+        shapes[key] = shapes.get(key, 0) + 1
     read = sum(k * n * count for (_, k, n), count in shapes.items())
     return RankLoad(
         held_bytes=round((held + vocab_held) * per + norms),
         read_bytes=round(read * per + norms),
         flops_per_token=2.0 * read,
-        attention_width=attention_width,
-        kv_bytes_per_token=kv_bytes,
+        attention_width=sum(n * mine.heads.q_heads.size * v.head_dim for v, mine, _, n in groups),
+        kv_bytes_per_token=sum(n * kv_bytes_per_token(v, m, float_bytes) for v, m, _, n in groups),
         matrices=tuple(
             Matrix(segment=g, k=k, n=n, count=c, bytes=round(k * n * c * per))
             for (g, k, n), c in shapes.items()

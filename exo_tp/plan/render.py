@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.shard_plan import ShardPlan
+from exo_tp.plan.spec import LayerVariant
+
+
+def _variant(variant: LayerVariant) -> str:
+    """What some layers have instead (ModelSpec.variants)."""
+    parts = [
+        *([f"{variant.num_heads} heads: spans scaled"] if variant.num_heads else []),
+        *([f"head_dim {variant.head_dim}"] if variant.head_dim else []),
+        *([f"{variant.num_kv_heads} KV heads"] if variant.num_kv_heads else []),
+        *([] if variant.has_kv else ["KV shared"]),
+        *(f"{kind} as {src}" for kind, src in variant.ffn.items()),
+    ]
+    return ", ".join(parts)
 
 
 def render_plan(plan: ShardPlan) -> str:
@@ -12,12 +25,7 @@ def render_plan(plan: ShardPlan) -> str:
         f"model {spec.model_type}: {spec.num_layers} layers, hidden {spec.hidden_size}, "
         f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads x {spec.head_dim}"
         + "".join(f", {name} {width}" for name, width in spec.head_widths.items())
-        + (
-            f" ({spec.other_attention.num_heads} heads in {len(spec.other_attention.layers)} "
-            f"layers: spans scaled)"
-            if spec.other_attention
-            else ""
-        )
+        + "".join(f" ({_variant(v)} in {len(v.layers)} layers)" for v in spec.variants)
         + ", "
         f"ffn {spec.ffn_sizes}, vocab {spec.vocab_size}"
         + (

@@ -267,7 +267,12 @@ class _Layouts:
         collectives = 0.0
         if link is not None:
             one = all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
-            collectives = 2 * (one + collective_floor(len(group), link, overhead))
+            reduces = 3 if spec.dense_mlp_with_experts else 2  # Gemma 4 MoE: MLP, experts
+            collectives = reduces * (one + collective_floor(len(group), link, overhead))
+            # full-width q/k norms: one more all-reduce each per layer, latency-bound
+            norms = len(table_for(spec.model_type).norms)
+            tiny = all_sum_seconds(len(group), FLOAT_BYTES, link)
+            collectives += norms * (tiny + collective_floor(len(group), link, overhead))
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes)

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 from exo_tp.arch import LinearRule
 from exo_tp.arch.table import HEAD_DIMS
 from exo_tp.plan.shard_plan import RankShard, ShardPlan
-from exo_tp.plan.tensor_parallel import heads_for_layer
+from exo_tp.plan.tensor_parallel import layer_view
 
 Ranges = list[tuple[int, int]]
 
@@ -18,15 +19,13 @@ class RankSelector:
         self.spec = plan.spec
         self.shard: RankShard = plan.ranks[rank]
 
-    def for_layer(self, layer: int) -> RankSelector:
-        """This rank's selector in layer ``layer``: itself, or in layers of another head count
-        (ModelSpec.other_attention) one over that count with its head span scaled to it."""
-        spec = self.spec.for_layer(layer)
+    def layer(self, index: int) -> RankSelector:
+        """This rank's selector for layer ``index`` (its variant's sizes; itself if plain)."""
+        spec, shard = layer_view(self.spec, self.shard, index)
         if spec is self.spec:
             return self
-        view = object.__new__(RankSelector)
-        heads = heads_for_layer(self.spec, self.shard.heads, layer)
-        view.spec, view.shard = spec, self.shard.model_copy(update={"heads": heads})
+        view = copy.copy(self)
+        view.__dict__ = {"spec": spec, "shard": shard}  # no cached rule ranges of another view
         return view
 
     def count(self, dim: str) -> int:

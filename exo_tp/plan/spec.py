@@ -16,8 +16,8 @@ from exo_tp.frozen import Frozen
 __all__ = [
     "Frozen",
     "LatentAttention",
+    "LayerVariant",
     "ModelSpec",
-    "OtherAttention",
     "Quantization",
     "load_spec",
     "spec_from_config",
@@ -49,15 +49,21 @@ class LatentAttention(Frozen):
     index_head_dim: int = Field(default=0, ge=0)
 
 
-class OtherAttention(Frozen):
-    """Layers whose attention has another query-head count, with the same KV heads and head
-    width (Step 3.5: 96 query heads in its sliding-window layers, 64 in the others, 8 KV heads
-    in both). A rank holds the same fraction of the heads there: its query-head span scaled by
-    ``num_heads / ModelSpec.num_heads`` (the planner's head unit keeps that whole), so its KV
-    heads are the same in every layer."""
+class LayerVariant(Frozen):
+    """Sizes some layers use instead of the model's. Gemma 4: global-attention layers have
+    wider heads and may have fewer KV heads; KV-shared layers have no K/V of their own and a
+    double-wide MLP. Step 3.5: sliding-window layers have more query heads over the same KV
+    heads, and a rank holds the same fraction of them there (its query-head span scaled by
+    ``num_heads / ModelSpec.num_heads``; the planner's head unit keeps that whole). A layer in
+    several variants takes each in turn."""
 
-    num_heads: int = Field(gt=0)
     layers: tuple[int, ...]
+    num_heads: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    # FFN kind of these layers -> the ModelSpec.ffn_sizes kind holding its size (and its split)
+    ffn: dict[str, str] = {}
+    has_kv: bool = True  # False: the layer attends with an earlier layer's keys and values
 
 
 class ModelSpec(Frozen):
@@ -83,14 +89,45 @@ class ModelSpec(Frozen):
     experts_per_token: int = Field(default=0, ge=0)
     dense_layers: int = Field(default=0, ge=0)  # leading layers with a dense FFN (DeepSeek)
     latent_attention: LatentAttention | None = None
-    other_attention: OtherAttention | None = None
+    # Gemma 4 MoE: every layer runs a dense MLP ("ffn") beside its experts.
+    dense_mlp_with_experts: bool = False
+    # Columns of a second token-indexed table (Gemma 4's per-layer inputs, layers x width),
+    # vocab-split like the embedding (0: none, or replicated when its vocabulary differs).
+    per_layer_embedding: int = Field(default=0, ge=0)
+    variants: tuple[LayerVariant, ...] = ()
+    # False only in a layer's view (``layer``) of a layer reusing another layer's KV cache.
+    has_kv: bool = True
 
-    def for_layer(self, layer: int) -> ModelSpec:
-        """The spec as layer ``layer`` sees it: its own query-head count (OtherAttention)."""
-        other = self.other_attention
-        if other is None or layer not in other.layers:
+    def layer(self, index: int) -> ModelSpec:
+        """The sizes layer ``index`` uses (its variants applied; this spec when it has none)."""
+        changes: dict[str, Any] = {}
+        for v in self.variants:
+            if index not in v.layers:
+                continue
+            if v.num_heads is not None:
+                changes["num_heads"] = v.num_heads
+            if v.head_dim is not None:
+                changes["head_dim"] = v.head_dim
+            if v.num_kv_heads is not None:
+                changes["num_kv_heads"] = v.num_kv_heads
+            if v.ffn:
+                ffn = dict(changes.get("ffn_sizes", self.ffn_sizes))
+                ffn.update({kind: self.ffn_sizes[src] for kind, src in v.ffn.items()})
+                changes["ffn_sizes"] = ffn
+            if not v.has_kv:
+                changes["has_kv"] = False
+        if not changes:
             return self
-        return self.model_copy(update={"num_heads": other.num_heads, "other_attention": None})
+        return self.model_copy(update={**changes, "variants": ()})
+
+    def layer_specs(self) -> list[ModelSpec]:
+        """Every distinct layer view (the model's own first)."""
+        views = [self]
+        for i in sorted({i for v in self.variants for i in v.layers}):
+            view = self.layer(i)
+            if view not in views:
+                views.append(view)
+        return views
 
     @property
     def group_size(self) -> int:
@@ -155,6 +192,8 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def _ffn_sizes(c: dict[str, Any]) -> dict[str, int]:
+    if c.get("intermediate_size_mlp"):  # mlx-lm's llama4_text: its MLP's width
+        return {"ffn": int(c["intermediate_size_mlp"])}
     ffn = {"ffn": int(c["intermediate_size"])} if c.get("intermediate_size") else {}
     if c.get("moe_intermediate_size"):
         ffn["expert_ffn"] = int(c["moe_intermediate_size"])
@@ -230,7 +269,7 @@ def _usual_names(c: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _other_attention(c: dict[str, Any], kv_heads: int) -> OtherAttention | None:
+def _other_attention(c: dict[str, Any], kv_heads: int) -> LayerVariant | None:
     """Step 3.5's attention_other_setting: its sliding-window layers' head counts."""
     other = c.get("attention_other_setting")
     if not other:
@@ -249,7 +288,70 @@ def _other_attention(c: dict[str, Any], kv_heads: int) -> OtherAttention | None:
         return None
     if heads % kv_heads:
         raise ExoTpError(f"{heads} attention heads are not a multiple of {kv_heads} KV heads")
-    return OtherAttention(num_heads=heads, layers=sliding)
+    return LayerVariant(layers=sliding, num_heads=heads)
+
+
+# mlx-lm's gemma4_text.ModelArgs defaults for the keys read here, where config.json omits them.
+_GEMMA4_DEFAULTS: dict[str, Any] = {
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_kv_shared_layers": 20,
+    "hidden_size_per_layer_input": 256,
+    "vocab_size_per_layer_input": 262144,
+    "use_double_wide_mlp": True,
+    "sliding_window_pattern": 5,
+    "attention_k_eq_v": False,
+    "enable_moe_block": False,
+}
+GEMMA4_TYPES = ("gemma4", "gemma4_text")
+
+
+def _gemma4_text(config: dict[str, Any]) -> dict[str, Any]:
+    c = {**_GEMMA4_DEFAULTS, **_text_config(config)}
+    if config["model_type"] == "gemma4":  # mlx-lm's wrapper imposes its own vocab size
+        c["vocab_size"] = config.get("vocab_size", 262144)
+    if not c["enable_moe_block"]:  # experts settings mean nothing without the MoE block
+        c = {k: v for k, v in c.items() if k not in ("num_experts", "moe_intermediate_size")}
+    return c
+
+
+def _gemma4_fields(c: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4's per-layer sizes: global layers' head width and KV heads, KV-shared layers
+    (no K/V, double-wide MLP), per-layer input embeddings, the MoE block beside the MLP."""
+    layers = int(c["num_hidden_layers"])
+    types = c.get("layer_types") or [
+        "full_attention" if (i + 1) % int(c["sliding_window_pattern"]) == 0 else "sliding_attention"
+        for i in range(layers)
+    ]
+    variants = []
+    full = tuple(i for i, t in enumerate(types) if t == "full_attention")
+    global_kv = c.get("num_global_key_value_heads") if c["attention_k_eq_v"] else None
+    if full and (c.get("global_head_dim") or global_kv):
+        variants.append(
+            LayerVariant(
+                layers=full,
+                head_dim=c.get("global_head_dim") or None,
+                num_kv_heads=global_kv,
+            )
+        )
+    first_shared = layers - int(c["num_kv_shared_layers"])
+    shared = tuple(range(first_shared, layers)) if 0 < first_shared < layers else ()
+    wide = bool(shared and c["use_double_wide_mlp"])
+    if shared:
+        variants.append(
+            LayerVariant(layers=shared, has_kv=False, ffn={"ffn": "ffn_wide"} if wide else {})
+        )
+    per_layer = int(c.get("hidden_size_per_layer_input") or 0)
+    same_vocab = int(c["vocab_size_per_layer_input"]) == int(c["vocab_size"])
+    return {
+        "variants": tuple(variants),
+        "extra_ffn": {"ffn_wide": 2 * int(c["intermediate_size"])} if wide else {},
+        "per_layer_embedding": layers * per_layer if same_vocab else 0,
+        "dense_mlp_with_experts": bool(c["enable_moe_block"]),
+        "experts_per_token": int(c.get("top_k_experts") or 0),
+    }
 
 
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:
@@ -257,9 +359,18 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     if "model_type" not in config:
         raise ExoTpError("config.json lacks 'model_type'")
     table = table_for(str(config["model_type"]))
-    c = _usual_names(_text_config(config))
+    gemma4 = config["model_type"] in GEMMA4_TYPES
+    c = _gemma4_text(config) if gemma4 else _usual_names(_text_config(config))
+    if config["model_type"] == "llama4_text":  # mlx-lm's llama4_text is dense whatever it says
+        c = {k: v for k, v in c.items() if k not in ("num_local_experts", "num_experts_per_tok")}
     try:
+        extra = _gemma4_fields(c) if gemma4 else {}
+        extra_ffn = extra.pop("extra_ffn", {})
+        top_k = extra.pop("experts_per_token", 0)
         kv_heads, head_dim, head_widths = _heads(c, table.reads_head_dim)
+        other = _other_attention(c, kv_heads)
+        if other is not None:
+            extra["variants"] = (other,)
         if c.get("use_head_wise_attn_gate"):
             head_widths["head_gate"] = 1  # Step 3.5's g_proj: one gate row per query head
         spec = ModelSpec(
@@ -270,7 +381,7 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             head_widths=head_widths,
-            ffn_sizes=_ffn_sizes(c),
+            ffn_sizes={**_ffn_sizes(c), **extra_ffn},
             vocab_size=int(c["vocab_size"]),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", table.tie_default)),
             dtype_bytes=_DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")), 2),
@@ -284,20 +395,25 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
                 or 0
             ),
             experts_per_token=int(
-                c.get("num_experts_per_tok") or c.get("experts_per_token") or c.get("moe_k") or 0
+                c.get("num_experts_per_tok")
+                or c.get("experts_per_token")
+                or c.get("moe_k")
+                or top_k
             ),
             dense_layers=_dense_layers(c),
             latent_attention=_latent_attention(str(config["model_type"]), c),
-            other_attention=_other_attention(c, kv_heads),
+            **extra,
         )
     except KeyError as missing:
         raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None
     except (TypeError, ValueError) as bad:
         raise ExoTpError(f"config.json has an invalid value: {bad}") from None
-    if spec.num_heads % spec.num_kv_heads:
-        raise ExoTpError(
-            f"{spec.num_heads} attention heads are not a multiple of {spec.num_kv_heads} KV heads"
-        )
+    for view in spec.layer_specs():
+        if view.num_heads % view.num_kv_heads:
+            raise ExoTpError(
+                f"{view.num_heads} attention heads are not a multiple of "
+                f"{view.num_kv_heads} KV heads"
+            )
     return spec
 
 

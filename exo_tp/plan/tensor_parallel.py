@@ -23,10 +23,11 @@ VOCAB_ALIGN = 64
 
 def _row_head_widths(spec: ModelSpec) -> set[int]:
     """Columns per query head of every weight the architecture splits along its input by heads
-    (o_proj: head_dim, or v_head_dim under MLA)."""
+    (o_proj: head_dim, or v_head_dim under MLA), in every layer view."""
     table = table_for(spec.model_type)
     return {
-        spec.head_width(rule.width)
+        view.head_width(rule.width)
+        for view in spec.layer_specs()
         for rule in table.linears
         if rule.style == "row" and any(p in HEAD_DIMS for p in rule.parts)
     }
@@ -34,21 +35,24 @@ def _row_head_widths(spec: ModelSpec) -> set[int]:
 
 def _head_unit(spec: ModelSpec, by_group: bool) -> int:
     """Query heads per unit: a GQA group (or single head), grown until every input-column cut
-    by heads (``unit * width``) lands on a quantization group, in the layers of another head
-    count too (OtherAttention: there the unit scales to whole heads, aligned alike)."""
+    by heads (``unit * width``) lands on a quantization group, in every layer view
+    (``ModelSpec.variants``): where a layer has other KV heads the unit holds whole groups of
+    it too, and where it has another query-head count the unit scales to whole heads there,
+    aligned alike."""
     base = spec.group_size if by_group else 1
     grow = math.lcm(
         1, *(math.lcm(base * w, spec.input_align) // (base * w) for w in _row_head_widths(spec))
     )
     unit = base * grow
-    other = spec.other_attention
-    if other is None:
-        return unit
 
     def whole(heads: int) -> bool:
-        scaled, rest = divmod(heads * other.num_heads, spec.num_heads)
-        aligned = all(scaled * w % spec.input_align == 0 for w in _row_head_widths(spec))
-        return not rest and aligned
+        for view in spec.layer_specs():
+            scaled, rest = divmod(heads * view.num_heads, spec.num_heads)
+            if rest or (by_group and scaled % view.group_size):
+                return False
+            if any(scaled * w % spec.input_align for w in _row_head_widths(view)):
+                return False
+        return True
 
     grown = unit
     while not whole(grown):
@@ -56,20 +60,16 @@ def _head_unit(spec: ModelSpec, by_group: bool) -> int:
     return grown
 
 
-def heads_for_layer(spec: ModelSpec, heads: HeadShard, layer: int) -> HeadShard:
-    """A rank's heads in layer ``layer``: in layers of another head count (OtherAttention) its
-    query-head span scaled to that count, the KV heads they need (the same ones)."""
-    other = spec.other_attention
-    if other is None or layer not in other.layers:
-        return heads
+def _scaled_heads(spec: ModelSpec, view: ModelSpec, heads: HeadShard) -> HeadShard:
+    """A rank's heads in a layer view: its query-head span scaled to the view's query-head
+    count (the same span where it has the model's), with the KV heads they need there."""
     q = heads.q_heads
-    scaled = Span(
-        start=q.start * other.num_heads // spec.num_heads,
-        stop=q.stop * other.num_heads // spec.num_heads,
-    )
-    return HeadShard(
-        q_heads=scaled, kv_heads=kv_heads_for(scaled, other.num_heads // spec.num_kv_heads)
-    )
+    if view.num_heads != spec.num_heads:
+        q = Span(
+            start=q.start * view.num_heads // spec.num_heads,
+            stop=q.stop * view.num_heads // spec.num_heads,
+        )
+    return HeadShard(q_heads=q, kv_heads=kv_heads_for(q, view.group_size))
 
 
 def kv_heads_for(q_heads: Span, group_size: int) -> tuple[int, ...]:
@@ -81,6 +81,29 @@ def kv_heads_for(q_heads: Span, group_size: int) -> tuple[int, ...]:
         return ()
     repeat = math.gcd(*runs.values())
     return tuple(kv for kv, n in runs.items() for _ in range(n // repeat))
+
+
+def layer_view(spec: ModelSpec, shard: RankShard, layer: int) -> tuple[ModelSpec, RankShard]:
+    """The sizes and the rank's share of one layer: its variants' query heads (the rank's span
+    scaled), head width and KV heads (replicated as needed), its FFN kinds' spans."""
+    view = spec.layer(layer)
+    if view is spec:
+        return spec, shard
+    changes: dict[str, object] = {}
+    if view.num_kv_heads != spec.num_kv_heads or view.num_heads != spec.num_heads:
+        changes["heads"] = _scaled_heads(spec, view, shard.heads)
+    remap = {kind: src for v in spec.variants if layer in v.layers for kind, src in v.ffn.items()}
+    if remap:
+        changes["ffn"] = {**shard.ffn, **{kind: shard.ffn[src] for kind, src in remap.items()}}
+    return view, shard.model_copy(update=changes)
+
+
+def layer_plan(plan: ShardPlan, layer: int) -> ShardPlan:
+    """``plan`` as one layer sees it (see layer_view); ``plan`` itself for a plain layer."""
+    if not plan.spec.variants:
+        return plan
+    views = [layer_view(plan.spec, s, layer) for s in plan.ranks]
+    return plan.model_copy(update={"spec": views[0][0], "ranks": tuple(s for _, s in views)})
 
 
 def _ffn_unit(spec: ModelSpec) -> int:
@@ -112,7 +135,7 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
     """One TP group over ``len(weights)`` ranks; rank r's share tracks ``weights[r]``."""
     shares = normalize(weights)
     n = len(shares)
-    by_group = n <= spec.num_kv_heads
+    by_group = n <= min(v.num_kv_heads for v in spec.layer_specs())
     head_unit = _head_unit(spec, by_group)
     q_spans = _split(spec.num_heads, head_unit, shares)
     ffn_unit = _ffn_unit(spec)
@@ -143,7 +166,8 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
             op="all_sum",
             sizes=(spec.hidden_size,) * n,
             padded=spec.hidden_size,
-            per_layer=1,
+            # Gemma 4 MoE: the dense MLP and the experts are reduced apart (own post-norms)
+            per_layer=2 if spec.dense_mlp_with_experts else 1,
         ),
         Collective(
             name="embedding", op="all_sum", sizes=(spec.hidden_size,) * n, padded=spec.hidden_size
@@ -151,6 +175,17 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
         # Vocab shards differ in size: padded to the largest before the gather.
         Collective(name="logits", op="all_gather", sizes=vocab_sizes, padded=max(vocab_sizes)),
     )
+    if spec.per_layer_embedding:  # Gemma 4's per-layer input embeddings, vocab-split
+        width = spec.per_layer_embedding
+        collectives += (
+            Collective(name="per_layer_embedding", op="all_sum", sizes=(width,) * n, padded=width),
+        )
+    norms = len(table_for(spec.model_type).norms)
+    if norms:
+        # Full-width q/k norms: one sum of squares per position each (latency, not bytes).
+        collectives += (
+            Collective(name="qk_norm", op="all_sum", sizes=(1,) * n, padded=1, per_layer=norms),
+        )
     return ShardPlan(
         spec=spec,
         weights=shares,

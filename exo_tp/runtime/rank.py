@@ -30,7 +30,7 @@ from exo_tp.arch import table_for
 from exo_tp.lab.factor import FACTOR_ENV, FACTOR_FILE_ENV, pin_from_env
 from exo_tp.models.registry import resolve_model
 from exo_tp.models.tokenizer import load_model_tokenizer
-from exo_tp.plan.cost import kv_bytes_per_token
+from exo_tp.plan.cost import stage_kv_bytes_per_token
 from exo_tp.process.blas import active_blas
 from exo_tp.process.child import connect_supervisor
 from exo_tp.process.lifecycle import die_with_parent
@@ -113,7 +113,7 @@ def _bytes_per_token(job: Assignment) -> int:
     """KV cache bytes per token on the rank holding the most (the prompt cache's measure)."""
     spec = job.plan.stages[0].tp.spec
     return max(
-        stage.layers.size * kv_bytes_per_token(spec, shard, FLOAT_BYTES[job.dtype])
+        stage_kv_bytes_per_token(spec, shard, stage.layers, FLOAT_BYTES[job.dtype])
         for stage in job.plan.stages
         for shard in stage.tp.ranks
     )

@@ -20,7 +20,13 @@ from exo_tp.plan import ShardPlan, Span
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.adapters import apply_to_block, check_layers, read_adapter
 from exo_tp.shard.blocks import BlockSharder
-from exo_tp.shard.layers import Absent, HiddenFeed, VocabParallelEmbedding, VocabParallelHead
+from exo_tp.shard.layers import (
+    Absent,
+    HiddenFeed,
+    TiedHead,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+)
 from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import get_path, has_path, set_path
 
@@ -120,8 +126,17 @@ def _shard_vocab(
                 group,
             ),
         )
+        for path in table.vocab_tables:
+            if has_path(model, path):
+                _vocab_table(model, path, slicer, plan, rank, group, dtype)
     else:
         set_path(model, table.embedding, Absent("the embedding"))
+        for path in table.vocab_tables:
+            if has_path(model, path):
+                set_path(model, path, Absent(f"the {path} table"))
+    if tied and last and table.untie_attr:  # its forward would read the embedding's weight
+        setattr(model, table.untie_attr, False)
+        set_path(model, table.lm_head, TiedHead(get_path(model, table.embedding)))
     if not first:  # a later stage embeds the previous stage's hidden state
         set_path(model, table.embedding, HiddenFeed(get_path(model, table.embedding)))
     if not tied:
@@ -131,6 +146,31 @@ def _shard_vocab(
             set_path(model, table.lm_head, VocabParallelHead(head, sizes, group))
         else:
             set_path(model, table.lm_head, Absent("the LM head"))
+
+
+def _vocab_table(
+    model: nn.Module,
+    path: str,
+    slicer: WeightSlicer,
+    plan: ShardPlan,
+    rank: int,
+    group: mx.distributed.Group,
+    dtype: mx.Dtype | None,
+) -> None:
+    """Another token-indexed table (ArchTable.vocab_tables): this rank's vocabulary rows, its
+    lookups summed over ranks, like the embedding; kept whole if its vocabulary differs."""
+    table = get_path(model, path)
+    if dtype is not None:
+        table.set_dtype(dtype)
+    probe = table(mx.zeros((1,), dtype=mx.int32))  # graph only: width and lookup dtype
+    if table["weight"].shape[0] != plan.spec.vocab_size:
+        return
+    rows = RankSelector(plan, rank).ranges("vocab")
+    slicer.slice_rows(path, table, rows, plan.spec.vocab_size)
+    sizes = [r.vocab.size for r in plan.ranks]
+    start = plan.ranks[rank].vocab.start
+    wrapped = VocabParallelEmbedding(table, start, sizes, probe.shape[-1], probe.dtype, group)
+    set_path(model, path, wrapped)
 
 
 def load_shard(
@@ -165,7 +205,7 @@ def load_shard(
         prefix = f"{table.layers}.{i}"
         sharder.shard(blocks[i], prefix, i)
         if adapter:
-            apply_to_block(adapter, blocks[i], prefix, table, ranks[rank].for_layer(i))
+            apply_to_block(adapter, blocks[i], prefix, table, ranks[rank].layer(i))
         _finish(blocks[i], dtype, lambda path, prefix=prefix: keep(f"{prefix}.{path}"))
     _keep_layers(model, table, layers)
     if not last:

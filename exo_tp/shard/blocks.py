@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from exo_tp.arch import ArchTable, BranchRule, LinearRule
+from exo_tp.arch import ArchTable, BranchRule, LinearRule, NormRule
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
@@ -18,7 +18,9 @@ from exo_tp.shard.layers import (
     ZeroAttention,
     ZeroExperts,
     ZeroMLP,
+    ZeroSharingAttention,
 )
+from exo_tp.shard.sharded_norm import ShardedRMSNorm, counted_mask
 from exo_tp.shard.slicing import ShardError, WeightSlicer
 from exo_tp.shard.tree import get_path, has_path, set_path
 
@@ -37,28 +39,19 @@ class BlockSharder:
     ):
         self.table = table
         self.slicer = slicer
-        self.ranks = ranks  # every rank's selector: a row-parallel bias goes to one holder
-        self.rank = rank
+        self._all = list(ranks)
+        self._rank = rank
+        self.ranks = self._all  # every rank's selector: a row-parallel bias goes to one holder
         self.mine = ranks[rank]
         self.width = width
         self.group = group
 
     def shard(self, layer: nn.Module, prefix: str, index: int | None = None) -> None:
-        """Shard block ``layer`` (layer ``index`` of the model: some models have other head
-        counts in some layers, see RankSelector.for_layer)."""
-        if index is None:
-            self._shard(layer, prefix, self.ranks, self.mine)
-            return
-        ranks = [r.for_layer(index) for r in self.ranks]
-        self._shard(layer, prefix, ranks, ranks[self.rank])
-
-    def _shard(
-        self,
-        layer: nn.Module,
-        prefix: str,
-        ranks: Sequence[RankSelector],
-        mine: RankSelector,
-    ) -> None:
+        """Shard block ``index`` (by default the number ending ``prefix``) in place."""
+        index = int(prefix.rpartition(".")[2]) if index is None else index
+        # this layer's sizes (ModelSpec.variants: wider heads, other KV heads, wider FFN)
+        self.ranks = [s.layer(index) for s in self._all]
+        self.mine = self.ranks[self._rank]
         rules = [r for r in self.table.linears if has_path(layer, r.path)]
         for rule in rules:
             self._check_dims(rule, prefix)
@@ -67,7 +60,9 @@ class BlockSharder:
             if branch.reduce:
                 self._check_covered(layer, prefix, branch, rules)
         empty = [
-            b for b in branches if not any(mine.holds(r) for r in rules if is_under(r.path, b.path))
+            b
+            for b in branches
+            if not any(self.mine.holds(r) for r in rules if is_under(r.path, b.path))
         ]
         # Outermost empty branches get stand-ins; everything inside them is dropped.
         stand_ins = [
@@ -77,14 +72,21 @@ class BlockSharder:
 
         for rule in rules:
             if not any(is_under(rule.path, path) for path in gone):
-                self._slice(layer, prefix, rule, ranks, mine)
+                self._slice(layer, prefix, rule)
+        norms = [n for n in self.table.norms if has_path(layer, n.path)]
+        for norm in norms:
+            if not any(is_under(norm.path, path) for path in gone):
+                set_path(layer, norm.path, self._sharded_norm(layer, prefix, norm))
         for count in self.table.counts:
             if not any(is_under(count.path, path) for path in gone):
                 if not has_path(layer, count.path):
                     raise ExoTpError(f"{prefix}.{count.path}: no such head count attribute")
-                set_path(layer, count.path, mine.count(count.dim))
+                set_path(layer, count.path, self.mine.count(count.dim))
         for branch in stand_ins:
-            set_path(layer, branch.path, self._stand_in(branch))
+            joins = tuple(n.dim for n in norms if is_under(n.path, branch.path))
+            stand_in = self._stand_in(branch, joins)
+            _keep_settings(stand_in, get_path(layer, branch.path))
+            set_path(layer, branch.path, stand_in)
         for branch in branches:
             if branch.reduce:
                 inner = get_path(layer, branch.path)
@@ -109,7 +111,8 @@ class BlockSharder:
         Otherwise a projection the table does not know would be used whole on every rank and
         summed N times: refuse instead of computing something wrong.
         """
-        known = [r.path for r in rules] + list(self.table.replicated)
+        known = [r.path for r in rules] + [n.path for n in self.table.norms]
+        known += list(self.table.replicated)
         if not any(is_under(r.path, branch.path) for r in rules):
             raise ExoTpError(
                 f"{prefix}.{branch.path}: the {self.table.model_types[0]} table "
@@ -124,16 +127,9 @@ class BlockSharder:
                     f"{self.table.model_types[0]} does not say how to split it"
                 )
 
-    def _slice(
-        self,
-        layer: nn.Module,
-        prefix: str,
-        rule: LinearRule,
-        ranks: Sequence[RankSelector],
-        mine: RankSelector,
-    ) -> None:
+    def _slice(self, layer: nn.Module, prefix: str, rule: LinearRule) -> None:
         name = f"{prefix}.{rule.path}"
-        ranges, expected = mine.rule(rule)
+        ranges, expected = self.mine.rule(rule)
         if not ranges:  # zero-size weights break MLX kernels: a branch must stand in
             raise ShardError(f"{name}: empty on this rank but no enclosing branch stands in")
         if rule.style == "stacked":
@@ -145,12 +141,46 @@ class BlockSharder:
         if rule.style == "column":
             self.slicer.slice_rows(name, module, ranges, expected)
             return
-        holder = next(s for s in ranks if s.holds(rule))
-        self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is mine)
+        holder = next(s for s in self.ranks if s.holds(rule))
+        self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is self.mine)
 
-    def _stand_in(self, branch: BranchRule) -> nn.Module:
+    def _sharded_norm(self, layer: nn.Module, prefix: str, rule: NormRule) -> ShardedRMSNorm:
+        """This rank's entries of a full-width norm, counting each head once (see NormRule)."""
+        name = f"{prefix}.{rule.path}"
+        norm = get_path(layer, rule.path)
+        width = self.mine.spec.head_width(rule.width)
+        ranges, full = self.mine.packed((rule.dim,), width)
+        _check_norm(name, norm, full)
+        weight = self.slicer.take(f"{name}.weight", norm["weight"], -1, ranges)
+        counted = None
+        if rule.dim == "kv_heads":  # replicated KV heads: only the first holder counts them
+            me = self.ranks.index(self.mine)
+            earlier = {k for s in self.ranks[:me] for k in s.shard.heads.kv_heads}
+            counted = counted_mask(self.mine.shard.heads.kv_heads, earlier, width)
+        return ShardedRMSNorm(weight, norm.eps, full, counted, self.group)
+
+    def _stand_in(self, branch: BranchRule, joins: tuple[str, ...] = ()) -> nn.Module:
+        if branch.kind == "attention" and branch.shares_kv:
+            return ZeroSharingAttention(self.width, self.mine.spec.head_dim)
         if branch.kind == "attention":
-            return ZeroAttention(self.width, self.mine.spec.head_dim)
+            return ZeroAttention(self.width, self.mine.spec.head_dim, joins, self.group)
         if branch.kind == "experts":
             return ZeroExperts(self.width)
         return ZeroMLP(self.width)
+
+
+def _check_norm(name: str, norm: nn.Module, full: int) -> None:
+    weight = norm.get("weight") if isinstance(norm, nn.Module) else None
+    if not isinstance(weight, mx.array) or weight.shape != (full,) or not hasattr(norm, "eps"):
+        shape = None if weight is None else tuple(weight.shape)
+        raise ExoTpError(f"{name}: expected an RMSNorm of width {full}, found {shape}")
+
+
+def _keep_settings(stand_in: nn.Module, original: nn.Module) -> None:
+    """Plain settings of the replaced sub-block (EXAONE 4's model reads ``self_attn.is_local``
+    to pick each layer's mask) stay readable on its stand-in; its weights do not."""
+    for key, value in vars(original).items():
+        if key.startswith("_") or key in vars(stand_in):
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            setattr(stand_in, key, value)

@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from exo_tp.shard.collectives import gather_padded, sum_over_ranks, zeros_after
+from exo_tp.shard.sharded_norm import join_norm_sum
 
 
 class PartialSum(nn.Module):
@@ -31,8 +32,11 @@ class PartialSum(nn.Module):
         self._width = width
         self._group = group
 
-    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
-        return sum_over_ranks(self.inner(*args, **kwargs), self._width, self._group)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.inner(*args, **kwargs)
+        if isinstance(out, tuple):  # (output, what the layer hands on: KV, offset): output only
+            return (sum_over_ranks(out[0], self._width, self._group), *out[1:])
+        return sum_over_ranks(out, self._width, self._group)
 
     def __getattr__(self, key: str) -> Any:
         # Model code may read attributes of the sub-block it called (e.g. a head count).
@@ -96,31 +100,80 @@ class ZeroAttention(ZeroMLP):
     all-reduces its peers run, and the ring would hang. It therefore caches one head-sized
     slice of its input (a stand-in head: negligible memory, never read). The cache keeps its
     offset (and a rotating cache its window) in step with the peers', which masks rely on.
+
+    ``joins``: the full-width norms inside the attention (NormRule dims), whose all-reduces
+    this rank joins with zeros: a key norm's before its cache update (peers cache normalised
+    keys: their prefill runs that all-reduce), every one before its output.
     """
 
-    def __init__(self, width: int, head_dim: int):
+    def __init__(
+        self,
+        width: int,
+        head_dim: int,
+        joins: tuple[str, ...] = (),
+        group: mx.distributed.Group | None = None,
+    ):
         super().__init__(width)
         self._head_dim = head_dim
+        self._joins = joins
+        self._group = group
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         cache = _cache_argument(args, kwargs)
+        sums = [join_norm_sum(x, self._group) for _ in self._joins] if self._group else []
         if cache is not None:
-            b, length, _ = x.shape
-            stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
-            # A CacheList (DeepSeek Sparse Attention: latent cache + indexer key cache) keeps
-            # every one of its caches in step.
-            for one in getattr(cache, "caches", (cache,)):
-                one.update_and_fetch(stand_in, stand_in)
-        return super().__call__(x)
+            keyed = [s for s, dim in zip(sums, self._joins, strict=True) if dim == "kv_heads"]
+            self._cache_stand_in(x, cache, keyed)
+        out = super().__call__(x)
+        return mx.depends(out, sums) if sums else out
+
+    def _cache_stand_in(
+        self, x: mx.array, cache: Any, after: Sequence[mx.array] = ()
+    ) -> tuple[mx.array, mx.array]:
+        """A stand-in head's keys and values (one head-sized slice of ``x``), through the cache
+        when there is one; computed after ``after``."""
+        b, length, _ = x.shape
+        stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
+        if after:
+            stand_in = mx.depends(stand_in, list(after))
+        if cache is None:
+            return stand_in, stand_in
+        # A CacheList (DeepSeek Sparse Attention: latent cache + indexer key cache) keeps every
+        # one of its caches in step.
+        caches = getattr(cache, "caches", (cache,))
+        return [one.update_and_fetch(stand_in, stand_in) for one in caches][0]
 
 
 def _cache_argument(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """The KV cache an attention was called with: by keyword, or positionally after the mask
-    (or, as Mistral 4 passes it, after the mask and a query scale). It is the one argument that
-    is a cache (one with update_and_fetch, or a CacheList of them)."""
+    (or, as Mistral 4 and Ministral 3 pass it, after the mask and a query scale). It is the one
+    argument that is a cache (one with update_and_fetch, or a CacheList of them)."""
     if "cache" in kwargs:
         return kwargs["cache"]
     return next((a for a in args if hasattr(a, "update_and_fetch") or hasattr(a, "caches")), None)
+
+
+class ZeroSharingAttention(ZeroAttention):
+    """Stands in for an attention that hands its keys and values on to later layers (Gemma 4,
+    see BranchRule.shares_kv): returns (zeros, (keys, values), offset) as the real one does.
+    A layer with its own KV caches a stand-in head (see ZeroAttention); a KV-shared layer hands
+    on what it was given."""
+
+    def __call__(  # type: ignore[override]
+        self,
+        x: mx.array,
+        mask: Any = None,
+        cache: Any = None,
+        shared_kv: Any = None,
+        offset: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[mx.array, Any, Any]:
+        out = ZeroMLP.__call__(self, x)
+        if shared_kv is not None:
+            return out, shared_kv, offset
+        offset = mx.array(cache.offset) if cache is not None else 0
+        return out, self._cache_stand_in(x, cache), offset
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -180,6 +233,18 @@ class VocabParallelHead(nn.Module):
         return gather_padded(local, self._sizes, self._group)
 
 
+class TiedHead(nn.Module):
+    """The LM head of a model that ties it to the embedding by reading the embedding's weight
+    (ArchTable.untie_attr): the vocab-parallel embedding's gathered logits."""
+
+    def __init__(self, embedding: VocabParallelEmbedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.embedding.as_linear(x)
+
+
 class Absent(nn.Module):
     """A part of the model this pipeline stage does not hold (never called, never loaded)."""
 
@@ -192,6 +257,10 @@ class Absent(nn.Module):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return self(x)
+
+
+def _no_logits(x: mx.array) -> mx.array:
+    return zeros_after((*x.shape[:-1], 0), x.dtype, x)
 
 
 class _Slot:

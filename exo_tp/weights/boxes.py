@@ -152,7 +152,7 @@ def _layer(
     """BlockSharder.shard, as reads."""
     manifest = reads.manifest
     prefix = f"{table.layers}.{layer}"
-    selectors = [s.for_layer(layer) for s in selectors]  # as BlockSharder.shard
+    selectors = [s.layer(layer) for s in selectors]  # its sizes (ModelSpec.variants)
     mine = selectors[local]
     rules = [r for r in table.linears if manifest.has(f"{prefix}.{r.path}")]
     branches = [b for b in table.branches if manifest.has(f"{prefix}.{b.path}")]
@@ -206,10 +206,15 @@ def rank_boxes(manifest: ModelManifest, plan: PipelinePlan, rank: int) -> Boxes:
         if name in numbered:
             continue
         place = locate(name, table)
-        if place.kind in ("embedding", "lm_head"):
-            held = first or (last and tied) if place.kind == "embedding" else last and not tied
+        if place.kind in ("embedding", "lm_head", "vocab_table"):
+            if place.kind == "lm_head":
+                held = last and not tied
+            else:  # the embedding serves as the tied head too; other tables only the first
+                held = first or (last and tied and place.kind == "embedding")
             entry = manifest.by_name.get(name)
-            if held and entry is not None:  # (vocab, hidden): rows are tokens
+            if held and entry is not None and entry.shape[-2:-1] != (spec.vocab_size,):
+                reads.whole(name)  # a table of another vocabulary: kept whole
+            elif held and entry is not None:  # (vocab, hidden): rows are tokens
                 reads.slices(name, len(entry.shape) - 2, vocab, spec.vocab_size)
         elif place.kind != "norm" or last:
             reads.whole(name)

@@ -10,12 +10,13 @@ the manifest's digest blocks end exactly where a slice can (exo_tp.plan split_gr
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from exo_tp.arch import ArchTable, LinearRule
+from exo_tp.arch import ArchTable, LinearRule, NormRule
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.plan.spec import ModelSpec
 from exo_tp.plan.tensor_parallel import split_grains
@@ -28,7 +29,7 @@ QUANT_PARTS = ("weight", "scales", "biases")
 # or lost block costs little to fetch again.
 WHOLE_BLOCK_BYTES = 1 << 20
 
-Kind = Literal["rule", "embedding", "lm_head", "norm", "layer", "global"]
+Kind = Literal["rule", "embedding", "lm_head", "vocab_table", "norm", "layer", "global"]
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,26 @@ def locate(name: str, table: ArchTable) -> Place:
                 key = _under(inner, rule.path)
                 if key in SLICED_KEYS:
                     return Place(kind="rule", layer=layer, rule=rule, key=key)
+            for norm in table.norms:
+                if _under(inner, norm.path) == "weight":
+                    # a full-width norm's weight is cut like its projection's bias
+                    return Place(kind="rule", layer=layer, rule=norm_rule(norm), key="bias")
             return Place(kind="layer", layer=layer)
     for kind, prefix in (("embedding", table.embedding), ("lm_head", table.lm_head)):
         if _under(name, prefix) in QUANT_PARTS:
             return Place(kind=kind)  # type: ignore[arg-type]
+    for prefix in table.vocab_tables:  # token-indexed like the embedding, cut alike
+        if _under(name, prefix) in QUANT_PARTS:
+            return Place(kind="vocab_table")
     if is_under(name, table.norm):
         return Place(kind="norm")
     return Place(kind="global")
+
+
+@functools.cache
+def norm_rule(norm: NormRule) -> LinearRule:
+    """The column rule whose bias is cut exactly as the sharded norm's weight (by heads)."""
+    return LinearRule(path=norm.path, style="column", parts=(norm.dim,), width=norm.width)
 
 
 def per_head(rule: LinearRule, spec: ModelSpec) -> int:
@@ -116,7 +130,7 @@ def _rule_points(rule: LinearRule, spec: ModelSpec) -> tuple[int, tuple[int, ...
 
 def split_of(place: Place, shape: tuple[int, ...], spec: ModelSpec) -> Split | None:
     """The cut of a tensor the loader slices straight from its file, None if read whole."""
-    if place.kind in ("embedding", "lm_head"):
+    if place.kind in ("embedding", "lm_head", "vocab_table"):
         if len(shape) < 2 or shape[-2] != spec.vocab_size:
             return None
         grain = split_grains(spec)["vocab"]
@@ -126,8 +140,8 @@ def split_of(place: Place, shape: tuple[int, ...], spec: ModelSpec) -> Split | N
         return None
     rule = place.rule
     assert rule is not None
-    if place.layer is not None:
-        spec = spec.for_layer(place.layer)  # its own head count (ModelSpec.other_attention)
+    if place.layer is not None:  # its layer's sizes (ModelSpec.variants)
+        spec = spec.layer(place.layer)
     total, points = _rule_points(rule, spec)
     if rule.style == "stacked":
         axis = 0
