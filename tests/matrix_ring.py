@@ -114,7 +114,7 @@ def _staged_forward(models: list[Any], case: RingCase) -> Any:
     caches = [make_prompt_cache(m) for m in models]
 
     def forward(tokens: mx.array) -> mx.array:
-        feed.feed(inner(tokens, caches[0]))
+        feed.feed(inner(tokens, cache=caches[0]))
         return models[1](tokens, cache=caches[1])
 
     return forward

@@ -279,6 +279,7 @@ MINIMAX = ArchTable(
         CountRule(path="self_attn.num_key_value_heads", dim="kv_heads"),
     ),
     tie_default=False,
+    stages=True,
 )
 
 # OLMo 3: llama-like, with full-width q/k norms (sharded as MiniMax's), post-norms applied to
@@ -294,6 +295,7 @@ OLMO3 = ArchTable(
         CountRule(path="self_attn.num_key_value_heads", dim="kv_heads"),
     ),
     tie_default=False,
+    stages=True,
 )
 
 # Gemma 4 (text): q/k/v by heads, o_proj row-parallel, in every layer; a layer's head width,
@@ -338,7 +340,7 @@ GEMMA4 = replace(
 
 # SmolLM3: llama with rotary embeddings switched off in every no_rope_layer_interval-th layer
 # (per layer, so any head split keeps it).
-SMOLLM3 = replace(LLAMA_LIKE, model_types=("smollm3",), stages=False)
+SMOLLM3 = replace(LLAMA_LIKE, model_types=("smollm3",))
 
 # Seed-OSS: llama with optional q/k/v, o and MLP biases (row-parallel biases kept by one rank);
 # its tied head multiplies by the embedding's weight directly, so the loader gives it a head
@@ -349,6 +351,7 @@ SEED_OSS = ArchTable(
     branches=(ATTENTION, MLP),
     counts=HEAD_COUNTS,
     untie_attr="tie_word_embeddings",
+    stages=True,
 )
 
 # EXAONE 4: per-head q/k norms (replicated), post-norms on the reduced branch outputs,
@@ -359,6 +362,7 @@ EXAONE4 = ArchTable(
     branches=(ATTENTION, MLP),
     replicated=QK_NORMS,
     counts=HEAD_COUNTS,
+    stages=True,
 )
 
 # Ministral 3: llama-4 style position-dependent query scaling (computed alike on every rank)
@@ -369,6 +373,7 @@ MINISTRAL3 = ArchTable(
     linears=(*_attention(), *_glu("mlp", "ffn")),
     branches=(ATTENTION, MLP),
     counts=HEAD_COUNTS,
+    stages=True,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -385,6 +390,7 @@ LLAMA4_TEXT = ArchTable(
     counts=HEAD_COUNTS,
     lm_head="output",
     untie_attr="tie_word_embeddings",
+    stages=True,
 )
 
 # Qwen3-VL (dense and MoE) checkpoints, text prompts only: the Qwen3 / Qwen3-MoE text model
@@ -395,7 +401,7 @@ _LANGUAGE_MODEL = dict(
     embedding="language_model.model.embed_tokens",
     lm_head="language_model.lm_head",
     norm="language_model.model.norm",
-    stages=False,
+    stages=True,
 )
 QWEN3_VL = replace(LLAMA_LIKE, model_types=("qwen3_vl",), **_LANGUAGE_MODEL)
 QWEN3_VL_MOE = replace(QWEN3_MOE, model_types=("qwen3_vl_moe",), **_LANGUAGE_MODEL)

@@ -82,7 +82,7 @@ class StageModel(nn.Module):
             self._feed.feed(recv_hidden(self._incoming))
         if self._last:
             return self.model(inputs, cache=cache)
-        hidden = self._inner(inputs, cache)
+        hidden = self._inner(inputs, cache=cache)  # by name: MiniMax takes a mask before it
         mx.eval(hidden)
         for channel in self._outgoing:
             send_hidden(channel, hidden)

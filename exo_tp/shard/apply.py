@@ -48,16 +48,21 @@ def _finish(
 
 
 # The model attributes naming the first layer of each kind, whose cache makes that kind's mask
-# (llama's fa_idx/swa_idx, gpt-oss' and EXAONE's ga_idx/swa_idx, Step 3.5's _full_idx/_swa_idx).
-_FIRST_FULL = ("fa_idx", "ga_idx", "_full_idx")
+# (llama's fa_idx/swa_idx, gpt-oss' and EXAONE MoE's ga_idx/swa_idx, EXAONE 4's full_idx,
+# Step 3.5's _full_idx/_swa_idx).
+_FIRST_FULL = ("fa_idx", "ga_idx", "full_idx", "_full_idx")
 _FIRST_SLIDING = ("swa_idx", "_swa_idx")
 
 
 def _is_sliding(block: nn.Module) -> bool | None:
-    """A block's own sliding-window flag, where its family keeps one."""
+    """A block's own sliding-window flag, where its family keeps one (on the block, or as
+    EXAONE 4 does, on its attention)."""
     for name in ("is_sliding_window", "is_sliding"):
         if hasattr(block, name):
             return bool(getattr(block, name))
+    attention = getattr(block, "self_attn", None)
+    if attention is not None and hasattr(attention, "is_local"):
+        return bool(attention.is_local)
     return None
 
 
