@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from exo_tp.lab.factor import FactorSource, source_from_env, split_factor
-from exo_tp.shard.layers import VocabParallelEmbedding, VocabParallelHead
+from exo_tp.shard.layers import VocabParallelEmbedding, VocabParallelHead, Wrapper
 from exo_tp.shard.tree import set_path
 
 log = logging.getLogger(__name__)
@@ -80,12 +79,12 @@ def _tie(out: mx.array, extras: list[mx.array]) -> mx.array:
     return out + (first * 0).astype(out.dtype)
 
 
-class SlowLinear(nn.Module):
-    """A linear layer doing ``factor`` times its work on the same input."""
+class SlowLinear(Wrapper):
+    """A linear layer doing ``factor`` times its work on the same input (its attributes read
+    through: model code may read a linear's weight dtype)."""
 
     def __init__(self, inner: nn.Module, source: FactorSource):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self._source = source
         self._copies = _Copies(inner)
 
@@ -100,15 +99,6 @@ class SlowLinear(nn.Module):
         if factor == 1:
             return out
         return _tie(out, [c(x) for c in self._copies.for_factor(factor)])
-
-    def __getattr__(self, key: str) -> Any:
-        # Model code may read a linear's attributes (e.g. its weight's dtype).
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
 
 class SlowHeadRows(nn.Module):

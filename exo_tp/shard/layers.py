@@ -18,7 +18,24 @@ from exo_tp.shard.collectives import gather_padded, sum_over_ranks, zeros_after
 from exo_tp.shard.sharded_norm import join_norm_sum
 
 
-class PartialSum(nn.Module):
+class Wrapper(nn.Module):
+    """A module around another (``inner``) whose attributes stay readable through it: model
+    code may read attributes of the sub-block it called (a head count, a weight's dtype)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:  # still being built
+                raise
+            return getattr(self["inner"], key)
+
+
+class PartialSum(Wrapper):
     """A sub-block (attention, MLP, MoE block) whose output on each rank is a partial sum of
     the full output: one all-reduce completes it.
 
@@ -27,8 +44,7 @@ class PartialSum(nn.Module):
     """
 
     def __init__(self, inner: nn.Module, width: int, group: mx.distributed.Group):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self._width = width
         self._group = group
 
@@ -38,38 +54,17 @@ class PartialSum(nn.Module):
             return (sum_over_ranks(out[0], self._width, self._group), *out[1:])
         return sum_over_ranks(out, self._width, self._group)
 
-    def __getattr__(self, key: str) -> Any:
-        # Model code may read attributes of the sub-block it called (e.g. a head count).
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:  # still being built
-                raise
-            return getattr(self["inner"], key)
 
-
-class GroupedScoresMask(nn.Module):
+class GroupedScoresMask(Wrapper):
     """Gives a batched attention mask the KV-group axis that an attention computing its scores
     as (B, KV heads, repeats, L, S) needs: (B, 1, L, S) becomes (B, 1, 1, L, S). A causal
     string, no mask, or an attention without grouped queries pass unchanged."""
-
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
 
     def __call__(self, x: mx.array, mask: Any = None, *args: Any, **kwargs: Any) -> mx.array:
         grouped = getattr(self.inner, "repeats", 1) > 1
         if grouped and isinstance(mask, mx.array) and mask.ndim == 4:
             mask = mx.expand_dims(mask, 2)
         return self.inner(x, mask, *args, **kwargs)
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
 
 class ZeroMLP(nn.Module):
