@@ -109,7 +109,7 @@ def _staged_forward(models: list[Any], case: RingCase) -> Any:
     from exo_tp.shard.tree import get_path
 
     table = table_for(load_spec(Path(case.model)).model_type)
-    inner = get_path(models[0], table.layers.rpartition(".")[0])
+    inner = get_path(models[0], table.stack)
     feed = get_path(models[1], table.embedding)
     caches = [make_prompt_cache(m) for m in models]
 

@@ -138,6 +138,12 @@ class ArchTable(Frozen):
     # in one batch fail.
     grouped_scores: bool = False
 
+    @property
+    def stack(self) -> str:
+        """Path of the module holding the layers (and the embedding): the model's forward pass
+        without its head, which a pipeline stage before the last runs."""
+        return self.layers.rpartition(".")[0]
+
     @model_validator(mode="after")
     def _every_split_is_reduced_once(self) -> ArchTable:
         reducing = [b.path for b in self.branches if b.reduce]

@@ -155,7 +155,7 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
     feed = get_path(model, table.embedding) if index > 0 else None
     return StageModel(
         model,
-        get_path(model, table.layers.rpartition(".")[0]),
+        get_path(model, table.stack),
         incoming[0] if incoming else None,
         outgoing,
         last=index == len(stages) - 1,

@@ -73,7 +73,7 @@ def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
     blocks = get_path(model, table.layers)
     kept = blocks[layers.start : layers.stop]
     set_path(model, table.layers, kept)
-    inner = get_path(model, table.layers.rpartition(".")[0])
+    inner = get_path(model, table.stack)
     types = getattr(inner, "layer_types", None)
     if types is not None:
         inner.layer_types = types = types[layers.start : layers.stop]
