@@ -143,30 +143,30 @@ def tied(config: dict[str, Any], args: Any) -> bool:
 # Per-expert names in the Hugging Face checkpoints: (stacked module, per-expert module format,
 # {stacked projection: per-expert projection}).
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
+# Most families: experts under mlp.experts.<e> with the usual projection names; Mixtral and
+# MiniMax: under block_sparse_moe with w1/w2/w3.
+_MLP_EXPERTS = ("mlp.switch_mlp", "mlp.experts.{e}", _GLU)
+_BLOCK_SPARSE_EXPERTS = (
+    "block_sparse_moe.switch_mlp",
+    "block_sparse_moe.experts.{e}",
+    {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
+)
 _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
-    "mixtral": (
-        "block_sparse_moe.switch_mlp",
-        "block_sparse_moe.experts.{e}",
-        {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
-    ),
-    "minimax": (
-        "block_sparse_moe.switch_mlp",
-        "block_sparse_moe.experts.{e}",
-        {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
-    ),
-    "qwen3_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "qwen2_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "deepseek_v2": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "deepseek_v3": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "ernie4_5_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "bailing_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "exaone_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "glm4_moe": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "glm4_moe_lite": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "kimi_k2": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "kimi_k25": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "deepseek_v32": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
-    "glm_moe_dsa": ("mlp.switch_mlp", "mlp.experts.{e}", _GLU),
+    "mixtral": _BLOCK_SPARSE_EXPERTS,
+    "minimax": _BLOCK_SPARSE_EXPERTS,
+    "qwen3_moe": _MLP_EXPERTS,
+    "qwen2_moe": _MLP_EXPERTS,
+    "deepseek_v2": _MLP_EXPERTS,
+    "deepseek_v3": _MLP_EXPERTS,
+    "ernie4_5_moe": _MLP_EXPERTS,
+    "bailing_moe": _MLP_EXPERTS,
+    "exaone_moe": _MLP_EXPERTS,
+    "glm4_moe": _MLP_EXPERTS,
+    "glm4_moe_lite": _MLP_EXPERTS,
+    "kimi_k2": _MLP_EXPERTS,
+    "kimi_k25": _MLP_EXPERTS,
+    "deepseek_v32": _MLP_EXPERTS,
+    "glm_moe_dsa": _MLP_EXPERTS,
 }
 # Families storing each MLA layer's kv_b_proj, which mlx-lm splits into embed_q and unembed_out.
 _KV_B = {
