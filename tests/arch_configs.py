@@ -310,6 +310,40 @@ ARCHS: dict[str, dict[str, Any]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # Kimi K3: Kimi Delta Attention (3 heads of 128: 4+ ranks leave one without any) in layers
+    # 0 and 1, MLA (5 heads, q compression, sigmoid output gate) in layer 2; layer 0 dense, then
+    # 4 experts top 2 + a shared expert, the routed ones through a 128-wide latent; attention
+    # residuals in blocks of 2 layers; all under text_config.
+    "kimi_k3": dict(
+        model_type="kimi_k3",
+        text_config=dict(
+            COMMON,
+            model_type="kimi_linear",
+            num_hidden_layers=3,
+            hidden_size=384,
+            intermediate_size=200,
+            num_attention_heads=5,
+            num_key_value_heads=5,
+            q_lora_rank=128,
+            kv_lora_rank=128,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=32,
+            v_head_dim=128,
+            mla_use_output_gate=True,
+            linear_attn_config=dict(
+                num_heads=3, head_dim=128, short_conv_kernel_size=4, kda_layers=[1, 2]
+            ),
+            num_experts=4,
+            num_experts_per_token=2,
+            num_shared_experts=1,
+            moe_intermediate_size=104,
+            routed_expert_hidden_size=128,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            attn_res_block_size=2,
+            tie_word_embeddings=False,
+        ),
+    ),
     # Kimi K2 (mlx-lm runs it as deepseek_v3): 3 heads of v 128, so 4+ ranks leave a rank
     # without heads; layer 0 dense, layer 1: 4 experts top 2 + a shared expert.
     "kimi_k2": dict(

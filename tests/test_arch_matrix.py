@@ -161,6 +161,10 @@ SAMPLE = [
     case("kimi_k2", "q4g128", 2),
     case("kimi_k25", "float", 4),
     case("kimi_k25", "int4", 3, zero_rank=2),  # as shipped: compressed-tensors int4 experts
+    # Kimi K3: 3 linear-attention heads on 4 uneven ranks (one holds none of them) beside 5 MLA
+    # heads; quantized on 3 ranks with a zero-weight one
+    case("kimi_k3", "float", 4),
+    case("kimi_k3", "q4g64", 3, zero_rank=1),
     case("deepseek_v32", "float", 5, zero_rank=3),
     case("deepseek_v32", "q8g64", 2),
     case("glm_moe_dsa", "float", 3),

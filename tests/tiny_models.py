@@ -167,6 +167,12 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "kimi_k25": _MLP_EXPERTS,
     "deepseek_v32": _MLP_EXPERTS,
     "glm_moe_dsa": _MLP_EXPERTS,
+    # Kimi K3 stores its MoE blocks under block_sparse_moe with w1/w2/w3 (its dense MLP stays mlp)
+    "kimi_k3": (
+        "mlp.switch_mlp",
+        "block_sparse_moe.experts.{e}",
+        {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
+    ),
 }
 # Families storing each MLA layer's kv_b_proj, which mlx-lm splits into embed_q and unembed_out.
 _KV_B = {
@@ -177,6 +183,7 @@ _KV_B = {
     "kimi_k25",
     "deepseek_v32",
     "glm_moe_dsa",
+    "kimi_k3",
 }
 # Families whose Hugging Face exports may carry rotary inv_freq buffers (mlx-lm drops them).
 _INV_FREQ = {"llama", "mistral", "qwen2"}
@@ -240,6 +247,8 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
                     name = name.replace(src, dst)
                     break
             out[name] = value
+    if arch == "kimi_k3":
+        out = _kimi_k3_shipped(out)
     if arch in ("qwen3_vl", "qwen3_vl_moe"):
         out = _qwen3_vl_shipped(out)
     if arch in ("gemma4", "gemma4_text"):
@@ -274,6 +283,37 @@ def _qwen3_vl_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
         ): v
         for k, v in out.items()
     }
+
+
+def _kimi_k3_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Kimi K3 as Moonshot ships it: the linear-attention layers' q/k/v projections and their
+    short convs apart (convs as (channels, 1, kernel)), the MoE blocks' router, score correction,
+    shared experts and latent projections under block_sparse_moe, attention residuals'
+    projections and norms as ``*_res.proj_weight`` / ``*_res.norm_weight``."""
+    out: dict[str, mx.array] = {}
+    for name, value in params.items():
+        if name.endswith(".self_attn.qkv_proj.weight"):
+            prefix = name.removesuffix(".qkv_proj.weight")
+            for part, w in zip("qkv", mx.split(value, 3, axis=0), strict=True):
+                out[f"{prefix}.{part}_proj.weight"] = w
+            continue
+        if name.endswith(".self_attn.qkv_conv.conv.weight"):
+            prefix = name.removesuffix(".qkv_conv.conv.weight")
+            for part, w in zip("qkv", mx.split(value, 3, axis=0), strict=True):
+                out[f"{prefix}.{part}_conv1d.weight"] = w.moveaxis(1, 2)
+            continue
+        for src, dst in (
+            (".mlp.gate.", ".block_sparse_moe.gate."),
+            (".mlp.e_score_correction_bias", ".block_sparse_moe.gate.e_score_correction_bias"),
+            (".mlp.shared_experts.", ".block_sparse_moe.shared_experts."),
+            (".mlp.routed_expert_", ".block_sparse_moe.routed_expert_"),
+        ):
+            name = name.replace(src, dst)
+        for res in ("self_attention_res", "mlp_res", "output_attn_res"):
+            for part in ("proj", "norm"):
+                name = name.replace(f"{res}_{part}.weight", f"{res}.{part}_weight")
+        out[name] = value
+    return out
 
 
 def _gemma4_shipped(params: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:

@@ -15,24 +15,42 @@ block:
   its heads and completes the mean square with one all-reduce (exo_tp.shard.sharded_norm).
 
 A rule whose module a block lacks is skipped, so dense and MoE blocks of one model (or optional
-projections) share one table. The loader refuses a parameter inside a branch that no rule
-slices or declares replicated: a table that misses a module fails loudly, never splits wrong.
+projections) share one table. A rule with ``where`` applies only in blocks holding that path:
+layers of two kinds whose modules share names (Kimi K3's linear-attention and MLA layers both
+have ``self_attn.o_proj``, split by different heads) each get their own rules. The loader
+refuses a parameter inside a branch that no rule slices or declares replicated: a table that
+misses a module fails loudly, never splits wrong.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from exo_tp.frozen import Frozen
 
-# Split dimensions: query heads, KV heads (as held per rank, possibly replicated), or an FFN
-# kind named in ModelSpec.ffn_sizes ("ffn", "expert_ffn", "shared_expert_ffn").
-HEAD_DIMS = ("q_heads", "kv_heads")
+# Split dimensions: query heads, KV heads (as held per rank, possibly replicated), the heads of
+# a recurrent linear-attention layer (ModelSpec.linear_attention: their own count, split on
+# their own), or an FFN kind named in ModelSpec.ffn_sizes ("ffn", "expert_ffn", ...).
+ATTENTION_HEAD_DIMS = ("q_heads", "kv_heads")
+HEAD_DIMS = (*ATTENTION_HEAD_DIMS, "linear_heads")
 
 
-class LinearRule(Frozen):
+class Rule(Frozen):
+    """A path inside a block, and where it applies (see the module doc)."""
+
+    path: str
+    # Applies only in blocks holding this path (a module of one layer kind); None: everywhere.
+    where: str | None = None
+
+    def applies(self, has: Callable[[str], bool]) -> bool:
+        """Whether the rule applies in a block (``has``: whether the block holds a path)."""
+        return has(self.path) and (self.where is None or has(self.where))
+
+
+class LinearRule(Rule):
     """How one weight (a linear layer of any flavour, or a bare parameter) is split.
 
     - ``column``: output rows (weight axis -2, bias axis -1); experts' stacked weights
@@ -41,16 +59,23 @@ class LinearRule(Frozen):
       (never requantized). The bias is kept by one rank only, so the branch's all-reduce adds
       it exactly once.
     - ``stacked``: the leading axis of a per-head stack (MLA's (heads, out, in) weights,
-      gpt-oss attention sinks (heads,)): one entry per head.
+      gpt-oss attention sinks (heads,)): one entry per head, or ``width`` entries (a
+      depthwise conv's channels, a per-channel bias of a linear-attention head).
     """
 
-    path: str
     style: Literal["column", "row", "stacked"]
     # Split dimension of each packed part along the split axis, in packed order.
     parts: tuple[str, ...] = Field(min_length=1)
-    # Elements per head along the split axis (column/row of head dims): a head width of the
-    # ModelSpec ("head_dim", or a name in ModelSpec.head_widths such as "v_head_dim").
-    width: str = "head_dim"
+    # Elements per head along the split axis (of head dims): a head width of the ModelSpec
+    # ("head_dim", or a name in ModelSpec.head_widths such as "v_head_dim"). None: head_dim,
+    # or one entry per head for a stacked weight.
+    width: str | None = None
+
+    def per_head(self, head_width: Callable[[str], int]) -> int:
+        """Elements per head along the split axis (``head_width``: ModelSpec.head_width)."""
+        if self.width is None:
+            return 1 if self.style == "stacked" else head_width("head_dim")
+        return head_width(self.width)
 
     @model_validator(mode="after")
     def _stacked_by_heads(self) -> LinearRule:
@@ -59,7 +84,7 @@ class LinearRule(Frozen):
         return self
 
 
-class BranchRule(Frozen):
+class BranchRule(Rule):
     """A sub-block computing, on each rank, a partial sum from its slices of the split weights
     inside it.
 
@@ -68,11 +93,11 @@ class BranchRule(Frozen):
     of a MoE block) whose partial output joins that branch's single all-reduce. A rank that
     holds nothing of any split weight inside gets a zero stand-in of ``kind``: ``attention``
     (also keeps its KV cache in step), ``mlp`` (called with x) or ``experts`` (called with x
-    and the routed expert indices).
+    and the routed expert indices) or ``recurrent`` (a linear-attention layer: keeps its
+    recurrent-state cache in step).
     """
 
-    path: str
-    kind: Literal["attention", "mlp", "experts"]
+    kind: Literal["attention", "recurrent", "mlp", "experts"]
     reduce: bool = True
     # Attention that returns (output, (keys, values), offset) and takes shared_kv/offset
     # (Gemma 4: later layers attend with an earlier layer's keys and values). Only the output
@@ -80,14 +105,16 @@ class BranchRule(Frozen):
     shares_kv: bool = False
 
 
-class CountRule(Frozen):
-    """An attribute holding a head count, set to the rank's local count."""
+class CountRule(Rule):
+    """An attribute holding a head count, set to the rank's local count (times ``width``
+    elements per head, times ``times``: a projection's width, a depthwise conv's groups)."""
 
-    path: str
-    dim: Literal["q_heads", "kv_heads", "repeats"]  # repeats: query heads per local KV head
+    dim: Literal["q_heads", "kv_heads", "repeats", "linear_heads"]  # repeats: q heads per KV slot
+    width: str | None = None
+    times: int = Field(default=1, gt=0)
 
 
-class NormRule(Frozen):
+class NormRule(Rule):
     """An RMSNorm over the full width (all heads x head width) of a projection split by heads.
 
     Its weight is cut like the projection's output rows (``dim``, heads of ``width``); the
@@ -98,7 +125,6 @@ class NormRule(Frozen):
     cached (keys), so the stand-in ties it to its cache as the real layer does.
     """
 
-    path: str
     dim: Literal["q_heads", "kv_heads"]
     width: str = "head_dim"
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule
 from exo_tp.frozen import replace
+
+Style = Literal["column", "row", "stacked"]
 
 
 def _col(path: str, *parts: str, width: str = "head_dim") -> LinearRule:
@@ -535,3 +539,103 @@ STEP3P5 = ArchTable(
 )
 
 TABLES += (GLM4_MOE, GLM4_MOE_LITE, MISTRAL4, KIMI_K2, KIMI_K25, DEEPSEEK_DSA, STEP3P5)
+
+# --- Kimi K3: Kimi Delta Attention (recurrent linear attention) beside MLA ---
+
+# A linear-attention layer splits by its own heads ("linear_heads", ModelSpec.linear_attention)
+# as attention does: each rank keeps its heads' rows of the packed q|k|v projection, of the
+# decay (f_b) and output-gate (g_b, or the full-rank g_proj) projections and of the beta
+# projection (one row per head), its heads' channels of the depthwise causal conv (whose groups
+# follow the local channel count), its heads' A_log and dt_bias entries, and so its heads'
+# recurrent state; o_proj is row-parallel (one all-reduce). The low-rank inputs of the decay and
+# the gate (f_a, g_a) and the per-head output norm (one head_dim weight shared by all heads) are
+# replicated. A rank holding none of its heads runs a stand-in that keeps the layer's cache in
+# step (exo_tp.shard.layers.ZeroRecurrent).
+_KDA = "self_attn.qkv_conv"  # a module only the linear-attention layers have
+_KDA_PARTS = ("linear_heads", "linear_heads", "linear_heads")
+
+
+def _delta_attention(p: str) -> tuple[LinearRule, ...]:
+    def rule(path: str, style: Style, *parts: str, width: str | None) -> LinearRule:
+        return LinearRule(path=f"{p}.{path}", style=style, parts=parts, width=width, where=_KDA)
+
+    head = "linear_head_dim"
+    return (
+        rule("qkv_proj", "column", *_KDA_PARTS, width=head),
+        rule("qkv_conv.conv.weight", "stacked", *_KDA_PARTS, width=head),
+        rule("f_b_proj", "column", "linear_heads", width=head),
+        rule("g_b_proj", "column", "linear_heads", width=head),
+        rule("g_proj", "column", "linear_heads", width=head),
+        rule("b_proj", "column", "linear_heads", width="linear_beta"),
+        rule("A_log", "stacked", "linear_heads", width=None),
+        rule("dt_bias", "stacked", "linear_heads", width=head),
+        rule("o_proj", "row", "linear_heads", width=head),
+    )
+
+
+# The MLA layers are DeepSeek V3's (per-head q/q_b, embed_q/unembed_out stacks, o_proj over
+# v_head_dim, latents replicated) with an optional sigmoid output gate (g_proj, v_head_dim rows
+# per head); their o_proj and g_proj share names with the linear-attention layer's, so they
+# apply where the MLA's latent projection is.
+_MLA = "self_attn.kv_a_proj_with_mqa"
+
+# Kimi K3: Kimi Delta Attention layers (linear_attn_config.kda_layers) and MLA layers, dense then
+# DeepSeek-style MoE layers (router and its score correction replicated; routed experts and
+# shared experts by rows, one all-reduce per block; a latent MoE's down/up projections around
+# the experts replicated: linear, so the up projection of each rank's partial latent sum adds up
+# to that of the whole), attention residuals (the layers' res projections and norms act on
+# reduced hidden states: replicated), all under language_model. One stage only: the attention
+# residuals carry every earlier block's output from layer to layer, which a later stage would
+# need handed over with the hidden state (docs/planner.md).
+KIMI_K3 = ArchTable(
+    model_types=("kimi_k3",),
+    layers="language_model.model.layers",
+    embedding="language_model.model.embed_tokens",
+    lm_head="language_model.lm_head",
+    norm="language_model.model.norm",
+    linears=(
+        *_delta_attention("self_attn"),
+        _col("self_attn.q_proj", "q_heads"),
+        _col("self_attn.q_b_proj", "q_heads"),
+        _stacked("self_attn.embed_q"),
+        _stacked("self_attn.unembed_out"),
+        replace(_row("self_attn.o_proj", "q_heads", width="v_head_dim"), where=_MLA),
+        replace(_col("self_attn.g_proj", "q_heads", width="v_head_dim"), where=_MLA),
+        *_DEEPSEEK_MOE,
+    ),
+    branches=(
+        replace(ATTENTION, where=_MLA),
+        BranchRule(path="self_attn", kind="recurrent", where=_KDA),
+        *_DEEPSEEK_MOE_BRANCHES,
+    ),
+    replicated=(
+        "self_attn.f_a_proj",
+        "self_attn.g_a_proj",
+        "self_attn.o_norm",
+        "self_attn.q_a_proj",
+        "self_attn.q_a_layernorm",
+        _MLA,
+        "self_attn.kv_a_layernorm",
+        "mlp.gate",
+        "mlp.e_score_correction_bias",
+        "mlp.routed_expert_down_proj",
+        "mlp.routed_expert_up_proj",
+    ),
+    counts=(
+        CountRule(path="self_attn.num_heads", dim="q_heads", where=_MLA),
+        CountRule(path="self_attn.num_heads", dim="linear_heads", where=_KDA),
+        CountRule(
+            path="self_attn.projection_dim", dim="linear_heads", width="linear_head_dim", where=_KDA
+        ),
+        CountRule(
+            path="self_attn.qkv_conv.conv.groups",
+            dim="linear_heads",
+            width="linear_head_dim",
+            times=3,
+            where=_KDA,
+        ),
+    ),
+    tie_default=False,
+)
+
+TABLES += (KIMI_K3,)

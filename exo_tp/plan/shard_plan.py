@@ -52,11 +52,16 @@ class RankShard(Frozen):
     # Feed-forward rows (column-parallel outputs, row-parallel inputs) per FFN kind.
     ffn: dict[str, Span]
     vocab: Span
+    # Heads of the linear-attention layers (ModelSpec.linear_attention), split on their own.
+    linear_heads: Span = Span(start=0, stop=0)
 
     def span(self, dim: str) -> Span:
-        """The span of a named split dimension ("q_heads", "vocab", or an FFN kind)."""
+        """The span of a named split dimension ("q_heads", "linear_heads", "vocab", or an FFN
+        kind)."""
         if dim == "q_heads":
             return self.heads.q_heads
+        if dim == "linear_heads":
+            return self.linear_heads
         if dim == "vocab":
             return self.vocab
         return self.ffn[dim]
@@ -78,6 +83,7 @@ class ShardPlan(Frozen):
     weights: tuple[float, ...]
     attention_unit: Literal["kv_group", "q_head"]
     head_unit: int  # query heads per attention unit
+    linear_head_unit: int = 1  # linear-attention heads per unit
     ffn_unit: int  # rows per FFN unit
     vocab_unit: int
     ranks: tuple[RankShard, ...]

@@ -42,6 +42,8 @@ class RankSelector:
             return spec.num_heads * per_head
         if dim == "kv_heads":
             return spec.num_kv_heads * per_head
+        if dim == "linear_heads" and spec.linear_attention is not None:
+            return spec.linear_attention.num_heads * per_head
         if dim == "vocab":
             return spec.vocab_size
         return spec.ffn_sizes[dim]
@@ -66,8 +68,7 @@ class RankSelector:
 
     def rule(self, rule: LinearRule) -> tuple[Ranges, int]:
         """This rank's ranges along the split axis of ``rule``, and that axis' full length."""
-        per_head = 1 if rule.style == "stacked" else self.spec.head_width(rule.width)
-        return self.packed(rule.parts, per_head)
+        return self.packed(rule.parts, rule.per_head(self.spec.head_width))
 
     def holds(self, rule: LinearRule) -> bool:
         return bool(self.rule(rule)[0])

@@ -17,6 +17,7 @@ __all__ = [
     "Frozen",
     "LatentAttention",
     "LayerVariant",
+    "LinearAttention",
     "ModelSpec",
     "Quantization",
     "load_spec",
@@ -47,6 +48,25 @@ class LatentAttention(Frozen):
     # cache (one index_head_dim key per token; mlx-lm also keeps values of the same shape).
     index_heads: int = Field(default=0, ge=0)
     index_head_dim: int = Field(default=0, ge=0)
+    # A sigmoid gate on the attention output (Kimi K3's mla_use_output_gate): g_proj, split by
+    # heads like o_proj's columns.
+    output_gate: bool = False
+
+
+class LinearAttention(Frozen):
+    """Recurrent linear-attention layers (Kimi Delta Attention in Kimi K3 / Kimi Linear): per
+    head, a short depthwise causal conv over its q/k/v channels and a head_dim x head_dim
+    recurrent state (float32) per stream, constant in context length. Their heads are a split
+    dimension of their own ("linear_heads", ``head_dim`` wide: ModelSpec.head_widths
+    "linear_head_dim"); the other layers are attention as usual."""
+
+    layers: tuple[int, ...]  # indices of the linear-attention layers
+    num_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    conv_kernel: int = Field(gt=0)
+    # rows each head adds to the input projections: q, k, v, the decay (f_b) and output gate
+    # (g_b or the full-rank g_proj) are head_dim each, beta one
+    full_rank_gate: bool = False
 
 
 class LayerVariant(Frozen):
@@ -89,6 +109,12 @@ class ModelSpec(Frozen):
     experts_per_token: int = Field(default=0, ge=0)
     dense_layers: int = Field(default=0, ge=0)  # leading layers with a dense FFN (DeepSeek)
     latent_attention: LatentAttention | None = None
+    # Routed experts working in a latent of this width (Kimi K3's routed_expert_hidden_size:
+    # a replicated down projection into it before them, an up projection after); 0: none.
+    moe_latent: int = Field(default=0, ge=0)
+    # Attention residuals (Kimi K3's attn_res_block_size): each layer mixes earlier blocks'
+    # outputs with two more hidden-size projections and norms (and the model once more).
+    attention_residuals: bool = False
     # Gemma 4 MoE: every layer runs a dense MLP ("ffn") beside its experts.
     dense_mlp_with_experts: bool = False
     # Columns of a second token-indexed table (Gemma 4's per-layer inputs, layers x width),
@@ -97,6 +123,9 @@ class ModelSpec(Frozen):
     variants: tuple[LayerVariant, ...] = ()
     # False only in a layer's view (``layer``) of a layer reusing another layer's KV cache.
     has_kv: bool = True
+    linear_attention: LinearAttention | None = None
+    # True only in a layer's view of a linear-attention layer (no KV cache: recurrent state).
+    recurrent: bool = False
 
     def layer(self, index: int) -> ModelSpec:
         """The sizes layer ``index`` uses (its variants applied; this spec when it has none)."""
@@ -116,6 +145,8 @@ class ModelSpec(Frozen):
                 changes["ffn_sizes"] = ffn
             if not v.has_kv:
                 changes["has_kv"] = False
+        if self.linear_attention is not None and index in self.linear_attention.layers:
+            changes["recurrent"] = True
         if not changes:
             return self
         return self.model_copy(update={**changes, "variants": ()})
@@ -123,7 +154,8 @@ class ModelSpec(Frozen):
     def layer_specs(self) -> list[ModelSpec]:
         """Every distinct layer view (the model's own first)."""
         views = [self]
-        for i in sorted({i for v in self.variants for i in v.layers}):
+        linear = self.linear_attention.layers if self.linear_attention else ()
+        for i in sorted({i for v in self.variants for i in v.layers} | set(linear)):
             view = self.layer(i)
             if view not in views:
                 views.append(view)
@@ -248,6 +280,7 @@ def _latent_attention(model_type: str, c: dict[str, Any]) -> LatentAttention | N
         latent_cache=model_type not in _PER_HEAD_MLA_CACHE,
         index_heads=int(c.get("index_n_heads") or 0),
         index_head_dim=int(c.get("index_head_dim") or 0) if c.get("index_n_heads") else 0,
+        output_gate=bool(c.get("mla_use_output_gate")),
     )
 
 
@@ -267,6 +300,21 @@ def _usual_names(c: dict[str, Any]) -> dict[str, Any]:
         moe = [int(i) for i in enum.split(",") if i.strip()]
         out["first_k_dense_replace"] = min(moe) if moe else 1
     return out
+
+
+def _linear_attention(c: dict[str, Any]) -> LinearAttention | None:
+    """Kimi K3's linear_attn_config: KDA heads and their 1-based layer numbers."""
+    cfg = c.get("linear_attn_config")
+    if not cfg:
+        return None
+    layers = int(c["num_hidden_layers"])
+    return LinearAttention(
+        layers=tuple(sorted(int(i) - 1 for i in cfg["kda_layers"] if 0 < int(i) <= layers)),
+        num_heads=int(cfg["num_heads"]),
+        head_dim=int(cfg["head_dim"]),
+        conv_kernel=int(cfg.get("short_conv_kernel_size") or 4),
+        full_rank_gate=bool(cfg.get("use_full_rank_gate", False)),
+    )
 
 
 def _other_attention(c: dict[str, Any], kv_heads: int) -> LayerVariant | None:
@@ -373,6 +421,15 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             extra["variants"] = (other,)
         if c.get("use_head_wise_attn_gate"):
             head_widths["head_gate"] = 1  # Step 3.5's g_proj: one gate row per query head
+        linear = _linear_attention(c)
+        if linear is not None:
+            head_widths["linear_head_dim"] = linear.head_dim
+            head_widths["linear_beta"] = 1  # the beta projection: one row per head
+            extra["linear_attention"] = linear
+        if c.get("latent_moe_use_norm") and c.get("routed_expert_hidden_size"):
+            # the norm acts on the routed experts' whole sum, which a rank holds only after an
+            # all-reduce inside the MoE block (see docs/planner.md, kimi_k3)
+            raise ExoTpError("latent MoE with a norm of the routed sum is not supported")
         spec = ModelSpec(
             model_type=str(config["model_type"]),
             hidden_size=int(c["hidden_size"]),
@@ -396,12 +453,15 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             ),
             experts_per_token=int(
                 c.get("num_experts_per_tok")
+                or c.get("num_experts_per_token")  # Kimi K3
                 or c.get("experts_per_token")
                 or c.get("moe_k")
                 or top_k
             ),
             dense_layers=_dense_layers(c),
             latent_attention=_latent_attention(str(config["model_type"]), c),
+            moe_latent=int(c.get("routed_expert_hidden_size") or 0),
+            attention_residuals=c.get("attn_res_block_size") is not None,
             **extra,
         )
     except KeyError as missing:

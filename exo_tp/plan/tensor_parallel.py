@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 
 from exo_tp.arch import table_for
-from exo_tp.arch.table import HEAD_DIMS
+from exo_tp.arch.table import ATTENTION_HEAD_DIMS
 from exo_tp.plan.apportion import contiguous_spans, largest_remainder, normalize
 from exo_tp.plan.shard_plan import Collective, HeadShard, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import ModelSpec
@@ -21,16 +21,25 @@ FLOAT_FFN_ALIGN = 32
 VOCAB_ALIGN = 64
 
 
-def _row_head_widths(spec: ModelSpec) -> set[int]:
-    """Columns per query head of every weight the architecture splits along its input by heads
-    (o_proj: head_dim, or v_head_dim under MLA), in every layer view."""
+def _row_head_widths(spec: ModelSpec, dims: tuple[str, ...] = ATTENTION_HEAD_DIMS) -> set[int]:
+    """Columns per head of every weight the architecture splits along its input by heads of
+    ``dims`` (o_proj: head_dim, or v_head_dim under MLA), in every layer view."""
     table = table_for(spec.model_type)
     return {
-        view.head_width(rule.width)
+        rule.per_head(view.head_width)
         for view in spec.layer_specs()
         for rule in table.linears
-        if rule.style == "row" and any(p in HEAD_DIMS for p in rule.parts)
+        if rule.style == "row" and any(p in dims for p in rule.parts)
     }
+
+
+def _linear_head_unit(spec: ModelSpec) -> int:
+    """Linear-attention heads per unit: one, grown until the row-parallel output projection's
+    cut (``unit * head width``) lands on a quantization group."""
+    if spec.linear_attention is None:
+        return 1
+    widths = _row_head_widths(spec, ("linear_heads",))
+    return math.lcm(1, *(math.lcm(w, spec.input_align) // w for w in widths))
 
 
 def _head_unit(spec: ModelSpec, by_group: bool) -> int:
@@ -121,6 +130,7 @@ def split_grains(spec: ModelSpec) -> dict[str, int]:
     return {
         "q_heads": _head_unit(spec, by_group=False),
         "kv_heads": 1,
+        "linear_heads": _linear_head_unit(spec),
         "vocab": VOCAB_ALIGN,
         **{kind: _ffn_unit(spec) for kind in spec.ffn_sizes},
     }
@@ -141,6 +151,15 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
     ffn_unit = _ffn_unit(spec)
     ffn_spans = {kind: _split(size, ffn_unit, shares) for kind, size in spec.ffn_sizes.items()}
     vocab_spans = _split(spec.vocab_size, VOCAB_ALIGN, shares)
+    # Linear-attention heads: whole units proportional to the shares, apart from the
+    # attention heads (their own count); more ranks than units leave some without any.
+    linear = spec.linear_attention
+    linear_unit = _linear_head_unit(spec)
+    linear_spans = (
+        _split(linear.num_heads, linear_unit, shares)
+        if linear is not None
+        else (Span(start=0, stop=0),) * n
+    )
     ranks = tuple(
         RankShard(
             rank=r,
@@ -148,6 +167,7 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
             heads=HeadShard(q_heads=q_spans[r], kv_heads=kv_heads_for(q_spans[r], spec.group_size)),
             ffn={kind: spans[r] for kind, spans in ffn_spans.items()},
             vocab=vocab_spans[r],
+            linear_heads=linear_spans[r],
         )
         for r in range(n)
     )
@@ -191,6 +211,7 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
         weights=shares,
         attention_unit="kv_group" if by_group else "q_head",
         head_unit=head_unit,
+        linear_head_unit=linear_unit,
         ffn_unit=ffn_unit,
         vocab_unit=VOCAB_ALIGN,
         ranks=ranks,

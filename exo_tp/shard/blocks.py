@@ -18,6 +18,7 @@ from exo_tp.shard.layers import (
     ZeroAttention,
     ZeroExperts,
     ZeroMLP,
+    ZeroRecurrent,
     ZeroSharingAttention,
 )
 from exo_tp.shard.sharded_norm import ShardedRMSNorm, counted_mask
@@ -52,10 +53,14 @@ class BlockSharder:
         # this layer's sizes (ModelSpec.variants: wider heads, other KV heads, wider FFN)
         self.ranks = [s.layer(index) for s in self._all]
         self.mine = self.ranks[self._rank]
-        rules = [r for r in self.table.linears if has_path(layer, r.path)]
+
+        def has(path: str) -> bool:
+            return has_path(layer, path)
+
+        rules = [r for r in self.table.linears if r.applies(has)]
         for rule in rules:
             self._check_dims(rule, prefix)
-        branches = [b for b in self.table.branches if has_path(layer, b.path)]
+        branches = [b for b in self.table.branches if b.applies(has)]
         for branch in branches:
             if branch.reduce:
                 self._check_covered(layer, prefix, branch, rules)
@@ -73,15 +78,18 @@ class BlockSharder:
         for rule in rules:
             if not any(is_under(rule.path, path) for path in gone):
                 self._slice(layer, prefix, rule)
-        norms = [n for n in self.table.norms if has_path(layer, n.path)]
+        norms = [n for n in self.table.norms if n.applies(has)]
         for norm in norms:
             if not any(is_under(norm.path, path) for path in gone):
                 set_path(layer, norm.path, self._sharded_norm(layer, prefix, norm))
         for count in self.table.counts:
+            if count.where is not None and not has(count.where):
+                continue
             if not any(is_under(count.path, path) for path in gone):
                 if not has_path(layer, count.path):
                     raise ExoTpError(f"{prefix}.{count.path}: no such head count attribute")
-                set_path(layer, count.path, self.mine.count(count.dim))
+                per_head = self.mine.spec.head_width(count.width) if count.width else 1
+                set_path(layer, count.path, self.mine.count(count.dim) * per_head * count.times)
         for branch in stand_ins:
             joins = tuple(n.dim for n in norms if is_under(n.path, branch.path))
             stand_in = self._stand_in(branch, joins)
@@ -97,7 +105,8 @@ class BlockSharder:
     def _check_dims(self, rule: LinearRule, prefix: str) -> None:
         spec = self.mine.spec
         for dim in rule.parts:
-            if dim not in HEAD_DIMS and dim not in spec.ffn_sizes:
+            known = dim in HEAD_DIMS and (dim != "linear_heads" or spec.linear_attention)
+            if not known and dim not in spec.ffn_sizes:
                 raise ExoTpError(
                     f"{prefix}.{rule.path} is split by {dim!r}, "
                     f"but config.json gives no size for it"
@@ -164,6 +173,8 @@ class BlockSharder:
             return ZeroSharingAttention(self.width, self.mine.spec.head_dim)
         if branch.kind == "attention":
             return ZeroAttention(self.width, self.mine.spec.head_dim, joins, self.group)
+        if branch.kind == "recurrent":
+            return ZeroRecurrent(self.width)
         if branch.kind == "experts":
             return ZeroExperts(self.width)
         return ZeroMLP(self.width)

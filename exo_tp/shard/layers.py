@@ -139,6 +139,27 @@ class ZeroAttention(ZeroMLP):
         return [one.update_and_fetch(stand_in, stand_in) for one in caches][0]
 
 
+class ZeroRecurrent(ZeroMLP):
+    """Stands in for a recurrent linear-attention layer (Kimi Delta Attention) on a rank that
+    holds none of its heads.
+
+    Its cache (mlx-lm's ArraysCache: a conv state and a recurrent state per stream) is kept in
+    step with the peers': every slot holds a one-element stand-in per stream computed from the
+    layer's input (the prefill evaluates only the caches, so they must depend on the input as
+    the real layer's do, see ZeroAttention; and the batch's merges, filters and extractions
+    need every slot filled), and its padding and lengths advance as the real layer's do."""
+
+    def __call__(  # type: ignore[override]
+        self, x: mx.array, mask: Any = None, cache: Any = None, *args: Any, **kwargs: Any
+    ) -> mx.array:
+        if cache is not None:
+            stand_in = x[:, -1:, :1]
+            for slot in range(len(cache.cache)):
+                cache[slot] = stand_in
+            cache.advance(x.shape[1])
+        return super().__call__(x)
+
+
 def _cache_argument(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """The KV cache an attention was called with: by keyword, or positionally after the mask
     (or, as Mistral 4 and Ministral 3 pass it, after the mask and a query scale). It is the one

@@ -83,7 +83,7 @@ def norm_rule(norm: NormRule) -> LinearRule:
 
 def per_head(rule: LinearRule, spec: ModelSpec) -> int:
     """Elements per head along the rule's split axis (exo_tp.plan.slices.RankSelector.rule)."""
-    return 1 if rule.style == "stacked" else spec.head_width(rule.width)
+    return rule.per_head(spec.head_width)
 
 
 def _dim_total(spec: ModelSpec, dim: str, width: int) -> int:
@@ -91,6 +91,8 @@ def _dim_total(spec: ModelSpec, dim: str, width: int) -> int:
         return spec.num_heads * width
     if dim == "kv_heads":
         return spec.num_kv_heads * width
+    if dim == "linear_heads" and spec.linear_attention is not None:
+        return spec.linear_attention.num_heads * width
     return spec.ffn_sizes[dim]
 
 
