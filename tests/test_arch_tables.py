@@ -110,6 +110,7 @@ def test_a_module_the_table_misses_is_an_error_not_a_wrong_split(
         "kimi_k25",
         "deepseek_v32",
         "step3p5",
+        "kimi_k3",
     ],
 )
 def test_the_planner_prices_what_mlx_lm_holds(arch: str) -> None:
@@ -134,10 +135,51 @@ def test_the_planner_prices_what_mlx_lm_holds(arch: str) -> None:
     mla = spec.latent_attention
     if mla is None or not mla.latent_cache:
         return
-    per_token = spec.num_layers * (mla.kv_lora_rank + mla.rope_dim + 2 * mla.index_head_dim) * 4
+    # Kimi K3's linear-attention layers keep no KV cache (their state: the test below)
+    attention = spec.num_layers - len(spec.linear_attention.layers if spec.linear_attention else ())
+    per_token = attention * (mla.kv_lora_rank + mla.rope_dim + 2 * mla.index_head_dim) * 4
     for shard in plan_tensor_parallel(spec, [0.6, 0.3, 0.1]).ranks:
         load = rank_load(spec, shard, layers, True, True)
         assert load.kv_bytes_per_token == (per_token if shard.heads.q_heads.size else 0)
+
+
+def test_kimi_k3_recurrent_state_is_priced_as_mlx_lm_holds_it() -> None:
+    """Kimi K3's linear-attention layers keep a recurrent state per stream that does not grow
+    with the context: the cost model's state bytes are what mlx-lm's caches hold after a short
+    and a longer prompt, split by heads over uneven ranks (one holding none), and its KV bytes
+    per token only the MLA layers' latent cache."""
+    from mlx_lm.models.cache import ArraysCache
+    from mlx_lm.utils import _get_classes
+
+    from exo_tp.plan import Span, plan_tensor_parallel, spec_from_config
+    from exo_tp.plan.cost import rank_load
+
+    config = tiny_config("kimi_k3")
+    spec = spec_from_config(config)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    layers = Span(start=0, stop=spec.num_layers)
+    whole = rank_load(spec, plan_tensor_parallel(spec, [1]).ranks[0], layers, True, True)
+    for length in (3, 11):
+        cache = model.make_cache()
+        mx.eval(model(mx.zeros((1, length), dtype=mx.int32), cache=cache))
+        state = sum(c.nbytes for c in cache if isinstance(c, ArraysCache))
+        # (a KVCache allocates in steps: its first offset entries are what it holds)
+        kv = sum(
+            a[..., : c.offset, :].nbytes
+            for c in cache
+            if not isinstance(c, ArraysCache)
+            for a in (c.keys, c.values)
+        )
+        assert whole.state_bytes == state
+        assert whole.kv_bytes_per_token * length == kv
+    linear = spec.linear_attention
+    assert linear is not None
+    shards = plan_tensor_parallel(spec, [0.5, 0.3, 0.2, 0.1]).ranks
+    assert [s.linear_heads.size for s in shards] == [1, 1, 1, 0]
+    loads = [rank_load(spec, s, layers, True, True) for s in shards]
+    assert sum(x.state_bytes for x in loads) == whole.state_bytes
+    assert loads[-1].state_bytes == 0
 
 
 def test_a_sigmoid_router_keeps_its_float32_correction_bias_in_a_16_bit_shard(

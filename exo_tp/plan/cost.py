@@ -48,7 +48,7 @@ from exo_tp.plan.devices import quant_key
 from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
 from exo_tp.plan.profiles import ENGINE_DTYPE
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
-from exo_tp.plan.spec import Frozen, LatentAttention, ModelSpec
+from exo_tp.plan.spec import Frozen, LatentAttention, LinearAttention, ModelSpec
 from exo_tp.plan.tensor_parallel import layer_view
 
 FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
@@ -114,6 +114,8 @@ def layer_matrices(
         read.append(("attention", h, shard.heads.q_heads.size, 1))
     if spec.latent_attention is not None:
         read = _latent_attention_matrices(spec, spec.latent_attention, shard.heads.q_heads.size)
+    if spec.recurrent and spec.linear_attention is not None:
+        read = _linear_attention_matrices(spec, spec.linear_attention, shard.linear_heads.size)
     if spec.per_layer_embedding:  # Gemma 4's per-layer input gate and projection, replicated
         width = spec.per_layer_embedding // spec.num_layers
         read += [("ffn", h, width, 1), ("ffn", width, h, 1)]
@@ -124,10 +126,14 @@ def layer_matrices(
         read += [("ffn", h, dense, 2), ("ffn", dense, h, 1)]
     rows = shard.ffn[_expert_kind(spec)].size
     shared = shard.ffn["shared_expert_ffn"].size if "shared_expert_ffn" in shard.ffn else 0
+    latent = spec.moe_latent
+    if latent:  # the routed experts' replicated down and up projections around them
+        read += [("ffn", h, latent, 1), ("ffn", latent, h, 1)]
+    width = latent or h
     return [
         *read,
-        ("ffn", h, rows, 2 * spec.experts_per_token),
-        ("ffn", rows, h, spec.experts_per_token),
+        ("ffn", width, rows, 2 * spec.experts_per_token),
+        ("ffn", rows, width, spec.experts_per_token),
         ("ffn", h, shared, 2),
         ("ffn", shared, h, 1),
         ("ffn", h, spec.num_experts, 1),  # the router, replicated on every rank
@@ -156,6 +162,8 @@ def _latent_attention_matrices(
     else:
         read.append(("attention", latent, heads * (nope + v), 1))  # kv_b
     read.append(("attention", heads * v, h, 1))  # o_proj
+    if mla.output_gate:
+        read.append(("attention", h, heads * v, 1))  # g_proj
     if mla.index_heads:  # DSA's indexer, replicated: wq_b, wk, weights_proj
         read += [
             ("attention", mla.q_lora_rank, mla.index_heads * mla.index_head_dim, 1),
@@ -165,19 +173,66 @@ def _latent_attention_matrices(
     return read
 
 
+def _linear_attention_matrices(
+    spec: ModelSpec, linear: LinearAttention, heads: int
+) -> list[tuple[Segment, int, int, int]]:
+    """A linear-attention layer's weights on a rank holding ``heads`` of its heads: the per-head
+    rows of q|k|v, the decay, the output gate and beta, o_proj's columns, and the replicated
+    low-rank inputs of the decay and the gate (none on a rank without heads: a stand-in)."""
+    if not heads:
+        return []
+    h, d = spec.hidden_size, linear.head_dim
+    width = heads * d
+    read: list[tuple[Segment, int, int, int]] = [
+        ("attention", h, 3 * width, 1),  # qkv_proj
+        ("attention", h, d, 1),  # f_a_proj, replicated
+        ("attention", d, width, 1),  # f_b_proj
+        ("attention", h, heads, 1),  # b_proj
+        ("attention", width, h, 1),  # o_proj
+    ]
+    if linear.full_rank_gate:
+        read.append(("attention", h, width, 1))  # g_proj
+    else:
+        read += [("attention", h, d, 1), ("attention", d, width, 1)]  # g_a (replicated), g_b
+    return read
+
+
+def linear_attention_floats(spec: ModelSpec, shard: RankShard) -> int:
+    """Float parameters of a linear-attention layer of this rank that are no matrices (its
+    heads' conv channels, A_log and dt_bias, and the shared output norm)."""
+    linear = spec.linear_attention
+    heads = shard.linear_heads.size
+    if not spec.recurrent or linear is None or not heads:
+        return 0
+    d = linear.head_dim
+    return 3 * heads * d * linear.conv_kernel + heads + heads * d + d
+
+
+def state_bytes(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTES) -> int:
+    """Recurrent state one linear-attention layer of this rank keeps per stream, whatever the
+    context length: head_dim x head_dim float32 per head, and the last conv_kernel - 1 inputs of
+    its conv channels."""
+    linear = spec.linear_attention
+    heads = shard.linear_heads.size
+    if not spec.recurrent or linear is None:
+        return 0
+    d = linear.head_dim
+    return heads * d * d * 4 + (linear.conv_kernel - 1) * 3 * heads * d * float_bytes
+
+
 def unread_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> int:
     """Matrix weights one layer of this rank holds but does not read per decoded token: an MoE
     layer holds every expert and reads experts_per_token of them."""
     if not moe:
         return 0
-    unread = (spec.num_experts - spec.experts_per_token) * 3 * spec.hidden_size
+    unread = (spec.num_experts - spec.experts_per_token) * 3 * (spec.moe_latent or spec.hidden_size)
     return unread * shard.ffn[_expert_kind(spec)].size
 
 
 def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTES) -> int:
     """KV cache bytes one layer of this rank adds per token of context (a layer view's:
     nothing where it reuses another layer's cache)."""
-    if not spec.has_kv:
+    if not spec.has_kv or spec.recurrent:  # a linear-attention layer: state_bytes instead
         return 0
     mla = spec.latent_attention
     if mla is None:
@@ -197,14 +252,15 @@ def layer_groups(
 ) -> list[tuple[ModelSpec, RankShard, bool, int]]:
     """The layers of ``layers`` grouped by what they hold: (layer view, the rank's share in it,
     MoE, how many layers)."""
-    counts: dict[tuple[tuple[int, ...], bool], tuple[int, int]] = {}
+    counts: dict[tuple[tuple[int, ...], bool, bool], tuple[int, int]] = {}
+    linear = spec.linear_attention.layers if spec.linear_attention else ()
     for i in range(layers.start, layers.stop):
         moe = bool(spec.num_experts) and i >= spec.dense_layers
-        key = (tuple(k for k, v in enumerate(spec.variants) if i in v.layers), moe)
+        key = (tuple(k for k, v in enumerate(spec.variants) if i in v.layers), moe, i in linear)
         first, n = counts.get(key, (i, 0))
         counts[key] = (first, n + 1)
     out = []
-    for (_, moe), (first, n) in counts.items():
+    for (_, moe, _), (first, n) in counts.items():
         view, mine = layer_view(spec, shard, first)
         out.append((view, mine, moe, n))
     return out
@@ -228,6 +284,8 @@ class RankLoad(Frozen):
     flops_per_token: float  # prefill arithmetic per token, without attention scores
     attention_width: int  # local query heads * head_dim, summed over its layers
     kv_bytes_per_token: int  # KV cache per token of context, all its layers
+    # Recurrent state per stream (linear-attention layers), constant in context length
+    state_bytes: int = 0
     # the weights it reads per token shape by shape, and the norms' bytes (read with the FFN)
     matrices: tuple[Matrix, ...] = ()
     norm_bytes: int = 0
@@ -245,13 +303,19 @@ def rank_load(
     held = 0
     shapes: dict[tuple[Segment, int, int], int] = {}  # weights read per token, by shape
     groups = layer_groups(spec, shard, layers)
+    floats = 0  # float parameters that are no matrices (held and read as they are)
     for view, mine, moe, layer_count in groups:
         held += layer_count * unread_weights(view, mine, moe)
+        floats += layer_count * linear_attention_floats(view, mine)
         for segment, k, n, count in layer_matrices(view, mine, moe):
             held += layer_count * k * n * count
             shapes[segment, k, n] = shapes.get((segment, k, n), 0) + layer_count * count
     vocab = shard.vocab.size * spec.hidden_size
-    norms = (2 * layers.size + (1 if last else 0)) * spec.hidden_size * float_bytes
+    # hidden-size vectors: two norms per layer and the final one; attention residuals add two
+    # projections and two norms per layer and one of each before the final norm
+    per_layer, final = (6, 3) if spec.attention_residuals else (2, 1)
+    vectors = per_layer * layers.size + (final if last else 0)
+    norms = (vectors * spec.hidden_size + floats) * float_bytes
     vocab_held = 0
     if last:
         vocab_held += vocab  # LM head shard (or the tied embedding it shares)
@@ -268,8 +332,12 @@ def rank_load(
         held_bytes=round((held + vocab_held) * per + norms),
         read_bytes=round(read * per + norms),
         flops_per_token=2.0 * read,
-        attention_width=sum(n * mine.heads.q_heads.size * v.head_dim for v, mine, _, n in groups),
+        # attention scores grow with the prompt; a linear-attention layer's recurrence does not
+        attention_width=sum(
+            n * mine.heads.q_heads.size * v.head_dim for v, mine, _, n in groups if not v.recurrent
+        ),
         kv_bytes_per_token=sum(n * kv_bytes_per_token(v, m, float_bytes) for v, m, _, n in groups),
+        state_bytes=sum(n * state_bytes(v, m, float_bytes) for v, m, _, n in groups),
         matrices=tuple(
             Matrix(segment=g, k=k, n=n, count=c, bytes=round(k * n * c * per))
             for (g, k, n), c in shapes.items()

@@ -201,7 +201,7 @@ def predict(
                 rank=r,
                 device=d,
                 weights=x.held_bytes,
-                kv_cache=x.kv_bytes_per_token * context_tokens,
+                kv_cache=x.kv_bytes_per_token * context_tokens + x.state_bytes,
                 limit=cluster.devices[d].memory,
             )
             for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)

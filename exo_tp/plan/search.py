@@ -276,7 +276,7 @@ class _Layouts:
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes)
-                / ((x.held_bytes + x.kv_bytes_per_token * self.context) / n)
+                / ((x.held_bytes + x.kv_bytes_per_token * self.context + x.state_bytes) / n)
             )
             for x, end, d in zip(every, ends, devices, strict=True)
         )
