@@ -276,6 +276,16 @@ def stage_kv_bytes_per_token(
     )
 
 
+def stage_state_bytes(
+    spec: ModelSpec, shard: RankShard, layers: Span, float_bytes: int = FLOAT_BYTES
+) -> int:
+    """Recurrent state the layers ``layers`` of this rank keep per stream (any context)."""
+    return sum(
+        n * state_bytes(view, mine, float_bytes)
+        for view, mine, _, n in layer_groups(spec, shard, layers)
+    )
+
+
 class RankLoad(Frozen):
     """What one rank holds and does for a range of layers (and the vocab, on end stages)."""
 
@@ -337,7 +347,7 @@ def rank_load(
             n * mine.heads.q_heads.size * v.head_dim for v, mine, _, n in groups if not v.recurrent
         ),
         kv_bytes_per_token=sum(n * kv_bytes_per_token(v, m, float_bytes) for v, m, _, n in groups),
-        state_bytes=sum(n * state_bytes(v, m, float_bytes) for v, m, _, n in groups),
+        state_bytes=stage_state_bytes(spec, shard, layers, float_bytes),
         matrices=tuple(
             Matrix(segment=g, k=k, n=n, count=c, bytes=round(k * n * c * per))
             for (g, k, n), c in shapes.items()

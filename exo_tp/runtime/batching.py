@@ -75,9 +75,11 @@ class LockstepBatch:
         bytes_per_token: int,
         lanes: int = 1,
         deferred: TokenFeed | None = None,
+        bytes_per_entry: int = 0,
     ):
         """``sample``: this rank's part of sampling; None with ``deferred`` (earlier stages of
-        an overlapped pipeline, whose tokens arrive a round later)."""
+        an overlapped pipeline, whose tokens arrive a round later). ``bytes_per_token`` and
+        ``bytes_per_entry`` (recurrent state): the prompt cache's measure (PromptCache)."""
         if (sample is None) == (deferred is None):
             raise ValueError("a rank samples either now or deferred")
         self.model = model
@@ -96,7 +98,12 @@ class LockstepBatch:
         ]
         self.generator = self.lanes[0]
         self.prompt_cache = (
-            PromptCache(options.prompt_cache_size, options.prompt_cache_bytes, bytes_per_token)
+            PromptCache(
+                options.prompt_cache_size,
+                options.prompt_cache_bytes,
+                bytes_per_token,
+                bytes_per_entry,
+            )
             if options.prompt_cache_size > 0
             else None
         )

@@ -4,8 +4,14 @@ Every rank of an epoch keeps its own entries (its KV heads and layers) and must 
 same decisions as the others, so that a hit on the conductor is a hit everywhere: entries are
 inserted and looked up at the same batch steps on every rank, and sizes are not measured from
 the local arrays (uneven shards hold different bytes) but counted in tokens times the plan's KV
-bytes per token on the rank that holds the most. mlx-lm's `PromptTrie` finds the nearest
-entry; `LRUPromptCache` is not used as is because it evicts by each process's own bytes.
+bytes per token on the rank that holds the most, plus, for recurrent layers (Kimi K3's linear
+attention), the state every entry holds whatever its length. mlx-lm's `PromptTrie` finds the
+nearest entry; `LRUPromptCache` is not used as is because it evicts by each process's own bytes.
+
+A recurrent state (mlx-lm's ArraysCache) cannot be trimmed: it is the state after exactly the
+entry's tokens. So an entry is only ever reused for a prompt that extends it; one that covers
+tokens the prompt lacks is not served (the prompt starts afresh) rather than reused with a state
+advanced past the shared prefix (`can_trim_prompt_cache` is false for such an entry).
 """
 
 from __future__ import annotations
@@ -20,9 +26,15 @@ _MODEL = "model"  # one model per epoch: the trie's model key
 
 
 class PromptCache:
-    def __init__(self, max_entries: int, max_bytes: int | None, bytes_per_token: int):
+    def __init__(
+        self,
+        max_entries: int,
+        max_bytes: int | None,
+        bytes_per_token: int,
+        bytes_per_entry: int = 0,
+    ):
         self.max_entries, self.max_bytes = max_entries, max_bytes
-        self.bytes_per_token = bytes_per_token
+        self.bytes_per_token, self.bytes_per_entry = bytes_per_token, bytes_per_entry
         self._trie = PromptTrie()
         self._order: OrderedDict[tuple[int, ...], None] = OrderedDict()  # oldest first
 
@@ -32,7 +44,8 @@ class PromptCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the largest shard of every entry (the budget's measure)."""
-        return sum(len(key) for key in self._order) * self.bytes_per_token
+        tokens = sum(len(key) for key in self._order)
+        return tokens * self.bytes_per_token + len(self._order) * self.bytes_per_entry
 
     def fetch(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
         """A copy of the nearest cache for ``tokens`` and how many leading tokens it covers

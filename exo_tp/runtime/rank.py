@@ -30,7 +30,7 @@ from exo_tp.arch import table_for
 from exo_tp.lab.factor import FACTOR_ENV, FACTOR_FILE_ENV, pin_from_env
 from exo_tp.models.registry import resolve_model
 from exo_tp.models.tokenizer import load_model_tokenizer
-from exo_tp.plan.cost import stage_kv_bytes_per_token
+from exo_tp.plan.cost import stage_kv_bytes_per_token, stage_state_bytes
 from exo_tp.process.blas import active_blas
 from exo_tp.process.child import connect_supervisor
 from exo_tp.process.lifecycle import die_with_parent
@@ -119,6 +119,16 @@ def _bytes_per_token(job: Assignment) -> int:
     )
 
 
+def _bytes_per_entry(job: Assignment) -> int:
+    """Recurrent state bytes per prompt-cache entry on the rank holding the most."""
+    spec = job.plan.stages[0].tp.spec
+    return max(
+        stage_state_bytes(spec, shard, stage.layers, FLOAT_BYTES[job.dtype])
+        for stage in job.plan.stages
+        for shard in stage.tp.ranks
+    )
+
+
 def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
     """This rank's stage model for a pipeline plan (its plain model with one stage)."""
     plan, rank = job.plan, job.rank
@@ -194,6 +204,7 @@ def _serve_as_conductor(
             sample,
             _bytes_per_token(job),
             lanes=job.lanes,
+            bytes_per_entry=_bytes_per_entry(job),
         )
         if progress.probe is not None:
             progress.batch.after_step = progress.probe.maybe
@@ -236,6 +247,7 @@ def _serve_as_follower(
         _bytes_per_token(job),
         lanes=job.lanes,
         deferred=feed.next_tokens if deferred else None,
+        bytes_per_entry=_bytes_per_entry(job),
     )
     if progress.probe is not None:
         progress.batch.after_step = progress.probe.maybe
