@@ -15,7 +15,7 @@ from exo_tp.errors import PlanError, UnsupportedArchitectureError
 from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel, spec_from_config
 from exo_tp.plan.apportion import largest_remainder
 from exo_tp.plan.slices import RankSelector
-from exo_tp.plan.spec import LatentAttention
+from exo_tp.plan.spec import LatentAttention, LinearAttention
 from exo_tp.plan.tensor_parallel import FLOAT_FFN_ALIGN, VOCAB_ALIGN
 
 # MLA families: their tables split o_proj by heads of v_head_dim.
@@ -25,6 +25,12 @@ MLA_TYPES = tuple(
     if any(rule.width == "v_head_dim" for rule in table_for(t).linears)
 )
 OTHER_TYPES = tuple(t for t in supported_model_types() if t not in MLA_TYPES)
+# Families with recurrent linear-attention layers, split by heads of their own.
+LINEAR_TYPES = tuple(
+    t
+    for t in supported_model_types()
+    if any("linear_heads" in rule.parts for rule in table_for(t).linears)
+)
 
 
 @st.composite
@@ -50,10 +56,22 @@ def specs(draw: st.DrawFn) -> ModelSpec:
     for kind in ("expert_ffn", "shared_expert_ffn"):
         if draw(st.booleans()):
             ffn_sizes[kind] = draw(st.integers(1, 50)) * step
+    model_type = draw(st.sampled_from(MLA_TYPES if mla else OTHER_TYPES))
+    layers = draw(st.integers(1, 4))
+    linear = None
+    if model_type in LINEAR_TYPES:  # linear-attention layers beside the attention ones
+        linear = LinearAttention(
+            layers=tuple(draw(st.sets(st.integers(0, layers - 1)))),
+            num_heads=draw(st.integers(1, 12)),
+            head_dim=draw(st.sampled_from([16, 64, 96, 128])),
+            conv_kernel=4,
+        )
+        head_widths = {**head_widths, "linear_head_dim": linear.head_dim, "linear_beta": 1}
     return ModelSpec(
-        model_type=draw(st.sampled_from(MLA_TYPES if mla else OTHER_TYPES)),
+        model_type=model_type,
         hidden_size=draw(st.sampled_from([64, 576, 1024])),
-        num_layers=draw(st.integers(1, 4)),
+        num_layers=layers,
+        linear_attention=linear,
         num_heads=kv * group,
         num_kv_heads=kv,
         head_dim=head_dim,
@@ -90,6 +108,10 @@ def test_every_row_owned_exactly_once(spec: ModelSpec, weights: list[float]) -> 
         assert _owners(ffn, size) == [1] * size, kind
     vocab = [range(r.vocab.start, r.vocab.stop) for r in plan.ranks]
     assert _owners(vocab, spec.vocab_size) == [1] * spec.vocab_size
+    if spec.linear_attention is not None:
+        total = spec.linear_attention.num_heads
+        linear = [range(r.linear_heads.start, r.linear_heads.stop) for r in plan.ranks]
+        assert _owners(linear, total) == [1] * total
 
 
 @settings(max_examples=300, deadline=None)
@@ -135,7 +157,10 @@ def test_no_split_cuts_a_group(spec: ModelSpec, weights: list[float]) -> None:
     plan = plan_tensor_parallel(spec, weights)
     align = spec.input_align
     for rule in (r for r in table_for(spec.model_type).linears if r.style == "row"):
-        if any(p not in ("q_heads", "kv_heads", *spec.ffn_sizes) for p in rule.parts):
+        dims = ("q_heads", "kv_heads", *spec.ffn_sizes)
+        if spec.linear_attention is not None:
+            dims += ("linear_heads",)
+        if any(p not in dims for p in rule.parts):
             continue  # an FFN kind this spec lacks: the module does not exist
         for rank in range(plan.size):
             ranges, total = RankSelector(plan, rank).rule(rule)
@@ -156,6 +181,9 @@ def test_shares_track_weights_within_one_unit(spec: ModelSpec, weights: list[flo
         },
         "vocab": (plan.vocab_unit, spec.vocab_size, [r.vocab.size for r in plan.ranks]),
     }
+    if spec.linear_attention is not None:
+        sizes = [r.linear_heads.size for r in plan.ranks]
+        units["linear"] = (plan.linear_head_unit, spec.linear_attention.num_heads, sizes)
     for name, (unit, size, got) in units.items():
         n_units = math.ceil(size / unit)
         for r, w in enumerate(weights):
