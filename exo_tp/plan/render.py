@@ -21,11 +21,18 @@ def _variant(variant: LayerVariant) -> str:
 
 def render_plan(plan: ShardPlan) -> str:
     spec = plan.spec
+    linear = spec.linear_attention
     lines = [
         f"model {spec.model_type}: {spec.num_layers} layers, hidden {spec.hidden_size}, "
         f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads x {spec.head_dim}"
         + "".join(f", {name} {width}" for name, width in spec.head_widths.items())
         + "".join(f" ({_variant(v)} in {len(v.layers)} layers)" for v in spec.variants)
+        + (
+            f", {len(linear.layers)} linear-attention layers of {linear.num_heads} heads x "
+            f"{linear.head_dim} (recurrent state)"
+            if linear
+            else ""
+        )
         + ", "
         f"ffn {spec.ffn_sizes}, vocab {spec.vocab_size}"
         + (
@@ -35,16 +42,19 @@ def render_plan(plan: ShardPlan) -> str:
         ),
         f"{plan.size} ranks; attention split by {plan.attention_unit} "
         f"({plan.head_unit} q heads/unit), ffn unit {plan.ffn_unit} rows, "
-        f"vocab unit {plan.vocab_unit} rows",
+        f"vocab unit {plan.vocab_unit} rows"
+        + (f", linear-attention unit {plan.linear_head_unit} heads" if linear else ""),
         f"{'rank':>4} {'weight':>7} {'q heads':>9} {'kv heads':>12} "
+        + (f"{'linear heads':>13} " if linear else "")
         + " ".join(f"{kind:>13}" for kind in spec.ffn_sizes)
         + f" {'vocab rows':>15}",
     ]
     for r in plan.ranks:
-        q = r.heads.q_heads
+        q, lin = r.heads.q_heads, r.linear_heads
         lines.append(
             f"{r.rank:>4} {r.weight:>7.3f} {f'{q.start}-{q.stop} ({q.size})':>9} "
             f"{','.join(map(str, r.heads.kv_heads)) or '-':>12} "
+            + (f"{f'{lin.start}-{lin.stop} ({lin.size})':>13} " if linear else "")
             + " ".join(f"{f'{s.start}-{s.stop} ({s.size})':>13}" for s in r.ffn.values())
             + f" {f'{r.vocab.start}-{r.vocab.stop}':>15}"
         )
