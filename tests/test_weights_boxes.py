@@ -132,7 +132,8 @@ def test_smollm2_boxes_are_the_loader_reads(
 # Gemma 3 as shipped has no lm_head (tied: the embedding is vocab-parallel on both ends); Kimi
 # K2.5's layers nested under language_model and its compressed-tensors int4 experts (derived by
 # sanitize: whole), DeepSeek V3.2's replicated indexer, Mistral 4's experts shipped fused,
-# Step 3.5's sliding layers with more query heads than its full ones (spans scaled).
+# Step 3.5's sliding layers with more query heads than its full ones (spans scaled); Kimi K3's
+# linear-attention heads (conv channels, per-head parameters) beside its MLA heads.
 TINY = [
     ("gemma3_text", None),
     ("qwen2_moe", None),
@@ -149,6 +150,8 @@ TINY = [
     ("gemma4_text", {"group_size": 64, "bits": 4}),
     # full-width q/k norms sliced by heads
     ("minimax", None),
+    # linear-attention and MLA layers, whose o_proj share a name but not a split
+    ("kimi_k3", {"group_size": 64, "bits": 4}),
 ]
 
 

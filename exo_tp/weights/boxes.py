@@ -128,14 +128,17 @@ class _Reads:
         return Boxes.of(self.ranges.items())
 
 
-_PLACES: dict[tuple[int, str], Place] = {}  # (id of a table in TABLES, path in a layer)
+# (id of a table in TABLES, the layer kind's modules a rule may apply ``where``, path in a layer)
+_PLACES: dict[tuple[int, frozenset[str], str], Place] = {}
 
 
-def _locate_in_layer(table: ArchTable, path: str) -> Place:
-    """Where ``path`` inside any layer sits (the same in every layer)."""
-    key = (id(table), path)
+def _locate_in_layer(table: ArchTable, kinds: frozenset[str], path: str) -> Place:
+    """Where ``path`` inside any layer holding the modules ``kinds`` (of all the table's
+    ``where`` paths) sits: the same in every such layer."""
+    key = (id(table), kinds, path)
     if key not in _PLACES:
-        _PLACES[key] = locate(f"{table.layers}.0.{path}", table)
+        has = {f"{table.layers}.0.{k}" for k in kinds}.__contains__
+        _PLACES[key] = locate(f"{table.layers}.0.{path}", table, has)
     return _PLACES[key]
 
 
@@ -154,8 +157,14 @@ def _layer(
     prefix = f"{table.layers}.{layer}"
     selectors = [s.layer(layer) for s in selectors]  # its sizes (ModelSpec.variants)
     mine = selectors[local]
-    rules = [r for r in table.linears if manifest.has(f"{prefix}.{r.path}")]
-    branches = [b for b in table.branches if manifest.has(f"{prefix}.{b.path}")]
+
+    def has(path: str) -> bool:
+        return manifest.has(f"{prefix}.{path}")
+
+    rules = [r for r in table.linears if r.applies(has)]
+    branches = [b for b in table.branches if b.applies(has)]
+    wheres = {r.where for r in (*table.linears, *table.branches) if r.where is not None}
+    kinds = frozenset(w for w in wheres if has(w))
     empty = [
         b for b in branches if not any(mine.holds(r) for r in rules if is_under(r.path, b.path))
     ]
@@ -166,7 +175,7 @@ def _layer(
         if any(is_under(path, g) for g in gone):
             continue
         name = f"{prefix}.{path}"
-        place = _locate_in_layer(table, path)
+        place = _locate_in_layer(table, kinds, path)
         entry = manifest.by_name.get(name)
         if place.kind != "rule" or entry is None:
             reads.whole(name)

@@ -33,6 +33,7 @@ from exo_tp.weights.manifest import (
     TensorEntry,
     WeightFile,
     digest,
+    module_paths,
 )
 
 log = logging.getLogger(__name__)
@@ -116,9 +117,12 @@ def block_digests(path: Path, entry: TensorEntry) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _entries(folder: Path, sliceable: frozenset[str]) -> tuple[list[WeightFile], list[TensorEntry]]:
+def _entries(
+    folder: Path, parameters: tuple[str, ...], sliceable: frozenset[str]
+) -> tuple[list[WeightFile], list[TensorEntry]]:
     spec = load_spec(folder)
     table = table_for(spec.model_type)
+    modules = module_paths(parameters)  # which layer kind each layer is (Rule.where)
     files, entries = [], []
     for path in _weight_paths(folder):
         text, header = read_header(path)
@@ -142,6 +146,7 @@ def _entries(folder: Path, sliceable: frozenset[str]) -> tuple[list[WeightFile],
                     name in sliceable,
                     spec,
                     table,
+                    modules.__contains__,
                 )
             )
     return files, entries
@@ -155,7 +160,7 @@ def build_manifest(folder: Path, threads: int | None = None) -> ModelManifest:
     if not _weight_paths(folder):
         raise ExoTpError(f"{folder} has no *{WEIGHT_SUFFIX} files")
     parameters, sliceable = model_structure(folder)
-    files, entries = _entries(folder, sliceable)
+    files, entries = _entries(folder, parameters, sliceable)
     extras = _extra_paths(folder)
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
         blocks = pool.map(lambda e: block_digests(folder / e.file, e), entries)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
@@ -48,12 +49,17 @@ def _under(name: str, prefix: str) -> str | None:
     return name[len(prefix) + 1 :] if name.startswith(f"{prefix}.") else None
 
 
-def locate(name: str, table: ArchTable) -> Place:
+def locate(name: str, table: ArchTable, has: Callable[[str], bool] | None = None) -> Place:
+    """``has``: whether the model holds a module path, which decides the rules that apply
+    only where a layer kind's module is (``Rule.where``); without it none of those apply."""
     if (rest := _under(name, table.layers)) is not None:
         index, _, inner = rest.partition(".")
         if index.isdigit():
             layer = int(index)
             for rule in table.linears:
+                where = rule.where
+                if where is not None and not (has and has(f"{table.layers}.{layer}.{where}")):
+                    continue
                 if inner == rule.path and rule.style == "stacked":
                     return Place(kind="rule", layer=layer, rule=rule)
                 key = _under(inner, rule.path)

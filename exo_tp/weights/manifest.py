@@ -14,6 +14,7 @@ import hashlib
 import math
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterable
 from functools import cached_property
 
 from pydantic import Field
@@ -126,6 +127,15 @@ class ExtraFile(Frozen):
     digest: str  # SHA-256 of the whole file
 
 
+def module_paths(parameters: Iterable[str]) -> frozenset[str]:
+    """Every dotted prefix of the parameter names: the modules (and parameters) that exist."""
+    out: set[str] = set()
+    for name in parameters:
+        parts = name.split(".")
+        out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return frozenset(out)
+
+
 class ModelManifest(Frozen):
     version: int = MANIFEST_VERSION
     # SHA-256 over config.json, every tensor's name, dtype and shape, and every file's digest.
@@ -152,11 +162,7 @@ class ModelManifest(Frozen):
     @cached_property
     def module_paths(self) -> frozenset[str]:
         """Every dotted prefix of a parameter name: the modules (and parameters) that exist."""
-        out: set[str] = set()
-        for name in self.parameters:
-            parts = name.split(".")
-            out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-        return frozenset(out)
+        return module_paths(self.parameters)
 
     def has(self, path: str) -> bool:
         return path in self.module_paths
