@@ -103,7 +103,15 @@ def apply_to_block(
         parent, name = _parent(block, path)
         if parent is None:
             continue  # inside a sub-block this rank holds nothing of (a zero stand-in)
-        rule = next((r for r in table.linears if r.path == path), None)
+        # (a rule applying where its layer kind's module is: Rule.where)
+        rule = next(
+            (
+                r
+                for r in table.linears
+                if r.path == path and r.applies(lambda p: has_path(block, p))
+            ),
+            None,
+        )
         if rule is None:
             if not any(is_under(path, r) for r in table.replicated):
                 raise ExoTpError(
