@@ -181,6 +181,28 @@ function kvHeadsRow(response, groups) {
     note, ...bars);
 }
 
+// Linear-attention layers (Kimi K3's Kimi Delta Attention) split their own heads: each device
+// keeps its heads' projections, conv channels and recurrent state.
+function linearHeadsRow(response, groups) {
+  const { plan } = response;
+  const linear = plan.spec.linear_attention;
+  if (!linear) return null;
+  const total = linear.num_heads;
+  const bars = groups.map((group) => bar(group.ranks.map((rank) => {
+    const part = plan.ranks[rank].linear_heads ?? { start: 0, stop: 0 };
+    return segment({
+      rank, node: response.nodes[rank], offset: part.start, width: size(part), total,
+      kind: "linear_heads", label: plural(size(part), "head"),
+      tip: `${who(response, rank)}\nlinear-attention heads ${span(part)} ` +
+        `(${plural(size(part), "head")}: their projections, conv channels and recurrent state)`,
+      data: { start: part.start, stop: part.stop, count: size(part) },
+    });
+  }), { caption: caption(groups, group), total }));
+  return row("linear_heads", "Linear attention · heads", `${total} heads × ` +
+    `${linear.head_dim} in ${plural(linear.layers.length, "layer")}; units of ` +
+    `${plan.linear_head_unit ?? 1}; recurrent state per stream, constant in context`, ...bars);
+}
+
 function ffnRows(response, groups) {
   const { plan } = response;
   return Object.entries(plan.spec.ffn_sizes).map(([kind, rows]) => {
@@ -307,6 +329,7 @@ export function renderLayout(container, response) {
       layersRow(response, groups),
       queryHeadsRow(response, groups),
       kvHeadsRow(response, groups),
+      linearHeadsRow(response, groups),
       ...ffnRows(response, groups),
       vocabRow(response)),
     h("details", { class: "comm" }, h("summary", {}, "Collectives per token"),
