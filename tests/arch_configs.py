@@ -312,8 +312,8 @@ ARCHS: dict[str, dict[str, Any]] = {
     ),
     # Kimi K3: Kimi Delta Attention (3 heads of 128: 4+ ranks leave one without any) in layers
     # 0 and 1, MLA (5 heads, q compression, sigmoid output gate) in layer 2; layer 0 dense, then
-    # 4 experts top 2 + a shared expert, the routed ones through a 128-wide latent; attention
-    # residuals in blocks of 2 layers; all under text_config.
+    # 4 experts top 2 + a shared expert, the routed ones through a 128-wide latent with a norm of
+    # their sum; attention residuals in blocks of 2 layers; all under text_config.
     "kimi_k3": dict(
         model_type="kimi_k3",
         text_config=dict(
@@ -338,6 +338,7 @@ ARCHS: dict[str, dict[str, Any]] = {
             num_shared_experts=1,
             moe_intermediate_size=104,
             routed_expert_hidden_size=128,
+            latent_moe_use_norm=True,
             first_k_dense_replace=1,
             routed_scaling_factor=2.5,
             attn_res_block_size=2,

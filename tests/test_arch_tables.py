@@ -215,6 +215,22 @@ def test_a_full_width_norm_outside_an_attention_branch_is_refused() -> None:
         )
 
 
+def test_a_whole_sum_of_a_module_that_is_not_replicated_is_refused() -> None:
+    """A module acting on an all-reduced sum (and the one kept once after it) must be whole on
+    every rank: a split one would be summed over ranks again."""
+    from exo_tp.arch import SumRule
+
+    with pytest.raises(ValidationError, match="must be replicated"):
+        ArchTable(
+            model_types=("x",),
+            linears=(LinearRule(path="mlp.down_proj", style="row", parts=("ffn",)),),
+            branches=(BranchRule(path="mlp", kind="mlp"),),
+            replicated=("mlp.norm",),
+            sums=(SumRule(path="mlp.norm", width="moe_latent", once="mlp.up"),),
+            counts=(),
+        )
+
+
 def test_a_replicated_kv_head_is_counted_once_in_a_full_width_norm() -> None:
     from exo_tp.shard.sharded_norm import counted_mask
 

@@ -1,6 +1,6 @@
 """Per-architecture tensor-parallel tables (pure data)."""
 
-from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule
+from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule, SumRule
 from exo_tp.arch.tables import TABLES
 from exo_tp.errors import UnsupportedArchitectureError
 
@@ -29,6 +29,7 @@ __all__ = [
     "CountRule",
     "LinearRule",
     "NormRule",
+    "SumRule",
     "pipeline_model_types",
     "supported_model_types",
     "table_for",

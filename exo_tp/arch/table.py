@@ -129,6 +129,18 @@ class NormRule(Rule):
     width: str = "head_dim"
 
 
+class SumRule(Rule):
+    """A replicated module inside a reducing branch that acts on the whole sum of the partial
+    values it is given (Kimi K3's norm of the routed experts' latent sum): its input is
+    all-reduced first (``width``: the ModelSpec field holding that input's width; a stand-in
+    of the enclosing branch joins with zeros). ``once``: the replicated module after it whose
+    output is then whole on every rank, kept by the first rank holding the branch (zeros
+    elsewhere) so that the branch's own all-reduce adds it once."""
+
+    width: str
+    once: str
+
+
 class ArchTable(Frozen):
     model_types: tuple[str, ...]
     layers: str = "model.layers"
@@ -137,6 +149,7 @@ class ArchTable(Frozen):
     replicated: tuple[str, ...] = ()
     counts: tuple[CountRule, ...]
     norms: tuple[NormRule, ...] = ()
+    sums: tuple[SumRule, ...] = ()
     embedding: str = "model.embed_tokens"
     lm_head: str = "lm_head"  # used only when the model has one (untied embeddings)
     norm: str = "model.norm"  # final norm: only the last pipeline stage applies it
@@ -187,6 +200,12 @@ class ArchTable(Frozen):
             # its stand-in must join the norm's all-reduce: only attention stand-ins do
             if not any(is_under(norm.path, p) for p in attention):
                 raise ValueError(f"{norm.path} is inside no attention branch")
+        for rule in self.sums:
+            for path in (rule.path, rule.once):
+                if not any(is_under(path, r) for r in self.replicated):
+                    raise ValueError(f"{path} sums or is summed whole: it must be replicated")
+            if not any(is_under(rule.path, p) for p in reducing):
+                raise ValueError(f"{rule.path} is inside no reducing branch")
         return self
 
 

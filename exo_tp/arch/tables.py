@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule
+from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule, SumRule
 from exo_tp.frozen import replace
 
 Style = Literal["column", "row", "stacked"]
@@ -583,10 +583,11 @@ _MLA = "self_attn.kv_a_proj_with_mqa"
 # DeepSeek-style MoE layers (router and its score correction replicated; routed experts and
 # shared experts by rows, one all-reduce per block; a latent MoE's down/up projections around
 # the experts replicated: linear, so the up projection of each rank's partial latent sum adds up
-# to that of the whole), attention residuals (the layers' res projections and norms act on
-# reduced hidden states: replicated), all under language_model. One stage only: the attention
-# residuals carry every earlier block's output from layer to layer, which a later stage would
-# need handed over with the hidden state (docs/planner.md).
+# to that of the whole, unless a norm of the routed sum sits between them: then that sum is
+# all-reduced before it, one more per MoE layer), attention residuals (the layers' res
+# projections and norms act on reduced hidden states: replicated), all under language_model.
+# One stage only: the attention residuals carry every earlier block's output from layer to
+# layer, which a later stage would need handed over with the hidden state (docs/planner.md).
 KIMI_K3 = ArchTable(
     model_types=("kimi_k3",),
     layers="language_model.model.layers",
@@ -619,7 +620,15 @@ KIMI_K3 = ArchTable(
         "mlp.gate",
         "mlp.e_score_correction_bias",
         "mlp.routed_expert_down_proj",
+        "mlp.routed_expert_norm",
         "mlp.routed_expert_up_proj",
+    ),
+    # a latent MoE's norm of the routed sum (latent_moe_use_norm) needs the whole sum: its
+    # input is all-reduced first, and the up projection after it counted once
+    sums=(
+        SumRule(
+            path="mlp.routed_expert_norm", width="moe_latent", once="mlp.routed_expert_up_proj"
+        ),
     ),
     counts=(
         CountRule(path="self_attn.num_heads", dim="q_heads", where=_MLA),

@@ -269,6 +269,9 @@ class _Layouts:
             one = all_sum_seconds(len(group), spec.hidden_size * FLOAT_BYTES, link)
             reduces = 3 if spec.dense_mlp_with_experts else 2  # Gemma 4 MoE: MLP, experts
             collectives = reduces * (one + collective_floor(len(group), link, overhead))
+            if spec.moe_latent_norm:  # Kimi K3: the routed latent sum before its norm
+                latent = all_sum_seconds(len(group), spec.moe_latent * FLOAT_BYTES, link)
+                collectives += latent + collective_floor(len(group), link, overhead)
             # full-width q/k norms: one more all-reduce each per layer, latency-bound
             norms = len(table_for(spec.model_type).norms)
             tiny = all_sum_seconds(len(group), FLOAT_BYTES, link)

@@ -112,6 +112,9 @@ class ModelSpec(Frozen):
     # Routed experts working in a latent of this width (Kimi K3's routed_expert_hidden_size:
     # a replicated down projection into it before them, an up projection after); 0: none.
     moe_latent: int = Field(default=0, ge=0)
+    # A norm of the routed experts' latent sum (latent_moe_use_norm): that sum is all-reduced
+    # before it (ArchTable.sums), one more all-reduce per MoE layer.
+    moe_latent_norm: bool = False
     # Attention residuals (Kimi K3's attn_res_block_size): each layer mixes earlier blocks'
     # outputs with two more hidden-size projections and norms (and the model once more).
     attention_residuals: bool = False
@@ -426,10 +429,6 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             head_widths["linear_head_dim"] = linear.head_dim
             head_widths["linear_beta"] = 1  # the beta projection: one row per head
             extra["linear_attention"] = linear
-        if c.get("latent_moe_use_norm") and c.get("routed_expert_hidden_size"):
-            # the norm acts on the routed experts' whole sum, which a rank holds only after an
-            # all-reduce inside the MoE block (see docs/planner.md, kimi_k3)
-            raise ExoTpError("latent MoE with a norm of the routed sum is not supported")
         spec = ModelSpec(
             model_type=str(config["model_type"]),
             hidden_size=int(c["hidden_size"]),
@@ -461,6 +460,9 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             dense_layers=_dense_layers(c),
             latent_attention=_latent_attention(str(config["model_type"]), c),
             moe_latent=int(c.get("routed_expert_hidden_size") or 0),
+            moe_latent_norm=bool(
+                c.get("routed_expert_hidden_size") and c.get("latent_moe_use_norm")
+            ),
             attention_residuals=c.get("attn_res_block_size") is not None,
             **extra,
         )

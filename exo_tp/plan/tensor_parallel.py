@@ -200,6 +200,13 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
         collectives += (
             Collective(name="per_layer_embedding", op="all_sum", sizes=(width,) * n, padded=width),
         )
+    if spec.moe_latent_norm:  # the routed experts' latent sum, before its norm (MoE layers)
+        width = spec.moe_latent
+        collectives += (
+            Collective(
+                name="moe_latent", op="all_sum", sizes=(width,) * n, padded=width, per_layer=1
+            ),
+        )
     norms = len(table_for(spec.model_type).norms)
     if norms:
         # Full-width q/k norms: one sum of squares per position each (latency, not bytes).

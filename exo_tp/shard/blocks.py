@@ -8,13 +8,15 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from exo_tp.arch import ArchTable, BranchRule, LinearRule, NormRule
+from exo_tp.arch import ArchTable, BranchRule, LinearRule, NormRule, SumRule
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.layers import (
     GroupedScoresMask,
+    KeptByOne,
     PartialSum,
+    SumFirst,
     ZeroAttention,
     ZeroExperts,
     ZeroMLP,
@@ -90,9 +92,16 @@ class BlockSharder:
                     raise ExoTpError(f"{prefix}.{count.path}: no such head count attribute")
                 per_head = self.mine.spec.head_width(count.width) if count.width else 1
                 set_path(layer, count.path, self.mine.count(count.dim) * per_head * count.times)
+        sums = [r for r in self.table.sums if r.applies(has)]
+        for rule in sums:
+            if not any(is_under(rule.path, path) for path in gone):
+                self._sum_first(layer, rule, rules, branches)
         for branch in stand_ins:
             joins = tuple(n.dim for n in norms if is_under(n.path, branch.path))
-            stand_in = self._stand_in(branch, joins)
+            widths = tuple(
+                getattr(self.mine.spec, r.width) for r in sums if is_under(r.path, branch.path)
+            )
+            stand_in = self._stand_in(branch, joins, widths)
             _keep_settings(stand_in, get_path(layer, branch.path))
             set_path(layer, branch.path, stand_in)
         for branch in branches:
@@ -168,7 +177,26 @@ class BlockSharder:
             counted = counted_mask(self.mine.shard.heads.kv_heads, earlier, width)
         return ShardedRMSNorm(weight, norm.eps, full, counted, self.group)
 
-    def _stand_in(self, branch: BranchRule, joins: tuple[str, ...] = ()) -> nn.Module:
+    def _sum_first(
+        self,
+        layer: nn.Module,
+        rule: SumRule,
+        rules: Sequence[LinearRule],
+        branches: Sequence[BranchRule],
+    ) -> None:
+        """Wrap a SumRule's module (its input all-reduced first) and the module after it
+        (kept by the first rank holding the enclosing branch, see ArchTable.sums)."""
+        width = getattr(self.mine.spec, rule.width)
+        set_path(layer, rule.path, SumFirst(get_path(layer, rule.path), width, self.group))
+        outer = next(b for b in branches if b.reduce and is_under(rule.path, b.path))
+        inside = [r for r in rules if is_under(r.path, outer.path)]
+        holder = next(s for s in self.ranks if any(s.holds(r) for r in inside))
+        once = get_path(layer, rule.once)
+        set_path(layer, rule.once, KeptByOne(once, self.width, keep=holder is self.mine))
+
+    def _stand_in(
+        self, branch: BranchRule, joins: tuple[str, ...] = (), sums: tuple[int, ...] = ()
+    ) -> nn.Module:
         if branch.kind == "attention" and branch.shares_kv:
             return ZeroSharingAttention(self.width, self.mine.spec.head_dim)
         if branch.kind == "attention":
@@ -177,7 +205,7 @@ class BlockSharder:
             return ZeroRecurrent(self.width)
         if branch.kind == "experts":
             return ZeroExperts(self.width)
-        return ZeroMLP(self.width)
+        return ZeroMLP(self.width, sums, self.group)
 
 
 def _check_norm(name: str, norm: nn.Module, full: int) -> None:

@@ -67,16 +67,63 @@ class GroupedScoresMask(Wrapper):
         return self.inner(x, mask, *args, **kwargs)
 
 
+class SumFirst(Wrapper):
+    """A replicated module acting on the whole sum of the partial values it is given
+    (ArchTable.sums): its input is all-reduced first."""
+
+    def __init__(self, inner: nn.Module, width: int, group: mx.distributed.Group):
+        super().__init__(inner)
+        self._width = width
+        self._group = group
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(sum_over_ranks(x, self._width, self._group), *args, **kwargs)
+
+
+class KeptByOne(Wrapper):
+    """A replicated module whose output is whole on every rank inside a sub-block that is
+    all-reduced (after a SumFirst): one rank keeps it, the others give zeros, so the
+    all-reduce adds it once."""
+
+    def __init__(self, inner: nn.Module, width: int, keep: bool):
+        super().__init__(inner)
+        self._width = width
+        self._keep = keep
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> Any:
+        if self._keep:
+            return self.inner(x, *args, **kwargs)
+        return zeros_after((*x.shape[:-1], self._width), x.dtype, x)
+
+
 class ZeroMLP(nn.Module):
     """Stands in for a sub-block called with ``x`` of which this rank holds nothing: zeros of
-    the output's shape, tied to ``x`` (see ``zeros_after``) so collectives keep their order."""
+    the output's shape, tied to ``x`` (see ``zeros_after``) so collectives keep their order.
 
-    def __init__(self, width: int):
+    ``sums``: the widths of the all-reduces inside the sub-block (SumFirst), which this rank
+    joins with zeros before its output, as its peers run them before theirs."""
+
+    def __init__(
+        self,
+        width: int,
+        sums: tuple[int, ...] = (),
+        group: mx.distributed.Group | None = None,
+    ):
         super().__init__()
         self._width = width
+        self._sums = sums
+        self._sum_group = group
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
-        return zeros_after((*x.shape[:-1], self._width), x.dtype, x)
+        out = zeros_after((*x.shape[:-1], self._width), x.dtype, x)
+        if not self._sums or self._sum_group is None:
+            return out
+        lead = x.shape[:-1]
+        joined = [
+            sum_over_ranks(zeros_after((*lead, w), x.dtype, x), w, self._sum_group)
+            for w in self._sums
+        ]
+        return mx.depends(out, joined)
 
 
 class ZeroExperts(ZeroMLP):
