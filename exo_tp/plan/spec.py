@@ -64,8 +64,7 @@ class LinearAttention(Frozen):
     num_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
     conv_kernel: int = Field(gt=0)
-    # rows each head adds to the input projections: q, k, v, the decay (f_b) and output gate
-    # (g_b or the full-rank g_proj) are head_dim each, beta one
+    # the output gate is one full-rank projection (g_proj) instead of a low-rank pair (g_a, g_b)
     full_rank_gate: bool = False
 
 
