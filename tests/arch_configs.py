@@ -684,6 +684,40 @@ ARCHS: dict[str, dict[str, Any]] = {
         ),
         tie_word_embeddings=False,
     ),
+    # DeepSeek V4.1: 6 heads of 128 in 2 output groups of 3 (a low-rank grouped output
+    # projection: o_a per group, o_b over all groups), one shared latent key/value (MQA, 128)
+    # with a sliding window of 4 (< prompt), 3 hyper-connection streams; layer 0 attends the
+    # window only, layer 1 compresses every 2 tokens and indexes them (and picks the candidate
+    # blocks), layer 2 reads layer 1's compressed KV and index keys with its own indexer; every
+    # layer MoE: 4 experts top 2 (sqrt-softplus router) + a shared expert of FFN 104.
+    "deepseek_v41": dict(
+        model_type="deepseek_v41",
+        hidden_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        head_dim=128,
+        q_lora_rank=128,
+        qk_rope_head_dim=32,
+        o_groups=2,
+        o_lora_rank=128,
+        moe_intermediate_size=104,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        sliding_window=4,
+        compress_ratios=[0, 2, 2],
+        kv_source_layer_ids=[1],
+        index_source_layer_ids=[1, 2],
+        candidate_source_layer_id=1,
+        candidate_topk_blocks=2,
+        candidate_block_size=2,
+        index_n_heads=2,
+        index_head_dim=64,
+        index_topk=3,
+        hc_mult=3,
+        hc_sinkhorn_iters=5,
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).

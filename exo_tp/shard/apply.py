@@ -27,6 +27,7 @@ from exo_tp.shard.layers import (
     VocabParallelEmbedding,
     VocabParallelHead,
 )
+from exo_tp.shard.sequences import batch_by_sequence
 from exo_tp.shard.slicing import WeightSlicer, load_lazily
 from exo_tp.shard.tree import get_path, has_path, set_path
 
@@ -217,4 +218,6 @@ def load_shard(
         set_path(model, table.norm, nn.Identity())
     _shard_vocab(model, table, slicer, plan, rank, group, dtype, first, last)
     _finish(model, dtype, keep)
+    if table.batch_by_sequence:
+        batch_by_sequence(model)
     return model

@@ -8,12 +8,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from exo_tp.arch import ArchTable, BranchRule, LinearRule, NormRule
+from exo_tp.arch import ArchTable, BranchRule, GroupedOutputRule, LinearRule, NormRule
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.layers import (
     GroupedScoresMask,
+    GroupSum,
     PartialSum,
     ZeroAttention,
     ZeroExperts,
@@ -21,7 +22,7 @@ from exo_tp.shard.layers import (
     ZeroSharingAttention,
 )
 from exo_tp.shard.sharded_norm import ShardedRMSNorm, counted_mask
-from exo_tp.shard.slicing import ShardError, WeightSlicer
+from exo_tp.shard.slicing import ShardError, WeightSlicer, sliced_keys
 from exo_tp.shard.tree import get_path, has_path, set_path
 
 
@@ -73,6 +74,11 @@ class BlockSharder:
         for rule in rules:
             if not any(is_under(rule.path, path) for path in gone):
                 self._slice(layer, prefix, rule)
+        for grouped in self.table.grouped_outputs:
+            if has_path(layer, grouped.inner) and not any(
+                is_under(grouped.inner, path) for path in gone
+            ):
+                self._grouped_output(layer, prefix, grouped)
         norms = [n for n in self.table.norms if has_path(layer, n.path)]
         for norm in norms:
             if not any(is_under(norm.path, path) for path in gone):
@@ -112,6 +118,7 @@ class BlockSharder:
         summed N times: refuse instead of computing something wrong.
         """
         known = [r.path for r in rules] + [n.path for n in self.table.norms]
+        known += [p for g in self.table.grouped_outputs for p in (g.inner, g.outer)]
         known += list(self.table.replicated)
         if not any(is_under(r.path, branch.path) for r in rules):
             raise ExoTpError(
@@ -143,6 +150,45 @@ class BlockSharder:
             return
         holder = next(s for s in self.ranks if s.holds(rule))
         self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is self.mine)
+
+    def _grouped_output(self, layer: nn.Module, prefix: str, rule: GroupedOutputRule) -> None:
+        """This rank's heads of a grouped low-rank output (see GroupedOutputRule): the inner
+        stack restacked one entry per local head, the outer columns of the groups they touch
+        (read once per touched group: at most two groups are read beyond the rank's heads)."""
+        heads = self.mine.shard.heads.q_heads
+        spec = self.mine.spec
+        inner = get_path(layer, rule.inner)
+        outer = get_path(layer, rule.outer)
+        groups, rank_width = inner["weight"].shape[:2]
+        per_group = spec.num_heads // groups
+        quantized = "scales" in inner
+        group_size = inner.group_size if quantized else 1
+        if "bias" in inner or spec.num_heads % groups or spec.head_dim % group_size:
+            raise ExoTpError(
+                f"{prefix}.{rule.inner}: {spec.num_heads} heads of {spec.head_dim} in {groups} "
+                f"groups do not split per head (a bias, or quantization groups of {group_size})"
+            )
+        first, stop = heads.start // per_group, (heads.stop - 1) // per_group + 1
+        name = f"{prefix}.{rule.inner}"
+        for key in sliced_keys(name, inner):
+            value = self.slicer.take(f"{name}.{key}", inner[key], 0, [(first, stop)])
+            touched, rows, columns = value.shape  # columns: per_group heads side by side
+            per_head = value.reshape(touched, rows, per_group, columns // per_group)
+            per_head = per_head.transpose(0, 2, 1, 3).reshape(-1, rows, columns // per_group)
+            offset = heads.start - first * per_group
+            inner[key] = mx.contiguous(per_head[offset : offset + heads.size])
+        # A touched group's outer columns are held by every rank touching it: each multiplies
+        # its own heads' part of that group, and the branch's all-reduce adds the parts.
+        columns = [(first * rank_width, stop * rank_width)]
+        name = f"{prefix}.{rule.outer}"
+        holder = next(s for s in self.ranks if s.shard.heads.q_heads.size)
+        self.slicer.slice_columns(
+            name, outer, columns, groups * rank_width, keep_bias=holder is self.mine
+        )
+        set_path(layer, rule.ids, mx.arange(heads.size)[None])
+        start = heads.start - first * per_group
+        summed = GroupSum(outer, start, per_group, stop - first, rank_width)
+        set_path(layer, rule.outer, summed)
 
     def _sharded_norm(self, layer: nn.Module, prefix: str, rule: NormRule) -> ShardedRMSNorm:
         """This rank's entries of a full-width norm, counting each head once (see NormRule)."""

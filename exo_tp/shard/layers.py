@@ -67,6 +67,28 @@ class GroupedScoresMask(Wrapper):
         return self.inner(x, mask, *args, **kwargs)
 
 
+class GroupSum(Wrapper):
+    """The outer linear of a grouped low-rank output (exo_tp.arch.GroupedOutputRule) on a rank
+    holding heads in ``groups`` consecutive groups of ``per_group`` heads, from place ``start``
+    of its first group: its input, one ``width``-wide part per local head, is summed into the
+    touched groups, then the inner linear's held columns (those groups') apply. Each group's
+    sum is this rank's part of that group's output; the branch's all-reduce adds the parts."""
+
+    def __init__(self, inner: nn.Module, start: int, per_group: int, groups: int, width: int):
+        super().__init__(inner)
+        self._start, self._per_group, self._groups, self._width = start, per_group, groups, width
+
+    def __call__(self, x: mx.array) -> mx.array:
+        lead = x.shape[:-1]
+        heads = x.shape[-1] // self._width
+        parts = x.reshape(*lead, heads, self._width)
+        after = self._groups * self._per_group - self._start - heads
+        if self._start or after:  # heads of the touched groups held elsewhere add nothing here
+            parts = mx.pad(parts, [(0, 0)] * len(lead) + [(self._start, after), (0, 0)])
+        grouped = parts.reshape(*lead, self._groups, self._per_group, self._width).sum(axis=-2)
+        return self.inner(grouped.reshape(*lead, -1))
+
+
 class ZeroMLP(nn.Module):
     """Stands in for a sub-block called with ``x`` of which this rank holds nothing: zeros of
     the output's shape, tied to ``x`` (see ``zeros_after``) so collectives keep their order."""
@@ -128,9 +150,15 @@ class ZeroAttention(ZeroMLP):
         """A stand-in head's keys and values (one head-sized slice of ``x``), through the cache
         when there is one; computed after ``after``."""
         b, length, _ = x.shape
-        stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
+        rows = x[..., : self._head_dim]
         if after:
-            stand_in = mx.depends(stand_in, list(after))
+            rows = mx.depends(rows, list(after))
+        if hasattr(cache, "update_window"):
+            # DeepSeek V4.1's LayerCache: one latent row per token in a sliding window (its
+            # offset gives the layer its positions); the compressed parts are never read here.
+            window = cache.update_window(rows)
+            return window, window
+        stand_in = rows.reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
         if cache is None:
             return stand_in, stand_in
         # A CacheList (DeepSeek Sparse Attention: latent cache + indexer key cache) keeps every
