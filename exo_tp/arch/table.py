@@ -107,16 +107,18 @@ class GroupedOutputRule(Frozen):
     """A low-rank output projection over groups of consecutive query heads (DeepSeek V4.1's
     o_a/o_b): ``inner`` is a stack of one (rank, heads per group x head_dim) projection per
     group (block diagonal: a group reads only its own heads), ``outer`` a linear over every
-    group's rank-wide output. Both are linear, so a group's output is the sum of its heads'
-    parts: a rank keeps ``inner`` per head (its heads' columns, restacked one entry per head)
-    and the ``outer`` columns of each group its heads touch, sums its heads' parts into those
-    groups, and its result is a partial sum like any row-parallel output. Heads, not whole
-    groups, stay the unit (a group may straddle ranks): uneven shares keep their resolution and
-    more ranks than groups still hold heads. ``ids``: the attribute of group indices the
-    attention passes with the stack (set to one per local head)."""
+    group's rank-wide output. Heads, not whole groups, stay the split unit (uneven shares keep
+    their resolution, and more ranks than groups still hold heads), so a group may straddle
+    ranks: a rank holds the inner entries and outer columns of every group its heads touch,
+    and feeds the inner stack its heads' outputs with the other heads of those groups as zeros.
+    Both projections are linear, so its result is its heads' part of the output, a partial sum
+    like any row-parallel output. ``groups``: the attribute counting the groups the attention
+    reshapes its output into (set to 1: the rank's heads go in as one piece); ``ids``: the
+    group indices it passes with them (unused by the rank's stack, which knows its groups)."""
 
     inner: str
     outer: str
+    groups: str
     ids: str
 
 

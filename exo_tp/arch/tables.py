@@ -578,14 +578,13 @@ DEEPSEEK_V41 = ArchTable(
     ),
     grouped_outputs=(
         GroupedOutputRule(
-            inner="self_attn.o_a_proj", outer="self_attn.o_b_proj", ids="self_attn._group_ids"
+            inner="self_attn.o_a_proj",
+            outer="self_attn.o_b_proj",
+            groups="self_attn.o_groups",
+            ids="self_attn._group_ids",
         ),
     ),
-    # o_groups: the stack's entries the attention reshapes its output into, one per local head
-    counts=(
-        CountRule(path="self_attn.num_heads", dim="q_heads"),
-        CountRule(path="self_attn.o_groups", dim="q_heads"),
-    ),
+    counts=(CountRule(path="self_attn.num_heads", dim="q_heads"),),
     tie_default=False,
     batch_by_sequence=True,
 )

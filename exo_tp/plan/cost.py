@@ -175,10 +175,10 @@ def _latent_attention_matrices(
 def _compressed_attention_matrices(
     spec: ModelSpec, attention: CompressedAttention, heads: Span
 ) -> list[tuple[Segment, int, int, int]]:
-    """DeepSeek V4.1's attention weights on a rank holding query heads ``heads``: q_b rows and
-    o_a per head, the o_b columns of each output group they touch; the q_a latent, the shared
-    key/value projection and, in the layers holding them (``spec.parts``), the KV compressor
-    and the indexer whole (a rank without heads runs a zero stand-in and holds none)."""
+    """DeepSeek V4.1's attention weights on a rank holding query heads ``heads``: their q_b
+    rows, the o_a entries and o_b columns of each output group they touch; the q_a latent, the
+    shared key/value projection and, in the layers holding them (``spec.parts``), the KV
+    compressor and the indexer whole (a rank without heads runs a zero stand-in: none)."""
     if not heads.size:
         return []
     h, d, a = spec.hidden_size, spec.head_dim, attention
@@ -188,7 +188,7 @@ def _compressed_attention_matrices(
         ("attention", h, a.q_lora_rank, 1),  # q_a
         ("attention", a.q_lora_rank, heads.size * d, 1),  # q_b
         ("attention", h, d, 1),  # kv_proj: the one key/value latent
-        ("attention", d, a.o_lora_rank, heads.size),  # o_a, per head
+        ("attention", per_group * d, a.o_lora_rank, touched),  # o_a, one per group
         ("attention", touched * a.o_lora_rank, h, 1),  # o_b
     ]
     if "compressor" in spec.parts:  # kv_proj (and gate_proj where it pools tokens)

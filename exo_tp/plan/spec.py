@@ -483,14 +483,11 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
         raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None
     except (TypeError, ValueError) as bad:
         raise ExoTpError(f"config.json has an invalid value: {bad}") from None
-    attention, quant = spec.compressed_attention, spec.quantization
-    if attention is not None and (
-        spec.num_heads % attention.o_groups or (quant and spec.head_dim % quant.group_size)
-    ):
-        # its output projection is split per head (exo_tp.arch.GroupedOutputRule)
+    attention = spec.compressed_attention
+    if attention is not None and spec.num_heads % attention.o_groups:
         raise ExoTpError(
-            f"{spec.num_heads} heads of {spec.head_dim} in {attention.o_groups} output groups "
-            "cannot be split per head (whole groups of heads, whole quantization groups each)"
+            f"{spec.num_heads} attention heads are not a multiple of {attention.o_groups} "
+            "output groups"
         )
     for view in spec.layer_specs():
         if view.num_heads % view.num_kv_heads:

@@ -13,8 +13,8 @@ from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.layers import (
+    GroupedHeads,
     GroupedScoresMask,
-    GroupSum,
     PartialSum,
     ZeroAttention,
     ZeroExperts,
@@ -152,43 +152,32 @@ class BlockSharder:
         self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is self.mine)
 
     def _grouped_output(self, layer: nn.Module, prefix: str, rule: GroupedOutputRule) -> None:
-        """This rank's heads of a grouped low-rank output (see GroupedOutputRule): the inner
-        stack restacked one entry per local head, the outer columns of the groups they touch
-        (read once per touched group: at most two groups are read beyond the rank's heads)."""
+        """The inner entries and outer columns of the groups this rank's heads touch (see
+        GroupedOutputRule; at most two groups' entries beyond its own heads)."""
         heads = self.mine.shard.heads.q_heads
-        spec = self.mine.spec
         inner = get_path(layer, rule.inner)
-        outer = get_path(layer, rule.outer)
         groups, rank_width = inner["weight"].shape[:2]
-        per_group = spec.num_heads // groups
-        quantized = "scales" in inner
-        group_size = inner.group_size if quantized else 1
-        if "bias" in inner or spec.num_heads % groups or spec.head_dim % group_size:
-            raise ExoTpError(
-                f"{prefix}.{rule.inner}: {spec.num_heads} heads of {spec.head_dim} in {groups} "
-                f"groups do not split per head (a bias, or quantization groups of {group_size})"
-            )
-        first, stop = heads.start // per_group, (heads.stop - 1) // per_group + 1
+        per_group = self.mine.spec.num_heads // groups
+        touched = self.mine.touched_groups(groups)
         name = f"{prefix}.{rule.inner}"
         for key in sliced_keys(name, inner):
-            value = self.slicer.take(f"{name}.{key}", inner[key], 0, [(first, stop)])
-            touched, rows, columns = value.shape  # columns: per_group heads side by side
-            per_head = value.reshape(touched, rows, per_group, columns // per_group)
-            per_head = per_head.transpose(0, 2, 1, 3).reshape(-1, rows, columns // per_group)
-            offset = heads.start - first * per_group
-            inner[key] = mx.contiguous(per_head[offset : offset + heads.size])
-        # A touched group's outer columns are held by every rank touching it: each multiplies
-        # its own heads' part of that group, and the branch's all-reduce adds the parts.
-        columns = [(first * rank_width, stop * rank_width)]
-        name = f"{prefix}.{rule.outer}"
+            inner[key] = self.slicer.take(
+                f"{name}.{key}", inner[key], 0, [(touched.start, touched.stop)]
+            )
+        # Every rank touching a group holds its outer columns and multiplies its own heads'
+        # part of that group: the branch's all-reduce adds the parts.
         holder = next(s for s in self.ranks if s.shard.heads.q_heads.size)
+        columns = [(touched.start * rank_width, touched.stop * rank_width)]
+        outer = get_path(layer, rule.outer)
+        name = f"{prefix}.{rule.outer}"
         self.slicer.slice_columns(
             name, outer, columns, groups * rank_width, keep_bias=holder is self.mine
         )
-        set_path(layer, rule.ids, mx.arange(heads.size)[None])
-        start = heads.start - first * per_group
-        summed = GroupSum(outer, start, per_group, stop - first, rank_width)
-        set_path(layer, rule.outer, summed)
+        start = heads.start - touched.start * per_group  # its first head's place in its group
+        grouped = GroupedHeads(inner, start, per_group, touched.size, self.mine.spec.head_dim)
+        set_path(layer, rule.inner, grouped)
+        set_path(layer, rule.groups, 1)
+        set_path(layer, rule.ids, mx.zeros((1, 1), dtype=mx.uint32))
 
     def _sharded_norm(self, layer: nn.Module, prefix: str, rule: NormRule) -> ShardedRMSNorm:
         """This rank's entries of a full-width norm, counting each head once (see NormRule)."""

@@ -67,26 +67,27 @@ class GroupedScoresMask(Wrapper):
         return self.inner(x, mask, *args, **kwargs)
 
 
-class GroupSum(Wrapper):
-    """The outer linear of a grouped low-rank output (exo_tp.arch.GroupedOutputRule) on a rank
-    holding heads in ``groups`` consecutive groups of ``per_group`` heads, from place ``start``
-    of its first group: its input, one ``width``-wide part per local head, is summed into the
-    touched groups, then the inner linear's held columns (those groups') apply. Each group's
-    sum is this rank's part of that group's output; the branch's all-reduce adds the parts."""
+class GroupedHeads(Wrapper):
+    """The inner stack of a grouped low-rank output (exo_tp.arch.GroupedOutputRule) on a rank
+    holding the entries of ``groups`` consecutive groups of ``per_group`` heads of width
+    ``head_dim``, its own heads starting at place ``start`` of the first: the attention hands it
+    the rank's heads' outputs as one piece; the heads of those groups held elsewhere enter as
+    zeros, so each group's result is this rank's part of it."""
 
-    def __init__(self, inner: nn.Module, start: int, per_group: int, groups: int, width: int):
+    def __init__(self, inner: nn.Module, start: int, per_group: int, groups: int, head_dim: int):
         super().__init__(inner)
-        self._start, self._per_group, self._groups, self._width = start, per_group, groups, width
+        self._start, self._per_group, self._groups = start, per_group, groups
+        self._head_dim = head_dim
+        self._ids = mx.arange(groups)[None]
 
-    def __call__(self, x: mx.array) -> mx.array:
-        lead = x.shape[:-1]
-        heads = x.shape[-1] // self._width
-        parts = x.reshape(*lead, heads, self._width)
-        after = self._groups * self._per_group - self._start - heads
-        if self._start or after:  # heads of the touched groups held elsewhere add nothing here
-            parts = mx.pad(parts, [(0, 0)] * len(lead) + [(self._start, after), (0, 0)])
-        grouped = parts.reshape(*lead, self._groups, self._per_group, self._width).sum(axis=-2)
-        return self.inner(grouped.reshape(*lead, -1))
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        rows = x.shape[0]  # (batch x length, 1, 1, local heads x head_dim)
+        heads = x.reshape(rows, -1, self._head_dim)
+        after = self._groups * self._per_group - self._start - heads.shape[1]
+        if self._start or after:
+            heads = mx.pad(heads, [(0, 0), (self._start, after), (0, 0)])
+        grouped = heads.reshape(rows, self._groups, 1, self._per_group * self._head_dim)
+        return self.inner(grouped, self._ids)
 
 
 class ZeroMLP(nn.Module):
