@@ -14,6 +14,7 @@ is one pass per sequence instead of one per batch.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import mlx.core as mx
@@ -38,7 +39,9 @@ class Sequences:
         self.caches = [self.caches[i] for i in keep]
 
     def extract(self, index: int) -> Sequences:
-        return Sequences([self.caches[index]])
+        # a copy, as a batch cache's extract gives: the prompt cache may keep it while the
+        # sequence goes on in the batch and its own cache moves on
+        return Sequences([copy.deepcopy(self.caches[index])])
 
     def prepare(self, *, lengths: list[int], right_padding: list[int], **_: Any) -> None:
         self.remaining = list(lengths)
