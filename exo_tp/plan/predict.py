@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, computed_field
 
+from exo_tp.arch import table_for
 from exo_tp.plan.cluster import Cluster
 from exo_tp.plan.cost import (
     FLOAT_BYTES,
@@ -64,6 +65,9 @@ class StageCost(Frozen):
     prefill_seconds: float  # the whole prompt: compute and collectives
     link: LinkCost | None  # the ring's slowest link (None: one rank)
     row_seconds: float = 0.0  # per token: the slowest rank's FLOPs of one row at decode
+    # The model runs a batch one sequence at a time (ArchTable.batch_by_sequence): every row
+    # reads the weights and runs the collectives again.
+    per_sequence: bool = False
 
     @property
     def seconds(self) -> float:
@@ -71,6 +75,8 @@ class StageCost(Frozen):
 
     def batch_seconds(self, rows: int) -> float:
         """One decode step of ``rows`` sequences: weight reads or FLOPs, whichever binds."""
+        if self.per_sequence:
+            return rows * self.seconds
         return max(self.compute_seconds, rows * self.row_seconds) + self.collective_seconds
 
 
@@ -149,6 +155,7 @@ def _stage_cost(
         compute_seconds=read_seconds(loads, specs)
         + overhead * (stage.layers.size + (TOKEN_OVERHEAD_LAYERS if last else 0.0)),
         collective_seconds=decode,
+        per_sequence=table_for(plan.spec.model_type).batch_by_sequence,
         row_seconds=max(
             prefill_flops(x, 1) / d.prefill_flops for x, d in zip(loads, specs, strict=True)
         ),
