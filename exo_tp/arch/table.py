@@ -161,6 +161,10 @@ class ArchTable(Frozen):
     # one start position for the whole batch): the runtime's batch runs it one sequence at a
     # time (exo_tp.shard.sequences).
     batch_by_sequence: bool = False
+    # Its layers hand on more than one hidden state (DeepSeek V4.1: hyper-connection streams,
+    # their mix and a forward pass's shared state): a pipeline stage passes them as one message
+    # (exo_tp.shard.streams).
+    stage_state: bool = False
 
     @property
     def stack(self) -> str:

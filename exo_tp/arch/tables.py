@@ -551,8 +551,8 @@ STEP3P5 = ArchTable(
 # MoE block: a replicated sqrt-softplus router, routed experts under experts.switch_mlp and one
 # shared expert, split by rows, one all-reduce. The hyper-connection mixers (attn_hc, ffn_hc)
 # and the layer norms act on the full residual streams outside the branches: replicated.
-# Its caches cannot be batched by mlx-lm: batches run one sequence at a time. No pipeline
-# stages: see docs/planner.md ("Architectures").
+# Its caches cannot be batched by mlx-lm: batches run one sequence at a time. Pipeline stages
+# hand on its streams and shared state in one message per step (exo_tp.shard.streams).
 DEEPSEEK_V41 = ArchTable(
     model_types=("deepseek_v41",),
     linears=(
@@ -587,6 +587,8 @@ DEEPSEEK_V41 = ArchTable(
     counts=(CountRule(path="self_attn.num_heads", dim="q_heads"),),
     tie_default=False,
     batch_by_sequence=True,
+    stages=True,
+    stage_state=True,
 )
 
 TABLES += (

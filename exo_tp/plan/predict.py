@@ -36,7 +36,7 @@ from exo_tp.plan.cost import (
     read_seconds,
 )
 from exo_tp.plan.pipeline import PipelinePlan, Stage
-from exo_tp.plan.spec import Frozen
+from exo_tp.plan.spec import Frozen, ModelSpec
 
 
 class RankMemory(Frozen):
@@ -167,10 +167,19 @@ def _stage_cost(
     )
 
 
+def stage_width(spec: ModelSpec) -> int:
+    """Floats per token a pipeline stage hands to the next: its hidden state, or with
+    hyper-connections its hc_mult streams and their mix (DeepSeek V4.1, exo_tp.shard.streams;
+    the compressed KV and selections it also hands on grow by a fraction of that per token)."""
+    if not spec.hc_mult:
+        return spec.hidden_size
+    return spec.hc_mult * (spec.hidden_size + 1)
+
+
 def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster, tokens: int) -> float:
     if len(plan.stages) == 1:
         return 0.0
-    hidden = plan.spec.hidden_size * FLOAT_BYTES * tokens
+    hidden = stage_width(plan.spec) * FLOAT_BYTES * tokens
     first_ranks = [s.ranks[0] for s in plan.stages]
     # The last stage's first rank sends the tokens to every rank of stage 0 ...
     total = hop_seconds(

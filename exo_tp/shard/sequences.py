@@ -64,11 +64,12 @@ class Sequences:
         return False
 
 
-def batch_by_sequence(model: nn.Module) -> None:
-    """Make ``model`` (in place) give ``Sequences`` caches and run a batch of them one sequence
-    at a time; called with plain caches (mlx-lm's own single-sequence generation) it runs as
-    before."""
-    base = type(model)
+def batch_by_sequence(stack: nn.Module) -> None:
+    """Make the model's layer stack ``stack`` (in place; the module whose ``make_cache`` the
+    model's calls, and which a pipeline stage before the last runs alone) give ``Sequences``
+    caches and run a batch of them one sequence at a time; called with plain caches (mlx-lm's
+    own single-sequence generation) it runs as before."""
+    base = type(stack)
 
     def make_cache(self: nn.Module) -> list[Sequences]:
         return [Sequences([c]) for c in base.make_cache(self)]
@@ -89,16 +90,18 @@ def batch_by_sequence(model: nn.Module) -> None:
                 continue
             caches = [layer.caches[row] for layer in cache]
             outs.append(base.__call__(self, inputs[row : row + 1, :real], cache=caches, **kwargs))
-        like = next(o for o in outs if o is not None)
+        held = [o for o in outs if o is not None]
+        if held[0].ndim == 1:  # a stage's messages (exo_tp.shard.streams): back to back
+            return mx.concatenate(held)
         padded = [
-            mx.zeros((1, length, *like.shape[2:]), like.dtype)
+            mx.zeros((1, length, *held[0].shape[2:]), held[0].dtype)
             if o is None
             else mx.pad(o, [(0, 0), (0, length - o.shape[1])] + [(0, 0)] * (o.ndim - 2))
             for o in outs
         ]
         return mx.concatenate(padded, axis=0)
 
-    model.__class__ = type(
+    stack.__class__ = type(
         base.__name__,
         (base,),
         {"make_cache": make_cache, "__call__": call, "__module__": base.__module__},
