@@ -98,10 +98,12 @@ def _load(group: mx.distributed.Group, case: RingCase, stages: int) -> list[Any]
     return models
 
 
-def _staged_forward(models: list[Any], case: RingCase) -> Any:
+def _staged_forward(group: mx.distributed.Group, models: list[Any], case: RingCase) -> Any:
     """What two pipeline stages compute: the first stage's layer stack (its final norm an
-    identity), then the second stage's model fed that hidden state through its embedding's
-    `HiddenFeed` (exo_tp.runtime.pipeline.StageModel, minus the hop between machines)."""
+    identity, or DeepSeek V4.1's stage message), then the second stage's model fed, through its
+    embedding's `HiddenFeed`, what the first stage's first rank computed
+    (exo_tp.runtime.pipeline.StageModel sends that rank's to every rank of the next stage; here
+    one all-reduce of it hands it over, minus the hop between machines)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from exo_tp.arch import table_for
@@ -114,10 +116,21 @@ def _staged_forward(models: list[Any], case: RingCase) -> Any:
     caches = [make_prompt_cache(m) for m in models]
 
     def forward(tokens: mx.array) -> mx.array:
-        feed.feed(inner(tokens, cache=caches[0]))
+        feed.feed(_from_first_rank(group, inner(tokens, cache=caches[0])))
         return models[1](tokens, cache=caches[1])
 
     return forward
+
+
+def _from_first_rank(group: mx.distributed.Group, x: mx.array) -> mx.array:
+    """Rank 0's ``x`` on every rank: the others add zeros (exact; bytes travel as float32),
+    computed after their own ``x`` (whose forward pass runs the stage's collectives)."""
+    from exo_tp.shard.collectives import zeros_after
+
+    if group.size() == 1:
+        return x
+    mine = x.astype(mx.float32) if group.rank() == 0 else zeros_after(x.shape, mx.float32, x)
+    return mx.distributed.all_sum(mine, group=group).astype(x.dtype)
 
 
 def _generate(group: mx.distributed.Group, forward: Any, case: RingCase, out: Path, name: str):
@@ -164,7 +177,7 @@ def _run(group: mx.distributed.Group, case: RingCase, out: Path) -> RingOutcome:
     if isinstance(stages, str):
         staged = RingOutcome(id=f"{case.id}-staged", error=stages)
     else:
-        forward = _staged_forward(stages, case)
+        forward = _staged_forward(group, stages, case)
         staged = _agreed_generate(group, forward, case, out, f"{case.id}-staged")
     return whole.model_copy(update={"staged": staged})
 
