@@ -686,14 +686,21 @@ ARCHS: dict[str, dict[str, Any]] = {
     ),
     # DeepSeek V4.1: 6 heads of 72 in 2 output groups of 3 (a low-rank grouped output
     # projection: o_a per group, o_b over all groups), one shared latent key/value (MQA, 72)
-    # with a sliding window of 4 (< prompt), 3 hyper-connection streams; layer 0 attends the
-    # window only, layer 1 compresses every 2 tokens and indexes them (and picks the candidate
-    # blocks), layer 2 reads layer 1's compressed KV and index keys with its own indexer; every
-    # layer MoE: 4 experts top 2 (sqrt-softplus router) + a shared expert of FFN 104.
+    # with a sliding window of 4 (< prompt), 3 hyper-connection streams. Layer 0 attends the
+    # window only; layer 1 compresses every 2 tokens, indexes them and picks candidate blocks;
+    # layer 2 attends to layer 1's compressed KV with layer 1's selection; layer 3 indexes layer
+    # 1's keys among its candidates. The matrix's staged run cuts after layer 2, so the stage
+    # boundary hands over all four kinds of shared state. Every layer MoE: 4 experts top 2
+    # (sqrt-softplus router) + a shared expert of FFN 104. Head and index widths of 72 and 40
+    # are off the blocks of 32 and 16 mlx-lm rounds latents, queries and keys to fp8/fp4 in
+    # (simulating the reference's kernels: only whole blocks are rounded), so every variant is
+    # checked at 1e-4: where they round, an all-reduce's last-bit difference can land in another
+    # step (docs/planner.md). Quantized, o_a (input 3 x 72) and the indexer's k_proj (input 72)
+    # stay float at every group size; the rest is quantized.
     "deepseek_v41": dict(
         model_type="deepseek_v41",
         hidden_size=256,
-        num_hidden_layers=3,
+        num_hidden_layers=4,
         num_attention_heads=6,
         head_dim=72,
         q_lora_rank=128,
@@ -705,9 +712,9 @@ ARCHS: dict[str, dict[str, Any]] = {
         num_experts_per_tok=2,
         n_shared_experts=1,
         sliding_window=4,
-        compress_ratios=[0, 2, 2],
+        compress_ratios=[0, 2, 2, 2],
         kv_source_layer_ids=[1],
-        index_source_layer_ids=[1, 2],
+        index_source_layer_ids=[1, 3],
         candidate_source_layer_id=1,
         candidate_topk_blocks=2,
         candidate_block_size=2,
@@ -728,14 +735,6 @@ _QUANTIZED_FFN = {
     "shared_expert_intermediate_size": 256,
     "share_expert_dim": 256,  # step3p5's name for it
 }
-# DeepSeek V4.1 rounds its key/value latents to fp8 (blocks of 32), its compressed latents
-# (blocks of 16) and index queries and keys (blocks of 32) to fp4 inside the forward pass,
-# simulating the reference's kernels, and only where the width is a whole number of blocks.
-# Those roundings turn the all-reduce's last-bit differences into ~1e-3 (tests/test_arch_matrix
-# ATOL), so the float widths above (72, 40) leave them out and the split is checked at 1e-4;
-# quantized variants need head and index widths of whole quantization groups, where mlx-lm
-# rounds as the real model does.
-_QUANTIZED_WIDTHS = {"deepseek_v41": dict(head_dim=128, index_head_dim=64)}
 # Where intermediate_size is the experts' width, the smaller one.
 _EXPERT_SIZED = {"mixtral", "gpt_oss", "minimax"}
 
@@ -757,5 +756,4 @@ def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
             config["tie_word_embeddings"] = False
         if arch in _EXPERT_SIZED:
             text["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
-        text.update(_QUANTIZED_WIDTHS.get(arch, {}))
     return config

@@ -78,15 +78,6 @@ SEEDS = {
     "bailing_moe": 1,
     "step3p5": 1,
 }
-# Absolute logit tolerance of quantized variants where it is not 1e-4. DeepSeek V4.1 rounds its
-# key/value latents to fp8 and its compressed latents and index queries/keys to fp4 inside the
-# forward pass (mlx-lm simulates the reference's low-precision kernels; tests/arch_configs.py
-# keeps float widths off those blocks): an input that differs from single-device in its last
-# float32 bit (the all-reduce adds the ranks' partial sums in another order than one device's
-# matmul) lands in another fp8/fp4 step when it sits on a rounding boundary. A float case at
-# the quantized widths measured 6.4e-3 as is and 9.3e-6 with the roundings switched off on both
-# sides (the split itself is exact); greedy tokens stay identical.
-QUANTIZED_ATOL = {"deepseek_v41": 1e-2}
 # Float checkpoints of these are stored as bf16 (sliced on disk as raw 16-bit words), the
 # others as fp32; every run computes in fp32.
 BF16_ARCHS = {"qwen3", "gemma3_text", "mixtral", "qwen2_moe", "deepseek_v3"}
@@ -313,10 +304,6 @@ def ring_jobs(
     return RingJobs(tmp_path_factory.mktemp("rings"), tiny, selected_cases(request.config))
 
 
-def atol(c: Case) -> float:
-    return QUANTIZED_ATOL.get(c.arch, 1e-4) if c.variant != "float" else 1e-4
-
-
 def checked_reference(tiny: TinyModels, arch: str, variant: str) -> Reference:
     reference = tiny.reference(arch, variant)
     assert min(reference.margins) >= MIN_MARGIN and len(reference.tokens) == TOKENS, (
@@ -333,7 +320,7 @@ def test_equals_single_device_mlx_lm(
     reference = checked_reference(tiny, c.arch, c.variant)
     outcome = ring_jobs.outcome(c)
     assert outcome.error is None and outcome.logits, outcome.error
-    assert_logits_close(np.load(outcome.logits), reference.logits, atol=atol(c))
+    assert_logits_close(np.load(outcome.logits), reference.logits, atol=1e-4)
     assert list(outcome.tokens) == reference.tokens
     if table_for(ARCHS[c.arch]["model_type"]).stages:
         # the same shares for the first half of the layers, reversed for the second half
