@@ -83,9 +83,9 @@ class ReceiveState(Wrapper):
         *,
         start_pos: int,
         cache: Any,
-        shared: dict,
+        shared: dict[str, Any],
         **kwargs: Any,
-    ) -> Any:
+    ) -> tuple[mx.array, mx.array]:
         f, args = self._family, self._args
         batch, length = streams.shape[:2]
         layout = f._layout(args, self._crossing, batch, length, start_pos, streams.dtype)
@@ -119,8 +119,14 @@ class SendState(Wrapper):
         self._crossing = family._crossing(args, stop)
 
     def __call__(
-        self, streams: mx.array, pre_mix: mx.array, *, start_pos: int, shared: dict, **kwargs: Any
-    ) -> Any:
+        self,
+        streams: mx.array,
+        pre_mix: mx.array,
+        *,
+        start_pos: int,
+        shared: dict[str, Any],
+        **kwargs: Any,
+    ) -> tuple[mx.array, mx.array]:
         f, args = self._family, self._args
         streams, pre_mix = self.inner(
             streams, pre_mix, start_pos=start_pos, shared=shared, **kwargs
