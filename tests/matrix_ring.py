@@ -101,35 +101,40 @@ def _load(group: mx.distributed.Group, case: RingCase, stages: int) -> list[Any]
 def _staged_forward(group: mx.distributed.Group, models: list[Any], case: RingCase) -> Any:
     """What two pipeline stages compute: the first stage's layer stack (its final norm an
     identity, or DeepSeek V4.1's stage message), then the second stage's model fed, through its
-    embedding's `HiddenFeed`, what the first stage's first rank computed
-    (exo_tp.runtime.pipeline.StageModel sends that rank's to every rank of the next stage; here
-    one all-reduce of it hands it over, minus the hop between machines)."""
+    embedding's `HiddenFeed`, what the first stage's sender computed
+    (exo_tp.runtime.pipeline.StageModel: the sender, exo_tp.plan.pipeline.hop_sender, sends its
+    to every rank of the next stage; here one all-reduce hands it over, minus the hop between
+    machines)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from exo_tp.arch import table_for
+    from exo_tp.plan.pipeline import hop_sender
     from exo_tp.plan.spec import load_spec
+    from exo_tp.plan.tensor_parallel import plan_tensor_parallel
     from exo_tp.shard.tree import get_path
 
-    table = table_for(load_spec(Path(case.model)).model_type)
+    spec = load_spec(Path(case.model))
+    table = table_for(spec.model_type)
+    sender = hop_sender(plan_tensor_parallel(spec, list(case.weights)))
     inner = get_path(models[0], table.stack)
     feed = get_path(models[1], table.embedding)
     caches = [make_prompt_cache(m) for m in models]
 
     def forward(tokens: mx.array) -> mx.array:
-        feed.feed(_from_first_rank(group, inner(tokens, cache=caches[0])))
+        feed.feed(_from_rank(group, sender, inner(tokens, cache=caches[0])))
         return models[1](tokens, cache=caches[1])
 
     return forward
 
 
-def _from_first_rank(group: mx.distributed.Group, x: mx.array) -> mx.array:
-    """Rank 0's ``x`` on every rank: the others add zeros (exact; bytes travel as float32),
-    computed after their own ``x`` (whose forward pass runs the stage's collectives)."""
+def _from_rank(group: mx.distributed.Group, sender: int, x: mx.array) -> mx.array:
+    """Rank ``sender``'s ``x`` on every rank: the others add zeros (exact; bytes travel as
+    float32), computed after their own ``x`` (whose forward pass runs the stage's collectives)."""
     from exo_tp.shard.collectives import zeros_after
 
     if group.size() == 1:
         return x
-    mine = x.astype(mx.float32) if group.rank() == 0 else zeros_after(x.shape, mx.float32, x)
+    mine = x.astype(mx.float32) if group.rank() == sender else zeros_after(x.shape, mx.float32, x)
     return mx.distributed.all_sum(mine, group=group).astype(x.dtype)
 
 

@@ -113,19 +113,3 @@ def test_two_stages_hand_a_batch_on_in_one_message(
         np.testing.assert_allclose(got, _alone(reference, ids), atol=1e-5)
         want = _alone(reference, [*ids, 3 + row])[-1]
         np.testing.assert_allclose(np.array(step[row, -1]), want, atol=1e-5)
-
-
-def test_a_stage_before_the_last_refuses_a_first_rank_without_heads(
-    tmp_path: Path, default_models: dict[str, Path]
-) -> None:
-    from exo_tp.errors import ExoTpError
-    from exo_tp.plan import Span
-
-    folder = write_tiny_model(
-        tmp_path / "v41", tiny_config("deepseek_v41"), default_models["smollm2-135m"]
-    )
-    plan = plan_tensor_parallel(load_spec(folder), [0.0, 1.0])  # rank 0 holds nothing
-    with pytest.raises(ExoTpError, match="first rank of a pipeline stage"):
-        load_shard(
-            folder, plan, 1, mx.distributed.init(), mx.float32, Span(start=0, stop=2), True, False
-        )

@@ -187,9 +187,9 @@ def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster, tokens: 
         plan.stages[0].size,
         cluster.link(devices[first_ranks[-1]], devices[first_ranks[0]]),
     )
-    # ... and each stage's first rank its hidden state to every rank of the next.
+    # ... and each stage's sender (its first rank) its hidden state to every rank of the next.
     for a, b in zip(plan.stages, plan.stages[1:], strict=False):
-        link = cluster.link(devices[a.ranks[0]], devices[b.ranks[0]])
+        link = cluster.link(devices[a.ranks[a.sender]], devices[b.ranks[0]])
         total += hop_seconds(hidden, b.size, link)
     return total
 

@@ -173,13 +173,11 @@ def link_stages(
     dtype: mx.Dtype | None,
 ) -> None:
     """Give a stage of such a model (not the whole model) its ends: see the module's docstring.
-    The stage's first rank sends the message, so before the last stage it must hold heads (the
-    compressed KV and the selections are made by attention, which a rank without heads skips)."""
-    if not last and not plan.ranks[0].heads.q_heads.size:
-        raise ExoTpError(
-            f"{plan.spec.model_type}: the first rank of a pipeline stage before the last must "
-            "hold attention heads (it sends the compressed KV its attention makes)"
-        )
+    Its message is sent by the stage's first rank holding heads (exo_tp.plan.pipeline
+    Stage.sender): attention makes the compressed KV and the selections, and a rank without
+    heads skips it."""
+    if not any(r.heads.q_heads.size for r in plan.ranks):
+        raise ExoTpError(f"{plan.spec.model_type}: a pipeline stage holds no attention heads")
     family = importlib.import_module(type(model).__module__)
     args = model.args
     blocks = get_path(model, table.layers)
