@@ -131,9 +131,9 @@ def mlx_lm_run(
     model: Path, data: Path, tmp: Path, iters: int, batch: int, ranks: int
 ) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from exo_tp.process.ring_wait import WAIT_ENV
     from exo_tp.transport.ports import free_ports
     from exo_tp.transport.ring import ring_env, write_hostfile
+    from exo_tp.transport.ring_wait import WAIT_ENV
 
     result = tmp / "mlx-lm.json"
     cmd = [
@@ -152,7 +152,7 @@ def mlx_lm_run(
     else:
         hostfile = tmp / "hosts.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(ranks)])
-        # mlx-lm as users run it: its ranks spin in their ring waits (exo_tp.process.ring_wait).
+        # mlx-lm as users run it: its ranks spin in their ring waits (exo_tp.transport.ring_wait).
         base = {k: v for k, v in env().items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
         base[WAIT_ENV] = "spin"
         procs = [

@@ -1,4 +1,4 @@
-"""Ranks waiting in a ring collective sleep instead of spinning a core (exo_tp.process.ring_wait).
+"""Ranks waiting in a ring collective sleep instead of spinning a core (exo_tp.transport.ring_wait).
 
 The waiting rank's own CPU time tells: MLX's socket thread spins on EAGAIN for as long as its
 peer is late, so without the wait library the CPU time is close to the wait; with it, a few
@@ -15,8 +15,8 @@ import pytest
 from ring_harness import run_on_ranks
 
 from exo_tp.errors import ExoTpError
-from exo_tp.process import ring_wait
-from exo_tp.process.ring_wait import WAIT_ENV, sleeping_waits
+from exo_tp.transport import ring_wait
+from exo_tp.transport.ring_wait import WAIT_ENV, sleeping_waits
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the wait library is preloaded on Linux only"

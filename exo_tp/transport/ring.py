@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from exo_tp.process.ring_wait import sleeping_waits
+from exo_tp.transport.ring_wait import sleeping_waits
 
 
 def write_hostfile(path: Path, addresses: Sequence[str]) -> None:
@@ -20,7 +20,7 @@ def write_hostfile(path: Path, addresses: Sequence[str]) -> None:
 def ring_env(rank: int, hostfile: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables of ring rank ``rank`` started with ``base`` (default: this process's
     environment): its place in the ring, and waits that sleep rather than spin
-    (`exo_tp.process.ring_wait`)."""
+    (`exo_tp.transport.ring_wait`)."""
     return {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), **sleeping_waits(base)}
 
 
