@@ -133,6 +133,7 @@ def mlx_lm_run(
     sys.path.insert(0, str(ROOT))
     from exo_tp.transport.ports import free_ports
     from exo_tp.transport.ring import ring_env, write_hostfile
+    from exo_tp.transport.ring_wait import WAIT_ENV
 
     result = tmp / "mlx-lm.json"
     cmd = [
@@ -151,11 +152,13 @@ def mlx_lm_run(
     else:
         hostfile = tmp / "hosts.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(ranks)])
+        # mlx-lm as users run it: its ranks spin in their ring waits (exo_tp.transport.ring_wait).
         base = {k: v for k, v in env().items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
+        base[WAIT_ENV] = "spin"
         procs = [
             subprocess.Popen(
                 cmd,
-                env={**base, **ring_env(r, hostfile)},
+                env={**base, **ring_env(r, hostfile, base)},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )

@@ -87,6 +87,7 @@ from tiny_models import write_tiny_model  # noqa: E402
 from exo_tp.process.blas import THREADS_ENV, share_cores  # noqa: E402
 from exo_tp.transport.ports import free_ports, port_is_free  # noqa: E402
 from exo_tp.transport.ring import ring_env, write_hostfile  # noqa: E402
+from exo_tp.transport.ring_wait import WAIT_ENV  # noqa: E402
 
 CONTENDERS = {
     "a": "(a) mlx_lm.server, 1 process, SmolLM2",
@@ -379,8 +380,10 @@ def mlx_lm_distributed(model: Path, ranks: int, logs: Path) -> Server:
     args = ["--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
     # Its ranks split the cores for OpenBLAS's threads as exo-tp's local ranks do.
     shared = {**env(), **share_cores(ranks, env())}
+    # mlx-lm as users run it: its ranks spin in their ring waits (exo_tp.transport.ring_wait).
+    stock = {**shared, WAIT_ENV: "spin"}
     commands = [
-        ([sys.executable, "-c", MLX_LM_RANK, *args], {**shared, **ring_env(r, hostfile)})
+        ([sys.executable, "-c", MLX_LM_RANK, *args], {**stock, **ring_env(r, hostfile, stock)})
         for r in range(ranks)
     ]
     return Server("mlx_lm_distributed", commands, port, MLX_LM_DEFAULT_MODEL, logs)

@@ -65,7 +65,7 @@ def gather_times(sizes: list[int], iters: int) -> GatherTimes:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", GATHER, json.dumps(sizes), str(iters)],
-                env={**env(), **ring_env(r, hostfile)},
+                env={**env(), **ring_env(r, hostfile, env())},
                 stdout=subprocess.PIPE,
                 text=True,
             )

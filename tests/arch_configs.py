@@ -719,6 +719,47 @@ ARCHS: dict[str, dict[str, Any]] = {
         ),
         tie_word_embeddings=False,
     ),
+    # DeepSeek V4.1: 6 heads of 72 in 2 output groups of 3 (a low-rank grouped output
+    # projection: o_a per group, o_b over all groups), one shared latent key/value (MQA, 72)
+    # with a sliding window of 4 (< prompt), 3 hyper-connection streams. Layer 0 attends the
+    # window only; layer 1 compresses every 2 tokens, indexes them and picks candidate blocks;
+    # layer 2 attends to layer 1's compressed KV with layer 1's selection; layer 3 indexes layer
+    # 1's keys among its candidates. The matrix's staged run cuts after layer 2, so the stage
+    # boundary hands over all four kinds of shared state. Every layer MoE: 4 experts top 2
+    # (sqrt-softplus router) + a shared expert of FFN 104. Head and index widths of 72 and 40
+    # are off the blocks of 32 and 16 mlx-lm rounds latents, queries and keys to fp8/fp4 in
+    # (simulating the reference's kernels: only whole blocks are rounded), so every variant is
+    # checked at 1e-4: where they round, an all-reduce's last-bit difference can land in another
+    # step (docs/planner.md). Quantized, o_a (input 3 x 72) and the indexer's k_proj (input 72)
+    # stay float at every group size; the rest is quantized.
+    "deepseek_v41": dict(
+        model_type="deepseek_v41",
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        head_dim=72,
+        q_lora_rank=128,
+        qk_rope_head_dim=32,
+        o_groups=2,
+        o_lora_rank=128,
+        moe_intermediate_size=104,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        sliding_window=4,
+        compress_ratios=[0, 2, 2, 2],
+        kv_source_layer_ids=[1],
+        index_source_layer_ids=[1, 3],
+        candidate_source_layer_id=1,
+        candidate_topk_blocks=2,
+        candidate_block_size=2,
+        index_n_heads=2,
+        index_head_dim=40,
+        index_topk=3,
+        hc_mult=3,
+        hc_sinkhorn_iters=5,
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).

@@ -98,26 +98,44 @@ def _load(group: mx.distributed.Group, case: RingCase, stages: int) -> list[Any]
     return models
 
 
-def _staged_forward(models: list[Any], case: RingCase) -> Any:
+def _staged_forward(group: mx.distributed.Group, models: list[Any], case: RingCase) -> Any:
     """What two pipeline stages compute: the first stage's layer stack (its final norm an
-    identity), then the second stage's model fed that hidden state through its embedding's
-    `HiddenFeed` (exo_tp.runtime.pipeline.StageModel, minus the hop between machines)."""
+    identity, or DeepSeek V4.1's stage message), then the second stage's model fed, through its
+    embedding's `HiddenFeed`, what the first stage's sender computed
+    (exo_tp.runtime.pipeline.StageModel: the sender, exo_tp.plan.pipeline.hop_sender, sends its
+    to every rank of the next stage; here one all-reduce hands it over, minus the hop between
+    machines)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from exo_tp.arch import table_for
+    from exo_tp.plan.pipeline import hop_sender
     from exo_tp.plan.spec import load_spec
+    from exo_tp.plan.tensor_parallel import plan_tensor_parallel
     from exo_tp.shard.tree import get_path
 
-    table = table_for(load_spec(Path(case.model)).model_type)
+    spec = load_spec(Path(case.model))
+    table = table_for(spec.model_type)
+    sender = hop_sender(plan_tensor_parallel(spec, list(case.weights)))
     inner = get_path(models[0], table.stack)
     feed = get_path(models[1], table.embedding)
     caches = [make_prompt_cache(m) for m in models]
 
     def forward(tokens: mx.array) -> mx.array:
-        feed.feed(inner(tokens, cache=caches[0]))
+        feed.feed(_from_rank(group, sender, inner(tokens, cache=caches[0])))
         return models[1](tokens, cache=caches[1])
 
     return forward
+
+
+def _from_rank(group: mx.distributed.Group, sender: int, x: mx.array) -> mx.array:
+    """Rank ``sender``'s ``x`` on every rank: the others add zeros (exact; bytes travel as
+    float32), computed after their own ``x`` (whose forward pass runs the stage's collectives)."""
+    from exo_tp.shard.collectives import zeros_after
+
+    if group.size() == 1:
+        return x
+    mine = x.astype(mx.float32) if group.rank() == sender else zeros_after(x.shape, mx.float32, x)
+    return mx.distributed.all_sum(mine, group=group).astype(x.dtype)
 
 
 def _generate(group: mx.distributed.Group, forward: Any, case: RingCase, out: Path, name: str):
@@ -164,7 +182,7 @@ def _run(group: mx.distributed.Group, case: RingCase, out: Path) -> RingOutcome:
     if isinstance(stages, str):
         staged = RingOutcome(id=f"{case.id}-staged", error=stages)
     else:
-        forward = _staged_forward(stages, case)
+        forward = _staged_forward(group, stages, case)
         staged = _agreed_generate(group, forward, case, out, f"{case.id}-staged")
     return whole.model_copy(update={"staged": staged})
 

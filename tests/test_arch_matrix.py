@@ -195,6 +195,9 @@ SAMPLE = [
     case("qwen3_vl", "q4g128", 6, zero_rank=2),
     case("qwen3_vl_moe", "float", 5),
     case("qwen3_vl_moe", "q8g32", 3, zero_rank=0),
+    # DeepSeek V4.1: 6 heads in 2 output groups of 3 on 4 holding ranks (groups straddle ranks)
+    case("deepseek_v41", "float", 5, zero_rank=3),
+    case("deepseek_v41", "q4g64", 4),
 ]
 
 

@@ -110,13 +110,15 @@ def test_a_module_the_table_misses_is_an_error_not_a_wrong_split(
         "kimi_k25",
         "deepseek_v32",
         "step3p5",
+        "deepseek_v41",
         "kimi_k3",
     ],
 )
 def test_the_planner_prices_what_mlx_lm_holds(arch: str) -> None:
     """One rank's held bytes as the cost model counts them are the model's parameter bytes
     (norms aside: within 0.1%), MLA's latent projections, per-head stacks and DSA's indexer
-    included, and Step 3.5's layers of another head count; MLA's latent KV cache (and the
+    included, Step 3.5's layers of another head count and DeepSeek V4.1's grouped output,
+    compressors, indexers and hyper-connection mixers; MLA's latent KV cache (and the
     indexer's key cache) is the same on every rank that holds heads, whatever its share."""
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes

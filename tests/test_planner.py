@@ -419,3 +419,16 @@ def test_planner_imports_no_mlx() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_stage_message_goes_from_its_first_rank_holding_heads() -> None:
+    """DeepSeek V4.1's stage output carries state its attention makes (compressed KV,
+    selections), which a rank without heads skips: the first rank holding heads sends it;
+    other families' stages send from their first rank."""
+    from arch_configs import tiny_config
+
+    from exo_tp.plan.pipeline import hop_sender
+
+    for arch, sender in (("deepseek_v41", 1), ("deepseek_v32", 0)):
+        spec = spec_from_config(tiny_config(arch))
+        assert hop_sender(plan_tensor_parallel(spec, [0.0, 1.0, 1.0])) == sender, arch

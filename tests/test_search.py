@@ -240,3 +240,19 @@ def test_shares_balance_what_each_device_reads_its_own_shard_at() -> None:
     )
     assert tp.weights == pytest.approx((0.5, 0.5))
     assert [r.ffn["ffn"].size for r in tp.ranks] == [512, 512]
+
+
+def test_a_model_batched_one_sequence_at_a_time_gains_nothing_under_load() -> None:
+    """DeepSeek V4.1 runs a batch one sequence at a time (its caches cannot be batched): its
+    loaded throughput is one stream's rate, where a batchable model's grows with the batch."""
+    from arch_configs import tiny_config
+
+    from exo_tp.plan import spec_from_config
+
+    cluster = Cluster(devices=(device("a", 100, 64),), default_link=THUNDERBOLT)
+    for arch, gains in (("deepseek_v41", False), ("deepseek_v32", True)):
+        spec = spec_from_config(tiny_config(arch))
+        alone = predict(single_stage(plan_tensor_parallel(spec, [1])), [0], cluster, 2048)
+        loaded = alone.model_copy(update={"streams": 8})
+        ratio = loaded.loaded_tokens_per_second / alone.tokens_per_second
+        assert ratio > 2 if gains else ratio == pytest.approx(1), arch

@@ -150,6 +150,8 @@ TINY = [
     ("gemma4_text", {"group_size": 64, "bits": 4}),
     # full-width q/k norms sliced by heads
     ("minimax", None),
+    # the grouped output split per head (o_a's touched groups, o_b's columns of those groups)
+    ("deepseek_v41", {"group_size": 64, "bits": 4}),
     # linear-attention and MLA layers, whose o_proj share a name but not a split
     ("kimi_k3", {"group_size": 64, "bits": 4}),
 ]

@@ -253,12 +253,68 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
         out = _qwen3_vl_shipped(out)
     if arch in ("gemma4", "gemma4_text"):
         out = _gemma4_shipped(out, config)
+    if arch == "deepseek_v41":
+        out = _deepseek_v41_shipped(out)
     if arch in _INV_FREQ:
         dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         theta = config.get("rope_theta", 10000.0)
         inv_freq = 1.0 / (theta ** (mx.arange(0, dim, 2, dtype=mx.float32) / dim))
         for i in range(config["num_hidden_layers"]):
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = inv_freq
+    return out
+
+
+# DeepSeek's own names for mlx-lm's DeepSeek V4.1 parameters (mlx-lm's _rename undone), most
+# specific first: a shared expert's gate_proj is w1, the compressor's is wgate.
+_V41_NAMES = (
+    (".self_attn.", ".attn."),
+    (".mlp.", ".ffn."),
+    (".input_layernorm.", ".attn_norm."),
+    (".post_attention_layernorm.", ".ffn_norm."),
+    (".attn_hc.", ".hc_attn_"),
+    (".ffn_hc.", ".hc_ffn_"),
+    (".sinks", ".attn_sink"),
+    (".shared_experts.gate_proj.", ".shared_experts.w1."),
+    (".shared_experts.down_proj.", ".shared_experts.w2."),
+    (".shared_experts.up_proj.", ".shared_experts.w3."),
+    (".q_a_proj.", ".wq_a."),
+    (".q_b_proj.", ".wq_b."),
+    (".kv_proj.", ".wkv."),
+    (".gate_proj.", ".wgate."),
+    (".o_a_proj.", ".wo_a."),
+    (".o_b_proj.", ".wo_b."),
+    (".q_a_norm.", ".q_norm."),
+    (".compressor.kv_norm.", ".compressor.norm."),
+    (".indexer.k_proj.", ".indexer.wk."),
+    (".gate.e_score_correction_bias", ".gate.bias"),
+)
+
+
+def _deepseek_v41_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
+    """DeepSeek V4.1 as DeepSeek names it (no ``model.`` prefix, ``attn``/``ffn``, ``wq_a``...,
+    experts one by one as w1/w2/w3, the block-diagonal wo_a as one (groups x rank, in) matrix);
+    float, so mlx-lm's sanitize only renames and restacks."""
+    out: dict[str, mx.array] = {}
+    experts = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+    for name, value in params.items():
+        if name == "model.embed_tokens.weight":
+            out["embed.weight"] = value
+            continue
+        if name == "lm_head.weight":
+            out["head.weight"] = value
+            continue
+        name = name.removeprefix("model.")
+        if ".mlp.experts.switch_mlp." in name:
+            layer, _, rest = name.partition(".mlp.experts.switch_mlp.")
+            proj, _, part = rest.partition(".")
+            for e in range(value.shape[0]):
+                out[f"{layer}.ffn.experts.{e}.{experts[proj]}.{part}"] = value[e]
+            continue
+        if ".o_a_proj." in name:
+            value = value.reshape(-1, value.shape[-1])
+        for src, dst in _V41_NAMES:
+            name = name.replace(src, dst)
+        out[name] = value
     return out
 
 

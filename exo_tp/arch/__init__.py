@@ -1,6 +1,14 @@
 """Per-architecture tensor-parallel tables (pure data)."""
 
-from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule, SumRule
+from exo_tp.arch.table import (
+    ArchTable,
+    BranchRule,
+    CountRule,
+    GroupedOutputRule,
+    LinearRule,
+    NormRule,
+    SumRule,
+)
 from exo_tp.arch.tables import TABLES
 from exo_tp.errors import UnsupportedArchitectureError
 
@@ -27,6 +35,7 @@ __all__ = [
     "ArchTable",
     "BranchRule",
     "CountRule",
+    "GroupedOutputRule",
     "LinearRule",
     "NormRule",
     "SumRule",

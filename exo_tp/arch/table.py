@@ -141,6 +141,25 @@ class SumRule(Rule):
     once: str
 
 
+class GroupedOutputRule(Frozen):
+    """A low-rank output projection over groups of consecutive query heads (DeepSeek V4.1's
+    o_a/o_b): ``inner`` is a stack of one (rank, heads per group x head_dim) projection per
+    group (block diagonal: a group reads only its own heads), ``outer`` a linear over every
+    group's rank-wide output. Heads, not whole groups, stay the split unit (uneven shares keep
+    their resolution, and more ranks than groups still hold heads), so a group may straddle
+    ranks: a rank holds the inner entries and outer columns of every group its heads touch,
+    and feeds the inner stack its heads' outputs with the other heads of those groups as zeros.
+    Both projections are linear, so its result is its heads' part of the output, a partial sum
+    like any row-parallel output. ``groups``: the attribute counting the groups the attention
+    reshapes its output into (set to 1: the rank's heads go in as one piece); ``ids``: the
+    group indices it passes with them (unused by the rank's stack, which knows its groups)."""
+
+    inner: str
+    outer: str
+    groups: str
+    ids: str
+
+
 class ArchTable(Frozen):
     model_types: tuple[str, ...]
     layers: str = "model.layers"
@@ -150,6 +169,7 @@ class ArchTable(Frozen):
     counts: tuple[CountRule, ...]
     norms: tuple[NormRule, ...] = ()
     sums: tuple[SumRule, ...] = ()
+    grouped_outputs: tuple[GroupedOutputRule, ...] = ()
     embedding: str = "model.embed_tokens"
     lm_head: str = "lm_head"  # used only when the model has one (untied embeddings)
     norm: str = "model.norm"  # final norm: only the last pipeline stage applies it
@@ -176,6 +196,14 @@ class ArchTable(Frozen):
     # group axis (exo_tp.shard.layers.GroupedScoresMask), or two prompts of different lengths
     # in one batch fail.
     grouped_scores: bool = False
+    # The model's caches cannot be batched by mlx-lm (DeepSeek V4.1's LayerCache: no merge, and
+    # one start position for the whole batch): the runtime's batch runs it one sequence at a
+    # time (exo_tp.shard.sequences).
+    batch_by_sequence: bool = False
+    # Its layers hand on more than one hidden state (DeepSeek V4.1: hyper-connection streams,
+    # their mix and a forward pass's shared state): a pipeline stage passes them as one message
+    # (exo_tp.shard.streams).
+    stage_state: bool = False
 
     @property
     def stack(self) -> str:
@@ -192,9 +220,11 @@ class ArchTable(Frozen):
                 raise ValueError(f"branch {branch.path} inside {outer[0]} would reduce twice")
             if not branch.reduce and not outer:
                 raise ValueError(f"branch {branch.path} is inside no reducing branch")
-        for rule in (*self.linears, *self.norms):
-            if not any(is_under(rule.path, p) for p in reducing):
-                raise ValueError(f"{rule.path} is inside no reducing branch")
+        paths = [r.path for r in (*self.linears, *self.norms)]
+        paths += [p for g in self.grouped_outputs for p in (g.inner, g.outer)]
+        for path in paths:
+            if not any(is_under(path, p) for p in reducing):
+                raise ValueError(f"{path} is inside no reducing branch")
         attention = [b.path for b in self.branches if b.kind == "attention"]
         for norm in self.norms:
             # its stand-in must join the norm's all-reduce: only attention stand-ins do

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from exo_tp.arch.table import ArchTable, BranchRule, CountRule, LinearRule, NormRule, SumRule
+from exo_tp.arch.table import (
+    ArchTable,
+    BranchRule,
+    CountRule,
+    GroupedOutputRule,
+    LinearRule,
+    NormRule,
+    SumRule,
+)
 from exo_tp.frozen import replace
 
 Style = Literal["column", "row", "stacked"]
@@ -538,7 +546,66 @@ STEP3P5 = ArchTable(
     stages=True,
 )
 
-TABLES += (GLM4_MOE, GLM4_MOE_LITE, MISTRAL4, KIMI_K2, KIMI_K25, DEEPSEEK_DSA, STEP3P5)
+# DeepSeek V4.1: queries through a replicated q_a latent and per-head q_b rows (split with their
+# heads, as are the per-head attention sinks), one key/value latent shared by every head (MQA:
+# kv_proj, its norm and its window cache replicated, like MLA's latent), the KV compressor and
+# the DSA-style indexer replicated for the reasons DEEPSEEK_DSA gives (every rank needs the
+# single-device top-k selection, and later layers read the compressed KV, index keys and
+# selections a source layer leaves in the forward pass's shared state); the grouped low-rank
+# output (o_a per group of heads, o_b over the groups) split by heads (GroupedOutputRule). The
+# MoE block: a replicated sqrt-softplus router, routed experts under experts.switch_mlp and one
+# shared expert, split by rows, one all-reduce. The hyper-connection mixers (attn_hc, ffn_hc)
+# and the layer norms act on the full residual streams outside the branches: replicated.
+# Its caches cannot be batched by mlx-lm: batches run one sequence at a time. Pipeline stages
+# hand on its streams and shared state in one message per step (exo_tp.shard.streams).
+DEEPSEEK_V41 = ArchTable(
+    model_types=("deepseek_v41",),
+    linears=(
+        _col("self_attn.q_b_proj", "q_heads"),
+        _stacked("self_attn.sinks"),
+        *_glu("mlp.experts.switch_mlp", "expert_ffn"),
+        *_glu("mlp.shared_experts", "shared_expert_ffn"),
+    ),
+    branches=(
+        ATTENTION,
+        MLP,
+        BranchRule(path="mlp.experts.switch_mlp", kind="experts", reduce=False),
+        BranchRule(path="mlp.shared_experts", kind="mlp", reduce=False),
+    ),
+    replicated=(
+        "self_attn.q_a_proj",
+        "self_attn.q_a_norm",
+        "self_attn.kv_proj",
+        "self_attn.kv_norm",
+        "self_attn.compressor",
+        "self_attn.indexer",
+        "mlp.gate",
+    ),
+    grouped_outputs=(
+        GroupedOutputRule(
+            inner="self_attn.o_a_proj",
+            outer="self_attn.o_b_proj",
+            groups="self_attn.o_groups",
+            ids="self_attn._group_ids",
+        ),
+    ),
+    counts=(CountRule(path="self_attn.num_heads", dim="q_heads"),),
+    tie_default=False,
+    batch_by_sequence=True,
+    stages=True,
+    stage_state=True,
+)
+
+TABLES += (
+    GLM4_MOE,
+    GLM4_MOE_LITE,
+    MISTRAL4,
+    KIMI_K2,
+    KIMI_K25,
+    DEEPSEEK_DSA,
+    STEP3P5,
+    DEEPSEEK_V41,
+)
 
 # --- Kimi K3: Kimi Delta Attention (recurrent linear attention) beside MLA ---
 

@@ -28,7 +28,7 @@ def _env(rank: int, size: int, hostfile: Path) -> dict[str, str]:
     env = clean_environment()
     env[RANK_ENV] = str(rank)
     env.update(share_cores(size, env))  # every rank on this machine
-    return {**env, **ring_env(rank, hostfile)} if size > 1 else env
+    return {**env, **ring_env(rank, hostfile, env)} if size > 1 else env
 
 
 def run_local(job: FinetuneJob, join_timeout: float = 120.0) -> list[RankReport]:

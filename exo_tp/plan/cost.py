@@ -18,7 +18,9 @@ A pipeline hop (TCP, `exo_tp.runtime.pipeline`) of b bytes to k ranks costs
 HOP_OVERHEAD + L + k * b/B.
 
 Counted: attention (q, k, v, o; under multi-head latent attention its latent projections,
-per-head stacks and DSA's indexer, see `_latent_attention_matrices`), every FFN kind as a gated
+per-head stacks and DSA's indexer, see `_latent_attention_matrices`; DeepSeek V4.1's grouped
+output, KV compressor, indexer and hyper-connection mixers, `_compressed_attention_matrices`),
+every FFN kind as a gated
 MLP (gate, up, down), MoE experts (held: all of them; read per token: ``experts_per_token``)
 and their router, the vocab-parallel embedding and LM head, norms, the KV cache (MLA's latent
 cache: replicated on every rank holding heads). Weights are held in the engine's float dtype
@@ -48,7 +50,13 @@ from exo_tp.plan.devices import quant_key
 from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
 from exo_tp.plan.profiles import ENGINE_DTYPE
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
-from exo_tp.plan.spec import Frozen, LatentAttention, LinearAttention, ModelSpec
+from exo_tp.plan.spec import (
+    CompressedAttention,
+    Frozen,
+    LatentAttention,
+    LinearAttention,
+    ModelSpec,
+)
 from exo_tp.plan.tensor_parallel import layer_view
 
 FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
@@ -116,6 +124,11 @@ def layer_matrices(
         read = _latent_attention_matrices(spec, spec.latent_attention, shard.heads.q_heads.size)
     if spec.recurrent and spec.linear_attention is not None:
         read = _linear_attention_matrices(spec, spec.linear_attention, shard.linear_heads.size)
+    if spec.compressed_attention is not None:
+        read = _compressed_attention_matrices(spec, spec.compressed_attention, shard.heads.q_heads)
+    if spec.hc_mult:  # hyper-connection mixers around attention and FFN, on every rank
+        mix = (2 + spec.hc_mult) * spec.hc_mult
+        read.append(("attention", spec.hc_mult * h, mix, 2))
     if spec.per_layer_embedding:  # Gemma 4's per-layer input gate and projection, replicated
         width = spec.per_layer_embedding // spec.num_layers
         read += [("ffn", h, width, 1), ("ffn", width, h, 1)]
@@ -220,6 +233,37 @@ def state_bytes(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTE
     return heads * d * d * 4 + (linear.conv_kernel - 1) * 3 * heads * d * float_bytes
 
 
+def _compressed_attention_matrices(
+    spec: ModelSpec, attention: CompressedAttention, heads: Span
+) -> list[tuple[Segment, int, int, int]]:
+    """DeepSeek V4.1's attention weights on a rank holding query heads ``heads``: their q_b
+    rows, the o_a entries and o_b columns of each output group they touch; the q_a latent, the
+    shared key/value projection and, in the layers holding them (``spec.parts``), the KV
+    compressor and the indexer whole (a rank without heads runs a zero stand-in: none)."""
+    if not heads.size:
+        return []
+    h, d, a = spec.hidden_size, spec.head_dim, attention
+    per_group = spec.num_heads // a.o_groups
+    touched = (heads.stop - 1) // per_group - heads.start // per_group + 1
+    read: list[tuple[Segment, int, int, int]] = [
+        ("attention", h, a.q_lora_rank, 1),  # q_a
+        ("attention", a.q_lora_rank, heads.size * d, 1),  # q_b
+        ("attention", h, d, 1),  # kv_proj: the one key/value latent
+        ("attention", per_group * d, a.o_lora_rank, touched),  # o_a, one per group
+        ("attention", touched * a.o_lora_rank, h, 1),  # o_b
+    ]
+    if "compressor" in spec.parts:  # kv_proj (and gate_proj where it pools tokens)
+        read.append(("attention", h, d, 2 if "compressor_gate" in spec.parts else 1))
+    if "indexer" in spec.parts:  # q_b, weights_proj (and k_proj over the compressed latents)
+        read += [
+            ("attention", a.q_lora_rank, a.index_heads * a.index_head_dim, 1),
+            ("attention", h, a.index_heads, 1),
+        ]
+        if "index_keys" in spec.parts:
+            read.append(("attention", d, a.index_head_dim, 1))
+    return read
+
+
 def unread_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> int:
     """Matrix weights one layer of this rank holds but does not read per decoded token: an MoE
     layer holds every expert and reads experts_per_token of them."""
@@ -234,6 +278,13 @@ def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLO
     nothing where it reuses another layer's cache)."""
     if not spec.has_kv or spec.recurrent:  # a linear-attention layer: state_bytes instead
         return 0
+    if spec.compressed_attention is not None:
+        # A window of whole tokens (bounded, not per token) and, in the layers that compress,
+        # one latent (and one index key) per compress_ratio tokens, on every rank with heads.
+        if not shard.heads.q_heads.size or not spec.compress_ratio:
+            return 0
+        keys = spec.compressed_attention.index_head_dim if "index_keys" in spec.parts else 0
+        return (spec.head_dim + keys) * float_bytes // spec.compress_ratio
     mla = spec.latent_attention
     if mla is None:
         return 2 * len(shard.heads.kv_heads) * spec.head_dim * float_bytes

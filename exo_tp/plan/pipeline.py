@@ -28,6 +28,20 @@ class Stage(Frozen):
     def size(self) -> int:
         return len(self.ranks)
 
+    @property
+    def sender(self) -> int:
+        return hop_sender(self.tp)
+
+
+def hop_sender(tp: ShardPlan) -> int:
+    """The local rank of a stage (TP plan ``tp``) that hands its output to the next stage: the
+    first, or where that output carries state attention makes (ArchTable.stage_state:
+    DeepSeek V4.1's compressed KV and selections), the first holding heads (a rank without
+    heads skips attention)."""
+    if not table_for(tp.spec.model_type).stage_state:
+        return 0
+    return next((r.rank for r in tp.ranks if r.heads.q_heads.size), 0)
+
 
 class PipelinePlan(Frozen):
     spec: ModelSpec

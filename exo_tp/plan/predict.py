@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, computed_field
 
+from exo_tp.arch import table_for
 from exo_tp.plan.cluster import Cluster
 from exo_tp.plan.cost import (
     FLOAT_BYTES,
@@ -35,7 +36,7 @@ from exo_tp.plan.cost import (
     read_seconds,
 )
 from exo_tp.plan.pipeline import PipelinePlan, Stage
-from exo_tp.plan.spec import Frozen
+from exo_tp.plan.spec import Frozen, ModelSpec
 
 
 class RankMemory(Frozen):
@@ -64,6 +65,9 @@ class StageCost(Frozen):
     prefill_seconds: float  # the whole prompt: compute and collectives
     link: LinkCost | None  # the ring's slowest link (None: one rank)
     row_seconds: float = 0.0  # per token: the slowest rank's FLOPs of one row at decode
+    # The model runs a batch one sequence at a time (ArchTable.batch_by_sequence): every row
+    # reads the weights and runs the collectives again.
+    per_sequence: bool = False
 
     @property
     def seconds(self) -> float:
@@ -71,6 +75,8 @@ class StageCost(Frozen):
 
     def batch_seconds(self, rows: int) -> float:
         """One decode step of ``rows`` sequences: weight reads or FLOPs, whichever binds."""
+        if self.per_sequence:
+            return rows * self.seconds
         return max(self.compute_seconds, rows * self.row_seconds) + self.collective_seconds
 
 
@@ -149,6 +155,7 @@ def _stage_cost(
         compute_seconds=read_seconds(loads, specs)
         + overhead * (stage.layers.size + (TOKEN_OVERHEAD_LAYERS if last else 0.0)),
         collective_seconds=decode,
+        per_sequence=table_for(plan.spec.model_type).batch_by_sequence,
         row_seconds=max(
             prefill_flops(x, 1) / d.prefill_flops for x, d in zip(loads, specs, strict=True)
         ),
@@ -160,10 +167,19 @@ def _stage_cost(
     )
 
 
+def stage_width(spec: ModelSpec) -> int:
+    """Floats per token a pipeline stage hands to the next: its hidden state, or with
+    hyper-connections its hc_mult streams and their mix (DeepSeek V4.1, exo_tp.shard.streams;
+    the compressed KV and selections it also hands on grow by a fraction of that per token)."""
+    if not spec.hc_mult:
+        return spec.hidden_size
+    return spec.hc_mult * (spec.hidden_size + 1)
+
+
 def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster, tokens: int) -> float:
     if len(plan.stages) == 1:
         return 0.0
-    hidden = plan.spec.hidden_size * FLOAT_BYTES * tokens
+    hidden = stage_width(plan.spec) * FLOAT_BYTES * tokens
     first_ranks = [s.ranks[0] for s in plan.stages]
     # The last stage's first rank sends the tokens to every rank of stage 0 ...
     total = hop_seconds(
@@ -171,9 +187,9 @@ def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster, tokens: 
         plan.stages[0].size,
         cluster.link(devices[first_ranks[-1]], devices[first_ranks[0]]),
     )
-    # ... and each stage's first rank its hidden state to every rank of the next.
+    # ... and each stage's sender (its first rank) its hidden state to every rank of the next.
     for a, b in zip(plan.stages, plan.stages[1:], strict=False):
-        link = cluster.link(devices[a.ranks[0]], devices[b.ranks[0]])
+        link = cluster.link(devices[a.ranks[a.sender]], devices[b.ranks[0]])
         total += hop_seconds(hidden, b.size, link)
     return total
 

@@ -15,6 +15,8 @@ def _variant(variant: LayerVariant) -> str:
         *([f"{variant.num_kv_heads} KV heads"] if variant.num_kv_heads else []),
         *([] if variant.has_kv else ["KV shared"]),
         *(f"{kind} as {src}" for kind, src in variant.ffn.items()),
+        *([" + ".join(variant.parts)] if variant.parts else []),
+        *([f"1 KV entry per {variant.compress_ratio} tokens"] if variant.compress_ratio else []),
     ]
     return ", ".join(parts)
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from exo_tp.arch import LinearRule
 from exo_tp.arch.table import HEAD_DIMS
-from exo_tp.plan.shard_plan import RankShard, ShardPlan
+from exo_tp.plan.shard_plan import RankShard, ShardPlan, Span
 from exo_tp.plan.tensor_parallel import layer_view
 
 Ranges = list[tuple[int, int]]
@@ -69,6 +69,14 @@ class RankSelector:
     def rule(self, rule: LinearRule) -> tuple[Ranges, int]:
         """This rank's ranges along the split axis of ``rule``, and that axis' full length."""
         return self.packed(rule.parts, rule.per_head(self.spec.head_width))
+
+    def touched_groups(self, groups: int) -> Span:
+        """The output groups (of ``num_heads / groups`` consecutive query heads each) that this
+        rank's heads lie in (exo_tp.arch.GroupedOutputRule); empty without heads."""
+        heads, per_group = self.shard.heads.q_heads, self.spec.num_heads // groups
+        if not heads.size:
+            return Span(start=0, stop=0)
+        return Span(start=heads.start // per_group, stop=(heads.stop - 1) // per_group + 1)
 
     def holds(self, rule: LinearRule) -> bool:
         return bool(self.rule(rule)[0])

@@ -14,6 +14,7 @@ from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
 
 __all__ = [
+    "CompressedAttention",
     "Frozen",
     "LatentAttention",
     "LayerVariant",
@@ -68,6 +69,21 @@ class LinearAttention(Frozen):
     full_rank_gate: bool = False
 
 
+class CompressedAttention(Frozen):
+    """DeepSeek V4.1's attention, what the cost model needs beyond the head count and width:
+    queries through a replicated q_lora_rank latent, one key/value latent of head_dim shared
+    by every head (replicated, cached in a sliding window), a grouped low-rank output (o_a:
+    head_dim -> o_lora_rank per head, o_b: o_lora_rank per group -> hidden, a rank reading the
+    o_b columns of each group its heads touch). Which layers also hold a KV compressor and an
+    indexer (both replicated) is per layer: ``LayerVariant.parts``."""
+
+    q_lora_rank: int = Field(gt=0)
+    o_groups: int = Field(gt=0)
+    o_lora_rank: int = Field(gt=0)
+    index_heads: int = Field(ge=0)
+    index_head_dim: int = Field(ge=0)
+
+
 class LayerVariant(Frozen):
     """Sizes some layers use instead of the model's. Gemma 4: global-attention layers have
     wider heads and may have fewer KV heads; KV-shared layers have no K/V of their own and a
@@ -83,6 +99,11 @@ class LayerVariant(Frozen):
     # FFN kind of these layers -> the ModelSpec.ffn_sizes kind holding its size (and its split)
     ffn: dict[str, str] = {}
     has_kv: bool = True  # False: the layer attends with an earlier layer's keys and values
+    # Optional attention modules these layers hold (DeepSeek V4.1: "compressor",
+    # "compressor_gate", "indexer", "index_keys"), and the tokens per compressed KV entry they
+    # cache (0: none)
+    parts: tuple[str, ...] = ()
+    compress_ratio: int | None = Field(default=None, ge=0)
 
 
 class ModelSpec(Frozen):
@@ -117,6 +138,10 @@ class ModelSpec(Frozen):
     # Attention residuals (Kimi K3's attn_res_block_size): each layer mixes earlier blocks'
     # outputs with two more hidden-size projections and norms (and the model once more).
     attention_residuals: bool = False
+    compressed_attention: CompressedAttention | None = None
+    # Residual streams per token mixed by hyper-connections around each sub-block (DeepSeek
+    # V4.1; 0: a plain residual): their mixing weights are replicated on every rank.
+    hc_mult: int = Field(default=0, ge=0)
     # Gemma 4 MoE: every layer runs a dense MLP ("ffn") beside its experts.
     dense_mlp_with_experts: bool = False
     # Columns of a second token-indexed table (Gemma 4's per-layer inputs, layers x width),
@@ -128,6 +153,9 @@ class ModelSpec(Frozen):
     linear_attention: LinearAttention | None = None
     # True only in a layer's view of a linear-attention layer (no KV cache: recurrent state).
     recurrent: bool = False
+    # A layer's view: its LayerVariant parts and compress ratio.
+    parts: tuple[str, ...] = ()
+    compress_ratio: int = 0
 
     def layer(self, index: int) -> ModelSpec:
         """The sizes layer ``index`` uses (its variants applied; this spec when it has none)."""
@@ -147,6 +175,10 @@ class ModelSpec(Frozen):
                 changes["ffn_sizes"] = ffn
             if not v.has_kv:
                 changes["has_kv"] = False
+            if v.parts:
+                changes["parts"] = (*changes.get("parts", ()), *v.parts)
+            if v.compress_ratio is not None:
+                changes["compress_ratio"] = v.compress_ratio
         if self.linear_attention is not None and index in self.linear_attention.layers:
             changes["recurrent"] = True
         if not changes:
@@ -404,6 +436,47 @@ def _gemma4_fields(c: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _compressed_fields(c: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek V4.1: its attention's sizes, the layers holding a compressor (kv_source, with
+    a gate where it pools several tokens) or an indexer (index_source, with key projections
+    where it is a kv_source too) as variants, its hyper-connection streams, and its one shared
+    expert (mlx-lm builds exactly one, of moe_intermediate_size, whatever config.json says)."""
+    ratios = [int(r) for r in c.get("compress_ratios") or ()]
+    kv, index = set(c.get("kv_source_layer_ids") or ()), set(c.get("index_source_layer_ids") or ())
+    kinds: dict[tuple[tuple[str, ...], int], list[int]] = {}
+    for i in range(int(c["num_hidden_layers"])):
+        ratio = ratios[i] if i < len(ratios) else 0
+        parts = [
+            *(["compressor"] if i in kv else []),
+            *(["compressor_gate"] if i in kv and ratio > 1 else []),
+            *(["indexer"] if i in index else []),
+            *(["index_keys"] if i in index and i in kv else []),
+        ]
+        cached = ratio if ratio and i in kv else 0  # the layers that add compressed entries
+        if parts or cached:
+            kinds.setdefault((tuple(parts), cached), []).append(i)
+    variants = tuple(
+        LayerVariant(layers=tuple(layers), parts=parts, compress_ratio=ratio)
+        for (parts, ratio), layers in kinds.items()
+    )
+    attention = CompressedAttention(
+        q_lora_rank=int(c.get("q_lora_rank", 1280)),
+        o_groups=int(c.get("o_groups", 8)),
+        o_lora_rank=int(c.get("o_lora_rank", 1024)),
+        index_heads=int(c.get("index_n_heads", 32)),
+        index_head_dim=int(c.get("index_head_dim", 128)),
+    )
+    return {
+        "variants": variants,
+        "compressed_attention": attention,
+        "hc_mult": int(c.get("hc_mult", 4)),
+        "extra_ffn": {"shared_expert_ffn": int(c["moe_intermediate_size"])},
+    }
+
+
+COMPRESSED_TYPES = ("deepseek_v41",)
+
+
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     """The planner's view of a model; refuses an architecture without a table."""
     if "model_type" not in config:
@@ -415,6 +488,8 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
         c = {k: v for k, v in c.items() if k not in ("num_local_experts", "num_experts_per_tok")}
     try:
         extra = _gemma4_fields(c) if gemma4 else {}
+        if config["model_type"] in COMPRESSED_TYPES:
+            extra = _compressed_fields(c)
         extra_ffn = extra.pop("extra_ffn", {})
         top_k = extra.pop("experts_per_token", 0)
         kv_heads, head_dim, head_widths = _heads(c, table.reads_head_dim)
@@ -469,6 +544,12 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
         raise ExoTpError(f"config.json lacks {missing.args[0]!r}") from None
     except (TypeError, ValueError) as bad:
         raise ExoTpError(f"config.json has an invalid value: {bad}") from None
+    attention = spec.compressed_attention
+    if attention is not None and spec.num_heads % attention.o_groups:
+        raise ExoTpError(
+            f"{spec.num_heads} attention heads are not a multiple of {attention.o_groups} "
+            "output groups"
+        )
     for view in spec.layer_specs():
         if view.num_heads % view.num_kv_heads:
             raise ExoTpError(

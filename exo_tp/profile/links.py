@@ -46,7 +46,7 @@ def probe_job(
     the CPUs it is pinned to (the lab's one rank per core)."""
     base = clean_environment() if base_env is None else base_env
     env = {k: v for k, v in base.items() if not k.startswith("MLX_")}
-    env.update(ring_env(rank, hostfile))
+    env.update(ring_env(rank, hostfile, env))
     argv = (*prefix, sys.executable, "-m", "exo_tp.profile.link_probe")
     argv = (*argv, *(["--quick"] if quick else []))
     return Job(name=name, argv=argv, env=env, cores=cores, stdout="null")

@@ -2,7 +2,8 @@
 
 Every stage runs the same generator (see `exo_tp.runtime.batching`), so each forward call of the
 generator happens on every stage in the same order: a stage's model takes the hidden state the
-previous stage's first rank sent for this call (or, on stage 0, embeds the tokens), runs its
+previous stage's sender (its first rank, exo_tp.plan.pipeline.hop_sender) sent for this call
+(or, on stage 0, embeds the tokens), runs its
 layers and sends the result on to every rank of the next stage. The last stage ends with the norm
 and the LM head and returns the logits the conductor samples from; earlier stages return a
 placeholder of shape (B, L, 1), as their tokens come from the conductor. Inside every stage the
@@ -49,7 +50,7 @@ def recv_hidden(channel: HopChannel) -> mx.array:
 class StageModel(nn.Module):
     """One pipeline stage of a rank: its shard of its layers, fed by the previous stage's hop
     (``incoming``; None on stage 0) and feeding the next stage's ranks (``outgoing``: only the
-    stage's first rank sends).
+    stage's sender sends, see exo_tp.plan.pipeline.hop_sender).
 
     ``inner`` is the model's layer stack with its embedding (where ``model.layers`` live): a
     stage before the last runs only that (its final norm is an identity). A later stage's

@@ -139,7 +139,7 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
     incoming: list[HopChannel] = []
     arrived = threading.Event()
     listener = None
-    if index > 0:  # one hop in, from the previous stage's first rank
+    if index > 0:  # one hop in, from the previous stage's sender (its first rank)
 
         def on_channel(channel: HopChannel) -> None:
             incoming.append(channel)
@@ -147,7 +147,7 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
 
         listener = Listener(job.hops[rank], key, HOP_MESSAGES, on_channel, "hop")
     outgoing = []
-    if index < len(stages) - 1 and local == 0:
+    if index < len(stages) - 1 and local == stages[index].sender:
         for target in stages[index + 1].ranks:
             channel = connect(job.hops[target], key, HOP_MESSAGES, PEER_TIMEOUT)
             channel.send(Hello(epoch=job.epoch, rank=rank))

@@ -44,7 +44,7 @@ def rank_environment(job: Assignment, folder: Path, key: bytes) -> dict[str, str
     elif stage.size > 1:
         hostfile = folder / "hostfile.json"
         write_hostfile(hostfile, [job.hostfile[r] for r in stage.ranks])
-        env.update(ring_env(job.local_rank, hostfile))
+        env.update(ring_env(job.local_rank, hostfile, env))
     return env
 
 

@@ -27,7 +27,9 @@ from exo_tp.shard.layers import (
     VocabParallelEmbedding,
     VocabParallelHead,
 )
+from exo_tp.shard.sequences import batch_by_sequence
 from exo_tp.shard.slicing import WeightSlicer, load_lazily
+from exo_tp.shard.streams import link_stages
 from exo_tp.shard.tree import get_path, has_path, set_path
 
 
@@ -217,4 +219,8 @@ def load_shard(
         set_path(model, table.norm, nn.Identity())
     _shard_vocab(model, table, slicer, plan, rank, group, dtype, first, last)
     _finish(model, dtype, keep)
+    if table.batch_by_sequence:
+        batch_by_sequence(get_path(model, table.stack))
+    if table.stage_state and not (first and last):
+        link_stages(model, table, plan, layers, first, last, dtype)
     return model

@@ -8,11 +8,19 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from exo_tp.arch import ArchTable, BranchRule, LinearRule, NormRule, SumRule
+from exo_tp.arch import (
+    ArchTable,
+    BranchRule,
+    GroupedOutputRule,
+    LinearRule,
+    NormRule,
+    SumRule,
+)
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.layers import (
+    GroupedHeads,
     GroupedScoresMask,
     KeptByOne,
     PartialSum,
@@ -24,7 +32,7 @@ from exo_tp.shard.layers import (
     ZeroSharingAttention,
 )
 from exo_tp.shard.sharded_norm import ShardedRMSNorm, counted_mask
-from exo_tp.shard.slicing import ShardError, WeightSlicer
+from exo_tp.shard.slicing import ShardError, WeightSlicer, sliced_keys
 from exo_tp.shard.tree import get_path, has_path, set_path
 
 
@@ -80,6 +88,11 @@ class BlockSharder:
         for rule in rules:
             if not any(is_under(rule.path, path) for path in gone):
                 self._slice(layer, prefix, rule)
+        for grouped in self.table.grouped_outputs:
+            if has_path(layer, grouped.inner) and not any(
+                is_under(grouped.inner, path) for path in gone
+            ):
+                self._grouped_output(layer, prefix, grouped)
         norms = [n for n in self.table.norms if n.applies(has)]
         for norm in norms:
             if not any(is_under(norm.path, path) for path in gone):
@@ -130,6 +143,7 @@ class BlockSharder:
         summed N times: refuse instead of computing something wrong.
         """
         known = [r.path for r in rules] + [n.path for n in self.table.norms]
+        known += [p for g in self.table.grouped_outputs for p in (g.inner, g.outer)]
         known += list(self.table.replicated)
         if not any(is_under(r.path, branch.path) for r in rules):
             raise ExoTpError(
@@ -161,6 +175,34 @@ class BlockSharder:
             return
         holder = next(s for s in self.ranks if s.holds(rule))
         self.slicer.slice_columns(name, module, ranges, expected, keep_bias=holder is self.mine)
+
+    def _grouped_output(self, layer: nn.Module, prefix: str, rule: GroupedOutputRule) -> None:
+        """The inner entries and outer columns of the groups this rank's heads touch (see
+        GroupedOutputRule; at most two groups' entries beyond its own heads)."""
+        heads = self.mine.shard.heads.q_heads
+        inner = get_path(layer, rule.inner)
+        groups, rank_width = inner["weight"].shape[:2]
+        per_group = self.mine.spec.num_heads // groups
+        touched = self.mine.touched_groups(groups)
+        name = f"{prefix}.{rule.inner}"
+        for key in sliced_keys(name, inner):
+            inner[key] = self.slicer.take(
+                f"{name}.{key}", inner[key], 0, [(touched.start, touched.stop)]
+            )
+        # Every rank touching a group holds its outer columns and multiplies its own heads'
+        # part of that group: the branch's all-reduce adds the parts.
+        holder = next(s for s in self.ranks if s.shard.heads.q_heads.size)
+        columns = [(touched.start * rank_width, touched.stop * rank_width)]
+        outer = get_path(layer, rule.outer)
+        name = f"{prefix}.{rule.outer}"
+        self.slicer.slice_columns(
+            name, outer, columns, groups * rank_width, keep_bias=holder is self.mine
+        )
+        start = heads.start - touched.start * per_group  # its first head's place in its group
+        grouped = GroupedHeads(inner, start, per_group, touched.size, self.mine.spec.head_dim)
+        set_path(layer, rule.inner, grouped)
+        set_path(layer, rule.groups, 1)
+        set_path(layer, rule.ids, mx.zeros((1, 1), dtype=mx.uint32))
 
     def _sharded_norm(self, layer: nn.Module, prefix: str, rule: NormRule) -> ShardedRMSNorm:
         """This rank's entries of a full-width norm, counting each head once (see NormRule)."""

@@ -96,6 +96,29 @@ class KeptByOne(Wrapper):
         return zeros_after((*x.shape[:-1], self._width), x.dtype, x)
 
 
+class GroupedHeads(Wrapper):
+    """The inner stack of a grouped low-rank output (exo_tp.arch.GroupedOutputRule) on a rank
+    holding the entries of ``groups`` consecutive groups of ``per_group`` heads of width
+    ``head_dim``, its own heads starting at place ``start`` of the first: the attention hands it
+    the rank's heads' outputs as one piece; the heads of those groups held elsewhere enter as
+    zeros, so each group's result is this rank's part of it."""
+
+    def __init__(self, inner: nn.Module, start: int, per_group: int, groups: int, head_dim: int):
+        super().__init__(inner)
+        self._start, self._per_group, self._groups = start, per_group, groups
+        self._head_dim = head_dim
+        self._ids = mx.arange(groups)[None]
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        rows = x.shape[0]  # (batch x length, 1, 1, local heads x head_dim)
+        heads = x.reshape(rows, -1, self._head_dim)
+        after = self._groups * self._per_group - self._start - heads.shape[1]
+        if self._start or after:
+            heads = mx.pad(heads, [(0, 0), (self._start, after), (0, 0)])
+        grouped = heads.reshape(rows, self._groups, 1, self._per_group * self._head_dim)
+        return self.inner(grouped, self._ids)
+
+
 class ZeroMLP(nn.Module):
     """Stands in for a sub-block called with ``x`` of which this rank holds nothing: zeros of
     the output's shape, tied to ``x`` (see ``zeros_after``) so collectives keep their order.
@@ -175,9 +198,15 @@ class ZeroAttention(ZeroMLP):
         """A stand-in head's keys and values (one head-sized slice of ``x``), through the cache
         when there is one; computed after ``after``."""
         b, length, _ = x.shape
-        stand_in = x[..., : self._head_dim].reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
+        rows = x[..., : self._head_dim]
         if after:
-            stand_in = mx.depends(stand_in, list(after))
+            rows = mx.depends(rows, list(after))
+        if hasattr(cache, "update_window"):
+            # DeepSeek V4.1's LayerCache: one latent row per token in a sliding window (its
+            # offset gives the layer its positions); the compressed parts are never read here.
+            window = cache.update_window(rows)
+            return window, window
+        stand_in = rows.reshape(b, length, 1, -1).transpose(0, 2, 1, 3)
         if cache is None:
             return stand_in, stand_in
         # A CacheList (DeepSeek Sparse Attention: latent cache + indexer key cache) keeps every

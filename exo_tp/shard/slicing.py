@@ -52,7 +52,7 @@ class WeightSlicer:
     def slice_rows(self, name: str, module: nn.Module, ranges: Ranges, expected: int) -> None:
         """Column-parallel: keep output rows (and their scales, biases and bias)."""
         _check_length(name, "output rows", module["weight"].shape[-2], expected)
-        for key in _keys(name, module):
+        for key in sliced_keys(name, module):
             axis = -1 if key == "bias" else -2
             module[key] = self.take(f"{name}.{key}", module[key], axis, ranges)
 
@@ -64,7 +64,7 @@ class WeightSlicer:
         The bias (full output width) stays on one rank only (``keep_bias``), so the all-reduce
         of the enclosing branch adds it exactly once.
         """
-        keys = _keys(name, module)
+        keys = sliced_keys(name, module)
         quantized = "scales" in module
         group = module.group_size if quantized else 1
         packed = module["weight"].shape[-1]
@@ -97,7 +97,7 @@ class WeightSlicer:
             owner[key] = self.take(name, value, 0, ranges)
             return
         _check_length(name, "heads", value["weight"].shape[0], expected)
-        for part in _keys(name, value):
+        for part in sliced_keys(name, value):
             value[part] = self.take(f"{name}.{part}", value[part], 0, ranges)
 
 
@@ -143,7 +143,7 @@ def load_lazily(model_dir: Path) -> tuple[nn.Module, dict[str, Any], WeightSlice
     return model, config, WeightSlicer(Path(model_dir), direct)
 
 
-def _keys(name: str, module: nn.Module) -> list[str]:
+def sliced_keys(name: str, module: nn.Module) -> list[str]:
     unknown = [k for k, v in module.items() if isinstance(v, mx.array) and k not in SLICED_KEYS]
     if unknown:
         raise ExoTpError(f"{name}: cannot split parameters {unknown} (unsupported quantization?)")

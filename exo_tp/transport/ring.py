@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import mlx.core as mx
+
+from exo_tp.transport.ring_wait import sleeping_waits
 
 
 def write_hostfile(path: Path, addresses: Sequence[str]) -> None:
@@ -15,8 +17,11 @@ def write_hostfile(path: Path, addresses: Sequence[str]) -> None:
     path.write_text(json.dumps([[address] for address in addresses]))
 
 
-def ring_env(rank: int, hostfile: Path) -> dict[str, str]:
-    return {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
+def ring_env(rank: int, hostfile: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of ring rank ``rank`` started with ``base`` (default: this process's
+    environment): its place in the ring, and waits that sleep rather than spin
+    (`exo_tp.transport.ring_wait`)."""
+    return {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), **sleeping_waits(base)}
 
 
 def jaccl_env(rank: int, coordinator: str, devices_file: Path) -> dict[str, str]:

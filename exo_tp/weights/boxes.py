@@ -177,6 +177,9 @@ def _layer(
         name = f"{prefix}.{path}"
         place = _locate_in_layer(table, kinds, path)
         entry = manifest.by_name.get(name)
+        if place.kind == "grouped" and entry is not None:
+            _grouped(reads, place, entry, mine)
+            continue
         if place.kind != "rule" or entry is None:
             reads.whole(name)
             continue
@@ -189,6 +192,21 @@ def _layer(
             continue
         ranges, total = _rule_ranges(mine, rule)
         reads.slices(name, loader_axis(rule, place.key, len(entry.shape)), ranges, total)
+
+
+def _grouped(reads: _Reads, place: Place, entry: TensorEntry, mine: RankSelector) -> None:
+    """BlockSharder._grouped_output, as reads: the groups this rank's heads touch."""
+    attention = mine.spec.compressed_attention
+    if attention is None:  # no sizes to cut by: read whole, as the loader would need it
+        reads.whole(entry.name)
+        return
+    touched = mine.touched_groups(attention.o_groups)
+    if not place.outer:
+        reads.slices(entry.name, 0, [(touched.start, touched.stop)], attention.o_groups)
+        return
+    width = attention.o_lora_rank
+    columns = [(touched.start * width, touched.stop * width)]
+    reads.slices(entry.name, len(entry.shape) - 1, columns, attention.o_groups * width)
 
 
 def rank_boxes(manifest: ModelManifest, plan: PipelinePlan, rank: int) -> Boxes:

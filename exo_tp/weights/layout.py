@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from exo_tp.arch import ArchTable, LinearRule, NormRule
+from exo_tp.arch import ArchTable, GroupedOutputRule, LinearRule, NormRule
 from exo_tp.arch.table import HEAD_DIMS, is_under
 from exo_tp.plan.spec import ModelSpec
 from exo_tp.plan.tensor_parallel import split_grains
@@ -30,18 +30,21 @@ QUANT_PARTS = ("weight", "scales", "biases")
 # or lost block costs little to fetch again.
 WHOLE_BLOCK_BYTES = 1 << 20
 
-Kind = Literal["rule", "embedding", "lm_head", "vocab_table", "norm", "layer", "global"]
+Kind = Literal["rule", "grouped", "embedding", "lm_head", "vocab_table", "norm", "layer", "global"]
 
 
 @dataclass(frozen=True)
 class Place:
-    """A tensor's place in the model: a split rule's parameter, the embedding or LM head, the
-    final norm, another tensor of a layer, or another top-level tensor."""
+    """A tensor's place in the model: a split rule's parameter, a grouped output's inner stack
+    or outer linear, the embedding or LM head, the final norm, another tensor of a layer, or
+    another top-level tensor."""
 
     kind: Kind
     layer: int | None = None
     rule: LinearRule | None = None
     key: str | None = None  # weight/scales/biases/bias; None: the rule's path is the tensor
+    grouped: GroupedOutputRule | None = None
+    outer: bool = False  # of ``grouped``: the outer linear (else the inner stack)
 
 
 def _under(name: str, prefix: str) -> str | None:
@@ -65,6 +68,12 @@ def locate(name: str, table: ArchTable, has: Callable[[str], bool] | None = None
                 key = _under(inner, rule.path)
                 if key in SLICED_KEYS:
                     return Place(kind="rule", layer=layer, rule=rule, key=key)
+            for grouped in table.grouped_outputs:
+                for outer, path in ((False, grouped.inner), (True, grouped.outer)):
+                    if (key := _under(inner, path)) in QUANT_PARTS:
+                        return Place(
+                            kind="grouped", layer=layer, key=key, grouped=grouped, outer=outer
+                        )
             for norm in table.norms:
                 if _under(inner, norm.path) == "weight":
                     # a full-width norm's weight is cut like its projection's bias
@@ -144,6 +153,8 @@ def split_of(place: Place, shape: tuple[int, ...], spec: ModelSpec) -> Split | N
         grain = split_grains(spec)["vocab"]
         points = (*range(0, spec.vocab_size, grain), spec.vocab_size)
         return Split(axis=len(shape) - 2, total=spec.vocab_size, ratio=Fraction(1), points=points)
+    if place.kind == "grouped":
+        return _grouped_split(place, shape, spec)
     if place.kind != "rule" or not shape:
         return None
     rule = place.rule
@@ -167,6 +178,26 @@ def split_of(place: Place, shape: tuple[int, ...], spec: ModelSpec) -> Split | N
     if any((p * ratio).denominator != 1 for p in points):
         return None
     return Split(axis=axis, total=total, ratio=ratio, points=points)
+
+
+def _grouped_split(place: Place, shape: tuple[int, ...], spec: ModelSpec) -> Split | None:
+    """A grouped output is cut at its groups (exo_tp.shard.blocks: a rank reads the groups its
+    heads touch): the inner stack along its groups, the outer linear's columns in groups of
+    o_lora_rank (packed as quantized columns are)."""
+    attention = spec.compressed_attention
+    if attention is None or len(shape) < 2:
+        return None
+    groups = attention.o_groups
+    if not place.outer:
+        if len(shape) != 3 or shape[0] != groups:
+            return None
+        return Split(axis=0, total=groups, ratio=Fraction(1), points=tuple(range(groups + 1)))
+    width = attention.o_lora_rank
+    ratio = Fraction(shape[-1], groups * width)
+    points = tuple(g * width for g in range(groups + 1))
+    if any((p * ratio).denominator != 1 for p in points):
+        return None
+    return Split(axis=len(shape) - 1, total=groups * width, ratio=ratio, points=points)
 
 
 def whole_cuts(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

@@ -163,7 +163,7 @@ class FinetuneRanks:
         if len(body.hostfile) > 1:
             hostfile = job_dir / f"hostfile-{body.rank}.json"
             write_hostfile(hostfile, body.hostfile)
-            env.update(ring_env(body.rank, hostfile))
+            env.update(ring_env(body.rank, hostfile, env))
         job = Job(
             name=f"fine-tuning rank {body.rank}",
             module="exo_tp.finetune.worker",
