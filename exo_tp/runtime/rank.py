@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,24 +110,25 @@ def _exit_when_closed(supervisor: Channel[Any]) -> None:
     os._exit(0)
 
 
-def _bytes_per_token(job: Assignment) -> int:
-    """KV cache bytes per token on the rank holding the most (the prompt cache's measure)."""
+def _most_bytes(job: Assignment, measure: Callable[..., int]) -> int:
+    """``measure`` (a `exo_tp.plan.cost` stage measure) on the rank holding the most: the
+    prompt cache's budget holds for every rank."""
     spec = job.plan.stages[0].tp.spec
     return max(
-        stage_kv_bytes_per_token(spec, shard, stage.layers, FLOAT_BYTES[job.dtype])
+        measure(spec, shard, stage.layers, FLOAT_BYTES[job.dtype])
         for stage in job.plan.stages
         for shard in stage.tp.ranks
     )
+
+
+def _bytes_per_token(job: Assignment) -> int:
+    """KV cache bytes per token (the prompt cache's measure of an entry's length)."""
+    return _most_bytes(job, stage_kv_bytes_per_token)
 
 
 def _bytes_per_entry(job: Assignment) -> int:
-    """Recurrent state bytes per prompt-cache entry on the rank holding the most."""
-    spec = job.plan.stages[0].tp.spec
-    return max(
-        stage_state_bytes(spec, shard, stage.layers, FLOAT_BYTES[job.dtype])
-        for stage in job.plan.stages
-        for shard in stage.tp.ranks
-    )
+    """Recurrent state bytes per prompt-cache entry (constant in its length)."""
+    return _most_bytes(job, stage_state_bytes)
 
 
 def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
