@@ -54,12 +54,22 @@ def test_a_rank_waiting_for_a_late_peer_sleeps(
     assert outcomes["sleep"]["cpu"] < min(0.1 * LATE, outcomes["spin"]["cpu"] / 4), outcomes
 
 
+def test_auto_sleeps_only_where_a_hosts_ranks_outnumber_its_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ring_wait, "_cores", lambda: 2)
+    assert sleeping_waits({}, ranks_here=2) == {}  # a core each: MLX's spin is the faster
+    assert "LD_PRELOAD" in sleeping_waits({}, ranks_here=3)
+    assert "LD_PRELOAD" in sleeping_waits({WAIT_ENV: "sleep"}, ranks_here=1)
+    assert sleeping_waits({WAIT_ENV: "spin"}, ranks_here=3) == {}
+
+
 def test_the_library_goes_first_and_keeps_what_was_preloaded() -> None:
-    base = {"LD_PRELOAD": "libopenblas.so.0"}
+    base = {"LD_PRELOAD": "libopenblas.so.0", WAIT_ENV: "sleep"}
     preload = sleeping_waits(base)["LD_PRELOAD"].split()
     assert Path(preload[0]).name.startswith("ring-wait-") and Path(preload[0]).is_file()
     assert preload[1:] == ["libopenblas.so.0"]
-    assert sleeping_waits({"LD_PRELOAD": " ".join(preload)}) == {}  # preloaded once only
+    assert sleeping_waits({**base, "LD_PRELOAD": " ".join(preload)}) == {}  # preloaded once
     assert sleeping_waits({WAIT_ENV: "spin"}) == {}
 
 
@@ -71,13 +81,13 @@ def test_no_compiler_means_spinning_ranks_and_one_log_line(
     ring_wait.wait_library.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger=ring_wait.__name__):
-            assert sleeping_waits({}) == {}
-            assert sleeping_waits({}) == {}
+            assert sleeping_waits({WAIT_ENV: "sleep"}) == {}
+            assert sleeping_waits({WAIT_ENV: "sleep"}) == {}
     finally:
         ring_wait.wait_library.cache_clear()
     assert [r.getMessage()[:16] for r in caplog.records] == ["ring waits spin:"]
 
 
 def test_an_unknown_choice_is_refused() -> None:
-    with pytest.raises(ExoTpError, match="sleep or spin"):
+    with pytest.raises(ExoTpError, match="auto, sleep or spin"):
         sleeping_waits({WAIT_ENV: "nap"})

@@ -21,7 +21,13 @@ def ring_env(rank: int, hostfile: Path, base: Mapping[str, str] | None = None) -
     """The variables of ring rank ``rank`` started with ``base`` (default: this process's
     environment): its place in the ring, and waits that sleep rather than spin
     (`exo_tp.transport.ring_wait`)."""
-    return {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), **sleeping_waits(base)}
+    hosts = [entry[0].rsplit(":", 1)[0] for entry in json.loads(hostfile.read_text())]
+    sharing = hosts.count(hosts[rank])  # the ranks on this rank's host share its cores
+    return {
+        "MLX_RANK": str(rank),
+        "MLX_HOSTFILE": str(hostfile),
+        **sleeping_waits(base, sharing),
+    }
 
 
 def jaccl_env(rank: int, coordinator: str, devices_file: Path) -> dict[str, str]:
