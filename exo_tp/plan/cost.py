@@ -41,7 +41,7 @@ the link probe's in-graph figure sees it all on some machines and little of it o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pydantic import Field
@@ -321,20 +321,23 @@ def stage_kv_bytes_per_token(
     spec: ModelSpec, shard: RankShard, layers: Span, float_bytes: int = FLOAT_BYTES
 ) -> int:
     """KV cache bytes the layers ``layers`` of this rank add per token of context."""
-    return sum(
-        n * kv_bytes_per_token(view, mine, float_bytes)
-        for view, mine, _, n in layer_groups(spec, shard, layers)
-    )
+    return _over_layers(layer_groups(spec, shard, layers), kv_bytes_per_token, float_bytes)
 
 
 def stage_state_bytes(
     spec: ModelSpec, shard: RankShard, layers: Span, float_bytes: int = FLOAT_BYTES
 ) -> int:
     """Recurrent state the layers ``layers`` of this rank keep per stream (any context)."""
-    return sum(
-        n * state_bytes(view, mine, float_bytes)
-        for view, mine, _, n in layer_groups(spec, shard, layers)
-    )
+    return _over_layers(layer_groups(spec, shard, layers), state_bytes, float_bytes)
+
+
+def _over_layers(
+    groups: list[tuple[ModelSpec, RankShard, bool, int]],
+    per_layer: Callable[[ModelSpec, RankShard, int], int],
+    float_bytes: int,
+) -> int:
+    """``per_layer`` summed over the layers of ``layer_groups`` (each group's count times)."""
+    return sum(n * per_layer(view, mine, float_bytes) for view, mine, _, n in groups)
 
 
 class RankLoad(Frozen):
@@ -397,8 +400,8 @@ def rank_load(
         attention_width=sum(
             n * mine.heads.q_heads.size * v.head_dim for v, mine, _, n in groups if not v.recurrent
         ),
-        kv_bytes_per_token=sum(n * kv_bytes_per_token(v, m, float_bytes) for v, m, _, n in groups),
-        state_bytes=stage_state_bytes(spec, shard, layers, float_bytes),
+        kv_bytes_per_token=_over_layers(groups, kv_bytes_per_token, float_bytes),
+        state_bytes=_over_layers(groups, state_bytes, float_bytes),
         matrices=tuple(
             Matrix(segment=g, k=k, n=n, count=c, bytes=round(k * n * c * per))
             for (g, k, n), c in shapes.items()
