@@ -792,3 +792,54 @@ def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
         if arch in _EXPERT_SIZED:
             text["intermediate_size"] = _QUANTIZED_FFN["moe_intermediate_size"]
     return config
+
+
+# mlx-lm architectures without a tensor-parallel table (exo_tp.arch.generic): run as pipeline
+# stages of whole layers, or whole on one node where their layer stack does not allow stages
+# (tests/test_generic_stages.py). Awkward layer counts, so stage shares are uneven.
+GENERIC_ARCHS: dict[str, dict[str, Any]] = {
+    # LayerNorms with biases, biased attention and MLP, tied head.
+    "starcoder2": dict(
+        model_type="starcoder2",
+        hidden_size=128,
+        intermediate_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=5,
+        tie_word_embeddings=True,
+    ),
+    # Parallel attention and MLP, the head always tied, logits scaled after it (last stage only).
+    "cohere": dict(
+        model_type="cohere",
+        hidden_size=128,
+        intermediate_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=4,
+        logit_scale=0.5,
+    ),
+    # Its own names: tok_embeddings, packed wqkv, an untied head called `output`.
+    "internlm2": dict(
+        model_type="internlm2",
+        hidden_size=128,
+        intermediate_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        tie_word_embeddings=False,
+    ),
+    # Refused as stages (its forward pass scales the embedding's output): whole on one node.
+    "gemma": dict(
+        model_type="gemma",
+        hidden_size=128,
+        intermediate_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        num_hidden_layers=3,
+    ),
+}
+
+
+def generic_config(arch: str) -> dict[str, Any]:
+    return {**COMMON, **GENERIC_ARCHS[arch]}

@@ -1,5 +1,6 @@
 """Per-architecture tensor-parallel tables (pure data)."""
 
+from exo_tp.arch.generic import generic_table
 from exo_tp.arch.table import (
     ArchTable,
     BranchRule,
@@ -22,13 +23,26 @@ def pipeline_model_types() -> tuple[str, ...]:
 
 
 def table_for(model_type: str) -> ArchTable:
+    """The model type's tensor-parallel table; for another mlx-lm model type, a stages-only
+    (or whole-on-one-node) table read from mlx-lm's source (exo_tp.arch.generic)."""
     for table in TABLES:
         if model_type in table.model_types:
             return table
+    generic = generic_table(model_type)
+    if generic is not None:
+        return generic
     raise UnsupportedArchitectureError(
-        f"no tensor-parallel table for model type {model_type!r}; "
-        f"supported: {', '.join(supported_model_types())}"
+        f"mlx-lm has no model type {model_type!r}; tensor-parallel tables: "
+        f"{', '.join(supported_model_types())}"
     )
+
+
+def mode_reason(model_type: str) -> tuple[str, str]:
+    """(mode, why): tensor-parallel, pipeline stages only or whole on one node, and why."""
+    table = table_for(model_type)
+    if table.split:
+        return table.mode, f"{model_type} has a tensor-parallel table"
+    return table.mode, table.why
 
 
 __all__ = [
@@ -40,6 +54,8 @@ __all__ = [
     "NormRule",
     "SumRule",
     "pipeline_model_types",
+    "generic_table",
+    "mode_reason",
     "supported_model_types",
     "table_for",
 ]

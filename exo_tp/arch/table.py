@@ -204,6 +204,18 @@ class ArchTable(Frozen):
     # their mix and a forward pass's shared state): a pipeline stage passes them as one message
     # (exo_tp.shard.streams).
     stage_state: bool = False
+    # False: no tensor-parallel split is known (exo_tp.arch.generic's stages-only table for an
+    # mlx-lm model without a table): every stage is one rank holding whole layers.
+    split: bool = True
+    # Why the model gets the mode it gets (the generic table's one readable reason).
+    why: str = ""
+
+    @property
+    def mode(self) -> str:
+        """How the model can run: split inside its layers, in whole-layer stages, or whole."""
+        if self.split:
+            return "tensor-parallel"
+        return "pipeline stages only" if self.stages else "whole on one node"
 
     @property
     def stack(self) -> str:

@@ -147,7 +147,10 @@ def plan_pipeline(
     """
     if not stage_weights or any(not w for w in stage_weights):
         raise PlanError("every stage needs at least one rank")
-    if len(stage_weights) > 1 and not table_for(spec.model_type).stages:
+    table = table_for(spec.model_type)
+    if len(stage_weights) > 1 and not table.stages and not table.split:
+        raise PlanError(f"pipeline stages refused: {table.why}")
+    if len(stage_weights) > 1 and not table.stages:
         raise PlanError(
             f"pipeline stages are not supported for {spec.model_type} (only for "
             f"{', '.join(pipeline_model_types())}); run it as one stage"

@@ -289,8 +289,11 @@ class _Layouts:
         spec, layers = self.spec, self.spec.num_layers
         if len(groups) > layers:
             return Rejected(groups=groups, reason=f"{len(groups)} stages for {layers} layers")
-        if len(groups) > 1 and not table_for(spec.model_type).stages:
+        table = table_for(spec.model_type)
+        if len(groups) > 1 and not table.stages:
             return Rejected(groups=groups, reason=f"no pipeline stages for {spec.model_type}")
+        if not table.split and any(len(g) > 1 for g in groups):
+            return Rejected(groups=groups, reason=f"no tensor-parallel table for {spec.model_type}")
         tps = [self.group_tp(g) for g in groups]
         terms = [
             self._stage_terms(g, tp, i == 0, i == len(groups) - 1)

@@ -327,6 +327,29 @@ _ALIASES = {
 }
 
 
+# Other names for the sizes the cost model needs, in configs of models without a table
+# (GPT-2 style n_embd/n_layer/n_head, d_model, num_layers, num_heads).
+_GENERIC_ALIASES = {
+    "hidden_size": ("n_embd", "d_model", "dim", "model_dim"),
+    "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
+    "num_attention_heads": ("n_head", "n_heads", "num_heads"),
+    "intermediate_size": ("n_inner", "ffn_dim", "d_ff"),
+}
+
+
+def _generic_names(c: dict[str, Any]) -> dict[str, Any]:
+    """A model without a table is never split inside its layers: its config only prices it
+    (bytes per layer, KV cache), so missing attention sizes fall back to one head (a
+    state-space model has none)."""
+    out = dict(c)
+    for name, others in _GENERIC_ALIASES.items():
+        if out.get(name) is None:
+            out[name] = next((c[o] for o in others if c.get(o) is not None), None)
+    if out.get("num_attention_heads") is None:
+        out["num_attention_heads"] = 1
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _usual_names(c: dict[str, Any]) -> dict[str, Any]:
     out = {**{dst: c[src] for src, dst in _ALIASES.items() if src in c}, **c}
     if "moe_layers_enum" in c:  # Step 3.5: MoE layers listed, else every layer but the first
@@ -484,6 +507,8 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     table = table_for(str(config["model_type"]))
     gemma4 = config["model_type"] in GEMMA4_TYPES
     c = _gemma4_text(config) if gemma4 else _usual_names(_text_config(config))
+    if not table.split:
+        c = _generic_names(c)
     if config["model_type"] == "llama4_text":  # mlx-lm's llama4_text is dense whatever it says
         c = {k: v for k, v in c.items() if k not in ("num_local_experts", "num_experts_per_tok")}
     try:

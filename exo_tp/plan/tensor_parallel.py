@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from exo_tp.arch import table_for
 from exo_tp.arch.table import ATTENTION_HEAD_DIMS
+from exo_tp.errors import PlanError
 from exo_tp.plan.apportion import contiguous_spans, largest_remainder, normalize
 from exo_tp.plan.shard_plan import Collective, HeadShard, RankShard, ShardPlan, Span
 from exo_tp.plan.spec import ModelSpec
@@ -145,6 +146,9 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
     """One TP group over ``len(weights)`` ranks; rank r's share tracks ``weights[r]``."""
     shares = normalize(weights)
     n = len(shares)
+    table = table_for(spec.model_type)
+    if n > 1 and not table.split:
+        raise PlanError(f"{n} ranks in one stage: {table.why}")
     by_group = n <= min(v.num_kv_heads for v in spec.layer_specs())
     head_unit = _head_unit(spec, by_group)
     q_spans = _split(spec.num_heads, head_unit, shares)

@@ -180,6 +180,40 @@ def _vocab_table(
     set_path(model, path, wrapped)
 
 
+def _whole_layers(
+    model: nn.Module,
+    table: ArchTable,
+    plan: ShardPlan,
+    dtype: mx.Dtype | None,
+    layers: Span | None,
+    first: bool,
+    last: bool,
+    adapter_path: Path | None,
+) -> nn.Module:
+    """A model without a tensor-parallel table (exo_tp.arch.generic): one rank holds whole
+    layers. Whole on one node it is mlx-lm's model unmodified; as a pipeline stage it keeps its
+    layer slice, a later stage's embedding becomes a `HiddenFeed` (holding the embedding only
+    where the last stage's tied head multiplies by it) and a stage before the last drops its
+    final norm and head."""
+    if plan.size != 1:
+        raise ValueError(f"{plan.spec.model_type} has no tensor-parallel table: one rank a stage")
+    if adapter_path is not None:
+        raise ValueError(f"adapters need a tensor-parallel table; {plan.spec.model_type} has none")
+    keep = getattr(model, "cast_predicate", lambda _: True)
+    if layers is not None and not (first and last):
+        tied = not has_path(model, table.lm_head)
+        _keep_layers(model, table, layers)
+        if not last:
+            set_path(model, table.norm, nn.Identity())
+            if not tied:
+                set_path(model, table.lm_head, Absent("the LM head"))
+        if not first:
+            held = get_path(model, table.embedding) if last and tied else Absent("the embedding")
+            set_path(model, table.embedding, HiddenFeed(held))
+    _finish(model, dtype, keep)
+    return model
+
+
 def load_shard(
     model_dir: Path,
     plan: ShardPlan,
@@ -200,6 +234,8 @@ def load_shard(
     model_dir = Path(model_dir)
     table = table_for(plan.spec.model_type)
     model, _, slicer = load_lazily(model_dir)
+    if not table.split:
+        return _whole_layers(model, table, plan, dtype, layers, first, last, adapter_path)
     ranks = [RankSelector(plan, r) for r in range(plan.size)]
     sharder = BlockSharder(table, slicer, ranks, rank, plan.spec.hidden_size, group)
     layers = layers or Span(start=0, stop=plan.spec.num_layers)

@@ -1,0 +1,117 @@
+"""mlx-lm architectures without a tensor-parallel table (exo_tp.arch.generic): as pipeline
+stages of whole layers with uneven layer shares, or, where their layer stack does not allow
+stages, whole on one node; each against single-device mlx-lm on the same tiny checkpoint
+(fp32 prompt logits within 1e-4, greedy tokens identical).
+
+The stages run in this one process, chained as the runtime chains them (each stage loaded by
+the engine's loader for its layer slice, a later stage fed the previous stage's hidden state
+through its embedding's `HiddenFeed`): no process is started per case. The hops between
+machines are the runtime's, tested on tabled families (tests/test_pipeline.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from arch_configs import generic_config
+from helpers import assert_logits_close, mlx_lm_reference
+from tiny_models import write_tiny_model
+
+from exo_tp.arch import mode_reason, table_for
+from exo_tp.errors import PlanError
+from exo_tp.plan.pipeline import plan_pipeline
+from exo_tp.plan.spec import load_spec
+from exo_tp.plan.tensor_parallel import plan_tensor_parallel
+
+PROMPT = "Write a short poem about the sea."
+TOKENS = 5
+
+# arch -> layers per stage (uneven; 2 and 3 stages)
+STAGED = {"starcoder2": (1, 3, 1), "cohere": (3, 1), "internlm2": (1, 2, 1)}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Path]) -> Any:
+    root, tokenizer = tmp_path_factory.mktemp("generic"), default_models["smollm2-135m"]
+    written: dict[str, Path] = {}
+
+    def model(arch: str) -> Path:
+        if arch not in written:
+            written[arch] = write_tiny_model(root / arch, generic_config(arch), tokenizer)
+        return written[arch]
+
+    return model
+
+
+def _staged_forward(folder: Path, counts: tuple[int, ...]) -> Any:
+    """Every stage of a pipeline over ``counts`` layers, each one rank, chained."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from exo_tp.shard.apply import load_shard
+    from exo_tp.shard.tree import get_path
+
+    spec = load_spec(folder)
+    table = table_for(spec.model_type)
+    plan = plan_pipeline(spec, [[1.0]] * len(counts), counts)
+    group = mx.distributed.init()
+    n = len(plan.stages)
+    stages = [
+        load_shard(folder, s.tp, 0, group, mx.float32, s.layers, i == 0, i == n - 1)
+        for i, s in enumerate(plan.stages)
+    ]
+    caches = [make_prompt_cache(m) for m in stages]
+
+    def forward(tokens: mx.array) -> mx.array:
+        hidden = None
+        for i, model in enumerate(stages):
+            if hidden is not None:
+                get_path(model, table.embedding).feed(hidden)
+            if i == n - 1:
+                return model(tokens, cache=caches[i])
+            hidden = get_path(model, table.stack)(tokens, cache=caches[i])
+        raise AssertionError("no last stage")
+
+    return forward
+
+
+def _generate(forward: Any, prompt_ids: list[int]) -> tuple[np.ndarray, list[int]]:
+    logits = forward(mx.array(prompt_ids)[None]).astype(mx.float32)
+    tokens = [int(mx.argmax(logits[0, -1]).item())]
+    prompt_logits = np.array(logits[0])
+    while len(tokens) < TOKENS:
+        step = forward(mx.array([[tokens[-1]]]))
+        tokens.append(int(mx.argmax(step[0, -1]).item()))
+    return prompt_logits, tokens
+
+
+@pytest.mark.parametrize("arch", list(STAGED))
+def test_stages_equal_single_device_mlx_lm(models: Any, arch: str) -> None:
+    folder = models(arch)
+    mode, why = mode_reason(arch)
+    assert mode == "pipeline stages only" and arch in why and "\n" not in why
+    with pytest.raises(PlanError, match="no tensor-parallel table"):
+        plan_tensor_parallel(load_spec(folder), [1.0, 1.0])
+    reference = mlx_lm_reference(folder, PROMPT, TOKENS)
+    assert len(reference.tokens) == TOKENS and min(reference.margins) >= 1e-3
+    logits, tokens = _generate(_staged_forward(folder, STAGED[arch]), reference.prompt_ids)
+    assert_logits_close(logits, reference.logits, atol=1e-4)
+    assert tokens == reference.tokens
+
+
+def test_refused_stages_run_whole_on_one_node(models: Any) -> None:
+    """Gemma scales its embedding inside the forward pass: a later stage would scale the
+    hidden state again, so stages are refused with that reason and it runs whole."""
+    folder = models("gemma")
+    mode, why = mode_reason("gemma")
+    assert mode == "whole on one node" and "embedding" in why and "\n" not in why
+    spec = load_spec(folder)
+    with pytest.raises(PlanError, match="pipeline stages refused.*embedding"):
+        plan_pipeline(spec, [[1.0], [1.0]], (2, 1))
+    reference = mlx_lm_reference(folder, PROMPT, TOKENS)
+    logits, tokens = _generate(_staged_forward(folder, (spec.num_layers,)), reference.prompt_ids)
+    assert_logits_close(logits, reference.logits, atol=1e-4)
+    assert tokens == reference.tokens
