@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from arch_configs import generic_config
-from helpers import assert_logits_close, mlx_lm_reference
+from helpers import assert_logits_close, launch, mlx_lm_reference
 from tiny_models import write_tiny_model
 
 from exo_tp.arch import mode_reason, table_for
@@ -115,3 +115,15 @@ def test_refused_stages_run_whole_on_one_node(models: Any) -> None:
     logits, tokens = _generate(_staged_forward(folder, (spec.num_layers,)), reference.prompt_ids)
     assert_logits_close(logits, reference.logits, atol=1e-4)
     assert tokens == reference.tokens
+
+
+def test_launch_runs_untabled_stages_end_to_end(tmp_path: Path, models: Any) -> None:
+    """One model without a table through `exo-tp launch` (the launcher, the conductor, the
+    hops between stages' processes): three one-rank stages holding 1, 3 and 1 layers."""
+    folder = models("starcoder2")
+    reference = mlx_lm_reference(folder, PROMPT, TOKENS)
+    ours = launch(
+        tmp_path, folder, [1, 1, 1], PROMPT, TOKENS, "--stages", "1,1,1", "--stage-layers", "1,3,1"
+    )
+    assert_logits_close(ours.logits, reference.logits, atol=1e-4)
+    assert list(ours.report.tokens) == reference.tokens
