@@ -58,6 +58,7 @@ function drawPlan(plan) {
   } else if (plan.epoch !== null) {
     $("layout-note").textContent = `epoch ${plan.epoch} · ${plan.model}`;
   }
+  if (plan.mode) $("layout-note").title = `${plan.mode}: ${plan.mode_reason}`;
   shownPlan = key;
   shownEpoch = plan.epoch;
   document.body.dataset.planEpoch = plan.epoch ?? "";

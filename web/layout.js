@@ -323,6 +323,9 @@ export function renderLayout(container, response) {
   const groups = stageGroups(response);
   container.replaceChildren(
     h("div", { class: "spec" }, specLine(response.plan.spec)),
+    // tensor-parallel, pipeline stages only (no tensor-parallel table) or whole on one node
+    ...(response.mode ? [h("div", { class: "spec mode", title: response.mode_reason || "" },
+      `${response.mode}: ${response.mode_reason}`)] : []),
     legend(response),
     h("div", { class: "rows" },
       shareRow(response),

@@ -276,8 +276,8 @@ def _describe(tree: ast.Module, model_type: str) -> ArchTable:
         norm=f"{attr}.{stack.norm}",
         stages=True,
         why=(
-            f"no tensor-parallel table for {model_type}: pipeline stages only (its layer "
-            "stack embeds, runs each layer on the hidden state and normalises)"
+            f"no tensor-parallel table for {model_type}; its layer stack embeds, runs each "
+            "layer on the hidden state alone and normalises, so stages of whole layers work"
         ),
     )
 
@@ -306,6 +306,5 @@ def generic_table(model_type: str) -> ArchTable | None:
             counts=(),
             split=False,
             stages=False,
-            why=f"no tensor-parallel table for {model_type}, and no pipeline stages: {refused}; "
-            "it runs whole on one node",
+            why=f"no tensor-parallel table for {model_type}, and no pipeline stages: {refused}",
         )

@@ -102,19 +102,55 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:
         return _choose(args, spec)
 
+    from exo_tp.arch import mode_reason
     from exo_tp.plan import plan_tensor_parallel
     from exo_tp.plan.cost import rank_load
     from exo_tp.plan.human import size
     from exo_tp.plan.render import render_plan
     from exo_tp.plan.shard_plan import Span
 
+    mode, why = mode_reason(spec.model_type)
+    if mode != "tensor-parallel":
+        return _unsplit(args, spec, mode, why)
     plan = plan_tensor_parallel(spec, args.weights or [1.0, 1.0])
     if args.json:
         print(plan.model_dump_json(indent=2))
         return 0
     every = Span(start=0, stop=spec.num_layers)
     held = [size(rank_load(spec, r, every, True, True).held_bytes) for r in plan.ranks]
-    print(render_plan(plan) + "\nweights held per rank: " + ", ".join(held))
+    print(
+        f"mode: {mode} ({why})\n"
+        + render_plan(plan)
+        + "\nweights held per rank: "
+        + ", ".join(held)
+    )
+    return 0
+
+
+def _unsplit(args: argparse.Namespace, spec: ModelSpec, mode: str, why: str) -> int:
+    """A model without a tensor-parallel table over weighted devices: one stage per device,
+    layers by speed (pipeline stages only), or the whole model on the fastest device."""
+    from exo_tp.plan.cost import rank_load
+    from exo_tp.plan.human import size
+    from exo_tp.plan.pipeline import plan_pipeline
+    from exo_tp.plan.render import describe
+
+    weights = args.weights or [1.0, 1.0]
+    stages = mode == "pipeline stages only" and len(weights) > 1
+    kept = weights if stages else [max(weights)]
+    plan = plan_pipeline(spec, [[w] for w in kept])
+    if args.json:
+        print(plan.model_dump_json(indent=2))
+        return 0
+    lines = [f"mode: {mode} ({why})", describe(plan)]
+    if not stages and len(weights) > 1:
+        lines.append(
+            f"device {weights.index(max(weights))} (the fastest) holds it; the others idle"
+        )
+    for i, s in enumerate(plan.stages):
+        load = rank_load(spec, s.tp.ranks[0], s.layers, i == 0, i == len(plan.stages) - 1)
+        lines.append(f"stage {i}: layers {s.layers.start}-{s.layers.stop}, {size(load.held_bytes)}")
+    print("\n".join(lines))
     return 0
 
 

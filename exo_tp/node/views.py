@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from exo_tp.api.server_limits import ListenerStats
+from exo_tp.arch import mode_reason
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.control_messages import MachineMemory, NodeStatus, Stall, WorkerState
@@ -98,6 +99,10 @@ class PlanView(Frozen):
     plan: ShardPlan | None = None
     predicted: PredictedView | None = None
     balance: BalanceView | None = None  # the leader's live rank speeds (rebalancing)
+    # How the model can run (exo_tp.arch.mode_reason): tensor-parallel, pipeline stages only
+    # (no tensor-parallel table) or whole on one node, and why.
+    mode: str = ""
+    mode_reason: str = ""
 
     def pipeline(self) -> PipelinePlan | None:
         """The plan itself (None before the first epoch)."""
@@ -117,7 +122,10 @@ def plan_view(
     nodes: tuple[str, ...],
 ) -> PlanView:
     stages = tuple(StageView(ranks=s.ranks, layers=s.layers, plan=s.tp) for s in plan.stages)
+    mode, why = mode_reason(plan.spec.model_type)
     return PlanView(
+        mode=mode,
+        mode_reason=why,
         epoch=epoch,
         state=state,
         model=model,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from exo_tp.arch import mode_reason
 from exo_tp.plan.cluster import Cluster
 from exo_tp.plan.human import duration, rate, size
 from exo_tp.plan.pipeline import PipelinePlan
@@ -97,7 +98,9 @@ def render_choice(choice: Choice, cluster: Cluster) -> str:
         for d in cluster.devices
     ]
     headline = [d.name for d in cluster.devices if not d.score_measured]
+    mode, why = mode_reason(best.plan.spec.model_type)
     lines = [
+        f"model mode: {mode} ({why})",
         f"chosen: {describe_candidate(best, names)}",
         f"objective: {choice.objective} ({choice.reason}); {ranking}",
         f"weight reads priced: {'; '.join(priced)}",
