@@ -84,6 +84,25 @@ def test_no_stages_for_an_architecture_without_stage_support() -> None:
     assert any("no pipeline stages for gemma3_text" in r.reason for r in choice.rejected)
 
 
+def test_a_model_without_a_table_gets_one_device_per_stage() -> None:
+    """The fast-link cluster of the uneven-TP test, with models mlx-lm has but no table
+    splits: starcoder2's layers pipeline (one device per stage, never a TP group), gemma's
+    do not (it scales its embedding in the forward pass): one device holds it whole."""
+    links = (Link(a=0, b=1, cost=THUNDERBOLT), Link(a=2, b=3, cost=THUNDERBOLT))
+    cluster = Cluster(
+        devices=tuple(device(n, 100, 2.2) for n in "abcd"), links=links, default_link=SLOW
+    )
+    starcoder = SPEC.model_copy(update={"model_type": "starcoder2"})
+    choice = choose_plan(starcoder, cluster, context_tokens=4096)
+    assert choice.best.kind == "pipeline"
+    assert all(len(g) == 1 for c in (choice.best, *choice.alternatives) for g in c.groups)
+    assert any("no tensor-parallel table for starcoder2" in r.reason for r in choice.rejected)
+    small = SPEC.model_copy(update={"model_type": "gemma", "num_layers": 8})
+    choice = choose_plan(small, cluster, context_tokens=4096)
+    assert choice.best.kind == "single device"
+    assert {c.kind for c in choice.alternatives} <= {"single device"}
+
+
 def test_drops_a_device_twenty_times_slower() -> None:
     cluster = Cluster(
         devices=(device("a", 100, 64), device("b", 100, 64), device("c", 5, 64)), default_link=LAN

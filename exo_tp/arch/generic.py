@@ -260,6 +260,8 @@ def _describe(tree: ast.Module, model_type: str) -> ArchTable:
     ):
         raise _Refused("its Model does not hand its tokens straight to its layer stack")
     make_cache = _method(model, "make_cache")
+    if make_cache is not None and "self.layers" not in ast.unparse(make_cache):
+        raise _Refused("its make_cache counts layers from its config, not from the layers held")
     if make_cache is not None and any(
         isinstance(n, ast.Subscript | ast.Call) and "enumerate" in ast.unparse(n)
         for n in ast.walk(make_cache)
