@@ -760,6 +760,40 @@ ARCHS: dict[str, dict[str, Any]] = {
         hc_sinkhorn_iters=5,
         tie_word_embeddings=False,
     ),
+    # Nemotron-H: Mamba-2, attention, MLP and MoE layers by hybrid_override_pattern. 6 Mamba
+    # heads in 3 groups of 2 (head_dim 64: 128 channels a group, state 16, conv kernel 4), so
+    # ranks beyond 3 hold no Mamba-2 group; 4 heads / 2 KV heads x 32; a relu2 MLP; 4 experts
+    # top-2 + a shared expert; untied head; HF layout (conv1d (C, 1, K), experts one by one).
+    "nemotron_h": dict(
+        model_type="nemotron_h",
+        hybrid_override_pattern="M*M-E",
+        hidden_size=128,
+        intermediate_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        attention_bias=False,
+        mamba_num_heads=6,
+        mamba_head_dim=64,
+        n_groups=3,
+        ssm_state_size=16,
+        conv_kernel=4,
+        mamba_proj_bias=False,
+        use_conv_bias=True,
+        use_bias=False,
+        mlp_bias=False,
+        layer_norm_epsilon=1e-5,
+        moe_intermediate_size=104,
+        moe_shared_expert_intermediate_size=256,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).

@@ -198,6 +198,10 @@ SAMPLE = [
     # DeepSeek V4.1: 6 heads in 2 output groups of 3 on 4 holding ranks (groups straddle ranks)
     case("deepseek_v41", "float", 5, zero_rank=3),
     case("deepseek_v41", "q4g64", 4),
+    # Nemotron-H: 3 Mamba-2 groups on 5 uneven ranks (two hold none), quantized with a
+    # zero-weight rank; the prompt carries conv and SSM state across the decode steps
+    case("nemotron_h", "float", 5),
+    case("nemotron_h", "q4g64", 3, zero_rank=1),
 ]
 
 

@@ -168,6 +168,8 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "deepseek_v32": _MLP_EXPERTS,
     "glm_moe_dsa": _MLP_EXPERTS,
     # Kimi K3 stores its MoE blocks under block_sparse_moe with w1/w2/w3 (its dense MLP stays mlp)
+    # Nemotron-H: non-gated experts (fc1 up, fc2 down) under the layer's mixer
+    "nemotron_h": ("mixer.switch_mlp", "mixer.experts.{e}", {"fc1": "up_proj", "fc2": "down_proj"}),
     "kimi_k3": (
         "mlp.switch_mlp",
         "block_sparse_moe.experts.{e}",
@@ -206,6 +208,9 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
             value = out.pop(name)
             for e in range(value.shape[0]):
                 out[f"{layer}.{single.format(e=e)}.{names[proj]}.{part}"] = value[e]
+    if arch == "nemotron_h":  # depthwise convs as Hugging Face ships them: (C, 1, K)
+        for name in [n for n in out if n.endswith("conv1d.weight")]:
+            out[name] = out[name].moveaxis(2, 1)
     if arch == "mistral4":
         # Mistral 4 stores each MoE layer's experts fused (transformers' Mistral4NaiveMoe):
         # experts.gate_up_proj (E, 2 * ffn, hidden), gate rows first, and experts.down_proj.

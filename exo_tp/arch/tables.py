@@ -715,3 +715,87 @@ KIMI_K3 = ArchTable(
 )
 
 TABLES += (KIMI_K3,)
+
+# --- Nemotron-H: Mamba-2, attention, MLP and MoE layers by a pattern (hybrid_override_pattern) ---
+
+# Every layer is one `mixer` of one kind (M Mamba-2, * attention, - MLP, E MoE), so each rule
+# applies `where` its kind's own module is. A Mamba-2 layer splits by its groups
+# ("linear_heads" counts groups here, ModelSpec.linear_attention): B and C belong to a group
+# (shared by its heads) and the gated RMSNorm normalises each group's heads together, so a
+# group with its heads is the unit that keeps both local (a split inside a group would need
+# B and C per head and an all-reduce per norm group). Each rank keeps its groups' rows of the
+# packed in_proj (z and x: heads_per_group x head_dim per group, B and C: state_size per group,
+# dt: heads_per_group per group), its groups' conv channels (x, B, C; the depthwise conv's
+# groups follow the local channel count), A_log, D and dt_bias of its heads, its groups' norm
+# weights, and so their conv and SSM state; out_proj is row-parallel (one all-reduce). With
+# more ranks than groups some hold none (ZeroRecurrent keeps their cache in step).
+_MAMBA = "mixer.in_proj"  # modules only each kind has
+_ATTN = "mixer.q_proj"
+_DENSE = "mixer.up_proj"
+_MOE = "mixer.switch_mlp"
+_G = "linear_heads"
+
+
+def _mamba2() -> tuple[LinearRule, ...]:
+    def rule(path: str, style: Style, *widths: str) -> LinearRule:
+        parts = (_G,) * len(widths)
+        return LinearRule(
+            path=f"mixer.{path}", style=style, parts=parts, widths=widths, where=_MAMBA
+        )
+
+    x, state, heads = "linear_head_dim", "mamba_state", "mamba_heads"
+    return (
+        rule("in_proj", "column", x, x, state, state, heads),  # z | x | B | C | dt
+        rule("conv1d.weight", "stacked", x, state, state),  # channels x | B | C
+        rule("conv1d.bias", "stacked", x, state, state),
+        rule("A_log", "stacked", heads),
+        rule("D", "stacked", heads),
+        rule("dt_bias", "stacked", heads),
+        rule("norm.weight", "stacked", x),
+        rule("out_proj", "row", x),
+    )
+
+
+def _where(rule: LinearRule, where: str) -> LinearRule:
+    return replace(rule, where=where)
+
+
+NEMOTRON_H = ArchTable(
+    model_types=("nemotron_h",),
+    layers="backbone.layers",
+    embedding="backbone.embeddings",
+    norm="backbone.norm_f",
+    linears=(
+        *_mamba2(),
+        *(_where(r, _ATTN) for r in _attention("mixer")),
+        _where(_col("mixer.up_proj", "ffn"), _DENSE),
+        _where(_row("mixer.down_proj", "ffn"), _DENSE),
+        _where(_col("mixer.switch_mlp.fc1", "expert_ffn"), _MOE),
+        _where(_row("mixer.switch_mlp.fc2", "expert_ffn"), _MOE),
+        _where(_col("mixer.shared_experts.up_proj", "shared_expert_ffn"), _MOE),
+        _where(_row("mixer.shared_experts.down_proj", "shared_expert_ffn"), _MOE),
+    ),
+    branches=(
+        BranchRule(path="mixer", kind="recurrent", where=_MAMBA),
+        BranchRule(path="mixer", kind="attention", where=_ATTN),
+        BranchRule(path="mixer", kind="mlp", where=_DENSE),
+        BranchRule(path="mixer", kind="mlp", where=_MOE),
+        BranchRule(path="mixer.switch_mlp", kind="experts", reduce=False, where=_MOE),
+        BranchRule(path="mixer.shared_experts", kind="mlp", reduce=False, where=_MOE),
+    ),
+    # the sigmoid router and its score correction: every rank routes every token alike. A
+    # latent MoE's projections (moe_latent_size) are not declared: the loader refuses them.
+    replicated=("mixer.gate",),
+    counts=(
+        CountRule(path="mixer.num_heads", dim=_G, width="mamba_heads", where=_MAMBA),
+        CountRule(path="mixer.n_groups", dim=_G, where=_MAMBA),
+        CountRule(path="mixer.intermediate_size", dim=_G, width="linear_head_dim", where=_MAMBA),
+        CountRule(path="mixer.conv_dim", dim=_G, width="mamba_conv", where=_MAMBA),
+        CountRule(path="mixer.conv1d.groups", dim=_G, width="mamba_conv", where=_MAMBA),
+        CountRule(path="mixer.num_heads", dim="q_heads", where=_ATTN),
+        CountRule(path="mixer.num_key_value_heads", dim="kv_heads", where=_ATTN),
+    ),
+    tie_default=False,
+)
+
+TABLES += (NEMOTRON_H,)

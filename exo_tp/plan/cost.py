@@ -47,6 +47,7 @@ from typing import Protocol
 from pydantic import Field
 
 from exo_tp.plan.devices import quant_key
+from exo_tp.plan.mamba_cost import mamba_floats, mamba_matrices, mamba_state_bytes
 from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
 from exo_tp.plan.profiles import ENGINE_DTYPE
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
@@ -124,6 +125,8 @@ def layer_matrices(
         read = _latent_attention_matrices(spec, spec.latent_attention, shard.heads.q_heads.size)
     if spec.recurrent and spec.linear_attention is not None:
         read = _linear_attention_matrices(spec, spec.linear_attention, shard.linear_heads.size)
+    if spec.block:  # Nemotron-H: one mixer per layer, of the layer's own kind
+        return _block_matrices(spec, shard, read)
     if spec.compressed_attention is not None:
         read = _compressed_attention_matrices(spec, spec.compressed_attention, shard.heads.q_heads)
     if spec.hc_mult:  # hyper-connection mixers around attention and FFN, on every rank
@@ -150,6 +153,28 @@ def layer_matrices(
         ("ffn", h, shared, 2),
         ("ffn", shared, h, 1),
         ("ffn", h, spec.num_experts, 1),  # the router, replicated on every rank
+    ]
+
+
+def _block_matrices(
+    spec: ModelSpec, shard: RankShard, attention: list[tuple[Segment, int, int, int]]
+) -> list[tuple[Segment, int, int, int]]:
+    """A Nemotron-H layer's one mixer: Mamba-2 (in ``attention`` already), attention, a
+    non-gated MLP (up, down) or MoE (non-gated experts, the shared expert, the router)."""
+    h = spec.hidden_size
+    if spec.block in ("M", "*"):
+        return attention
+    if spec.block == "-":
+        dense = shard.ffn["ffn"].size if "ffn" in shard.ffn else 0
+        return [("ffn", h, dense, 1), ("ffn", dense, h, 1)]
+    rows = shard.ffn[_expert_kind(spec)].size
+    shared = shard.ffn["shared_expert_ffn"].size if "shared_expert_ffn" in shard.ffn else 0
+    return [
+        ("ffn", h, rows, spec.experts_per_token),
+        ("ffn", rows, h, spec.experts_per_token),
+        ("ffn", h, shared, 1),
+        ("ffn", shared, h, 1),
+        ("ffn", h, spec.num_experts, 1),
     ]
 
 
@@ -194,6 +219,8 @@ def _linear_attention_matrices(
     low-rank inputs of the decay and the gate (none on a rank without heads: a stand-in)."""
     if not heads:
         return []
+    if linear.mamba2:
+        return mamba_matrices(spec.hidden_size, linear, heads)
     h, d = spec.hidden_size, linear.head_dim
     width = heads * d
     read: list[tuple[Segment, int, int, int]] = [
@@ -217,6 +244,8 @@ def linear_attention_floats(spec: ModelSpec, shard: RankShard) -> int:
     heads = shard.linear_heads.size
     if not spec.recurrent or linear is None or not heads:
         return 0
+    if linear.mamba2:
+        return mamba_floats(linear, heads)
     d = linear.head_dim
     return 3 * heads * d * linear.conv_kernel + heads + heads * d + d
 
@@ -229,6 +258,8 @@ def state_bytes(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTE
     heads = shard.linear_heads.size
     if not spec.recurrent or linear is None:
         return 0
+    if linear.mamba2:
+        return mamba_state_bytes(linear, heads, float_bytes)
     d = linear.head_dim
     return heads * d * d * 4 + (linear.conv_kernel - 1) * 3 * heads * d * float_bytes
 
@@ -269,7 +300,12 @@ def unread_weights(spec: ModelSpec, shard: RankShard, moe: bool) -> int:
     layer holds every expert and reads experts_per_token of them."""
     if not moe:
         return 0
-    unread = (spec.num_experts - spec.experts_per_token) * 3 * (spec.moe_latent or spec.hidden_size)
+    matrices = 2 if spec.block else 3  # Nemotron-H's experts: up and down, no gate
+    unread = (
+        (spec.num_experts - spec.experts_per_token)
+        * matrices
+        * (spec.moe_latent or spec.hidden_size)
+    )
     return unread * shard.ffn[_expert_kind(spec)].size
 
 
@@ -277,6 +313,8 @@ def kv_bytes_per_token(spec: ModelSpec, shard: RankShard, float_bytes: int = FLO
     """KV cache bytes one layer of this rank adds per token of context (a layer view's:
     nothing where it reuses another layer's cache)."""
     if not spec.has_kv or spec.recurrent:  # a linear-attention layer: state_bytes instead
+        return 0
+    if spec.block in ("-", "E"):  # a Nemotron-H MLP or MoE layer: no attention
         return 0
     if spec.compressed_attention is not None:
         # A window of whole tokens (bounded, not per token) and, in the layers that compress,
@@ -303,15 +341,18 @@ def layer_groups(
 ) -> list[tuple[ModelSpec, RankShard, bool, int]]:
     """The layers of ``layers`` grouped by what they hold: (layer view, the rank's share in it,
     MoE, how many layers)."""
-    counts: dict[tuple[tuple[int, ...], bool, bool], tuple[int, int]] = {}
+    counts: dict[tuple[tuple[int, ...], bool, bool, str], tuple[int, int]] = {}
     linear = spec.linear_attention.layers if spec.linear_attention else ()
     for i in range(layers.start, layers.stop):
         moe = bool(spec.num_experts) and i >= spec.dense_layers
+        if spec.block_pattern:  # Nemotron-H: by the layer's kind
+            moe = spec.block_pattern[i] == "E"
         key = (tuple(k for k, v in enumerate(spec.variants) if i in v.layers), moe, i in linear)
+        key = (*key, spec.block_pattern[i] if spec.block_pattern else "")
         first, n = counts.get(key, (i, 0))
         counts[key] = (first, n + 1)
     out = []
-    for (_, moe, _), (first, n) in counts.items():
+    for (_, moe, *_), (first, n) in counts.items():
         view, mine = layer_view(spec, shard, first)
         out.append((view, mine, moe, n))
     return out
@@ -398,7 +439,9 @@ def rank_load(
         flops_per_token=2.0 * read,
         # attention scores grow with the prompt; a linear-attention layer's recurrence does not
         attention_width=sum(
-            n * mine.heads.q_heads.size * v.head_dim for v, mine, _, n in groups if not v.recurrent
+            n * mine.heads.q_heads.size * v.head_dim
+            for v, mine, _, n in groups
+            if not v.recurrent and v.block in ("", "*")
         ),
         kv_bytes_per_token=_over_layers(groups, kv_bytes_per_token, float_bytes),
         state_bytes=_over_layers(groups, state_bytes, float_bytes),

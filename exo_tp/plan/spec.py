@@ -67,6 +67,12 @@ class LinearAttention(Frozen):
     conv_kernel: int = Field(gt=0)
     # the output gate is one full-rank projection (g_proj) instead of a low-rank pair (g_a, g_b)
     full_rank_gate: bool = False
+    # Mamba-2 (Nemotron-H): the split unit is a group (num_heads counts groups, head_dim is a
+    # group's heads_per_group x mamba head_dim channels), each with its own B and C of
+    # state_size channels and a (mamba head_dim x state_size) SSM state per head.
+    mamba2: bool = False
+    heads_per_group: int = Field(default=1, gt=0)
+    state_size: int = Field(default=0, ge=0)
 
 
 class CompressedAttention(Frozen):
@@ -156,6 +162,11 @@ class ModelSpec(Frozen):
     # A layer's view: its LayerVariant parts and compress ratio.
     parts: tuple[str, ...] = ()
     compress_ratio: int = 0
+    # Nemotron-H's hybrid_override_pattern, one character per layer: each layer is one mixer,
+    # M Mamba-2, * attention, - MLP, E MoE ("": every layer has attention and a feed-forward);
+    # a layer's view holds its own character in ``block``.
+    block_pattern: str = ""
+    block: str = ""
 
     def layer(self, index: int) -> ModelSpec:
         """The sizes layer ``index`` uses (its variants applied; this spec when it has none)."""
@@ -181,6 +192,8 @@ class ModelSpec(Frozen):
                 changes["compress_ratio"] = v.compress_ratio
         if self.linear_attention is not None and index in self.linear_attention.layers:
             changes["recurrent"] = True
+        if self.block_pattern:
+            changes["block"] = self.block_pattern[index]
         if not changes:
             return self
         return self.model_copy(update={**changes, "variants": ()})
@@ -189,7 +202,8 @@ class ModelSpec(Frozen):
         """Every distinct layer view (the model's own first)."""
         views = [self]
         linear = self.linear_attention.layers if self.linear_attention else ()
-        for i in sorted({i for v in self.variants for i in v.layers} | set(linear)):
+        blocks = {self.block_pattern.index(b) for b in set(self.block_pattern)}
+        for i in sorted({i for v in self.variants for i in v.layers} | set(linear) | blocks):
             view = self.layer(i)
             if view not in views:
                 views.append(view)
@@ -499,6 +513,61 @@ def _compressed_fields(c: dict[str, Any]) -> dict[str, Any]:
 
 COMPRESSED_TYPES = ("deepseek_v41",)
 
+# Nemotron-H's layer kinds by their names in layers_block_type / layer_types (mlx-lm's map).
+_BLOCK_CHARS = {
+    "full_attention": "*",
+    "linear_attention": "M",
+    "moe": "E",
+    "mlp": "-",
+    "attention": "*",
+    "mamba": "M",
+    "conv": "M",
+}
+
+
+def _nemotron_h_fields(c: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H: the layer pattern, its Mamba-2 layers split by groups (as LinearAttention,
+    see its mamba2 fields) and the widths the table's rules cut them by; one shared expert of
+    moe_shared_expert_intermediate_size (mlx-lm builds one whatever n_shared_experts says)."""
+    pattern = c.get("hybrid_override_pattern")
+    if pattern is None:
+        kinds = c.get("layers_block_type") or c.get("layer_types") or ()
+        unknown = sorted(set(kinds) - _BLOCK_CHARS.keys())
+        if unknown or not kinds:
+            raise ExoTpError(f"config.json: unknown or missing layer kinds {unknown}")
+        pattern = [_BLOCK_CHARS[k] for k in kinds]
+    pattern = "".join(pattern)
+    heads, groups = int(c["mamba_num_heads"]), int(c["n_groups"])
+    if heads % groups:
+        raise ExoTpError(f"{heads} Mamba heads are not a multiple of {groups} groups")
+    per_group, state, dim = heads // groups, int(c["ssm_state_size"]), int(c["mamba_head_dim"])
+    linear = LinearAttention(
+        layers=tuple(i for i, b in enumerate(pattern) if b == "M"),
+        num_heads=groups,
+        head_dim=per_group * dim,
+        conv_kernel=int(c["conv_kernel"]),
+        mamba2=True,
+        heads_per_group=per_group,
+        state_size=state,
+    )
+    widths = {
+        "linear_head_dim": per_group * dim,
+        "mamba_state": state,
+        "mamba_heads": per_group,
+        "mamba_conv": per_group * dim + 2 * state,
+    }
+    shared = c.get("moe_shared_expert_intermediate_size") if c.get("n_shared_experts") else None
+    return {
+        "block_pattern": pattern,
+        "num_hidden_layers": len(pattern),
+        "linear_attention": linear,
+        "head_widths": widths,
+        "extra_ffn": {"shared_expert_ffn": int(shared)} if shared else {},
+    }
+
+
+NEMOTRON_H_TYPES = ("nemotron_h",)
+
 
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     """The planner's view of a model; refuses an architecture without a table."""
@@ -515,9 +584,13 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
         extra = _gemma4_fields(c) if gemma4 else {}
         if config["model_type"] in COMPRESSED_TYPES:
             extra = _compressed_fields(c)
+        if config["model_type"] in NEMOTRON_H_TYPES:
+            extra = _nemotron_h_fields(c)
+            c = {**c, "num_hidden_layers": extra.pop("num_hidden_layers")}
         extra_ffn = extra.pop("extra_ffn", {})
         top_k = extra.pop("experts_per_token", 0)
         kv_heads, head_dim, head_widths = _heads(c, table.reads_head_dim)
+        head_widths.update(extra.pop("head_widths", {}))
         other = _other_attention(c, kv_heads)
         if other is not None:
             extra["variants"] = (other,)
