@@ -261,3 +261,43 @@ def test_gemma4_layers_keep_their_own_head_widths_kv_heads_and_ffn() -> None:
     for mine, there in zip(plan.ranks, global_layer.ranks, strict=True):
         assert mine.heads.q_heads == there.heads.q_heads
         assert set(there.heads.kv_heads) == {0}  # every rank's heads attend with KV head 0
+
+
+def test_nemotron_h_is_priced_as_mlx_lm_holds_it() -> None:
+    """Nemotron-H, one mixer per layer by its pattern: the cost model's held bytes are the
+    model's parameters (its one norm per layer aside), its Mamba-2 layers' per-stream state is
+    what mlx-lm's caches hold after a short and a longer prompt (split by groups over uneven
+    ranks, one holding none), and only its attention layer keeps KV per token."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import ArraysCache
+    from mlx_lm.utils import _get_classes
+
+    from exo_tp.plan import Span, plan_tensor_parallel, spec_from_config
+    from exo_tp.plan.cost import rank_load
+
+    config = tiny_config("nemotron_h")
+    spec = spec_from_config(config)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    layers = Span(start=0, stop=spec.num_layers)
+    whole = rank_load(spec, plan_tensor_parallel(spec, [1]).ranks[0], layers, True, True)
+    held = sum(v.size for _, v in tree_flatten(model.parameters())) * 4
+    extra_norms = spec.num_layers * spec.hidden_size * 4  # priced as two norms per layer
+    assert abs((whole.held_bytes - extra_norms) / held - 1) < 1e-3
+    for length in (3, 11):
+        cache = model.make_cache()
+        mx.eval(model(mx.zeros((1, length), dtype=mx.int32), cache=cache))
+        state = sum(c.nbytes for c in cache if isinstance(c, ArraysCache))
+        kv = sum(
+            a[..., : c.offset, :].nbytes
+            for c in cache
+            if not isinstance(c, ArraysCache)
+            for a in (c.keys, c.values)
+        )
+        assert whole.state_bytes == state
+        assert whole.kv_bytes_per_token * length == kv
+    shards = plan_tensor_parallel(spec, [0.5, 0.3, 0.2, 0.1]).ranks
+    assert [s.linear_heads.size for s in shards] == [1, 1, 1, 0]
+    loads = [rank_load(spec, s, layers, True, True) for s in shards]
+    assert sum(x.state_bytes for x in loads) == whole.state_bytes
+    assert loads[-1].state_bytes == 0
