@@ -796,6 +796,8 @@ NEMOTRON_H = ArchTable(
         CountRule(path="mixer.num_key_value_heads", dim="kv_heads", where=_ATTN),
     ),
     tie_default=False,
+    # a stage's mask indices follow its slice (exo_tp.shard.apply._first_cached)
+    stages=True,
 )
 
 TABLES += (NEMOTRON_H,)

@@ -76,6 +76,9 @@ def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
     kept = blocks[layers.start : layers.stop]
     set_path(model, table.layers, kept)
     inner = get_path(model, table.stack)
+    if kept and all(hasattr(block, "block_type") for block in kept):
+        _first_cached(inner, [block.block_type for block in kept])
+        return
     types = getattr(inner, "layer_types", None)
     if types is not None:
         inner.layer_types = types = types[layers.start : layers.stop]
@@ -93,6 +96,29 @@ def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
                 # without that kind makes a mask it never uses
                 had = getattr(inner, name) is not None
                 setattr(inner, name, first if first is not None else (0 if had else None))
+
+
+class _OneMoreCache:
+    """A layer stack handed one more cache slot than its layers keep, holding None: where a
+    stage lacks a kind of layer, the model's mask of that kind is made from it (as without a
+    cache) and never used, instead of from another kind's cache, whose make_mask differs."""
+
+    def __call__(self, inputs: mx.array, cache: list | None = None, **kwargs: object) -> mx.array:
+        padded = [*(cache if cache is not None else [None] * len(self.layers)), None]
+        return super().__call__(inputs, cache=padded, **kwargs)  # type: ignore[misc]
+
+
+def _first_cached(inner: nn.Module, kinds: list[str]) -> None:
+    """Nemotron-H finds its masks' caches by their index among the layers that keep one
+    (Mamba-2 "M" and attention "*"): fa_idx and ssm_idx follow the stage's own layers; for a
+    kind the stage lacks, the index of a None slot after them (`_OneMoreCache`)."""
+    cached = [k for k in kinds if k in ("M", "*")]
+    for name, kind in (("fa_idx", "*"), ("ssm_idx", "M")):
+        if hasattr(inner, name):
+            setattr(inner, name, cached.index(kind) if kind in cached else len(cached))
+    if "*" not in cached or "M" not in cached:
+        cls = type(inner)
+        inner.__class__ = type(cls.__name__, (_OneMoreCache, cls), {})
 
 
 def _shard_vocab(
