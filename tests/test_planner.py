@@ -67,6 +67,9 @@ def specs(draw: st.DrawFn) -> ModelSpec:
             conv_kernel=4,
         )
         head_widths = {**head_widths, "linear_head_dim": linear.head_dim, "linear_beta": 1}
+        # Nemotron-H's Mamba-2 groups: B and C of 16 channels each, 2 heads (one dt each)
+        mamba = {"mamba_state": 16, "mamba_heads": 2, "mamba_conv": linear.head_dim + 32}
+        head_widths = {**head_widths, **mamba}
     return ModelSpec(
         model_type=model_type,
         hidden_size=draw(st.sampled_from([64, 576, 1024])),

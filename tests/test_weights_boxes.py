@@ -154,6 +154,8 @@ TINY = [
     ("deepseek_v41", {"group_size": 64, "bits": 4}),
     # linear-attention and MLA layers, whose o_proj share a name but not a split
     ("kimi_k3", {"group_size": 64, "bits": 4}),
+    # Mamba-2 groups: in_proj's five parts and the conv's three of different widths per group
+    ("nemotron_h", None),
 ]
 
 
