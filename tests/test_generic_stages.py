@@ -127,3 +127,19 @@ def test_launch_runs_untabled_stages_end_to_end(tmp_path: Path, models: Any) -> 
     )
     assert_logits_close(ours.logits, reference.logits, atol=1e-4)
     assert list(ours.report.tokens) == reference.tokens
+
+
+@pytest.mark.parametrize("arch", ["starcoder2", "internlm2"])
+def test_a_stage_receives_from_peers_what_it_reads(
+    monkeypatch: pytest.MonkeyPatch, models: Any, arch: str
+) -> None:
+    """The weight boxes a node without the files is sent for its stage (exo_tp.weights.boxes:
+    its layers, the embedding on the first stage and on a tied last one, the final norm and
+    head on the last) are what the loader reads for it, tied head and untied."""
+    from test_weights_boxes import check_plan
+
+    from exo_tp.weights.build import build_manifest
+
+    folder = models(arch)
+    plan = plan_pipeline(load_spec(folder), [[1.0]] * 3, STAGED[arch])
+    check_plan(monkeypatch, folder, build_manifest(folder), plan, derived=True)
