@@ -794,6 +794,24 @@ ARCHS: dict[str, dict[str, Any]] = {
         routed_scaling_factor=1.0,
         tie_word_embeddings=False,
     ),
+    # LFM2: short-conv layers (kernel 3, biased) around a full-attention layer, split by
+    # channels (128); 4 heads / 2 KV x 32 with q/k layernorms; SwiGLU MLP; tied head
+    "lfm2": dict(
+        model_type="lfm2",
+        hidden_size=128,
+        num_hidden_layers=3,
+        intermediate_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        full_attn_idxs=[1],
+        conv_L_cache=3,
+        conv_bias=True,
+        norm_eps=1e-5,
+        block_dim=128,
+        block_multiple_of=8,
+        block_ffn_dim_multiplier=1.0,
+        block_auto_adjust_ff_dim=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).

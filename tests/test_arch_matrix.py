@@ -202,6 +202,9 @@ SAMPLE = [
     # zero-weight rank; the prompt carries conv and SSM state across the decode steps
     case("nemotron_h", "float", 5),
     case("nemotron_h", "q4g64", 3, zero_rank=1),
+    # LFM2: 128 conv channels (two 64-channel units when quantized: a rank holds none)
+    case("lfm2", "float", 3),
+    case("lfm2", "q8g64", 5, zero_rank=3),
 ]
 
 

@@ -301,3 +301,31 @@ def test_nemotron_h_is_priced_as_mlx_lm_holds_it() -> None:
     loads = [rank_load(spec, s, layers, True, True) for s in shards]
     assert sum(x.state_bytes for x in loads) == whole.state_bytes
     assert loads[-1].state_bytes == 0
+
+
+def test_lfm2_short_conv_state_is_priced_as_mlx_lm_holds_it() -> None:
+    """LFM2's short-conv layers keep their last kernel - 1 inputs per stream, split by
+    channels; the cost model's held bytes are the model's parameters."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import ArraysCache
+    from mlx_lm.utils import _get_classes
+
+    from exo_tp.plan import Span, plan_tensor_parallel, spec_from_config
+    from exo_tp.plan.cost import rank_load
+
+    config = tiny_config("lfm2")
+    spec = spec_from_config(config)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    layers = Span(start=0, stop=spec.num_layers)
+    whole = rank_load(spec, plan_tensor_parallel(spec, [1]).ranks[0], layers, True, True)
+    held = sum(v.size for _, v in tree_flatten(model.parameters())) * 4
+    assert abs(whole.held_bytes / held - 1) < 1e-2  # conv biases and q/k norms aside
+    cache = model.make_cache()
+    mx.eval(model(mx.zeros((1, 7), dtype=mx.int32), cache=cache))
+    assert whole.state_bytes == sum(c.nbytes for c in cache if isinstance(c, ArraysCache))
+    loads = [
+        rank_load(spec, s, layers, True, True)
+        for s in plan_tensor_parallel(spec, [0.5, 0.3, 0.2]).ranks
+    ]
+    assert sum(x.state_bytes for x in loads) == whole.state_bytes

@@ -156,6 +156,8 @@ TINY = [
     ("kimi_k3", {"group_size": 64, "bits": 4}),
     # Mamba-2 groups: in_proj's five parts and the conv's three of different widths per group
     ("nemotron_h", None),
+    # short-conv channels in units of the quantization group; a copied ModelArgs per block
+    ("lfm2", {"group_size": 64, "bits": 4}),
 ]
 
 

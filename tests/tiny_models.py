@@ -208,8 +208,8 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
             value = out.pop(name)
             for e in range(value.shape[0]):
                 out[f"{layer}.{single.format(e=e)}.{names[proj]}.{part}"] = value[e]
-    if arch == "nemotron_h":  # depthwise convs as Hugging Face ships them: (C, 1, K)
-        for name in [n for n in out if n.endswith("conv1d.weight")]:
+    if arch in ("nemotron_h", "lfm2"):  # depthwise convs as Hugging Face ships them: (C, 1, K)
+        for name in [n for n in out if n.endswith(("conv1d.weight", "conv.conv.weight"))]:
             out[name] = out[name].moveaxis(2, 1)
     if arch == "mistral4":
         # Mistral 4 stores each MoE layer's experts fused (transformers' Mistral4NaiveMoe):

@@ -221,6 +221,10 @@ class ArchTable(Frozen):
     # their mix and a forward pass's shared state): a pipeline stage passes them as one message
     # (exo_tp.shard.streams).
     stage_state: bool = False
+    # Settings objects a block's modules share with the whole model (LFM2's short conv reads
+    # its channel count from the model's ModelArgs): each block gets its own copy before
+    # counts set a field of it, so one layer's local count never reaches another's.
+    copied: tuple[str, ...] = ()
     # False: no tensor-parallel split is known (exo_tp.arch.generic's stages-only table for an
     # mlx-lm model without a table): every stage is one rank holding whole layers.
     split: bool = True

@@ -801,3 +801,64 @@ NEMOTRON_H = ArchTable(
 )
 
 TABLES += (NEMOTRON_H,)
+
+
+# --- LFM2: short convolutions beside attention ---
+
+# A short-conv layer (every layer but full_attn_idxs) splits by channels ("linear_heads"
+# counts channels, one wide, ModelSpec.linear_attention): its in_proj's B, C and x rows of the
+# rank's channels (B * x and C * conv act channel by channel), their depthwise conv taps (groups
+# follow the local channel count) and so their conv state; out_proj row-parallel (one
+# all-reduce). The unit grows to the quantization group (out_proj's column cut). The conv reads
+# its channel count from the model's shared ModelArgs: each block gets its own copy. Attention
+# as llama's with per-head q/k layernorms replicated; the SwiGLU MLP w1/w3 column, w2 row.
+_CONV = "conv.in_proj"
+
+
+def _short_conv() -> tuple[LinearRule, ...]:
+    def rule(path: str, style: Style, parts: int) -> LinearRule:
+        return LinearRule(
+            path=f"conv.{path}", style=style, parts=(_G,) * parts, width="linear_head_dim"
+        )
+
+    return (
+        rule("in_proj", "column", 3),  # B | C | x
+        rule("conv.weight", "stacked", 1),
+        rule("conv.bias", "stacked", 1),
+        rule("out_proj", "row", 1),
+    )
+
+
+LFM2 = ArchTable(
+    model_types=("lfm2",),
+    norm="model.embedding_norm",
+    linears=(
+        *_short_conv(),
+        _col("self_attn.q_proj", "q_heads"),
+        _col("self_attn.k_proj", "kv_heads"),
+        _col("self_attn.v_proj", "kv_heads"),
+        _row("self_attn.out_proj", "q_heads"),
+        *(
+            LinearRule(path=f"feed_forward.{p}", style=s, parts=("ffn",))
+            for p, s in (("w1", "column"), ("w3", "column"), ("w2", "row"))
+        ),
+    ),
+    branches=(
+        BranchRule(path="conv", kind="recurrent"),
+        ATTENTION,
+        BranchRule(path="feed_forward", kind="mlp"),
+    ),
+    replicated=("self_attn.q_layernorm", "self_attn.k_layernorm"),
+    copied=("conv.args",),
+    counts=(
+        CountRule(path="conv.conv.groups", dim=_G, width="linear_head_dim", where=_CONV),
+        CountRule(path="conv.args.hidden_size", dim=_G, width="linear_head_dim", where=_CONV),
+        CountRule(path="self_attn.n_heads", dim="q_heads", where="self_attn"),
+        CountRule(path="self_attn.n_kv_heads", dim="kv_heads", where="self_attn"),
+    ),
+    reads_head_dim=False,
+    # a stage's first attention / conv layer follows its slice (exo_tp.shard.apply)
+    stages=True,
+)
+
+TABLES += (LFM2,)

@@ -47,7 +47,14 @@ from typing import Protocol
 from pydantic import Field
 
 from exo_tp.plan.devices import quant_key
-from exo_tp.plan.mamba_cost import mamba_floats, mamba_matrices, mamba_state_bytes
+from exo_tp.plan.mamba_cost import (
+    mamba_floats,
+    mamba_matrices,
+    mamba_state_bytes,
+    short_conv_floats,
+    short_conv_matrices,
+    short_conv_state_bytes,
+)
 from exo_tp.plan.matvec import Matrix, MatvecTable, Segment, matrices_seconds
 from exo_tp.plan.profiles import ENGINE_DTYPE
 from exo_tp.plan.shard_plan import Collective, RankShard, ShardPlan, Span
@@ -221,6 +228,8 @@ def _linear_attention_matrices(
         return []
     if linear.mamba2:
         return mamba_matrices(spec.hidden_size, linear, heads)
+    if linear.short_conv:
+        return short_conv_matrices(spec.hidden_size, heads)
     h, d = spec.hidden_size, linear.head_dim
     width = heads * d
     read: list[tuple[Segment, int, int, int]] = [
@@ -246,6 +255,8 @@ def linear_attention_floats(spec: ModelSpec, shard: RankShard) -> int:
         return 0
     if linear.mamba2:
         return mamba_floats(linear, heads)
+    if linear.short_conv:
+        return short_conv_floats(linear, heads)
     d = linear.head_dim
     return 3 * heads * d * linear.conv_kernel + heads + heads * d + d
 
@@ -260,6 +271,8 @@ def state_bytes(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTE
         return 0
     if linear.mamba2:
         return mamba_state_bytes(linear, heads, float_bytes)
+    if linear.short_conv:
+        return short_conv_state_bytes(linear, heads, float_bytes)
     d = linear.head_dim
     return heads * d * d * 4 + (linear.conv_kernel - 1) * 3 * heads * d * float_bytes
 

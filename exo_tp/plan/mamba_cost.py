@@ -1,8 +1,9 @@
-"""What a Mamba-2 layer (Nemotron-H) of a rank holds, reads and keeps per stream (pure).
+"""What a Mamba-2 layer (Nemotron-H) or a short-conv layer (LFM2) of a rank holds, reads and
+keeps per stream (pure).
 
-The split unit is a group (exo_tp.arch.tables.NEMOTRON_H): ``groups`` of them on a rank, each
-``linear.head_dim`` channels of z and of x (its heads_per_group heads), ``state_size`` channels
-of B and of C, and one dt per head.
+Mamba-2's split unit is a group (exo_tp.arch.tables.NEMOTRON_H): ``groups`` of them on a rank,
+each ``linear.head_dim`` channels of z and of x (its heads_per_group heads), ``state_size``
+channels of B and of C, and one dt per head. A short conv's unit is a channel.
 """
 
 from __future__ import annotations
@@ -40,3 +41,20 @@ def mamba_state_bytes(linear: LinearAttention, groups: int, float_bytes: int) ->
     channels = groups * (linear.head_dim + 2 * linear.state_size)
     state = groups * linear.head_dim * linear.state_size * 4
     return state + (linear.conv_kernel - 1) * channels * float_bytes
+
+
+def short_conv_matrices(hidden: int, channels: int) -> list[tuple[Segment, int, int, int]]:
+    """in_proj's B, C and x rows of this rank's channels, out_proj's columns."""
+    if not channels:
+        return []
+    return [("attention", hidden, 3 * channels, 1), ("attention", channels, hidden, 1)]
+
+
+def short_conv_floats(linear: LinearAttention, channels: int) -> int:
+    """Its channels' conv taps (biases aside: a few floats)."""
+    return channels * linear.conv_kernel
+
+
+def short_conv_state_bytes(linear: LinearAttention, channels: int, float_bytes: int) -> int:
+    """Per stream: the conv's last kernel - 1 inputs of its channels."""
+    return (linear.conv_kernel - 1) * channels * float_bytes

@@ -71,6 +71,9 @@ class LinearAttention(Frozen):
     # group's heads_per_group x mamba head_dim channels), each with its own B and C of
     # state_size channels and a (mamba head_dim x state_size) SSM state per head.
     mamba2: bool = False
+    # LFM2's short convolutions: num_heads counts channels (head_dim 1), each with its B, C
+    # and x rows of in_proj, a depthwise conv of conv_kernel taps and its (K - 1) inputs.
+    short_conv: bool = False
     heads_per_group: int = Field(default=1, gt=0)
     state_size: int = Field(default=0, ge=0)
 
@@ -569,6 +572,38 @@ def _nemotron_h_fields(c: dict[str, Any]) -> dict[str, Any]:
 NEMOTRON_H_TYPES = ("nemotron_h",)
 
 
+def _lfm2_fields(c: dict[str, Any]) -> dict[str, Any]:
+    """LFM2: its short-conv layers (all but full_attn_idxs / the full_attention layer types)
+    split by channels, and its MLP's width as mlx-lm derives it (auto-adjusted: 2/3 of it,
+    times the multiplier, rounded up to block_multiple_of)."""
+    layers = int(c["num_hidden_layers"])
+    full = c.get("full_attn_idxs")
+    if full is None:
+        full = [i for i, t in enumerate(c.get("layer_types") or ()) if t == "full_attention"]
+    ff = int(c.get("block_ff_dim") or c["intermediate_size"])
+    if c.get("block_auto_adjust_ff_dim"):
+        ff = int(2 * ff / 3)
+        if c.get("block_ffn_dim_multiplier") is not None:
+            ff = int(float(c["block_ffn_dim_multiplier"]) * ff)
+        multiple = int(c.get("block_multiple_of") or 1)
+        ff = multiple * ((ff + multiple - 1) // multiple)
+    linear = LinearAttention(
+        layers=tuple(i for i in range(layers) if i not in set(full)),
+        num_heads=int(c["hidden_size"]),
+        head_dim=1,
+        conv_kernel=int(c["conv_L_cache"]),
+        short_conv=True,
+    )
+    return {
+        "linear_attention": linear,
+        "head_widths": {"linear_head_dim": 1},
+        "extra_ffn": {"ffn": ff},
+    }
+
+
+LFM2_TYPES = ("lfm2",)
+
+
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:
     """The planner's view of a model; refuses an architecture without a table."""
     if "model_type" not in config:
@@ -584,6 +619,8 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
         extra = _gemma4_fields(c) if gemma4 else {}
         if config["model_type"] in COMPRESSED_TYPES:
             extra = _compressed_fields(c)
+        if config["model_type"] in LFM2_TYPES:
+            extra = _lfm2_fields(c)
         if config["model_type"] in NEMOTRON_H_TYPES:
             extra = _nemotron_h_fields(c)
             c = {**c, "num_hidden_layers": extra.pop("num_hidden_layers")}

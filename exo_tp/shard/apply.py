@@ -79,6 +79,10 @@ def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
     if kept and all(hasattr(block, "block_type") for block in kept):
         _first_cached(inner, [block.block_type for block in kept])
         return
+    if kept and all(hasattr(block, "is_attention_layer") for block in kept):  # LFM2
+        kinds = ["*" if block.is_attention_layer else "M" for block in kept]
+        _first_cached(inner, kinds, (("fa_idx", "*"), ("conv_idx", "M")))
+        return
     types = getattr(inner, "layer_types", None)
     if types is not None:
         inner.layer_types = types = types[layers.start : layers.stop]
@@ -108,12 +112,17 @@ class _OneMoreCache:
         return super().__call__(inputs, cache=padded, **kwargs)  # type: ignore[misc]
 
 
-def _first_cached(inner: nn.Module, kinds: list[str]) -> None:
-    """Nemotron-H finds its masks' caches by their index among the layers that keep one
-    (Mamba-2 "M" and attention "*"): fa_idx and ssm_idx follow the stage's own layers; for a
-    kind the stage lacks, the index of a None slot after them (`_OneMoreCache`)."""
+def _first_cached(
+    inner: nn.Module,
+    kinds: list[str],
+    names: tuple[tuple[str, str], ...] = (("fa_idx", "*"), ("ssm_idx", "M")),
+) -> None:
+    """Nemotron-H (and LFM2) find their masks' caches by their index among the layers that
+    keep one (recurrent "M" and attention "*"): fa_idx and ssm_idx (LFM2's conv_idx) follow
+    the stage's own layers; for a kind the stage lacks, the index of a None slot after them
+    (`_OneMoreCache`)."""
     cached = [k for k in kinds if k in ("M", "*")]
-    for name, kind in (("fa_idx", "*"), ("ssm_idx", "M")):
+    for name, kind in names:
         if hasattr(inner, name):
             setattr(inner, name, cached.index(kind) if kind in cached else len(cached))
     if "*" not in cached or "M" not in cached:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -97,6 +98,9 @@ class BlockSharder:
         for norm in norms:
             if not any(is_under(norm.path, path) for path in gone):
                 set_path(layer, norm.path, self._sharded_norm(layer, prefix, norm))
+        for path in self.table.copied:
+            if has(path):
+                set_path(layer, path, copy.copy(get_path(layer, path)))
         for count in self.table.counts:
             if count.where is not None and not has(count.where):
                 continue
