@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from arch_configs import generic_config
-from helpers import assert_logits_close, launch, mlx_lm_reference
+from helpers import assert_logits_close, launch, mlx_lm_reference, run_cli
 from tiny_models import write_tiny_model
 
 from exo_tp.arch import mode_reason, table_for
@@ -143,3 +143,21 @@ def test_a_stage_receives_from_peers_what_it_reads(
     folder = models(arch)
     plan = plan_pipeline(load_spec(folder), [[1.0]] * 3, STAGED[arch])
     check_plan(monkeypatch, folder, build_manifest(folder), plan, derived=True)
+
+
+def test_plan_says_the_mode_and_refuses_a_split_in_one_line(models: Any) -> None:
+    """`exo-tp plan` names the mode and why; a TP group of an untabled model and stages of a
+    model that cannot be staged are one line of error each, never a traceback."""
+    out = run_cli("plan", "--model", str(models("internlm2")), "--weights", "3,1").stdout
+    assert out.startswith("mode: pipeline stages only (no tensor-parallel table for internlm2")
+    assert "2-stage pipeline" in out
+    out = run_cli("plan", "--model", str(models("gemma")), "--weights", "3,1").stdout
+    assert out.startswith("mode: whole on one node") and "(the fastest) holds it" in out
+    for model, stages in (("internlm2", "2"), ("gemma", "1,1")):
+        result = run_cli(
+            "launch", "--ranks", "2", "--stages", stages, "--model", str(models(model)),
+            "--prompt", "hi", check=False,
+        )  # fmt: skip
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+        assert lines[-1].startswith("exo-tp: error:") and "no tensor-parallel table" in lines[-1]
