@@ -47,7 +47,7 @@ def models(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, P
     return model
 
 
-def _staged_forward(folder: Path, counts: tuple[int, ...]) -> Any:
+def _staged_forward(folder: Path, counts: tuple[int, ...], adapter: Path | None = None) -> Any:
     """Every stage of a pipeline over ``counts`` layers, each one rank, chained."""
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -60,7 +60,7 @@ def _staged_forward(folder: Path, counts: tuple[int, ...]) -> Any:
     group = mx.distributed.init()
     n = len(plan.stages)
     stages = [
-        load_shard(folder, s.tp, 0, group, mx.float32, s.layers, i == 0, i == n - 1)
+        load_shard(folder, s.tp, 0, group, mx.float32, s.layers, i == 0, i == n - 1, adapter)
         for i, s in enumerate(plan.stages)
     ]
     caches = [make_prompt_cache(m) for m in stages]
@@ -161,3 +161,37 @@ def test_plan_says_the_mode_and_refuses_a_split_in_one_line(models: Any) -> None
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
         assert lines[-1].startswith("exo-tp: error:") and "no tensor-parallel table" in lines[-1]
+
+
+def test_stages_apply_an_mlx_lm_adapter(tmp_path: Path, models: Any) -> None:
+    """An mlx-lm LoRA adapter (random, on the last two layers, so that it matters) on an
+    untabled model's stages equals mlx-lm loading the model with it."""
+    import json
+
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    folder = models("internlm2")
+    model, _ = load(str(folder))
+    lora = {"rank": 4, "dropout": 0.0, "scale": 2.0}
+    model.freeze()  # as mlx-lm trains: only the LoRA weights are trainable, saved
+    linear_to_lora_layers(model, 2, lora)
+    mx.random.seed(1)
+    weights = {
+        k: 0.1 * mx.random.normal(v.shape) if k.endswith("lora_b") else v
+        for k, v in tree_flatten(model.trainable_parameters())
+    }
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    mx.save_safetensors(str(adapter / "adapters.safetensors"), weights)
+    config = {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": lora}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    reference, _ = load(str(folder), adapter_path=str(adapter))
+    reference.set_dtype(mx.float32)
+    prompt = mx.array([[1, 5, 9, 200, 300, 17, 42, 101]])
+    want = np.array(reference(prompt)[0])
+    plain = _staged_forward(folder, STAGED["internlm2"])(prompt)
+    assert np.abs(np.array(plain[0]) - want).max() > 1e-2  # the adapter changes the logits
+    got = _staged_forward(folder, STAGED["internlm2"], adapter)(prompt)
+    assert_logits_close(np.array(got[0]), want, atol=1e-4)

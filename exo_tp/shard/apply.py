@@ -229,11 +229,13 @@ def _whole_layers(
     layers. Whole on one node it is mlx-lm's model unmodified; as a pipeline stage it keeps its
     layer slice, a later stage's embedding becomes a `HiddenFeed` (holding the embedding only
     where the last stage's tied head multiplies by it) and a stage before the last drops its
-    final norm and head."""
+    final norm and head. An adapter is mlx-lm's own, applied to the whole model first."""
     if plan.size != 1:
         raise ValueError(f"{plan.spec.model_type} has no tensor-parallel table: one rank a stage")
-    if adapter_path is not None:
-        raise ValueError(f"adapters need a tensor-parallel table; {plan.spec.model_type} has none")
+    if adapter_path is not None:  # mlx-lm's own LoRA, on whole layers, before the slice
+        from mlx_lm.tuner.utils import load_adapters
+
+        model = load_adapters(model, str(adapter_path))
     keep = getattr(model, "cast_predicate", lambda _: True)
     if layers is not None and not (first and last):
         tied = not has_path(model, table.lm_head)
