@@ -133,8 +133,15 @@ class _Stack:
     def _before(self, statement: ast.stmt) -> None:
         if isinstance(statement, ast.If) and "input_embeddings" in _names(statement.test):
             for node in ast.walk(statement):
-                if isinstance(node, ast.Assign) and (e := self._embeds(node.value)):
+                if not isinstance(node, ast.Assign):
+                    continue
+                if e := self._embeds(node.value):
                     self.embedding, self.hidden = e, ast.unparse(node.targets[0])
+                elif ast.unparse(node.value) != "input_embeddings":
+                    raise _Refused(
+                        f"its forward pass changes the embedding's output before the first "
+                        f"layer ({_code(node)}), which a later stage would apply again"
+                    )
             return
         if isinstance(statement, ast.If) and ast.unparse(statement.test) == "cache is None":
             return
@@ -150,6 +157,16 @@ class _Stack:
                 raise _Refused(
                     f"its forward pass changes the embedding's output before the first layer "
                     f"({_code(statement)}), which a later stage would apply again"
+                )
+            if any(
+                isinstance(n, ast.Subscript)
+                and ast.unparse(n.value) == "cache"
+                and ast.unparse(n.slice) != "0"
+                for n in ast.walk(statement)
+            ):
+                raise _Refused(
+                    f"its masks come from a cache other than the first ({_code(statement)}), "
+                    "whose index a layer slice would have to follow"
                 )
             if reads := [a for a in _self_reads(statement) if a != "layers"]:
                 raise _Refused(
