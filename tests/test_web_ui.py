@@ -659,6 +659,7 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
           const cards = document.createElement('div');
           t.renderNodes(cards, cluster, response);
           done({predicted: l.predictedView(response).textContent,
+                mode: layout.querySelector('.mode')?.textContent,
                 stages: [...layout.querySelectorAll('[data-kind=stage]')].map(e => e.textContent),
                 q_heads: [...layout.querySelectorAll('[data-kind=q_heads]')].map(
                   e => [e.dataset.rank, e.dataset.count]),
@@ -679,6 +680,8 @@ def test_measured_fields_render(default_models: dict[str, Path], page: Any) -> N
     assert "error" not in drawn, drawn
     assert drawn["predicted"] == f"{prediction.tokens_per_second:.1f} tok/s predicted"
     assert drawn["stages"] == ["stage 1 · layers 0–17", "stage 2 · layers 18–29"]
+    # which of the three modes the model gets, and why (tensor-parallel / stages only / whole)
+    assert drawn["mode"] == "tensor-parallel: llama has a tensor-parallel table", drawn["mode"]
     expected = [(str(rank), str(shard.heads.q_heads.size)) for rank, shard in local]
     assert sorted(map(tuple, drawn["q_heads"])) == sorted(expected)
     assert drawn["labels"] == ["300 µs · 2.50 GB/s", "down"]

@@ -239,15 +239,20 @@ def _tie_default(classes: dict[str, ast.ClassDef], has_head: bool) -> bool:
     return not has_head
 
 
-def _describe(tree: ast.Module, model_type: str) -> ArchTable:
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+def _head(classes: dict[str, ast.ClassDef]) -> dict[str, object]:
+    """The LM head (a Linear of Model, e.g. InternLM 2's ``output``) and the tie default."""
+    built = _assigned(_method(classes["Model"], "__init__"))
+    heads = [a for a, v in built.items() if _called_name(v) in ("nn.Linear", "Linear")]
+    return {
+        "lm_head": heads[0] if heads else "lm_head",
+        "tie_default": _tie_default(classes, bool(heads)),
+    }
+
+
+def _describe(classes: dict[str, ast.ClassDef], model_type: str) -> dict[str, object]:
+    """The stack's paths where stages of whole layers are safe (else `_Refused`, why not)."""
     model = classes["Model"]
     built = _assigned(_method(model, "__init__"))
-    heads = [a for a, v in built.items() if _called_name(v) in ("nn.Linear", "Linear")]
-    head = heads[0] if heads else "lm_head"
-    tie = _tie_default(classes, bool(heads))
-    base = {"model_types": (model_type,), "linears": (), "branches": (), "counts": ()}
-    base |= {"split": False, "lm_head": head, "tie_default": tie}
     if "layers" in built:
         raise _Refused("its Model runs its layers itself, with no separate layer stack")
     stacks = [
@@ -280,25 +285,21 @@ def _describe(tree: ast.Module, model_type: str) -> ArchTable:
     if make_cache is not None and "self.layers" not in ast.unparse(make_cache):
         raise _Refused("its make_cache counts layers from its config, not from the layers held")
     if make_cache is not None and any(
-        isinstance(n, ast.Subscript | ast.Call) and "enumerate" in ast.unparse(n)
+        (isinstance(n, ast.Name) and n.id == "enumerate")
+        or (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Name))
         for n in ast.walk(make_cache)
     ):
         raise _Refused("its caches are made by layer index (make_cache)")
-    if make_cache is not None and any(
-        isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Name) for n in ast.walk(make_cache)
-    ):
-        raise _Refused("its caches are made by layer index (make_cache)")
-    return ArchTable(
-        **base,
-        layers=f"{attr}.layers",
-        embedding=f"{attr}.{stack.embedding}",
-        norm=f"{attr}.{stack.norm}",
-        stages=True,
-        why=(
+    return {
+        "layers": f"{attr}.layers",
+        "embedding": f"{attr}.{stack.embedding}",
+        "norm": f"{attr}.{stack.norm}",
+        "stages": True,
+        "why": (
             f"no tensor-parallel table for {model_type}; its layer stack embeds, runs each "
             "layer on the hidden state alone and normalises, so stages of whole layers work"
         ),
-    )
+    }
 
 
 @cache
@@ -313,17 +314,13 @@ def generic_table(model_type: str) -> ArchTable | None:
     if not source.is_file():
         return None
     tree = ast.parse(source.read_text())
-    if not any(isinstance(n, ast.ClassDef) and n.name == "Model" for n in tree.body):
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    if "Model" not in classes:
         return None  # a helper module (cache, switch_layers ...), not a model type
+    common = {"model_types": (model_type,), "linears": (), "branches": (), "counts": ()}
+    common |= {"split": False, **_head(classes)}
     try:
-        return _describe(tree, model_type)
+        return ArchTable(**common, **_describe(classes, model_type))
     except _Refused as refused:
-        return ArchTable(
-            model_types=(model_type,),
-            linears=(),
-            branches=(),
-            counts=(),
-            split=False,
-            stages=False,
-            why=f"no tensor-parallel table for {model_type}, and no pipeline stages: {refused}",
-        )
+        why = f"no tensor-parallel table for {model_type}, and no pipeline stages: {refused}"
+        return ArchTable(**common, stages=False, why=why)
