@@ -81,6 +81,21 @@ def test_forced_stages_plan_as_told() -> None:
     assert placed.rank_order == ("a", "b", "c")
 
 
+def test_a_model_without_a_table_gets_a_node_per_stage_or_the_heaviest_node() -> None:
+    """Shares set by hand for mlx-lm models no table splits: starcoder2's layers go to one
+    node per stage by weight (a node of weight 0 left out); gemma runs whole on the heaviest."""
+    starcoder = SPEC.model_copy(update={"model_type": "starcoder2", "num_layers": 6})
+    placed = place(starcoder, members(3, 0, 1), Holdings(files=frozenset("abc")))
+    assert placed.rank_order == ("a", "c") and [s.size for s in placed.plan.stages] == [1, 1]
+    layers = [s.layers.size for s in placed.plan.stages]
+    assert sum(layers) == 6 and layers[0] > layers[1]
+    assert placed.notes and "no tensor-parallel table for starcoder2" in placed.notes[0]
+    gemma = SPEC.model_copy(update={"model_type": "gemma"})
+    placed = place(gemma, members(1, 3, 2), Holdings(files=frozenset("abc")))
+    assert placed.rank_order == ("b",) and len(placed.plan.stages) == 1
+    assert placed.plan.stages[0].size == 1
+
+
 def test_measured_speeds_leave_a_slow_node_out() -> None:
     """Twenty times slower than the others: the planner's prediction says it costs more than it
     brings, so the epoch runs on the two fast nodes (as tests/test_node_planner.py runs it)."""
