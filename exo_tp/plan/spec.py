@@ -21,6 +21,7 @@ __all__ = [
     "LinearAttention",
     "ModelSpec",
     "Quantization",
+    "linear_head_widths",
     "load_spec",
     "spec_from_config",
 ]
@@ -290,10 +291,13 @@ def _ffn_sizes(c: dict[str, Any]) -> dict[str, int]:
 
 def _dense_layers(c: dict[str, Any]) -> int:
     """Leading layers with a dense FFN (DeepSeek's first_k_dense_replace, ERNIE's MoE start,
-    EXAONE's per-layer is_moe_layer flags)."""
+    EXAONE's per-layer is_moe_layer flags, the leading run of Qwen's mlp_only_layers)."""
     flags = c.get("is_moe_layer")
     if isinstance(flags, list):
         return next((i for i, moe in enumerate(flags) if moe), len(flags))
+    dense = c.get("mlp_only_layers")
+    if isinstance(dense, list) and dense:
+        return next(i for i in range(len(dense) + 1) if i not in dense)
     start = c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or 0
     return int(min(start) if isinstance(start, list) else start)
 
@@ -366,11 +370,15 @@ def _gated_deltanet(c: dict[str, Any]) -> LinearAttention:
     )
 
 
-def _gated_deltanet_widths(linear: LinearAttention) -> dict[str, int]:
-    """Per key head (the split unit) widths of Gated DeltaNet's packed parts: q and k rows
-    (``linear_head_dim``), its value heads' rows (v, z, out_proj's columns), one entry per value
-    head (b, a, A_log, dt_bias), Qwen3-Next's interleaved q|k|v|z and b|a groups, and its conv
-    channels (q, k and v)."""
+def linear_head_widths(linear: LinearAttention) -> dict[str, int]:
+    """The per-head widths the tables cut linear-attention weights by (ModelSpec.head_widths).
+
+    KDA: a head's q, k, v rows (``linear_head_dim``) and one beta row. Gated DeltaNet, per key
+    head (the split unit): q and k rows (``linear_head_dim``), its value heads' rows (v, z,
+    out_proj's columns), one entry per value head (b, a, A_log, dt_bias), Qwen3-Next's
+    interleaved q|k|v|z and b|a groups, and its conv channels (q, k and v)."""
+    if not linear.gated_deltanet:
+        return {"linear_head_dim": linear.head_dim, "linear_beta": 1}
     dk, r, dv = linear.head_dim, linear.value_heads, linear.value_head_dim
     return {
         "linear_head_dim": dk,
@@ -548,15 +556,12 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
         if c.get("use_head_wise_attn_gate"):
             head_widths["head_gate"] = 1  # Step 3.5's g_proj: one gate row per query head
         linear = _linear_attention(c)
+        if linear is not None:
+            head_widths.update(linear_head_widths(linear))
+            extra["linear_attention"] = linear
         if linear is not None and linear.gated_deltanet:
-            head_widths.update(_gated_deltanet_widths(linear))
             # its full attention's q_proj: per head, the queries then their sigmoid gate
             head_widths["gated_q"] = 2 * head_dim
-            extra["linear_attention"] = linear
-        elif linear is not None:
-            head_widths["linear_head_dim"] = linear.head_dim
-            head_widths["linear_beta"] = 1  # the beta projection: one row per head
-            extra["linear_attention"] = linear
         spec = ModelSpec(
             model_type=str(config["model_type"]),
             hidden_size=int(c["hidden_size"]),
