@@ -198,6 +198,14 @@ SAMPLE = [
     # DeepSeek V4.1: 6 heads in 2 output groups of 3 on 4 holding ranks (groups straddle ranks)
     case("deepseek_v41", "float", 5, zero_rank=3),
     case("deepseek_v41", "q4g64", 4),
+    # Gated DeltaNet hybrids: more ranks than linear key heads (ranks without any keep their
+    # recurrent caches in step), uneven shares, then quantized with a zero-weight rank
+    case("qwen3_5", "float", 5),
+    case("qwen3_5", "q4g64", 3, zero_rank=1),
+    case("qwen3_5_moe", "float", 3),
+    case("qwen3_5_moe", "q4g128", 5, zero_rank=2),
+    case("qwen3_next", "float", 5),
+    case("qwen3_next", "q8g64", 3, zero_rank=0),
 ]
 
 

@@ -154,6 +154,8 @@ TINY = [
     ("deepseek_v41", {"group_size": 64, "bits": 4}),
     # linear-attention and MLA layers, whose o_proj share a name but not a split
     ("kimi_k3", {"group_size": 64, "bits": 4}),
+    # Gated DeltaNet: packed q|k|v and conv channels of different widths per key head
+    ("qwen3_5", {"group_size": 64, "bits": 4}),
 ]
 
 

@@ -70,17 +70,34 @@ class LinearRule(Rule):
     # ("head_dim", or a name in ModelSpec.head_widths such as "v_head_dim"). None: head_dim,
     # or one entry per head for a stacked weight.
     width: str | None = None
+    # One width per packed part where the parts differ (Gated DeltaNet's q|k|v: key heads'
+    # q and k rows, then their value heads' rows); overrides ``width``.
+    widths: tuple[str, ...] = ()
 
     def per_head(self, head_width: Callable[[str], int]) -> int:
-        """Elements per head along the split axis (``head_width``: ModelSpec.head_width)."""
+        """Elements per head along the split axis (``head_width``: ModelSpec.head_width), for
+        a rule whose parts share one width."""
+        widths = set(self.part_widths(head_width))
+        if len(widths) != 1:
+            raise ValueError(f"{self.path}: its packed parts have different head widths")
+        return widths.pop()
+
+    def part_widths(self, head_width: Callable[[str], int]) -> tuple[int, ...]:
+        """Elements per head of each packed part along the split axis."""
+        if self.widths:
+            return tuple(head_width(w) for w in self.widths)
         if self.width is None:
-            return 1 if self.style == "stacked" else head_width("head_dim")
-        return head_width(self.width)
+            one = 1 if self.style == "stacked" else head_width("head_dim")
+        else:
+            one = head_width(self.width)
+        return (one,) * len(self.parts)
 
     @model_validator(mode="after")
     def _stacked_by_heads(self) -> LinearRule:
         if self.style == "stacked" and any(p not in HEAD_DIMS for p in self.parts):
             raise ValueError(f"{self.path}: a stacked weight is split by heads only")
+        if self.widths and len(self.widths) != len(self.parts):
+            raise ValueError(f"{self.path}: one width per packed part")
         return self
 
 

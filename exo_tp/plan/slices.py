@@ -56,19 +56,20 @@ class RankSelector:
         scale = per_head if dim in HEAD_DIMS else 1
         return [(span.start * scale, span.stop * scale)] if span.size else []
 
-    def packed(self, parts: Sequence[str], per_head: int) -> tuple[Ranges, int]:
+    def packed(self, parts: Sequence[str], per_head: int | Sequence[int]) -> tuple[Ranges, int]:
         """Ranges along an axis packing several parts back to back (e.g. q|k|v), and the
-        axis length the plan expects."""
+        axis length the plan expects; ``per_head``: one width for all parts, or one each."""
+        widths = [per_head] * len(parts) if isinstance(per_head, int) else list(per_head)
         out: Ranges = []
         offset = 0
-        for dim in parts:
-            out += [(offset + a, offset + b) for a, b in self.ranges(dim, per_head)]
-            offset += self._total(dim, per_head)
+        for dim, width in zip(parts, widths, strict=True):
+            out += [(offset + a, offset + b) for a, b in self.ranges(dim, width)]
+            offset += self._total(dim, width)
         return out, offset
 
     def rule(self, rule: LinearRule) -> tuple[Ranges, int]:
         """This rank's ranges along the split axis of ``rule``, and that axis' full length."""
-        return self.packed(rule.parts, rule.per_head(self.spec.head_width))
+        return self.packed(rule.parts, rule.part_widths(self.spec.head_width))
 
     def touched_groups(self, groups: int) -> Span:
         """The output groups (of ``num_heads / groups`` consecutive query heads each) that this

@@ -26,10 +26,12 @@ def _row_head_widths(spec: ModelSpec, dims: tuple[str, ...] = ATTENTION_HEAD_DIM
     ``dims`` (o_proj: head_dim, or v_head_dim under MLA), in every layer view."""
     table = table_for(spec.model_type)
     return {
-        rule.per_head(view.head_width)
+        width
         for view in spec.layer_specs()
         for rule in table.linears
-        if rule.style == "row" and any(p in dims for p in rule.parts)
+        if rule.style == "row"
+        for part, width in zip(rule.parts, rule.part_widths(view.head_width), strict=True)
+        if part in dims
     }
 
 

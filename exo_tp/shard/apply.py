@@ -54,6 +54,9 @@ def _finish(
 # Step 3.5's _full_idx/_swa_idx).
 _FIRST_FULL = ("fa_idx", "ga_idx", "full_idx", "_full_idx")
 _FIRST_SLIDING = ("swa_idx", "_swa_idx")
+# Hybrids of linear and full attention (Qwen 3.5, Qwen3-Next): the first linear layer's
+# ArraysCache makes the recurrent layers' mask; their blocks say which kind they are.
+_FIRST_LINEAR = ("ssm_idx",)
 
 
 def _is_sliding(block: nn.Module) -> bool | None:
@@ -76,6 +79,14 @@ def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
     kept = blocks[layers.start : layers.stop]
     set_path(model, table.layers, kept)
     inner = get_path(model, table.stack)
+    if kept and all(hasattr(block, "is_linear") for block in kept):
+        # the model makes no mask for a kind it has no index of (mlx-lm's own pipeline)
+        for names, kind in ((_FIRST_FULL, False), (_FIRST_LINEAR, True)):
+            first = next((i for i, b in enumerate(kept) if bool(b.is_linear) == kind), None)
+            for name in names:
+                if hasattr(inner, name):
+                    setattr(inner, name, first)
+        return
     types = getattr(inner, "layer_types", None)
     if types is not None:
         inner.layer_types = types = types[layers.start : layers.stop]

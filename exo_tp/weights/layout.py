@@ -96,11 +96,6 @@ def norm_rule(norm: NormRule) -> LinearRule:
     return LinearRule(path=norm.path, style="column", parts=(norm.dim,), width=norm.width)
 
 
-def per_head(rule: LinearRule, spec: ModelSpec) -> int:
-    """Elements per head along the rule's split axis (exo_tp.plan.slices.RankSelector.rule)."""
-    return rule.per_head(spec.head_width)
-
-
 def _dim_total(spec: ModelSpec, dim: str, width: int) -> int:
     if dim == "q_heads":
         return spec.num_heads * width
@@ -133,10 +128,9 @@ class Split:
 def _rule_points(rule: LinearRule, spec: ModelSpec) -> tuple[int, tuple[int, ...]]:
     """(logical length of the packed axis, its finest cut points)."""
     grains = split_grains(spec)
-    width = per_head(rule, spec)
     points: set[int] = {0}
     offset = 0
-    for dim in rule.parts:
+    for dim, width in zip(rule.parts, rule.part_widths(spec.head_width), strict=True):
         total = _dim_total(spec, dim, width)
         grain = grains[dim] * (width if dim in HEAD_DIMS else 1)
         points.update(offset + k for k in range(0, total, grain))
