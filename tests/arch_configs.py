@@ -812,6 +812,98 @@ ARCHS: dict[str, dict[str, Any]] = {
         block_ffn_dim_multiplier=1.0,
         block_auto_adjust_ff_dim=False,
     ),
+    # Qwen 3.5 (dense), nested under text_config as shipped: Gated DeltaNet in layers 0 and 2
+    # (3 key heads of 32, each with 2 value heads of 64: 5 ranks leave two without any; a key
+    # head's 128 out_proj columns fill a group of 128), gated full attention (4 heads / 2 KV x
+    # 64, q_proj twice as wide: queries and their gate) in layers 1 and 3; tied embeddings.
+    "qwen3_5": dict(
+        model_type="qwen3_5",
+        text_config=dict(
+            COMMON,
+            model_type="qwen3_5_text",
+            num_hidden_layers=4,
+            full_attention_interval=2,
+            hidden_size=256,
+            intermediate_size=200,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            linear_num_key_heads=3,
+            linear_num_value_heads=6,
+            linear_key_head_dim=32,
+            linear_value_head_dim=64,
+            linear_conv_kernel_dim=4,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 3, 3],
+            },
+            tie_word_embeddings=True,
+        ),
+        tie_word_embeddings=True,
+    ),
+    # Qwen 3.5 MoE: Gated DeltaNet in layer 0 (2 key heads of 32, 2 value heads of 64 each),
+    # gated attention in layer 1; every layer 4 experts top 2 + a sigmoid-gated shared expert;
+    # experts shipped fused (experts.gate_up_proj, experts.down_proj).
+    "qwen3_5_moe": dict(
+        model_type="qwen3_5_moe",
+        text_config=dict(
+            COMMON,
+            model_type="qwen3_5_moe_text",
+            num_hidden_layers=2,
+            full_attention_interval=2,
+            hidden_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=64,
+            linear_conv_kernel_dim=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=104,
+            shared_expert_intermediate_size=136,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 3, 3],
+            },
+            tie_word_embeddings=False,
+        ),
+        tie_word_embeddings=False,
+    ),
+    # Qwen3-Next: Gated DeltaNet in layers 0 and 2 (2 key heads of 32, each with 3 value heads
+    # of 64; q|k|v|z and b|a interleaved per key head as shipped), gated attention in layers 1
+    # and 3 (4 heads / 2 KV x 64, partial rotary); layer 0 dense, the others 4 experts top 2 +
+    # a sigmoid-gated shared expert, stored one by one.
+    "qwen3_next": dict(
+        model_type="qwen3_next",
+        num_hidden_layers=4,
+        full_attention_interval=2,
+        hidden_size=256,
+        intermediate_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=6,
+        linear_key_head_dim=32,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[0],
+        moe_intermediate_size=104,
+        shared_expert_intermediate_size=136,
+        partial_rotary_factor=0.25,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
 }
 
 # FFN widths of quantized variants: 5, 3 and 2 groups of 128 (10, 6, 4 of 64; ...).

@@ -16,6 +16,35 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
 )
 
+from exo_tp.process.blas import PRELOAD_ENV, PRELOADED_ENV, preload_blas  # noqa: E402
+
+# The single-device references this process computes multiply with the system's OpenBLAS, as
+# exo-tp's own processes do: MLX's bundled BLAS made them ~4x slower (a 228-token tool prompt
+# and 36 tokens of SmolLM2: 32.7 s, 7.4 s preloaded), the suite's largest avoidable cost.
+# pytest re-executes itself once with the library preloaded (before MLX loads: test modules
+# import it at collection), then puts the environment back, so that every process a test
+# starts chooses its BLAS as it would from a shell (`EXO_TP_BLAS=bundled` still means the
+# bundled one there).
+_STARTED_WITH = "EXO_TP_TESTS_LD_PRELOAD"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if _STARTED_WITH not in os.environ:
+        os.environ[_STARTED_WITH] = os.environ.get(PRELOAD_ENV, "")
+        # pytest's output capture holds stdout and stderr: the new process gets the real ones
+        capture = config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.stop_global_capturing()
+        preload_blas()  # returns only when there is nothing to preload
+        if capture is not None:
+            capture.start_global_capturing()
+    if started_with := os.environ.pop(_STARTED_WITH):
+        os.environ[PRELOAD_ENV] = started_with
+    else:
+        os.environ.pop(PRELOAD_ENV, None)
+    os.environ.pop(PRELOADED_ENV, None)
+
 
 # No test may reach the real model hub or touch this user's Hugging Face cache: hub tests
 # point HF_ENDPOINT at a stand-in hub on loopback (tests/hub_standin.py) and a cache of their own.

@@ -205,6 +205,14 @@ SAMPLE = [
     # LFM2: 128 conv channels (two 64-channel units when quantized: a rank holds none)
     case("lfm2", "float", 3),
     case("lfm2", "q8g64", 5, zero_rank=3),
+    # Gated DeltaNet hybrids: more ranks than linear key heads (ranks without any keep their
+    # recurrent caches in step), uneven shares, then quantized with a zero-weight rank
+    case("qwen3_5", "float", 5),
+    case("qwen3_5", "q4g64", 3, zero_rank=1),
+    case("qwen3_5_moe", "float", 3),
+    case("qwen3_5_moe", "q4g128", 5, zero_rank=2),
+    case("qwen3_next", "float", 5),
+    case("qwen3_next", "q8g64", 3, zero_rank=0),
 ]
 
 

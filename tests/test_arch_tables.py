@@ -112,6 +112,9 @@ def test_a_module_the_table_misses_is_an_error_not_a_wrong_split(
         "step3p5",
         "deepseek_v41",
         "kimi_k3",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_next",
     ],
 )
 def test_the_planner_prices_what_mlx_lm_holds(arch: str) -> None:
@@ -145,18 +148,20 @@ def test_the_planner_prices_what_mlx_lm_holds(arch: str) -> None:
         assert load.kv_bytes_per_token == (per_token if shard.heads.q_heads.size else 0)
 
 
-def test_kimi_k3_recurrent_state_is_priced_as_mlx_lm_holds_it() -> None:
-    """Kimi K3's linear-attention layers keep a recurrent state per stream that does not grow
-    with the context: the cost model's state bytes are what mlx-lm's caches hold after a short
-    and a longer prompt, split by heads over uneven ranks (one holding none), and its KV bytes
-    per token only the MLA layers' latent cache."""
+@pytest.mark.parametrize("arch", ["kimi_k3", "qwen3_5"])
+def test_recurrent_state_is_priced_as_mlx_lm_holds_it(arch: str) -> None:
+    """Kimi K3's and Qwen 3.5's linear-attention layers (KDA, Gated DeltaNet: a key head's
+    value heads each keep a value x key state) keep a recurrent state per stream that does not
+    grow with the context: the cost model's state bytes are what mlx-lm's caches hold after a
+    short and a longer prompt, split by heads over uneven ranks (one holding none), and its KV
+    bytes per token only the attention layers' cache."""
     from mlx_lm.models.cache import ArraysCache
     from mlx_lm.utils import _get_classes
 
     from exo_tp.plan import Span, plan_tensor_parallel, spec_from_config
     from exo_tp.plan.cost import rank_load
 
-    config = tiny_config("kimi_k3")
+    config = tiny_config(arch)
     spec = spec_from_config(config)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))

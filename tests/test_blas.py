@@ -1,7 +1,7 @@
 """The BLAS that MLX's CPU build multiplies with (exo_tp.process.blas): the system's OpenBLAS,
 preloaded into every process `exo-tp` starts when the system has it, each rank with its part of
 the cores; MLX's bundled one with ``EXO_TP_BLAS=bundled``. Either way the text equals
-single-device mlx-lm's, computed in this process on MLX's bundled BLAS."""
+single-device mlx-lm's, computed in this process (on OpenBLAS too: tests/conftest.py)."""
 
 from __future__ import annotations
 

@@ -101,7 +101,8 @@ def test_batched_streams_and_a_cached_turn_equal_mlx_lm(
 
 
 # Each rank batches its shard in lockstep (same inserts, same steps; every rank samples the
-# same argmax from the gathered logits); rank 0 reports the streams and the cached turn.
+# same argmax from the gathered logits), model after model in one ring job; rank 0 reports
+# each model's streams and cached turn.
 _RING_BATCH = """
 import json
 import sys
@@ -113,37 +114,45 @@ from test_family_batching import _run
 from exo_tp.plan.spec import load_spec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.shard.apply import load_shard
-folder = Path({folder!r})
-plan = plan_tensor_parallel(load_spec(folder), {weights!r})
-model = load_shard(folder, plan, group.rank(), group, mx.float32)
-batch = greedy_batch(model, load_tokenizer(folder), prompt_cache_size=4)
 prompts = {prompts!r}
-first, _ = _run(batch, prompts, 0)
-turn = prompts[1] + first[1] + {follow_up!r}
-second, cached = _run(batch, [turn], len(prompts))
-batch.close()
+outs = {{}}
+for name, folder in {folders!r}.items():
+    folder = Path(folder)
+    plan = plan_tensor_parallel(load_spec(folder), {weights!r})
+    model = load_shard(folder, plan, group.rank(), group, mx.float32)
+    batch = greedy_batch(model, load_tokenizer(folder), prompt_cache_size=4)
+    first, _ = _run(batch, prompts, 0)
+    turn = prompts[1] + first[1] + {follow_up!r}
+    second, cached = _run(batch, [turn], len(prompts))
+    batch.close()
+    outs[name] = dict(first=first, second=second, cached=cached, turn=turn)
 if group.rank() == 0:
-    Path(OUT).write_text(json.dumps(dict(first=first, second=second, cached=cached, turn=turn)))
+    Path(OUT).write_text(json.dumps(outs))
 """
 
 
-def test_kimi_k3_batches_on_uneven_ranks_one_holding_no_linear_attention_heads(
+def test_recurrent_families_batch_on_uneven_ranks_one_holding_no_linear_attention_heads(
     tmp_path: Path, default_models: dict[str, Path]
 ) -> None:
-    """Kimi K3's recurrent caches split by heads under continuous batching and the prompt
-    cache: 3 ranks holding 2, 1 and 0 of the 3 linear-attention heads (the last one's
+    """Recurrent caches split by heads under continuous batching and the prompt cache, Kimi
+    K3's (KDA) and Qwen 3.5's (Gated DeltaNet: key heads with their value heads), one ring
+    job: 3 ranks holding 2, 1 and 0 of the 3 linear-attention (key) heads (the last one's
     stand-in keeps its caches in step through the batch's merges, filters and extractions)
     give mlx-lm's tokens, and the second turn resumes from the first turn's state."""
     from mlx_lm import load
 
-    folder = write_tiny_model(
-        tmp_path / "k3", tiny_config("kimi_k3"), default_models["smollm2-135m"]
-    )
     weights = [0.6, 0.4, 0.0]
-    shards = plan_tensor_parallel(load_spec(folder), weights).ranks
-    assert [s.linear_heads.size for s in shards] == [2, 1, 0]
-    model, tokenizer = load(str(folder))
-    model.set_dtype(mx.float32)
+    folders, references = {}, {}
+    for arch in ("kimi_k3", "qwen3_5"):
+        folder = write_tiny_model(
+            tmp_path / arch, tiny_config(arch), default_models["smollm2-135m"]
+        )
+        shards = plan_tensor_parallel(load_spec(folder), weights).ranks
+        assert [s.linear_heads.size for s in shards] == [2, 1, 0]
+        model, tokenizer = load(str(folder))
+        model.set_dtype(mx.float32)
+        folders[arch], references[arch] = str(folder), (model, tokenizer)
+    # one tokenizer (SmolLM2's, trimmed) for both: the same prompt ids
     ids = [
         tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
         for p in PROMPTS
@@ -151,15 +160,17 @@ def test_kimi_k3_batches_on_uneven_ranks_one_holding_no_linear_attention_heads(
     follow_up = tokenizer.encode(FOLLOW_UP, add_special_tokens=False)
     script = _RING_BATCH.format(
         tests=str(Path(__file__).parent),
-        folder=str(folder),
+        folders=folders,
         weights=weights,
         prompts=ids,
         follow_up=follow_up,
     )
-    out = run_on_ranks(len(weights), script, tmp_path, timeout=300)
-    for uid, prompt in enumerate(ids):
-        _assert_same_until_a_tie(out["first"][str(uid)], _reference(model, tokenizer, prompt))
-    turn = out["turn"]
-    assert turn == ids[1] + out["first"]["1"] + follow_up
-    assert out["cached"][str(len(ids))] >= len(ids[1])  # the first turn came from the cache
-    _assert_same_until_a_tie(out["second"][str(len(ids))], _reference(model, tokenizer, turn))
+    outs = run_on_ranks(len(weights), script, tmp_path, timeout=300)
+    for arch, (model, tokenizer) in references.items():
+        out = outs[arch]
+        for uid, prompt in enumerate(ids):
+            _assert_same_until_a_tie(out["first"][str(uid)], _reference(model, tokenizer, prompt))
+        turn = out["turn"]
+        assert turn == ids[1] + out["first"]["1"] + follow_up
+        assert out["cached"][str(len(ids))] >= len(ids[1])  # the first turn came from the cache
+        _assert_same_until_a_tie(out["second"][str(len(ids))], _reference(model, tokenizer, turn))

@@ -149,13 +149,7 @@ def _loopback_cluster(models: Path, env: dict[str, str]) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def cluster(models: Path) -> Iterator[Cluster]:
-    env = {
-        "EXO_TP_HOME": str(models / "home"),  # files, jobs, adapters and weight stores
-        # The references (mlx-lm's LoRA training) run in this process, on MLX's bundled BLAS;
-        # Adam turns another library's summation order into weight differences near the
-        # bound (9.9e-5 with OpenBLAS), so the nodes multiply with the same library.
-        "EXO_TP_BLAS": "bundled",
-    }
+    env = {"EXO_TP_HOME": str(models / "home")}  # files, jobs, adapters and weight stores
     if can_make_namespaces() is None:
         yield from _netns_cluster(models, env)
     else:
@@ -303,8 +297,12 @@ def test_fine_tuned_model_is_listed_and_chats_like_mlx_lm(
     from mlx_lm import generate, load
 
     name = trained.fine_tuned_model
-    for node in range(len(cluster.urls)):  # every node lists it (a member: the leader's)
-        assert name in [m.id for m in client(cluster, node).models.list().data]
+    # Every node lists it: the leader's jobs reach a member with its next status exchange.
+    deadline = time.monotonic() + 30
+    for node in range(len(cluster.urls)):
+        while name not in (listed := [m.id for m in client(cluster, node).models.list().data]):
+            assert time.monotonic() < deadline, f"node {node} lists {listed}, not {name}"
+            time.sleep(0.2)
     messages = [{"role": "user", "content": "the ship sails"}]
     deadline = time.monotonic() + 180
     while True:  # 503 while the cluster loads the base with the adapter

@@ -31,6 +31,10 @@ def _one_line_error(result: subprocess.CompletedProcess) -> str:
         (["launch", "--ranks", "2", "--weights", "1,-1", "--prompt", "x"], "weights"),
         (["launch", "--ranks", "2", "--weights", "a,b", "--prompt", "x"], "numbers"),
         (["launch", "--ranks", "2", "--weights", "0,0", "--prompt", "x"], "positive"),
+        (
+            ["launch", "--ranks", "3", "--stages", "2,1", "--weights", "5,3,0", "--prompt", "x"],
+            "stage 2 has no speed",
+        ),
         (["launch", "--model", "no-such-model", "--prompt", "x"], "unknown model"),
         (["launch", "--prompt", "x", "--max-tokens", "0"], "--max-tokens"),
         (["launch", "--prompt", "x", "--temp", "-1"], "--temp"),

@@ -15,7 +15,7 @@ from exo_tp.errors import PlanError, UnsupportedArchitectureError
 from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel, spec_from_config
 from exo_tp.plan.apportion import largest_remainder
 from exo_tp.plan.slices import RankSelector
-from exo_tp.plan.spec import LatentAttention, LinearAttention
+from exo_tp.plan.spec import LatentAttention, LinearAttention, linear_head_widths
 from exo_tp.plan.tensor_parallel import FLOAT_FFN_ALIGN, VOCAB_ALIGN
 
 # MLA families: their tables split o_proj by heads of v_head_dim.
@@ -30,6 +30,9 @@ LINEAR_TYPES = tuple(
     t
     for t in supported_model_types()
     if any("linear_heads" in rule.parts for rule in table_for(t).linears)
+)
+GATED_DELTANET_TYPES = tuple(
+    t for t in LINEAR_TYPES if any(rule.width == "gated_q" for rule in table_for(t).linears)
 )
 
 
@@ -60,13 +63,19 @@ def specs(draw: st.DrawFn) -> ModelSpec:
     layers = draw(st.integers(1, 4))
     linear = None
     if model_type in LINEAR_TYPES:  # linear-attention layers beside the attention ones
+        # Gated DeltaNet (its attention's q_proj also holds a gate): value heads under each key
+        gated = model_type in GATED_DELTANET_TYPES
         linear = LinearAttention(
             layers=tuple(draw(st.sets(st.integers(0, layers - 1)))),
             num_heads=draw(st.integers(1, 12)),
             head_dim=draw(st.sampled_from([16, 64, 96, 128])),
             conv_kernel=4,
+            value_heads=draw(st.integers(1, 4)) if gated else 0,
+            value_head_dim=draw(st.sampled_from([32, 64, 128])) if gated else 0,
         )
-        head_widths = {**head_widths, "linear_head_dim": linear.head_dim, "linear_beta": 1}
+        head_widths = {**head_widths, **linear_head_widths(linear)}
+        if gated:
+            head_widths["gated_q"] = 2 * head_dim
         # Nemotron-H's Mamba-2 groups: B and C of 16 channels each, 2 heads (one dt each)
         mamba = {"mamba_state": 16, "mamba_heads": 2, "mamba_conv": linear.head_dim + 32}
         head_widths = {**head_widths, **mamba}

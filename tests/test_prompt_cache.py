@@ -1,4 +1,5 @@
-"""The prompt cache with recurrent state (mlx-lm's ArraysCache, Kimi K3's linear attention)."""
+"""The prompt cache with recurrent state (mlx-lm's ArraysCache: the linear attention of Kimi K3,
+Qwen 3.5 and Qwen3-Next)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exo_tp.errors import PlanError
-from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel
+from exo_tp.plan import ModelSpec, Quantization, plan_tensor_parallel, spec_from_config
 from exo_tp.plan.cluster import Cluster, DeviceCost, Link, with_read_speed
 from exo_tp.plan.cost import LinkCost
 from exo_tp.plan.matvec import MatvecTable
@@ -101,6 +101,43 @@ def test_a_model_without_a_table_gets_one_device_per_stage() -> None:
     choice = choose_plan(small, cluster, context_tokens=4096)
     assert choice.best.kind == "single device"
     assert {c.kind for c in choice.alternatives} <= {"single device"}
+
+
+def test_a_gated_deltanet_hybrid_plans_as_tensor_parallel_stages() -> None:
+    """Qwen3-Next-80B-A3B's shape (36 Gated DeltaNet layers of 16 key heads with 2 value heads
+    each, 12 full attention layers, 512 experts) in 4-bit on the slow-link pairs of the hybrid
+    test with less memory: two TP stages, each rank holding key heads of its stage's linear
+    layers (their state priced per stream), as for any family that pipelines."""
+    config = dict(
+        model_type="qwen3_next",
+        hidden_size=2048,
+        num_hidden_layers=48,
+        intermediate_size=5120,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        num_experts=512,
+        num_experts_per_tok=10,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        vocab_size=151936,
+        quantization={"group_size": 64, "bits": 4},
+    )
+    spec = spec_from_config(config)
+    assert spec.linear_attention is not None and len(spec.linear_attention.layers) == 36
+    links = (Link(a=0, b=1, cost=THUNDERBOLT), Link(a=2, b=3, cost=THUNDERBOLT))
+    cluster = Cluster(
+        devices=tuple(device(n, 100, 14) for n in "abcd"), links=links, default_link=SLOW
+    )
+    choice = choose_plan(spec, cluster, context_tokens=32768)
+    assert choice.best.kind == "hybrid"
+    assert sorted(map(sorted, choice.best.groups)) == [[0, 1], [2, 3]]
+    for stage in choice.best.plan.stages:
+        assert [r.linear_heads.size for r in stage.tp.ranks] == [8, 8]
 
 
 def test_drops_a_device_twenty_times_slower() -> None:

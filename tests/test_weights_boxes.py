@@ -158,6 +158,8 @@ TINY = [
     ("nemotron_h", None),
     # short-conv channels in units of the quantization group; a copied ModelArgs per block
     ("lfm2", {"group_size": 64, "bits": 4}),
+    # Gated DeltaNet: packed q|k|v and conv channels of different widths per key head
+    ("qwen3_5", {"group_size": 64, "bits": 4}),
 ]
 
 

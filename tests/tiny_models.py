@@ -167,6 +167,7 @@ _EXPERTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "kimi_k25": _MLP_EXPERTS,
     "deepseek_v32": _MLP_EXPERTS,
     "glm_moe_dsa": _MLP_EXPERTS,
+    "qwen3_next": _MLP_EXPERTS,
     # Kimi K3 stores its MoE blocks under block_sparse_moe with w1/w2/w3 (its dense MLP stays mlp)
     # Nemotron-H: non-gated experts (fc1 up, fc2 down) under the layer's mixer
     "nemotron_h": ("mixer.switch_mlp", "mixer.experts.{e}", {"fc1": "up_proj", "fc2": "down_proj"}),
@@ -256,6 +257,8 @@ def _shipped(params: dict[str, mx.array], config: dict[str, Any], args: Any) -> 
         out = _kimi_k3_shipped(out)
     if arch in ("qwen3_vl", "qwen3_vl_moe"):
         out = _qwen3_vl_shipped(out)
+    if arch in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
+        out = _qwen_gated_deltanet_shipped(out)
     if arch in ("gemma4", "gemma4_text"):
         out = _gemma4_shipped(out, config)
     if arch == "deepseek_v41":
@@ -338,6 +341,45 @@ def _qwen3_vl_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
             out[f"{base}.experts.down_proj"] = down.swapaxes(1, 2)
         elif ".switch_mlp." not in name:
             out[name] = value
+    return {
+        k.replace("language_model.model.", "model.language_model.", 1).replace(
+            "language_model.lm_head", "lm_head", 1
+        ): v
+        for k, v in out.items()
+    }
+
+
+# Qwen's zero-centred norms (stored as weight - 1, mlx-lm's sanitize adds 1); the gated norm
+# of the linear-attention layers is stored as it is used.
+_QWEN_SHIFTED_NORMS = (
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+)
+
+
+def _qwen_gated_deltanet_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Qwen 3.5 and Qwen3-Next as Qwen ships them: convs as (channels, 1, kernel), norms
+    zero-centred; Qwen 3.5's text model under ``model.language_model`` with ``lm_head`` at the
+    top and its MoE experts fused (``experts.gate_up_proj`` (E, 2 x ffn, hidden), gate rows
+    first, and ``experts.down_proj``, no ``.weight``)."""
+    out: dict[str, mx.array] = {}
+    for name, value in params.items():
+        if name.endswith(".conv1d.weight"):
+            value = value.swapaxes(1, 2)
+        if name.endswith(_QWEN_SHIFTED_NORMS):
+            value = value - 1
+        if name.endswith(".switch_mlp.gate_proj.weight"):
+            base = name.removesuffix(".switch_mlp.gate_proj.weight")
+            up = params[f"{base}.switch_mlp.up_proj.weight"]
+            out[f"{base}.experts.gate_up_proj"] = mx.concatenate([value, up], axis=-2)
+            out[f"{base}.experts.down_proj"] = params[f"{base}.switch_mlp.down_proj.weight"]
+            continue
+        if ".switch_mlp." in name:
+            continue
+        out[name] = value
     return {
         k.replace("language_model.model.", "model.language_model.", 1).replace(
             "language_model.lm_head", "lm_head", 1

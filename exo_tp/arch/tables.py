@@ -862,3 +862,101 @@ LFM2 = ArchTable(
 )
 
 TABLES += (LFM2,)
+
+# --- Gated DeltaNet hybrids: Qwen 3.5 (dense and MoE) and Qwen3-Next ---
+
+# Their linear-attention layers (linear_attn) split by key heads ("linear_heads"), each with
+# the value heads grouped under it (mlx-lm repeats key head j for value heads j*r .. j*r+r-1,
+# as GQA repeats a KV head): a rank keeps its key heads' q and k rows and their value heads' v
+# and z rows, b and a rows, A_log and dt_bias entries and conv channels (the depthwise conv's
+# groups follow the local channel count), so its recurrent state is its value heads'; out_proj
+# is row-parallel (one all-reduce). The gated norm (one value_head_dim weight shared by every
+# head) is replicated. A rank without key heads keeps the layer's ArraysCache in step
+# (ZeroRecurrent). Every third-or-so layer is full attention as Qwen3's, with q_proj's rows
+# per head the queries then their output gate (2 x head_dim per head, split with the head).
+_LH = "linear_heads"
+_KEY, _VALUE = "linear_head_dim", "linear_value_width"
+# q of every key head, k of every key head, then v of every value head: Qwen 3.5's in_proj_qkv
+# and (both families) the conv's channels
+_QKV = dict(parts=(_LH, _LH, _LH), widths=(_KEY, _KEY, _VALUE))
+
+
+def _gated_deltanet(packed: tuple[LinearRule, ...]) -> tuple[LinearRule, ...]:
+    """The rules both families share, after their own input projections ``packed``."""
+    per_value = "linear_value_heads"  # one entry per value head
+    return (
+        *packed,
+        LinearRule(path="linear_attn.conv1d.weight", style="stacked", **_QKV),
+        LinearRule(path="linear_attn.A_log", style="stacked", parts=(_LH,), width=per_value),
+        LinearRule(path="linear_attn.dt_bias", style="stacked", parts=(_LH,), width=per_value),
+        _row("linear_attn.out_proj", _LH, width=_VALUE),
+    )
+
+
+# Each layer holds one of the two kinds: a count applies where its module is.
+_GDN_COUNTS = tuple(
+    CountRule(path=f"linear_attn.{name}", dim=_LH, width=width, where="linear_attn")
+    for name, width in (
+        ("num_k_heads", None),
+        ("num_v_heads", "linear_value_heads"),
+        ("key_dim", _KEY),
+        ("value_dim", _VALUE),
+        ("conv_dim", "linear_conv_width"),
+        ("conv1d.groups", "linear_conv_width"),
+    )
+) + (
+    CountRule(path="self_attn.num_attention_heads", dim="q_heads", where="self_attn"),
+    CountRule(path="self_attn.num_key_value_heads", dim="kv_heads", where="self_attn"),
+)
+# Full attention, dense MLPs and MoE blocks, the same in both families.
+_QWEN_HYBRID_REST = (
+    _col("self_attn.q_proj", "q_heads", width="gated_q"),
+    *_attention()[1:],
+    *_glu("mlp", "ffn"),
+    *_glu("mlp.switch_mlp", "expert_ffn"),
+    *_glu("mlp.shared_expert", "shared_expert_ffn"),
+)
+
+# Qwen 3.5: q|k|v packed part by part (each part all heads), z, b and a apart.
+_QWEN35_INPUTS = (
+    LinearRule(path="linear_attn.in_proj_qkv", style="column", **_QKV),
+    _col("linear_attn.in_proj_z", _LH, width=_VALUE),
+    _col("linear_attn.in_proj_b", _LH, width="linear_value_heads"),
+    _col("linear_attn.in_proj_a", _LH, width="linear_value_heads"),
+)
+# Qwen3-Next: q|k|v|z interleaved per key head (its q, k, then its value heads' v and z), and
+# b|a likewise: a key head's rows are one contiguous run, cut as one head of that width.
+_QWEN3_NEXT_INPUTS = (
+    _col("linear_attn.in_proj_qkvz", _LH, width="linear_qkvz_group"),
+    _col("linear_attn.in_proj_ba", _LH, width="linear_ba_group"),
+)
+
+# MoE layers as qwen2_moe (router and shared-expert gate replicated, routed experts and the
+# shared expert by rows, one all-reduce); dense layers (Qwen 3.5 dense, Qwen3-Next's
+# mlp_only_layers) as llama's MLP.
+QWEN3_NEXT = ArchTable(
+    model_types=("qwen3_next",),
+    linears=(*_gated_deltanet(_QWEN3_NEXT_INPUTS), *_QWEN_HYBRID_REST),
+    branches=(
+        ATTENTION,
+        BranchRule(path="linear_attn", kind="recurrent"),
+        MLP,
+        EXPERTS,
+        BranchRule(path="mlp.shared_expert", kind="mlp", reduce=False),
+    ),
+    replicated=(*QK_NORMS, "linear_attn.norm", "mlp.gate", "mlp.shared_expert_gate"),
+    counts=_GDN_COUNTS,
+    tie_default=False,
+    stages=True,
+)
+
+# Qwen 3.5 (dense and MoE checkpoints share mlx-lm's class): the text model under
+# language_model; text prompts only (mlx-lm drops the vision tower).
+QWEN3_5 = replace(
+    QWEN3_NEXT,
+    model_types=("qwen3_5", "qwen3_5_moe"),
+    linears=(*_gated_deltanet(_QWEN35_INPUTS), *_QWEN_HYBRID_REST),
+    **_LANGUAGE_MODEL,
+)
+
+TABLES += (QWEN3_NEXT, QWEN3_5)

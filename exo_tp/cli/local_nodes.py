@@ -108,6 +108,7 @@ def _local_cluster(
             profile=profile,
             no_bench=no_bench,
             lab=labs[i] if labs else None,
+            members=len(profiles),
         )
         for i, profile in enumerate(profiles)
     ]

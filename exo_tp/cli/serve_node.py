@@ -171,6 +171,7 @@ def _node_config(
         cluster_limits=cluster_limits,
         strict_model_names=options.strict_model_names,
         models_dirs=tuple(Path(folder) for folder in options.models_dirs),
+        members=options.members,
     )
 
 

@@ -25,6 +25,9 @@ class NodeConfig:
     weight: float = 0.0  # manual share weight; 0: use the measured profile
     dtype: DType = "float32"
     settle: float = 1.5
+    # Where the cluster's size is known (`--local-nodes N`), it forms once all are in, without
+    # the settle (which waits for more nodes to be discovered); 0: unknown.
+    members: int = 0
     bind: str = ""  # address the HTTP servers listen on (default: ``host``)
     backend: Requested = "auto"
     rdma: dict[str, str] = field(default_factory=dict)  # peer node id -> RDMA device

@@ -128,6 +128,8 @@ def layer_matrices(
     ]
     if "head_gate" in spec.head_widths:  # a head-wise gate: one row per query head
         read.append(("attention", h, shard.heads.q_heads.size, 1))
+    if "gated_q" in spec.head_widths:  # q_proj's second half: an element-wise output gate
+        read.append(("attention", h, q_width, 1))
     if spec.latent_attention is not None:
         read = _latent_attention_matrices(spec, spec.latent_attention, shard.heads.q_heads.size)
     if spec.recurrent and spec.linear_attention is not None:
@@ -231,6 +233,14 @@ def _linear_attention_matrices(
     if linear.short_conv:
         return short_conv_matrices(spec.hidden_size, heads)
     h, d = spec.hidden_size, linear.head_dim
+    if linear.gated_deltanet:  # per key head: q, k, its value heads' v and z rows; b and a
+        values = heads * linear.value_heads
+        width = values * linear.value_head_dim
+        return [
+            ("attention", h, heads * 2 * d + 2 * width, 1),  # in_proj_qkv(z)
+            ("attention", h, 2 * values, 1),  # in_proj_b, in_proj_a (or in_proj_ba)
+            ("attention", width, h, 1),  # out_proj
+        ]
     width = heads * d
     read: list[tuple[Segment, int, int, int]] = [
         ("attention", h, 3 * width, 1),  # qkv_proj
@@ -258,6 +268,9 @@ def linear_attention_floats(spec: ModelSpec, shard: RankShard) -> int:
     if linear.short_conv:
         return short_conv_floats(linear, heads)
     d = linear.head_dim
+    if linear.gated_deltanet:  # conv channels, A_log and dt_bias per value head, the norm
+        values, dv = heads * linear.value_heads, linear.value_head_dim
+        return heads * (2 * d + linear.value_heads * dv) * linear.conv_kernel + 2 * values + dv
     return 3 * heads * d * linear.conv_kernel + heads + heads * d + d
 
 
@@ -274,6 +287,11 @@ def state_bytes(spec: ModelSpec, shard: RankShard, float_bytes: int = FLOAT_BYTE
     if linear.short_conv:
         return short_conv_state_bytes(linear, heads, float_bytes)
     d = linear.head_dim
+    if linear.gated_deltanet:  # value_head_dim x head_dim per value head; q, k, v channels
+        dv = linear.value_head_dim
+        channels = heads * (2 * d + linear.value_heads * dv)
+        state = heads * linear.value_heads * dv * d * 4
+        return state + (linear.conv_kernel - 1) * channels * float_bytes
     return heads * d * d * 4 + (linear.conv_kernel - 1) * 3 * heads * d * float_bytes
 
 

@@ -90,6 +90,11 @@ def split_layers(
     last stage's head counted as ``head_layers`` layers; every stage at least one."""
     if len(stage_speeds) > num_layers:
         raise PlanError(f"{len(stage_speeds)} stages for {num_layers} layers")
+    if idle := [i + 1 for i, s in enumerate(stage_speeds) if s <= 0]:
+        raise PlanError(
+            f"stage {idle[0]} has no speed (its ranks' weights are all 0): every stage needs "
+            "a rank with a weight above 0"
+        )
     last = len(stage_speeds) - 1
     fixed = [head_layers / s if i == last else 0.0 for i, s in enumerate(stage_speeds)]
     counts = balance_layers(

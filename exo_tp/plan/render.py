@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.shard_plan import ShardPlan
-from exo_tp.plan.spec import LayerVariant
+from exo_tp.plan.spec import LayerVariant, LinearAttention
 
 
 def _variant(variant: LayerVariant) -> str:
@@ -21,20 +21,29 @@ def _variant(variant: LayerVariant) -> str:
     return ", ".join(parts)
 
 
+def _linear(linear: LinearAttention) -> str:
+    heads = f"{linear.num_heads} heads x {linear.head_dim}"
+    if linear.gated_deltanet:  # the split unit: a key head with its value heads
+        heads = (
+            f"{linear.num_heads} key heads x {linear.head_dim}, each with "
+            f"{linear.value_heads} value heads x {linear.value_head_dim}"
+        )
+    return f", {len(linear.layers)} linear-attention layers of {heads} (recurrent state)"
+
+
 def render_plan(plan: ShardPlan) -> str:
     spec = plan.spec
     linear = spec.linear_attention
     lines = [
         f"model {spec.model_type}: {spec.num_layers} layers, hidden {spec.hidden_size}, "
         f"{spec.num_heads} heads / {spec.num_kv_heads} KV heads x {spec.head_dim}"
-        + "".join(f", {name} {width}" for name, width in spec.head_widths.items())
-        + "".join(f" ({_variant(v)} in {len(v.layers)} layers)" for v in spec.variants)
-        + (
-            f", {len(linear.layers)} linear-attention layers of {linear.num_heads} heads x "
-            f"{linear.head_dim} (recurrent state)"
-            if linear
-            else ""
+        + "".join(
+            f", {name} {width}"
+            for name, width in spec.head_widths.items()
+            if not name.startswith("linear_")  # said with the linear-attention layers
         )
+        + "".join(f" ({_variant(v)} in {len(v.layers)} layers)" for v in spec.variants)
+        + (_linear(linear) if linear else "")
         + ", "
         f"ffn {spec.ffn_sizes}, vocab {spec.vocab_size}"
         + (

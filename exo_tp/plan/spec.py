@@ -21,6 +21,7 @@ __all__ = [
     "LinearAttention",
     "ModelSpec",
     "Quantization",
+    "linear_head_widths",
     "load_spec",
     "spec_from_config",
 ]
@@ -55,11 +56,16 @@ class LatentAttention(Frozen):
 
 
 class LinearAttention(Frozen):
-    """Recurrent linear-attention layers (Kimi Delta Attention in Kimi K3 / Kimi Linear): per
-    head, a short depthwise causal conv over its q/k/v channels and a head_dim x head_dim
-    recurrent state (float32) per stream, constant in context length. Their heads are a split
-    dimension of their own ("linear_heads", ``head_dim`` wide: ModelSpec.head_widths
-    "linear_head_dim"); the other layers are attention as usual."""
+    """Recurrent linear-attention layers (Kimi Delta Attention in Kimi K3 / Kimi Linear, Gated
+    DeltaNet in Qwen 3.5 and Qwen3-Next): per head, a short depthwise causal conv over its
+    q/k/v channels and a recurrent state (float32) per stream, constant in context length.
+    Their heads are a split dimension of their own ("linear_heads", ``head_dim`` wide:
+    ModelSpec.head_widths "linear_head_dim"); the other layers are attention as usual.
+
+    Gated DeltaNet groups ``value_heads`` value heads (of ``value_head_dim``) under each key
+    head (as GQA groups query heads under a KV head): ``num_heads`` counts key heads, and the
+    split unit is a key head with its value heads, whose state is value_head_dim x head_dim
+    each. KDA has one value per key head of the same width (``value_heads`` 0)."""
 
     layers: tuple[int, ...]  # indices of the linear-attention layers
     num_heads: int = Field(gt=0)
@@ -67,6 +73,9 @@ class LinearAttention(Frozen):
     conv_kernel: int = Field(gt=0)
     # the output gate is one full-rank projection (g_proj) instead of a low-rank pair (g_a, g_b)
     full_rank_gate: bool = False
+    # Gated DeltaNet: value heads per key head and their width (0: KDA)
+    value_heads: int = Field(default=0, ge=0)
+    value_head_dim: int = Field(default=0, ge=0)
     # Mamba-2 (Nemotron-H): the split unit is a group (num_heads counts groups, head_dim is a
     # group's heads_per_group x mamba head_dim channels), each with its own B and C of
     # state_size channels and a (mamba head_dim x state_size) SSM state per head.
@@ -76,6 +85,10 @@ class LinearAttention(Frozen):
     short_conv: bool = False
     heads_per_group: int = Field(default=1, gt=0)
     state_size: int = Field(default=0, ge=0)
+
+    @property
+    def gated_deltanet(self) -> bool:
+        return self.value_heads > 0
 
 
 class CompressedAttention(Frozen):
@@ -295,10 +308,13 @@ def _ffn_sizes(c: dict[str, Any]) -> dict[str, int]:
 
 def _dense_layers(c: dict[str, Any]) -> int:
     """Leading layers with a dense FFN (DeepSeek's first_k_dense_replace, ERNIE's MoE start,
-    EXAONE's per-layer is_moe_layer flags)."""
+    EXAONE's per-layer is_moe_layer flags, the leading run of Qwen's mlp_only_layers)."""
     flags = c.get("is_moe_layer")
     if isinstance(flags, list):
         return next((i for i, moe in enumerate(flags) if moe), len(flags))
+    dense = c.get("mlp_only_layers")
+    if isinstance(dense, list) and dense:
+        return next(i for i in range(len(dense) + 1) if i not in dense)
     start = c.get("first_k_dense_replace") or c.get("moe_layer_start_index") or 0
     return int(min(start) if isinstance(start, list) else start)
 
@@ -376,8 +392,62 @@ def _usual_names(c: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _gated_deltanet(c: dict[str, Any]) -> LinearAttention:
+    """Qwen 3.5 / Qwen3-Next: every layer but each full_attention_interval-th is Gated
+    DeltaNet (mlx-lm decides by the interval alone)."""
+    layers = int(c["num_hidden_layers"])
+    interval = int(c.get("full_attention_interval") or 4)
+    keys, values = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+    if values % keys:
+        raise ExoTpError(f"{values} linear value heads are not a multiple of {keys} key heads")
+    return LinearAttention(
+        layers=tuple(i for i in range(layers) if (i + 1) % interval),
+        num_heads=keys,
+        head_dim=int(c["linear_key_head_dim"]),
+        conv_kernel=int(c.get("linear_conv_kernel_dim") or 4),
+        value_heads=values // keys,
+        value_head_dim=int(c["linear_value_head_dim"]),
+    )
+
+
+def linear_head_widths(linear: LinearAttention) -> dict[str, int]:
+    """The per-head widths the tables cut linear-attention weights by (ModelSpec.head_widths).
+
+    KDA: a head's q, k, v rows (``linear_head_dim``) and one beta row. Gated DeltaNet, per key
+    head (the split unit): q and k rows (``linear_head_dim``), its value heads' rows (v, z,
+    out_proj's columns), one entry per value head (b, a, A_log, dt_bias), Qwen3-Next's
+    interleaved q|k|v|z and b|a groups, and its conv channels (q, k and v). Mamba-2, per group:
+    its heads' z and x rows, B and C rows, one dt per head, its conv channels (x, B, C). A
+    short conv: one channel."""
+    if linear.mamba2:
+        x, n = linear.head_dim, linear.state_size
+        heads = linear.heads_per_group
+        return {
+            "linear_head_dim": x,
+            "mamba_state": n,
+            "mamba_heads": heads,
+            "mamba_conv": x + 2 * n,
+        }
+    if linear.short_conv:
+        return {"linear_head_dim": 1}
+    if not linear.gated_deltanet:
+        return {"linear_head_dim": linear.head_dim, "linear_beta": 1}
+    dk, r, dv = linear.head_dim, linear.value_heads, linear.value_head_dim
+    return {
+        "linear_head_dim": dk,
+        "linear_value_width": r * dv,
+        "linear_value_heads": r,
+        "linear_qkvz_group": 2 * dk + 2 * r * dv,
+        "linear_ba_group": 2 * r,
+        "linear_conv_width": 2 * dk + r * dv,
+    }
+
+
 def _linear_attention(c: dict[str, Any]) -> LinearAttention | None:
-    """Kimi K3's linear_attn_config: KDA heads and their 1-based layer numbers."""
+    """Kimi K3's linear_attn_config (KDA heads and their 1-based layer numbers), or Gated
+    DeltaNet's linear_* settings."""
+    if c.get("linear_num_key_heads"):
+        return _gated_deltanet(c)
     cfg = c.get("linear_attn_config")
     if not cfg:
         return None
@@ -553,18 +623,12 @@ def _nemotron_h_fields(c: dict[str, Any]) -> dict[str, Any]:
         heads_per_group=per_group,
         state_size=state,
     )
-    widths = {
-        "linear_head_dim": per_group * dim,
-        "mamba_state": state,
-        "mamba_heads": per_group,
-        "mamba_conv": per_group * dim + 2 * state,
-    }
     shared = c.get("moe_shared_expert_intermediate_size") if c.get("n_shared_experts") else None
     return {
         "block_pattern": pattern,
         "num_hidden_layers": len(pattern),
         "linear_attention": linear,
-        "head_widths": widths,
+        "head_widths": linear_head_widths(linear),
         "extra_ffn": {"shared_expert_ffn": int(shared)} if shared else {},
     }
 
@@ -596,7 +660,7 @@ def _lfm2_fields(c: dict[str, Any]) -> dict[str, Any]:
     )
     return {
         "linear_attention": linear,
-        "head_widths": {"linear_head_dim": 1},
+        "head_widths": linear_head_widths(linear),
         "extra_ffn": {"ffn": ff},
     }
 
@@ -635,9 +699,11 @@ def spec_from_config(config: dict[str, Any]) -> ModelSpec:
             head_widths["head_gate"] = 1  # Step 3.5's g_proj: one gate row per query head
         linear = _linear_attention(c)
         if linear is not None:
-            head_widths["linear_head_dim"] = linear.head_dim
-            head_widths["linear_beta"] = 1  # the beta projection: one row per head
+            head_widths.update(linear_head_widths(linear))
             extra["linear_attention"] = linear
+        if linear is not None and linear.gated_deltanet:
+            # its full attention's q_proj: per head, the queries then their sigmoid gate
+            head_widths["gated_q"] = 2 * head_dim
         spec = ModelSpec(
             model_type=str(config["model_type"]),
             hidden_size=int(c["hidden_size"]),

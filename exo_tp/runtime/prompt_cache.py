@@ -4,9 +4,10 @@ Every rank of an epoch keeps its own entries (its KV heads and layers) and must 
 same decisions as the others, so that a hit on the conductor is a hit everywhere: entries are
 inserted and looked up at the same batch steps on every rank, and sizes are not measured from
 the local arrays (uneven shards hold different bytes) but counted in tokens times the plan's KV
-bytes per token on the rank that holds the most, plus, for recurrent layers (Kimi K3's linear
-attention), the state every entry holds whatever its length. mlx-lm's `PromptTrie` finds the
-nearest entry; `LRUPromptCache` is not used as is because it evicts by each process's own bytes.
+bytes per token on the rank that holds the most, plus, for recurrent layers (the linear attention
+of Kimi K3, Qwen 3.5 and Qwen3-Next), the state every entry holds whatever its length. mlx-lm's
+`PromptTrie` finds the nearest entry; `LRUPromptCache` is not used as is because it evicts by
+each process's own bytes.
 
 A recurrent state (mlx-lm's ArraysCache) cannot be trimmed: it is the state after exactly the
 entry's tokens. So an entry is only ever reused for a prompt that extends it; one that covers

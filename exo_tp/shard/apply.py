@@ -54,6 +54,9 @@ def _finish(
 # Step 3.5's _full_idx/_swa_idx).
 _FIRST_FULL = ("fa_idx", "ga_idx", "full_idx", "_full_idx")
 _FIRST_SLIDING = ("swa_idx", "_swa_idx")
+# Hybrids of linear and full attention (Qwen 3.5, Qwen3-Next): the first linear layer's
+# ArraysCache makes the recurrent layers' mask; their blocks say which kind they are.
+_FIRST_LINEAR = ("ssm_idx",)
 
 
 def _is_sliding(block: nn.Module) -> bool | None:
@@ -82,6 +85,14 @@ def _keep_layers(model: nn.Module, table: ArchTable, layers: Span) -> None:
     if kept and all(hasattr(block, "is_attention_layer") for block in kept):  # LFM2
         kinds = ["*" if block.is_attention_layer else "M" for block in kept]
         _first_cached(inner, kinds, (("fa_idx", "*"), ("conv_idx", "M")))
+        return
+    if kept and all(hasattr(block, "is_linear") for block in kept):
+        # the model makes no mask for a kind it has no index of (mlx-lm's own pipeline)
+        for names, kind in ((_FIRST_FULL, False), (_FIRST_LINEAR, True)):
+            first = next((i for i, b in enumerate(kept) if bool(b.is_linear) == kind), None)
+            for name in names:
+                if hasattr(inner, name):
+                    setattr(inner, name, first)
         return
     types = getattr(inner, "layer_types", None)
     if types is not None:

@@ -190,7 +190,8 @@ class Leader:
             if led.state == "ready" and model is not None:
                 await self._rebalance(led, members, model)
             return
-        if time.monotonic() - self.peers.joined_at < self.config.settle:
+        complete = 0 < self.config.members <= len(nodes)
+        if not complete and time.monotonic() - self.peers.joined_at < self.config.settle:
             return
         if same and time.monotonic() < self._retry_at:
             return
