@@ -28,6 +28,17 @@ def _linear(linear: LinearAttention) -> str:
             f"{linear.num_heads} key heads x {linear.head_dim}, each with "
             f"{linear.value_heads} value heads x {linear.value_head_dim}"
         )
+    if linear.mamba2:  # the split unit: a group with its heads, B and C
+        per = linear.head_dim // linear.heads_per_group
+        return (
+            f", {len(linear.layers)} Mamba-2 layers of {linear.num_heads} groups x "
+            f"{linear.heads_per_group} heads x {per}, state {linear.state_size} (split by group)"
+        )
+    if linear.short_conv:
+        return (
+            f", {len(linear.layers)} short-conv layers of {linear.num_heads} channels, kernel "
+            f"{linear.conv_kernel} (split by channel)"
+        )
     return f", {len(linear.layers)} linear-attention layers of {heads} (recurrent state)"
 
 
@@ -40,7 +51,7 @@ def render_plan(plan: ShardPlan) -> str:
         + "".join(
             f", {name} {width}"
             for name, width in spec.head_widths.items()
-            if not name.startswith("linear_")  # said with the linear-attention layers
+            if not name.startswith(("linear_", "mamba_"))  # said with the recurrent layers
         )
         + "".join(f" ({_variant(v)} in {len(v.layers)} layers)" for v in spec.variants)
         + (_linear(linear) if linear else "")
