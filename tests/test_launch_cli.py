@@ -56,12 +56,23 @@ def test_model_folder_without_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", [["plan"], ["launch", "--ranks", "2", "--prompt", "x"]])
-def test_unsupported_architecture_is_named_with_the_supported_ones(
+def test_unknown_architecture_is_named_with_the_supported_ones(
     tmp_path: Path, command: list[str]
 ) -> None:
     from exo_tp.arch import supported_model_types
 
-    # A real mlx-lm architecture (a state-space model: nothing to split by heads).
+    # A type mlx-lm lacks (every type it has runs: split, as stages, or whole on one node).
+    config = {"model_type": "no_such_lm", "hidden_size": 64, "num_hidden_layers": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    line = _one_line_error(run_cli(*command, "--model", str(tmp_path), check=False))
+    assert "'no_such_lm'" in line
+    assert all(t in line for t in supported_model_types())
+
+
+def test_untabled_architecture_in_one_tensor_parallel_stage_is_refused_with_why(
+    tmp_path: Path,
+) -> None:
+    # mamba: a real mlx-lm type with no table; its layers run as stages, never split
     config = {
         "model_type": "mamba",
         "hidden_size": 64,
@@ -71,9 +82,9 @@ def test_unsupported_architecture_is_named_with_the_supported_ones(
         "vocab_size": 100,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    line = _one_line_error(run_cli(*command, "--model", str(tmp_path), check=False))
-    assert "'mamba'" in line
-    assert all(t in line for t in supported_model_types())
+    args = ["launch", "--ranks", "2", "--prompt", "x", "--model", str(tmp_path)]
+    line = _one_line_error(run_cli(*args, check=False))
+    assert "no tensor-parallel table for mamba" in line and "stages" in line
 
 
 def test_model_path_prints_prepared_folder(default_models: dict[str, Path]) -> None:
