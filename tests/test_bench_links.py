@@ -57,8 +57,8 @@ def _start_bench(
             *extra,
         ],
         # The seeded profile stands for this pytest process's device, which multiplies with
-        # MLX's bundled BLAS: the bench must too, or it measures its own (OpenBLAS's) again.
-        env={**os.environ, "EXO_TP_HOME": str(home), "EXO_TP_BLAS": "bundled"},
+        # the OpenBLAS the bench preloads too (tests/conftest.py), so it measures links only.
+        env={**os.environ, "EXO_TP_HOME": str(home)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
