@@ -4,9 +4,11 @@ in bounded time instead of hanging."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,15 +18,33 @@ from exo_tp.plan.devices import DeviceProfile
 from exo_tp.profile.cache import save
 from exo_tp.profile.peers import Peers
 from exo_tp.profile.rendezvous import BENCH_KEY, HELLO, BenchHello
-from exo_tp.profile.system import system_info
+from exo_tp.profile.system import SystemInfo
 from exo_tp.transport.channel import Channel, Listener
 from exo_tp.transport.ports import free_ports
 from exo_tp.wire.profiles import LinkProfile
 
+# The benches multiply with MLX's bundled BLAS: `exo-tp` then starts without re-executing
+# itself to preload OpenBLAS, a start-up that the timing bounds below would also count.
+BENCH_ENV = {"EXO_TP_BLAS": "bundled"}
+
+
+@functools.cache
+def _bench_system() -> SystemInfo:
+    """This device as an `exo-tp bench` process started with BENCH_ENV sees it."""
+    code = "from exo_tp.profile.system import system_info; print(system_info().model_dump_json())"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **BENCH_ENV},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return SystemInfo.model_validate_json(done.stdout)
+
 
 def _seed_cache(home: Path) -> None:
     """A cached profile for this device, so the bench only measures links (fast)."""
-    info = system_info()
+    info = _bench_system()
     save(
         DeviceProfile(
             **info.model_dump(),
@@ -56,9 +76,7 @@ def _start_bench(
             str(port_base),
             *extra,
         ],
-        # The seeded profile stands for this pytest process's device, which multiplies with
-        # the OpenBLAS the bench preloads too (tests/conftest.py), so it measures links only.
-        env={**os.environ, "EXO_TP_HOME": str(home)},
+        env={**os.environ, **BENCH_ENV, "EXO_TP_HOME": str(home)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
