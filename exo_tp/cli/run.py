@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from exo_tp.cli.args import int_list, non_negative_float, positive_int, weight_list
 from exo_tp.cli.connection_args import add_connection_args, connection_options
 from exo_tp.cli.generation_args import add_generation_defaults, generation_defaults
+from exo_tp.cli.kv_args import add_kv_args
 from exo_tp.cli.lab_args import add_lab_args, node_lab, rebalance_setting
 from exo_tp.cli.local_nodes import run_local_nodes
 from exo_tp.cli.security_args import add_security_args
@@ -174,6 +175,7 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         help="pipelines: keep one batch in flight across the stages instead of one "
         "micro-batch per stage (every stage busy under load)",
     )
+    add_kv_args(serving)
     serving.add_argument(
         "--prompt-cache-size",
         type=int,
@@ -253,6 +255,9 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
             objective=args.objective,
             prompt_cache_size=args.prompt_cache_size,
             prompt_cache_bytes=args.prompt_cache_bytes,
+            kv_bits=args.kv_bits,
+            kv_group_size=args.kv_group_size,
+            quantized_kv_start=args.quantized_kv_start,
         )
     except ValidationError as error:
         first = error.errors()[0]

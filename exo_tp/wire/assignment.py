@@ -29,6 +29,11 @@ class ServingOptions(Frozen):
     # its tokens, so prefilling together saves nothing); more pays off where a batched prefill
     # costs little more than one prompt's (GPUs).
     prefill_batch_size: int = Field(default=1, ge=1, le=256)
+    # A quantized KV cache (mlx-lm's QuantizedKVCache and names; None: float): bits, the group
+    # along the head width, and the offset from which a sequence's cache is quantized.
+    kv_bits: Literal[2, 3, 4, 5, 6, 8] | None = None
+    kv_group_size: Literal[32, 64, 128] = 64
+    quantized_kv_start: int = Field(default=0, ge=0)
     prompt_cache_size: int = Field(default=10, ge=0)  # entries kept (0: no prompt cache)
     prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
     # Pipelines: split the batch into one micro-batch per stage, so every stage works at once.
