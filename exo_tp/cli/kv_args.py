@@ -38,6 +38,16 @@ def add_kv_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     )
 
 
+def add_kv_memory_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=non_negative_int,
+        help="KV cache bytes a rank may fill (default: what its memory leaves after its "
+        "weights); a request whose context (prompt + max_tokens) cannot fit gets a 400, one "
+        "that fits only once running requests finish a 429",
+    )
+
+
 def check_kv(spec: ModelSpec, args: argparse.Namespace) -> None:
     """One readable line when this model cannot keep the KV cache asked for."""
     problem = kv_quantization_problem(spec, args.kv_bits, args.kv_group_size)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from exo_tp.cli.args import int_list, non_negative_float, positive_int, weight_list
 from exo_tp.cli.connection_args import add_connection_args, connection_options
 from exo_tp.cli.generation_args import add_generation_defaults, generation_defaults
-from exo_tp.cli.kv_args import add_kv_args
+from exo_tp.cli.kv_args import add_kv_args, add_kv_memory_arg
 from exo_tp.cli.lab_args import add_lab_args, node_lab, rebalance_setting
 from exo_tp.cli.local_nodes import run_local_nodes
 from exo_tp.cli.security_args import add_security_args
@@ -176,6 +176,7 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         "micro-batch per stage (every stage busy under load)",
     )
     add_kv_args(serving)
+    add_kv_memory_arg(serving)
     serving.add_argument(
         "--prompt-cache-size",
         type=int,
@@ -258,6 +259,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
             kv_bits=args.kv_bits,
             kv_group_size=args.kv_group_size,
             quantized_kv_start=args.quantized_kv_start,
+            kv_cache_bytes=args.kv_cache_bytes,
         )
     except ValidationError as error:
         first = error.errors()[0]

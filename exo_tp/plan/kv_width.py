@@ -9,6 +9,10 @@ one is decided here too, so `exo-tp launch`, a node's leader and a rank give the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from exo_tp.plan.cost import rank_load, stage_kv_bytes_per_token
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.spec import ModelSpec
 
 KV_BITS = (2, 3, 4, 5, 6, 8)  # mx.quantize's affine widths
@@ -59,3 +63,40 @@ def kv_quantization_problem(spec: ModelSpec, bits: int | None, group_size: int) 
                 f"{width} (KV is quantized in groups along it){hint}"
             )
     return None
+
+
+def rank_kv_bytes_per_token(
+    plan: PipelinePlan, rank: int, float_bytes: int, bits: int | None, group_size: int = 64
+) -> int:
+    """KV bytes global rank ``rank`` adds per token of one stream's context, at the width."""
+    index, local = plan.locate(rank)
+    stage = plan.stages[index]
+    floats = stage_kv_bytes_per_token(plan.spec, stage.tp.ranks[local], stage.layers, float_bytes)
+    return kv_bytes_at_width(floats, float_bytes, bits, group_size)
+
+
+def kv_token_capacity(
+    plan: PipelinePlan,
+    free: Sequence[int],
+    float_bytes: int,
+    bits: int | None,
+    group_size: int = 64,
+    cap_bytes: int | None = None,
+) -> int | None:
+    """Tokens of context, all streams together, that every rank's KV cache holds: each rank's
+    ``free`` memory (the bytes its device lets a plan fill) less the weights it holds, or at
+    most ``cap_bytes`` of KV, over its KV bytes per token; the fullest rank decides. None: no
+    rank keeps a KV cache that grows with the context."""
+    tokens = []
+    for index, stage in enumerate(plan.stages):
+        first, last = index == 0, index == len(plan.stages) - 1
+        for local, rank in enumerate(stage.ranks):
+            per_token = rank_kv_bytes_per_token(plan, rank, float_bytes, bits, group_size)
+            if per_token <= 0:
+                continue
+            load = rank_load(plan.spec, stage.tp.ranks[local], stage.layers, first, last)
+            room = free[rank] - load.held_bytes
+            if cap_bytes is not None:
+                room = min(room, cap_bytes)
+            tokens.append(max(0, room) // per_token)
+    return min(tokens) if tokens else None

@@ -34,6 +34,9 @@ class ServingOptions(Frozen):
     kv_bits: Literal[2, 3, 4, 5, 6, 8] | None = None
     kv_group_size: Literal[32, 64, 128] = 64
     quantized_kv_start: int = Field(default=0, ge=0)
+    # KV cache bytes a rank may fill (None: what its memory leaves after the weights); the
+    # leader admits a request only while every running request's context fits in it.
+    kv_cache_bytes: int | None = Field(default=None, ge=0)
     prompt_cache_size: int = Field(default=10, ge=0)  # entries kept (0: no prompt cache)
     prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
     # Pipelines: split the batch into one micro-batch per stage, so every stage works at once.
