@@ -11,9 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import Field
+
+from exo_tp.frozen import Frozen
 from exo_tp.plan.cost import rank_load, stage_kv_bytes_per_token
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.spec import ModelSpec
+
+
+class KvShape(Frozen):
+    """What the KV cache is planned for: its width and how many streams hold a context at
+    once (each the planned context long)."""
+
+    bits: int | None = None  # None: float
+    group_size: int = Field(default=64, gt=0)
+    streams: int = Field(default=1, ge=1)
+
+
+FLOAT_KV = KvShape()  # float, one stream: the planner's default
 
 KV_BITS = (2, 3, 4, 5, 6, 8)  # mx.quantize's affine widths
 KV_GROUP_SIZES = (32, 64, 128)  # mx.quantize's group sizes
