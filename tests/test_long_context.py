@@ -74,11 +74,13 @@ folder = Path({folder!r})
 plan = plan_tensor_parallel(load_spec(folder), {weights!r})
 eos = load_tokenizer(folder).eos_token_ids
 out = {{}}
-for name, bits, prompts in {cases!r}:
+for name, bits, prompts, budget in {cases!r}:
     model = load_shard(folder, plan, group.rank(), group, mx.float32)
     if bits:
         quantize_kv(model, bits, 64, 0)
-    options = ServingOptions(max_concurrency=4, prompt_cache_size=0, kv_bits=bits)
+    options = ServingOptions(
+        max_concurrency=4, prompt_cache_size=0, kv_bits=bits, step_token_budget=budget
+    )
     batch = LockstepBatch(
         model, eos, options,
         lambda lp: (mx.argmax(lp, axis=-1).astype(mx.uint32), 0), bytes_per_token=0,
@@ -100,8 +102,9 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     tmp_path: Path, default_models: dict[str, Path]
 ) -> None:
     """One ring job of 3 uneven ranks (5/3/2): float prompts of 1k, 4k and 8k tokens, each
-    alone; with an 8-bit and a 4-bit KV cache a 1k prompt alone, then prompts of 1000, 300 and
-    700 tokens batched together, each equal to mlx-lm's run of that prompt alone."""
+    alone; prompts of 1000, 300 and 700 tokens batched together with a step token budget (chunked
+    prefill); with an 8-bit and a 4-bit KV cache a 1k prompt alone, then the three batched
+    (8-bit: with the budget), each equal to mlx-lm's run of that prompt alone."""
     from mlx_lm import load
 
     config = {**tiny_config("llama"), "max_position_embeddings": 16384}
@@ -118,12 +121,18 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     long = [prompt(n) for n in (1000, 4000, 8000)]
     batched = [prompt(n) for n in (1000, 300, 700)]
     cases = [
-        ("float 1k", None, [long[0]]),
-        ("float 4k", None, [long[1]]),
-        ("float 8k", None, [long[2]]),
+        ("float 1k", None, [long[0]], None),
+        ("float 4k", None, [long[1]], None),
+        ("float 8k", None, [long[2]], None),
+        # chunked prefill with a token budget of 48: the 700 and 1000-token prompts are read
+        # in chunks of 47 and 46 tokens beside the streams already decoding
+        ("float budget", None, batched, 48),
     ]
     for bits in (8, 4):
-        cases += [(f"kv{bits} 1k", bits, [long[0]]), (f"kv{bits} batched", bits, batched)]
+        cases += [
+            (f"kv{bits} 1k", bits, [long[0]], None),
+            (f"kv{bits} batched", bits, batched, 48 if bits == 8 else None),
+        ]
     script = _RING.format(
         tests=str(Path(__file__).parent),
         folder=str(folder),
@@ -133,7 +142,7 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     )
     outs = run_on_ranks(len(WEIGHTS), script, tmp_path, timeout=600)
     compared = {}
-    for name, bits, prompts in cases:
+    for name, bits, prompts, _ in cases:
         for i, (ours, ids) in enumerate(zip(outs[name], prompts, strict=True)):
             compared[name, i] = _same_until_a_tie(ours, _reference(model, ids, bits))
     print(compared)

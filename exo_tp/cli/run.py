@@ -152,6 +152,14 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         "long prompt never freezes running streams (default 512)",
     )
     serving.add_argument(
+        "--step-token-budget",
+        type=positive_int,
+        help="tokens one step may carry while streams decode: their tokens plus a chunk of "
+        "a waiting prompt (default: a chunk costing about one decode step, from the plan's "
+        "predicted decode and prefill speeds when the planner measured the devices; else "
+        "--prefill-step-size chunks)",
+    )
+    serving.add_argument(
         "--prefill-batch-size",
         type=positive_int,
         default=None,
@@ -251,6 +259,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
         return ServingOptions(
             max_concurrency=args.max_concurrency,
             prefill_step_size=args.prefill_step_size,
+            step_token_budget=args.step_token_budget,
             prefill_batch_size=args.prefill_batch_size or default_prefill_batch(),
             overlap=args.overlap,
             objective=args.objective,

@@ -24,6 +24,10 @@ class ServingOptions(Frozen):
 
     max_concurrency: int = Field(default=8, ge=1, le=256)  # sequences in one decode batch
     prefill_step_size: int = Field(default=512, ge=16)  # prompt tokens per chunk between steps
+    # Tokens one step may carry while streams decode: their decode tokens plus a chunk of the
+    # waiting prompts (exo_tp.plan.step_budget). None: the leader sizes it from the plan's
+    # prediction when it has one, else every chunk is prefill_step_size.
+    step_token_budget: int | None = Field(default=None, ge=16)
     # Joining prompts prefilled together in one step. 1: each joins alone, shortest first, so
     # its first token does not wait for the others' prefill (on CPUs a step's cost grows with
     # its tokens, so prefilling together saves nothing); more pays off where a batched prefill
