@@ -151,17 +151,21 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     assert _reference(model, long[0], 4)[0] != _reference(model, long[0], None)[0]
 
 
-def test_smollm2_with_an_8_bit_kv_cache_on_3_uneven_ranks_equals_mlx_lm(
+def test_smollm2_with_an_8_bit_kv_cache_on_two_stages_of_uneven_ranks_equals_mlx_lm(
     tmp_path: Path, default_models: dict[str, Path]
 ) -> None:
-    """`exo-tp launch --kv-bits 8` on SmolLM2 (float32), a ~1k-token prompt: the greedy tokens
-    of mlx-lm's generation with kv_bits=8, group 64, from token 0."""
+    """`exo-tp launch --kv-bits 8 --stages 2,1` on SmolLM2 (float32): a TP group of two uneven
+    ranks (5:3), then a stage of one, each quantizing its own heads of its own layers, a
+    ~1k-token prompt: the greedy tokens of mlx-lm's generation with kv_bits=8, group 64, from
+    token 0."""
     from mlx_lm import load, stream_generate
 
     folder = default_models["smollm2-135m"]
     words = "The river carried the boat past fields, towns and old stone bridges. "
     text = words * 72 + "Summarise the story in one sentence."
-    result = launch(tmp_path, folder, WEIGHTS, text, TOKENS, "--kv-bits", "8", logits=False)
+    result = launch(
+        tmp_path, folder, WEIGHTS, text, TOKENS, "--kv-bits", "8", "--stages", "2,1", logits=False
+    )
     model, tokenizer = load(str(folder))
     model.set_dtype(mx.float32)
     ids = tokenizer.apply_chat_template(

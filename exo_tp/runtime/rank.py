@@ -292,12 +292,6 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         last,
         Path(job.adapter_path) if job.adapter_path else None,
     )
-    if job.serving.kv_bits is not None:  # mlx-lm's QuantizedKVCache, one sequence at a time
-        serving = job.serving
-        problem = kv_quantization_problem(stage.tp.spec, serving.kv_bits, serving.kv_group_size)
-        if problem:
-            raise ExoTpError(problem)
-        quantize_kv(model, serving.kv_bits, serving.kv_group_size, serving.quantized_kv_start)
     progress.load_peak = mx.get_peak_memory()
     pieced = multiply_in_pieces(model) if pieces_wanted() else 0
     factor = None
@@ -331,6 +325,13 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         pieced,
     )
     driver = _open_hops(job, key, model)
+    if job.serving.kv_bits is not None:  # mlx-lm's QuantizedKVCache, a sequence at a time:
+        # the stage model, so that a pipeline's hops carry one sequence per call too
+        serving = job.serving
+        problem = kv_quantization_problem(stage.tp.spec, serving.kv_bits, serving.kv_group_size)
+        if problem:
+            raise ExoTpError(problem)
+        quantize_kv(driver, serving.kv_bits, serving.kv_group_size, serving.quantized_kv_start)
     tokenizer = load_model_tokenizer(model_dir)
     threading.Thread(target=_beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
