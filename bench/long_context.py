@@ -12,8 +12,10 @@
    the step token budget (exo_tp.plan.step_budget: a chunk costing about one decode step, from
    the decode step and prefill speed measured here in place of device profiles), and the 8k
    prompt alone: the streams' inter-token p50 during the prefill against alone (target 1.5x)
-   and the prefill's time to its first token against alone (target 1.3x). In the same job, the
-   4 streams' decode step with an 8-bit KV cache (one pass per sequence) against float.
+   and the prefill's time to its first token against alone (target 1.3x).
+4. The price of a quantized KV cache's per-sequence path: 4 streams' decode step on one device
+   (the runtime's LockstepBatch), 8-bit KV (one pass per sequence) against float (one batched
+   pass), after 1k-token prompts.
 
     python bench/long_context.py [--layers 4] [--prompt 16384] [--joining 8192] [--quick]
 
@@ -134,7 +136,6 @@ from exo_tp.plan.spec import load_spec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.shard.apply import load_shard
-from exo_tp.shard.kv_quant import quantize_kv
 from exo_tp.transport.ring import barrier, init_ring
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert
@@ -148,13 +149,11 @@ rng = np.random.default_rng(0)
 vocab = load_spec(folder).vocab_size
 def greedy(lp):
     return mx.argmax(lp, axis=-1).astype(mx.uint32), 0
-def batch(budget, kv_bits=None):
-    options = ServingOptions(
-        max_concurrency=8, prompt_cache_size=0, step_token_budget=budget, kv_bits=kv_bits
-    )
-    return LockstepBatch(quantized if kv_bits else model, [], options, greedy, bytes_per_token=0)
-def run(budget, streams, long, kv_bits=None):
-    b, uid = batch(budget, kv_bits), 0
+def batch(budget):
+    options = ServingOptions(max_concurrency=8, prompt_cache_size=0, step_token_budget=budget)
+    return LockstepBatch(model, [], options, greedy, bytes_per_token=0)
+def run(budget, streams, long):
+    b, uid = batch(budget), 0
     for _ in range(streams):
         ids = tuple(rng.integers(0, vocab, 64).tolist())
         b.insert(Insert(uid=uid, tokens=ids, max_tokens=100000))
@@ -187,10 +186,6 @@ budget = max(16, min(512, round(result["decode_alone"]["itl_p50"] * rate)))
 result["budget"] = budget
 result["chunks_512"] = run(None, 4, True)
 result["chunks_budget"] = run(budget, 4, True)
-# the price of a quantized KV cache's per-sequence path: 4 streams' decode step, 8-bit KV
-quantized = load_shard(folder, plan, group.rank(), group, mx.float32)
-quantize_kv(quantized, 8, 64, 0)
-result["decode_alone_kv8"] = run(None, 4, False, 8)
 if group.rank() == 0:
     Path(out).write_text(json.dumps(result))
 barrier(group)
@@ -224,12 +219,61 @@ def decoding_during_prefill(model: Path, joining: int, decode_steps: int) -> dic
                 raise SystemExit(f"a rank failed: {err[-2000:]}")
         r = json.loads(out.read_text())
     alone, prefill = r["decode_alone"]["itl_p50"], r["prefill_alone"]["first"]
-    r["decode_alone_kv8"]["itl_over_float"] = round(r["decode_alone_kv8"]["itl_p50"] / alone, 3)
     for name in ("chunks_512", "chunks_budget"):
         case = r[name]
         case["itl_over_alone"] = round(case["itl_p50"] / alone, 3)
         case["prefill_over_alone"] = round(case["first"] / prefill, 3)
     return r
+
+
+def per_sequence_price(model: Path, prompt: int, steps: int) -> dict[str, float]:
+    """Median decode step of 4 streams, float batched against 8-bit KV one sequence at a time
+    (one device, in this process)."""
+    sys.path.insert(0, str(ROOT))
+    import mlx.core as mx
+    import numpy as np
+
+    from exo_tp.plan.spec import load_spec
+    from exo_tp.plan.tensor_parallel import plan_tensor_parallel
+    from exo_tp.runtime.batching import LockstepBatch
+    from exo_tp.shard.apply import load_shard
+    from exo_tp.shard.kv_quant import quantize_kv
+    from exo_tp.wire.assignment import ServingOptions
+    from exo_tp.wire.runtime import Insert
+
+    spec = load_spec(model)
+    group = 64 if spec.head_dim % 64 == 0 else 32  # the quick model's heads are 32 wide
+    out = {}
+    for bits in (None, 8):
+        plan = plan_tensor_parallel(spec, [1.0])
+        shard = load_shard(model, plan, 0, mx.distributed.init(), mx.float32)
+        if bits:
+            quantize_kv(shard, bits, group, 0)
+        options = ServingOptions(
+            max_concurrency=8, prompt_cache_size=0, kv_bits=bits, kv_group_size=group
+        )
+        batch = LockstepBatch(
+            shard,
+            [],
+            options,
+            lambda lp: (mx.argmax(lp, axis=-1).astype(mx.uint32), 0),
+            bytes_per_token=0,
+        )
+        rng = np.random.default_rng(0)
+        for uid in range(STREAMS):
+            ids = tuple(rng.integers(0, spec.vocab_size, prompt).tolist())
+            batch.insert(Insert(uid=uid, tokens=ids, max_tokens=100000))
+        while len(batch.generator._generation_batch) < STREAMS:
+            batch.step()
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            batch.step()
+            times.append(time.perf_counter() - t)
+        batch.close()
+        out[f"{bits or 32}-bit_step_p50"] = round(float(np.median(times)), 4)
+    out["kv8_over_float"] = round(out["8-bit_step_p50"] / out["32-bit_step_p50"], 3)
+    return out
 
 
 def main() -> None:
@@ -254,6 +298,9 @@ def main() -> None:
             "first_token": first_token(model, args.prompt),
             "decoding_during_prefill": decoding_during_prefill(
                 model, args.joining, args.decode_steps
+            ),
+            "per_sequence_price": per_sequence_price(
+                model, 64 if args.quick else 1024, args.decode_steps
             ),
             "model": {"layers": 2 if args.quick else args.layers, "pairs": pairs},
         }
