@@ -46,7 +46,7 @@ from exo_tp.node.leader.rebalance import LiveBalance
 from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.plan import ModelSpec
 from exo_tp.plan.cluster import MEMORY_HEADROOM
-from exo_tp.plan.kv_width import kv_token_capacity
+from exo_tp.plan.kv_width import kv_quantization_problem, kv_token_capacity
 from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
 from exo_tp.wire.announcement import Announcement
@@ -357,6 +357,11 @@ class Leader:
             )
         except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
             self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: {error}")
+            return
+        serving = self.config.serving
+        problem = kv_quantization_problem(model.spec, serving.kv_bits, serving.kv_group_size)
+        if problem:  # before any rank loads: the epoch fails with the reason, readable
+            self._fail(problem)
             return
         for note in placement.notes:
             log.info("%s", note)
