@@ -213,10 +213,18 @@ def decoding_during_prefill(model: Path, joining: int, decode_steps: int) -> dic
             )
             for r in range(2)
         ]
-        for proc in procs:
-            _, err = proc.communicate(timeout=3600)
-            if proc.returncode:
-                raise SystemExit(f"a rank failed: {err[-2000:]}")
+        try:  # a rank that fails leaves the other waiting in a collective: stop both then
+            while any(p.poll() is None for p in procs):
+                failed = [p for p in procs if p.poll()]
+                if failed:
+                    raise SystemExit(f"a rank failed: {failed[0].stderr.read()[-2000:]}")
+                time.sleep(0.2)
+            failed = [p for p in procs if p.returncode]
+            if failed:
+                raise SystemExit(f"a rank failed: {failed[0].stderr.read()[-2000:]}")
+        finally:
+            for proc in procs:
+                proc.kill()
         r = json.loads(out.read_text())
     alone, prefill = r["decode_alone"]["itl_p50"], r["prefill_alone"]["first"]
     for name in ("chunks_512", "chunks_budget"):
