@@ -93,6 +93,26 @@ for name, bits, prompts, budget in {cases!r}:
             streams[response.uid].append(response.token)
     batch.close()
     out[name] = [streams[uid] for uid in range(len(prompts))]
+# a second turn with an 8-bit KV cache, served from the prompt cache (quantized entries)
+model = load_shard(folder, plan, group.rank(), group, mx.float32)
+quantize_kv(model, 8, 64, 0)
+options = ServingOptions(max_concurrency=4, prompt_cache_size=4, kv_bits=8)
+batch = LockstepBatch(
+    model, eos, options,
+    lambda lp: (mx.argmax(lp, axis=-1).astype(mx.uint32), 0), bytes_per_token=1,
+)
+turns, cached = [{first_turn!r}], []
+for uid in range(2):
+    if uid:
+        turns.append(turns[0] + out["first turn"] + {follow_up!r})
+    hit, _ = batch.insert(Insert(uid=uid, tokens=tuple(turns[uid]), max_tokens={tokens}))
+    cached.append(hit)
+    tokens = []
+    while not batch.idle:
+        tokens += [r.token for r in batch.step()]
+    out["second turn" if uid else "first turn"] = tokens
+batch.close()
+out["cached"], out["turn"] = cached, turns[1]
 if group.rank() == 0:
     Path(OUT).write_text(json.dumps(out))
 """
@@ -104,7 +124,9 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     """One ring job of 3 uneven ranks (5/3/2): float prompts of 1k, 4k and 8k tokens, each
     alone; prompts of 1000, 300 and 700 tokens batched together with a step token budget (chunked
     prefill); with an 8-bit and a 4-bit KV cache a 1k prompt alone, then the three batched
-    (8-bit: with the budget), each equal to mlx-lm's run of that prompt alone."""
+    (8-bit: with the budget), each equal to mlx-lm's run of that prompt alone; and a second turn
+    of a chat with an 8-bit KV cache, served from the prompt cache, equal to mlx-lm's uncached
+    answer."""
     from mlx_lm import load
 
     config = {**tiny_config("llama"), "max_position_embeddings": 16384}
@@ -133,18 +155,27 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
             (f"kv{bits} 1k", bits, [long[0]], None),
             (f"kv{bits} batched", bits, batched, 48 if bits == 8 else None),
         ]
+    first_turn, follow_up = batched[1], prompt(44)  # 44: no near-tie in its answer
     script = _RING.format(
         tests=str(Path(__file__).parent),
         folder=str(folder),
         weights=WEIGHTS,
         cases=cases,
         tokens=TOKENS,
+        first_turn=first_turn,
+        follow_up=follow_up,
     )
     outs = run_on_ranks(len(WEIGHTS), script, tmp_path, timeout=600)
     compared = {}
     for name, bits, prompts, _ in cases:
         for i, (ours, ids) in enumerate(zip(outs[name], prompts, strict=True)):
             compared[name, i] = _same_until_a_tie(ours, _reference(model, ids, bits))
+    # the second turn reuses the first's quantized cache, and answers as mlx-lm uncached
+    assert outs["cached"][1] >= len(first_turn), outs["cached"]
+    assert outs["turn"] == first_turn + outs["first turn"] + follow_up
+    compared["kv8 cached turn", 0] = _same_until_a_tie(
+        outs["second turn"], _reference(model, outs["turn"], 8)
+    )
     print(compared)
     assert sum(compared.values()) >= len(compared) * TOKENS // 2, compared
     # the quantized width is not a no-op here: 4 bits change mlx-lm's own tokens
