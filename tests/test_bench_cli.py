@@ -295,6 +295,24 @@ def test_plan_from_profiles(tmp_path: Path, quick: tuple) -> None:
     stage = best["prediction"]["stages"][0]
     assert best["prediction"]["decode_seconds"] > stage["compute_seconds"]
     assert not stage["link"]["measured"]  # no links between these two: assumed
+    # 4 streams of 8-bit KV (1.125 bytes an element, float32 scales per 64): each holds
+    # 4 / 1.125 / 4 of one float stream's context on the same plan
+    quantized = run_cli(
+        "plan",
+        "--profile",
+        str(measured),
+        "--profile",
+        str(slower),
+        "--context",
+        "4096",
+        "--streams",
+        "4",
+        "--kv-bits",
+        "8",
+        "--json",
+    ).stdout
+    fits = json.loads(quantized)["best"]["prediction"]["context_fits"]
+    assert fits == pytest.approx(best["prediction"]["context_fits"] / 1.125, rel=1e-3)
 
 
 def test_plan_profile_errors_are_one_line(tmp_path: Path) -> None:

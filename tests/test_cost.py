@@ -138,6 +138,30 @@ def test_tensor_parallel_prediction_by_hand() -> None:
     assert p.prefill_seconds == pytest.approx(flops / 1e9 + comm4)
 
 
+@pytest.mark.parametrize(("bits", "per_token"), [(None, 1024), (8, 288), (4, 160)])
+def test_kv_bytes_at_the_quantized_width_and_the_context_each_plan_fits(
+    bits: int | None, per_token: int
+) -> None:
+    """2 KV heads of width 64 over 2 even ranks, float32: each rank adds 2 layers x keys and
+    values x 64 x 4 bytes = 1024 bytes per token; quantized, each element takes bits / 8 bytes
+    plus a float32 scale and bias per group of 64 (8 bits: 1.125 bytes, 4 bits: 0.625). 3
+    streams each with the planned context share what memory leaves beside the weights."""
+    from exo_tp.plan.kv_width import KvShape
+
+    spec = tiny(head_dim=64)
+    plan = single_stage(plan_tensor_parallel(spec, [1, 1]))
+    memory = 2 * 10**6
+    cluster = Cluster(
+        devices=(_device("a", 1e-9, memory), _device("b", 1e-9, memory)), default_link=LINK
+    )
+    kv = KvShape(bits=bits, group_size=64, streams=3)
+    p = predict(plan, [0, 1], cluster, context_tokens=100, prompt_tokens=4, kv=kv)
+    weights = p.memory[0].weights
+    assert [m.kv_per_token for m in p.memory] == [per_token, per_token]
+    assert p.memory[0].kv_cache == 3 * 100 * per_token
+    assert p.context_fits == (memory - weights) // (3 * per_token)
+
+
 @pytest.mark.parametrize("overhead", [1e-5, 1e-3])
 def test_segments_wait_for_their_slowest_rank_and_overheads_are_not_divided(
     overhead: float,

@@ -40,6 +40,8 @@ def _one_line_error(result: subprocess.CompletedProcess) -> str:
         (["launch", "--prompt", "x", "--temp", "-1"], "--temp"),
         (["launch", "--prompt", "x", "--top-p", "2"], "top-p"),
         (["launch", "--ranks", "2"], "--prompt"),
+        (["launch", "--prompt", "x", "--kv-bits", "8", "--kv-group-size", "128"], "head width 64"),
+        (["launch", "--prompt", "x", "--kv-bits", "7"], "--kv-bits"),
         (["plan", "--model", "/nonexistent/folder"], "unknown model"),
         (["model", "path", "nope"], "unknown model"),
         (["frobnicate"], "invalid choice"),

@@ -19,9 +19,12 @@ import psutil
 import pytest
 from cluster_helpers import LocalCluster, http_json, local_cluster, wait_ready
 from helpers import greedy_batch, mlx_lm_reference
-from openai import APIError, OpenAI
+from openai import APIError, BadRequestError, OpenAI, RateLimitError
 
 MODEL = "smollm2-135m"
+# SmolLM2's float32 KV cache per token of context: 30 layers x keys and values x 3 KV heads x 64
+SMOLLM2_KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 4
+KV_CAP_TOKENS = 3000
 TOKENS = 12
 PROMPTS = [
     "What is the capital of France?",
@@ -63,9 +66,21 @@ def hybrid_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def pipeline_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
-    """2 stages of 1 rank, overlapped (the default): one micro-batch per stage in flight."""
+    """2 stages of 1 rank, overlapped (the default): one micro-batch per stage in flight. Its
+    KV memory is capped (--kv-cache-bytes) to 3,000 tokens of SmolLM2's whole KV cache, so that
+    the stage holding the most layers holds 3,100-6,000 tokens of context: less than the
+    model's 8,192 (test_a_context_the_kv_memory_cannot_hold_is_refused_before_any_work)."""
     with local_cluster(
-        2, weights=[1, 1], extra=("--stages", "1,1", "--max-concurrency", "8")
+        2,
+        weights=[1, 1],
+        extra=(
+            "--stages",
+            "1,1",
+            "--max-concurrency",
+            "8",
+            "--kv-cache-bytes",
+            str(KV_CAP_TOKENS * SMOLLM2_KV_BYTES_PER_TOKEN),
+        ),
     ) as running:
         yield running
 
@@ -329,3 +344,39 @@ def test_waiting_prompts_are_prefilled_one_per_step_shortest_first(
     assert steps[1] - steps[0] == steps[2] - steps[1] == 1, first_step
     for uid, prompt in enumerate(prompts):
         assert generated[uid] == mlx_lm_reference(model_dir, prompt, TOKENS).tokens
+
+
+def test_a_context_the_kv_memory_cannot_hold_is_refused_before_any_work(
+    pipeline_cluster: LocalCluster,
+) -> None:
+    """The pipeline cluster's KV memory holds 3,100-6,000 tokens (its fixture): a prompt of
+    ~6,500 tokens (within the model's 8,192) can never fit and gets a 400; a request whose
+    prompt + max_tokens fits alone but not beside a running one gets a 429, until it ends."""
+    openai = client(pipeline_cluster.urls[0])
+    with pytest.raises(BadRequestError) as never:
+        openai.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hello " * 6500}],
+            max_tokens=4,
+        )
+    assert never.value.status_code == 400
+    assert never.value.code == "context_length_exceeded", never.value
+    assert "KV cache" in never.value.message
+    short = [{"role": "user", "content": "Tell me a long story."}]
+    running = openai.chat.completions.create(
+        model=MODEL, messages=short, max_tokens=3000, temperature=0, stream=True
+    )
+    for chunk in running:  # it generates: its context is reserved
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    with pytest.raises(RateLimitError) as busy:
+        openai.chat.completions.create(model=MODEL, messages=short, max_tokens=3000)
+    assert busy.value.code == "kv_cache_full", busy.value
+    running.close()  # cancels it: its reservation goes when the cluster has cancelled it
+    while True:
+        try:
+            answer = openai.chat.completions.create(model=MODEL, messages=short, max_tokens=3)
+            break
+        except RateLimitError:
+            continue
+    assert answer.choices[0].message.content

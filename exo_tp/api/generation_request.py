@@ -124,8 +124,8 @@ def token_budget(node: Backend, prompt_tokens: int, wanted: int | None, prompt_p
     if prompt_tokens >= context:
         raise ApiError(
             400,
-            f"This model's maximum context length is {context} tokens; the "
-            f"prompt has {prompt_tokens}.",
+            f"This model's maximum context length is {context} tokens (the model's, or "
+            f"what the cluster's KV cache memory holds); the prompt has {prompt_tokens}.",
             param=prompt_param,
             code="context_length_exceeded",
         )

@@ -13,6 +13,7 @@ from exo_tp.cli.args import (
     positive_int,
     weight_list,
 )
+from exo_tp.cli.kv_args import add_kv_args, check_kv
 from exo_tp.cli.lab_args import add_lab_args, lab_environments
 from exo_tp.errors import ExoTpError
 
@@ -73,6 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an mlx-lm LoRA adapter folder (e.g. from exo-tp "
         "finetune), applied to every rank's shard",
     )
+    add_kv_args(p)
     add_lab_args(p, "rank", rebalance=False)
     p.set_defaults(handler=run)
 
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from exo_tp.models.tokenizer import load_model_tokenizer
     from exo_tp.plan import load_spec
     from exo_tp.runtime.launcher import launch_local
+    from exo_tp.wire.assignment import ServingOptions
     from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
 
     weights = args.weights or [1.0] * args.ranks
@@ -91,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise ExoTpError("--top-p must be in (0, 1]")
     model_dir = resolve_model(args.model)
     spec = load_spec(model_dir)
+    check_kv(spec, args)
     plan = _plan(spec, weights, args.stages, args.stage_layers)
     tokens = encode_prompt(
         load_model_tokenizer(model_dir), args.prompt, not args.ignore_chat_template
@@ -122,6 +126,13 @@ def run(args: argparse.Namespace) -> int:
         join_timeout=args.join_timeout,
         adapter_path=adapter_folder(args.adapter_path),
         rank_env=lab_environments(args, plan.size),
+        serving=ServingOptions(
+            max_concurrency=1,
+            prompt_cache_size=0,
+            kv_bits=args.kv_bits,
+            kv_group_size=args.kv_group_size,
+            quantized_kv_start=args.quantized_kv_start,
+        ),
     )
     return 0
 

@@ -20,6 +20,7 @@ from exo_tp.cli.args import (
     positive_int,
     weight_list,
 )
+from exo_tp.cli.kv_args import add_kv_args, check_kv
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
@@ -45,6 +46,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=positive_int,
         help="tokens of context whose KV cache must fit (default: the model's)",
     )
+    p.add_argument(
+        "--streams",
+        type=positive_int,
+        default=1,
+        help="streams holding a context at once, each --context long (default 1)",
+    )
+    add_kv_args(p)
     p.add_argument(
         "--prompt-tokens",
         type=positive_int,
@@ -99,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.weights and args.profile:
         raise ExoTpError("give --weights or --profile, not both")
     spec = load_spec(resolve_model(args.model))
+    check_kv(spec, args)
     if args.profile:
         return _choose(args, spec)
 
@@ -106,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     from exo_tp.plan import plan_tensor_parallel
     from exo_tp.plan.cost import rank_load
     from exo_tp.plan.human import size
+    from exo_tp.plan.kv_width import rank_kv_bytes_per_token
+    from exo_tp.plan.pipeline import single_stage
     from exo_tp.plan.render import render_plan
     from exo_tp.plan.shard_plan import Span
 
@@ -118,11 +129,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     every = Span(start=0, stop=spec.num_layers)
     held = [size(rank_load(spec, r, every, True, True).held_bytes) for r in plan.ranks]
+    whole = single_stage(plan)
+    kv = [
+        size(1000 * rank_kv_bytes_per_token(whole, r, 4, args.kv_bits, args.kv_group_size))
+        for r in range(plan.size)
+    ]
+    width = f"{args.kv_bits}-bit" if args.kv_bits else "float32"
     print(
         f"mode: {mode} ({why})\n"
         + render_plan(plan)
         + "\nweights held per rank: "
         + ", ".join(held)
+        + f"\nKV cache per 1k tokens of context per rank ({width}): "
+        + ", ".join(kv)
     )
     return 0
 
@@ -158,6 +177,7 @@ def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
     from exo_tp.plan.cluster import cluster_from_profiles
     from exo_tp.plan.cost import LinkCost
     from exo_tp.plan.devices import read_profile
+    from exo_tp.plan.kv_width import KvShape
     from exo_tp.plan.render_choice import render_choice
     from exo_tp.plan.search import choose_plan
 
@@ -176,6 +196,7 @@ def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
         args.alternatives,
         objective=args.objective,
         queue=args.queue,
+        kv=KvShape(bits=args.kv_bits, group_size=args.kv_group_size, streams=args.streams),
     )
     print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
     return 0

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from exo_tp.cli.args import int_list, non_negative_float, positive_int, weight_list
 from exo_tp.cli.connection_args import add_connection_args, connection_options
 from exo_tp.cli.generation_args import add_generation_defaults, generation_defaults
+from exo_tp.cli.kv_args import add_kv_args, add_kv_memory_arg
 from exo_tp.cli.lab_args import add_lab_args, node_lab, rebalance_setting
 from exo_tp.cli.local_nodes import run_local_nodes
 from exo_tp.cli.security_args import add_security_args
@@ -151,6 +152,14 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         "long prompt never freezes running streams (default 512)",
     )
     serving.add_argument(
+        "--step-token-budget",
+        type=positive_int,
+        help="tokens one step may carry while streams decode: their tokens plus a chunk of "
+        "a waiting prompt (default: a chunk costing about one decode step, from the plan's "
+        "predicted decode and prefill speeds when the planner measured the devices; else "
+        "--prefill-step-size chunks)",
+    )
+    serving.add_argument(
         "--prefill-batch-size",
         type=positive_int,
         default=None,
@@ -174,6 +183,8 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         help="pipelines: keep one batch in flight across the stages instead of one "
         "micro-batch per stage (every stage busy under load)",
     )
+    add_kv_args(serving)
+    add_kv_memory_arg(serving)
     serving.add_argument(
         "--prompt-cache-size",
         type=int,
@@ -248,11 +259,16 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
         return ServingOptions(
             max_concurrency=args.max_concurrency,
             prefill_step_size=args.prefill_step_size,
+            step_token_budget=args.step_token_budget,
             prefill_batch_size=args.prefill_batch_size or default_prefill_batch(),
             overlap=args.overlap,
             objective=args.objective,
             prompt_cache_size=args.prompt_cache_size,
             prompt_cache_bytes=args.prompt_cache_bytes,
+            kv_bits=args.kv_bits,
+            kv_group_size=args.kv_group_size,
+            quantized_kv_start=args.quantized_kv_start,
+            kv_cache_bytes=args.kv_cache_bytes,
         )
     except ValidationError as error:
         first = error.errors()[0]

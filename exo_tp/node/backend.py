@@ -25,6 +25,7 @@ from exo_tp.node.leader.dispatch import (
     Dispatcher,
     DispatchError,
     GenerationFailed,
+    KvCacheFull,
     NotReady,
     QueueFull,
 )
@@ -45,6 +46,15 @@ def api_error(error: DispatchError) -> ApiError:
             f"running and {error.waiting} waiting; retry later",
             code="queue_full",
             retry_after=error.retry_after,
+        )
+    if isinstance(error, KvCacheFull):
+        return ApiError(
+            429,
+            f"the cluster's KV cache is full: this request's context needs {error.needed} "
+            f"tokens and running requests hold {error.reserved} of {error.capacity}; "
+            "retry later",
+            code="kv_cache_full",
+            retry_after=1,
         )
     if isinstance(error, NotReady):
         return not_ready(error.reason)
@@ -114,7 +124,10 @@ class NodeBackend:
 
     @property
     def context_length(self) -> int:
-        return self._prepared().spec.context_length
+        """The model's context, or less where the epoch's KV memory holds fewer tokens."""
+        context = self._prepared().spec.context_length
+        kv_tokens = self._dispatcher.kv_tokens
+        return context if kv_tokens is None else min(context, kv_tokens)
 
     @property
     def vocab_size(self) -> int:

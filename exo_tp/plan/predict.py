@@ -35,6 +35,7 @@ from exo_tp.plan.cost import (
     rank_load,
     read_seconds,
 )
+from exo_tp.plan.kv_width import FLOAT_KV, KvShape, kv_bytes_at_width
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.spec import Frozen, ModelSpec
 
@@ -43,8 +44,20 @@ class RankMemory(Frozen):
     rank: int
     device: int
     weights: int  # bytes
-    kv_cache: int  # bytes for the context
+    kv_cache: int  # bytes for the context (every planned stream's)
     limit: int  # bytes the device allows
+    kv_per_token: int = 0  # KV bytes per token of one stream's context, at the planned width
+    state: int = 0  # recurrent state bytes per stream
+    streams: int = 1  # streams the KV cache is planned for
+
+    @property
+    def context_fits(self) -> int | None:
+        """Tokens of context per stream this rank's memory holds beside its weights (None:
+        its KV does not grow with the context)."""
+        if self.kv_per_token <= 0:
+            return None
+        room = self.limit - self.weights - self.state * self.streams
+        return max(0, room) // (self.kv_per_token * self.streams)
 
     @property
     def total(self) -> int:
@@ -124,6 +137,13 @@ class Prediction(Frozen):
     def fits(self) -> bool:
         return all(m.fits for m in self.memory)
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def context_fits(self) -> int | None:
+        """Tokens of context per planned stream the plan's memory holds (the fullest rank)."""
+        fits = [m.context_fits for m in self.memory if m.context_fits is not None]
+        return min(fits) if fits else None
+
     def overflow(self) -> RankMemory | None:
         """The rank that overflows its device's memory the most, if any."""
         over = [m for m in self.memory if not m.fits]
@@ -194,6 +214,11 @@ def _hops(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster, tokens: 
     return total
 
 
+def kv_width(load: RankLoad, kv: KvShape) -> int:
+    """A rank's KV bytes per token of one stream at the planned width."""
+    return kv_bytes_at_width(load.kv_bytes_per_token, FLOAT_BYTES, kv.bits, kv.group_size)
+
+
 def predict(
     plan: PipelinePlan,
     devices: Sequence[int],
@@ -201,6 +226,7 @@ def predict(
     context_tokens: int = 4096,
     prompt_tokens: int = 512,
     streams: int = 1,
+    kv: KvShape = FLOAT_KV,
 ) -> Prediction:
     """Cost of ``plan`` with global rank r on ``cluster.devices[devices[r]]`` (``streams``:
     the load its loaded throughput is priced at)."""
@@ -217,8 +243,11 @@ def predict(
                 rank=r,
                 device=d,
                 weights=x.held_bytes,
-                kv_cache=x.kv_bytes_per_token * context_tokens + x.state_bytes,
+                kv_cache=kv.streams * (kv_width(x, kv) * context_tokens + x.state_bytes),
                 limit=cluster.devices[d].memory,
+                kv_per_token=kv_width(x, kv),
+                state=x.state_bytes,
+                streams=kv.streams,
             )
             for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)
         ]

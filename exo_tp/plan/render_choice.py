@@ -45,9 +45,24 @@ def render_prediction(plan: PipelinePlan, prediction: Prediction, names: Sequenc
         f"predicted decode: {duration(prediction.decode_seconds)} per token "
         f"({prediction.tokens_per_second:.3g} tokens/s); prefill of {prediction.prompt_tokens} "
         f"tokens: {duration(prediction.prefill_seconds)}; KV cache for "
-        f"{prediction.context_tokens} tokens of context"
+        f"{prediction.context_tokens} tokens of context{_streams(prediction)}"
     )
+    if prediction.context_fits is not None:
+        lines.append(
+            f"memory holds {prediction.context_fits} tokens of context per stream"
+            f"{_streams(prediction)} (the fullest rank decides)"
+        )
     return "\n".join(lines)
+
+
+def _streams(prediction: Prediction) -> str:
+    streams = prediction.memory[0].streams if prediction.memory else 1
+    return f" x {streams} streams" if streams > 1 else ""
+
+
+def _fits(prediction: Prediction) -> str:
+    fits = prediction.context_fits
+    return "any" if fits is None else str(fits)
 
 
 def render_links(cluster: Cluster) -> list[str]:
@@ -124,13 +139,13 @@ def render_choice(choice: Choice, cluster: Cluster) -> str:
         "",
         f"compared ({choice.considered} plans considered, {len(choice.rejected)} do not fit):",
         f"{'':>2} {'tokens/s':>9} {'per token':>10} {'prefill':>9} "
-        f"{f'@{choice.streams} streams':>12}  plan",
+        f"{f'@{choice.streams} streams':>12} {'context':>8}  plan",
     ]
     for mark, c in [("*", best)] + [(" ", c) for c in choice.alternatives]:
         p = c.prediction
         lines.append(
             f"{mark:>2} {p.tokens_per_second:>9.3g} {duration(p.decode_seconds):>10} "
             f"{duration(p.prefill_seconds):>9} {p.loaded_tokens_per_second:>8.3g} t/s"
-            f"  {describe_candidate(c, names)}"
+            f" {_fits(p):>8}  {describe_candidate(c, names)}"
         )
     return "\n".join(lines)

@@ -46,8 +46,9 @@ from exo_tp.plan.cost import (
     read_seconds,
 )
 from exo_tp.plan.human import size
+from exo_tp.plan.kv_width import FLOAT_KV, KvShape
 from exo_tp.plan.pipeline import PipelinePlan, Stage, balance_layers
-from exo_tp.plan.predict import Prediction, predict
+from exo_tp.plan.predict import Prediction, kv_width, predict
 from exo_tp.plan.shard_plan import ShardPlan, Span
 from exo_tp.plan.spec import Frozen, ModelSpec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
@@ -198,10 +199,11 @@ class _Layouts:
         prompt: int,
         objective: Objective = "latency",
         streams: int = 1,
+        kv: KvShape = FLOAT_KV,
     ):
         self.spec, self.cluster = spec, cluster
         self.context, self.prompt = context, prompt
-        self.objective, self.streams = objective, streams
+        self.objective, self.streams, self.kv = objective, streams, kv
         self._tp: dict[tuple[float, ...], ShardPlan] = {}
         self._group_tp: dict[tuple[int, ...], ShardPlan] = {}
         self._terms: dict[tuple[tuple[int, ...], bool, bool], _StageTerms] = {}
@@ -279,7 +281,13 @@ class _Layouts:
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes)
-                / ((x.held_bytes + x.kv_bytes_per_token * self.context + x.state_bytes) / n)
+                / (
+                    (
+                        x.held_bytes
+                        + self.kv.streams * (kv_width(x, self.kv) * self.context + x.state_bytes)
+                    )
+                    / n
+                )
             )
             for x, end, d in zip(every, ends, devices, strict=True)
         )
@@ -322,7 +330,7 @@ class _Layouts:
                 )
             plan = _pipeline(spec, tps, counts)
             prediction = predict(
-                plan, devices, self.cluster, self.context, self.prompt, self.streams
+                plan, devices, self.cluster, self.context, self.prompt, self.streams, self.kv
             )
             over = prediction.overflow()
             if over is None:
@@ -373,6 +381,7 @@ def choose_plan(
     keep: int = 5,
     objective: ObjectiveChoice = "latency",
     queue: int = 0,
+    kv: KvShape = FLOAT_KV,
 ) -> Choice:
     """The best plan of ``spec`` on ``cluster`` for ``objective`` that fits, and up to ``keep``
     runner-ups (``queue``: requests running or waiting, which ``auto`` goes by).
@@ -381,7 +390,7 @@ def choose_plan(
     """
     context = spec.context_length if context_tokens is None else context_tokens
     chosen, streams, reason = resolve_objective(objective, queue)
-    layouts = _Layouts(spec, cluster, context, prompt_tokens, chosen, streams)
+    layouts = _Layouts(spec, cluster, context, prompt_tokens, chosen, streams, kv)
     components = _fast_components(cluster, range(len(cluster.devices)))
     everyone = set(range(len(cluster.devices)))
     seen: set[Groups] = set()

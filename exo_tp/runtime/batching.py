@@ -42,6 +42,7 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from exo_tp.plan.step_budget import MIN_CHUNK
 from exo_tp.runtime.prompt_cache import PromptCache
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert, Remove, Tokens
@@ -85,6 +86,19 @@ class LockstepBatch:
         self.model = model
         self._sample, self._deferred = sample, deferred
         self._prefill_batch_size = min(options.prefill_batch_size, options.max_concurrency)
+        # Chunked prefill with a token budget (exo_tp.plan.step_budget): while streams decode,
+        # a step carries their tokens and at most the rest of the budget of prompt tokens.
+        self._step_size, self._budget = options.prefill_step_size, options.step_token_budget
+        # A quantized KV cache: mlx-lm quantizes a sequence's cache after the chunk that takes
+        # it past quantized_kv_start, its chunks being prefill_step_size long; until a prompt
+        # has passed that chunk's end its chunks keep that size, so it attends exactly what
+        # mlx-lm's does (after it, quantized keys are the same whatever the chunks).
+        start = max(1, options.quantized_kv_start)
+        self._kv_grid = (
+            None
+            if options.kv_bits is None
+            else -(-start // options.prefill_step_size) * options.prefill_step_size
+        )
         self.lanes = [
             BatchGenerator(
                 model,
@@ -259,6 +273,7 @@ class LockstepBatch:
                 self._fill_tokens(lane)
         self._order_waiting(generator)
         self._make_room(generator)
+        self._size_chunks(generator)
         _, responses = generator.next()
         self._position += 1
         self.steps += 1
@@ -319,6 +334,31 @@ class LockstepBatch:
             if len(segments) == 1 and len(segments[0]) == 1
         )
         generator.prefill_batch_size = self._prefill_batch_size + done
+
+    def _size_chunks(self, generator: BatchGenerator) -> None:
+        """This step's prompt chunk: prefill_step_size when no stream decodes (nothing to
+        hold up), else the token budget less the decoding streams' tokens, shared by the
+        prompts prefilling together. Every rank holds the same batch and queue, so every rank
+        takes the same chunks."""
+        chunk = self._step_size
+        decoding = len(generator._generation_batch)
+        if self._budget is not None and decoding and not self._before_quantized(generator):
+            prefilling = len(generator._currently_processing)
+            prefilling += len(generator._unprocessed_sequences)
+            prefilling = max(1, min(generator.prefill_batch_size, prefilling))
+            share = (self._budget - decoding) // prefilling
+            chunk = max(MIN_CHUNK, min(self._step_size, share))
+        generator.prefill_step_size = chunk
+        generator._prompt_batch.prefill_step_size = chunk
+
+    def _before_quantized(self, generator: BatchGenerator) -> bool:
+        """Whether a prompt that may prefill this step has not yet passed the chunk after
+        which mlx-lm quantizes its cache (see __init__)."""
+        if self._kv_grid is None:
+            return False
+        if generator._unprocessed_sequences:
+            return True
+        return any(done < self._kv_grid for _, done, _ in generator._currently_processing)
 
     def _fill_tokens(self, lane: int) -> None:
         """Replace the lane's placeholder tokens with the conductor's (read by `agreed`)."""

@@ -59,8 +59,17 @@ class LaunchReport(Frozen):
     memory_by_rank: tuple[RankMemory, ...]
 
 
+# One request, no prompt cache: how a one-shot launch serves.
+ONE_REQUEST = ServingOptions(max_concurrency=1, prompt_cache_size=0)
+
+
 def _jobs(
-    model: str, plan: PipelinePlan, dtype: DType, source_port: int, adapter_path: str | None
+    model: str,
+    plan: PipelinePlan,
+    dtype: DType,
+    source_port: int,
+    adapter_path: str | None,
+    serving: ServingOptions,
 ) -> list[Assignment]:
     hostfile: list[str] = [""] * plan.size
     for stage in plan.stages:  # one ring (and port range) per stage
@@ -79,7 +88,7 @@ def _jobs(
             hops=tuple(f"{ADDRESS}:{p}" for p in hops),
             dtype=dtype,
             measure_links=False,
-            serving=ServingOptions(max_concurrency=1, prompt_cache_size=0),
+            serving=serving,
             adapter_path=adapter_path,
         )
         for rank in range(plan.size)
@@ -198,6 +207,7 @@ def launch_local(
     stall_timeout: float = 60.0,
     adapter_path: str | None = None,
     rank_env: Sequence[Mapping[str, str]] | None = None,
+    serving: ServingOptions = ONE_REQUEST,
 ) -> LaunchReport:
     """Generate ``request`` on ``plan.size`` local ranks, printing the text to stdout; returns
     the report (also written to ``report_out``). Raises ExoTpError if a rank fails.
@@ -206,7 +216,7 @@ def launch_local(
     launch = _Launch()
     source = Listener(f"{ADDRESS}:0", key, CONDUCTOR_EVENTS, launch.on_conductor, "launch")
     supervisor = Supervisor(launch.on_rank, RANK_EVENTS, key, "launch supervisor")
-    jobs = _jobs(model, plan, dtype, source.port, adapter_path)
+    jobs = _jobs(model, plan, dtype, source.port, adapter_path, serving)
     ranks = [
         supervisor.start(
             rank_job(job, key, stall_timeout, rank_env[job.rank] if rank_env else None)

@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from exo_tp.arch import table_for
+from exo_tp.errors import ExoTpError
 from exo_tp.lab.factor import FACTOR_ENV, FACTOR_FILE_ENV, pin_from_env
 from exo_tp.models.registry import resolve_model
 from exo_tp.models.tokenizer import load_model_tokenizer
 from exo_tp.plan.cost import stage_kv_bytes_per_token, stage_state_bytes
+from exo_tp.plan.kv_width import kv_bytes_at_width, kv_quantization_problem
 from exo_tp.process.blas import active_blas
 from exo_tp.process.child import connect_supervisor
 from exo_tp.process.lifecycle import die_with_parent
@@ -41,6 +43,7 @@ from exo_tp.runtime.conductor import Conductor
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
 from exo_tp.runtime.pipeline import HopChannel, StageModel
 from exo_tp.shard.apply import load_shard
+from exo_tp.shard.kv_quant import quantize_kv
 from exo_tp.shard.layers import HiddenFeed
 from exo_tp.shard.row_pieces import multiply_in_pieces, pieces_wanted
 from exo_tp.shard.tree import get_path
@@ -122,8 +125,15 @@ def _most_bytes(job: Assignment, measure: Callable[..., int]) -> int:
 
 
 def _bytes_per_token(job: Assignment) -> int:
-    """KV cache bytes per token (the prompt cache's measure of an entry's length)."""
-    return _most_bytes(job, stage_kv_bytes_per_token)
+    """KV cache bytes per token (the prompt cache's measure of an entry's length), at the
+    quantized width when the KV cache is quantized."""
+    serving = job.serving
+    return kv_bytes_at_width(
+        _most_bytes(job, stage_kv_bytes_per_token),
+        FLOAT_BYTES[job.dtype],
+        serving.kv_bits,
+        serving.kv_group_size,
+    )
 
 
 def _bytes_per_entry(job: Assignment) -> int:
@@ -315,6 +325,13 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         pieced,
     )
     driver = _open_hops(job, key, model)
+    if job.serving.kv_bits is not None:  # mlx-lm's QuantizedKVCache, a sequence at a time:
+        # the stage model, so that a pipeline's hops carry one sequence per call too
+        serving = job.serving
+        problem = kv_quantization_problem(stage.tp.spec, serving.kv_bits, serving.kv_group_size)
+        if problem:
+            raise ExoTpError(problem)
+        quantize_kv(driver, serving.kv_bits, serving.kv_group_size, serving.quantized_kv_start)
     tokenizer = load_model_tokenizer(model_dir)
     threading.Thread(target=_beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())

@@ -15,10 +15,17 @@ is one pass per sequence instead of one per batch.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+
+def make_prompt_cache_default(model: nn.Module) -> list[Any]:
+    """mlx-lm's cache for a model without ``make_cache`` (make_prompt_cache's fallback)."""
+    return [KVCache() for _ in model.layers]
 
 
 class Sequences:
@@ -64,15 +71,26 @@ class Sequences:
         return False
 
 
-def batch_by_sequence(stack: nn.Module) -> None:
+# After each sequence's forward call: its caches (one per layer), replaced in place as
+# mlx-lm's generate replaces a prompt cache's entries (maybe_quantize_kv_cache).
+AfterCall = Callable[[list[Any]], None]
+
+
+def batch_by_sequence(stack: nn.Module, after: AfterCall | None = None) -> None:
     """Make the model's layer stack ``stack`` (in place; the module whose ``make_cache`` the
-    model's calls, and which a pipeline stage before the last runs alone) give ``Sequences``
-    caches and run a batch of them one sequence at a time; called with plain caches (mlx-lm's
-    own single-sequence generation) it runs as before."""
+    model's calls, and which a pipeline stage before the last runs alone; or the whole model)
+    give ``Sequences`` caches and run a batch of them one sequence at a time; called with plain
+    caches (mlx-lm's own single-sequence generation) it runs as before. ``after`` runs on each
+    sequence's caches after each of its calls (a quantized KV cache: exo_tp.shard.kv_quant)."""
     base = type(stack)
 
+    def base_caches(self: nn.Module) -> list[Any]:
+        if hasattr(base, "make_cache"):
+            return base.make_cache(self)
+        return make_prompt_cache_default(self)
+
     def make_cache(self: nn.Module) -> list[Sequences]:
-        return [Sequences([c]) for c in base.make_cache(self)]
+        return [Sequences([c]) for c in base_caches(self)]
 
     def call(self: nn.Module, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
         if not cache or not isinstance(cache[0], Sequences):
@@ -90,6 +108,10 @@ def batch_by_sequence(stack: nn.Module) -> None:
                 continue
             caches = [layer.caches[row] for layer in cache]
             outs.append(base.__call__(self, inputs[row : row + 1, :real], cache=caches, **kwargs))
+            if after is not None:
+                after(caches)
+                for layer, replaced in zip(cache, caches, strict=True):
+                    layer.caches[row] = replaced
         held = [o for o in outs if o is not None]
         if held[0].ndim == 1:  # a stage's messages (exo_tp.shard.streams): back to back
             return mx.concatenate(held)

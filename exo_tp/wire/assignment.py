@@ -24,11 +24,23 @@ class ServingOptions(Frozen):
 
     max_concurrency: int = Field(default=8, ge=1, le=256)  # sequences in one decode batch
     prefill_step_size: int = Field(default=512, ge=16)  # prompt tokens per chunk between steps
+    # Tokens one step may carry while streams decode: their decode tokens plus a chunk of the
+    # waiting prompts (exo_tp.plan.step_budget). None: the leader sizes it from the plan's
+    # prediction when it has one, else every chunk is prefill_step_size.
+    step_token_budget: int | None = Field(default=None, ge=16)
     # Joining prompts prefilled together in one step. 1: each joins alone, shortest first, so
     # its first token does not wait for the others' prefill (on CPUs a step's cost grows with
     # its tokens, so prefilling together saves nothing); more pays off where a batched prefill
     # costs little more than one prompt's (GPUs).
     prefill_batch_size: int = Field(default=1, ge=1, le=256)
+    # A quantized KV cache (mlx-lm's QuantizedKVCache and names; None: float): bits, the group
+    # along the head width, and the offset from which a sequence's cache is quantized.
+    kv_bits: Literal[2, 3, 4, 5, 6, 8] | None = None
+    kv_group_size: Literal[32, 64, 128] = 64
+    quantized_kv_start: int = Field(default=0, ge=0)
+    # KV cache bytes a rank may fill (None: what its memory leaves after the weights); the
+    # leader admits a request only while every running request's context fits in it.
+    kv_cache_bytes: int | None = Field(default=None, ge=0)
     prompt_cache_size: int = Field(default=10, ge=0)  # entries kept (0: no prompt cache)
     prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
     # Pipelines: split the batch into one micro-batch per stage, so every stage works at once.

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control_messages import Ports
 from exo_tp.node.leader.backend_choice import BackendChoice
 from exo_tp.node.leader.placement import Placement
+from exo_tp.plan.step_budget import step_token_budget
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.ids import Epoch
@@ -35,6 +36,10 @@ def assignments_of(
     ranks = range(len(members))
     hops = tuple(f"{members[r].host}:{ports[r].hop}" for r in ranks) if len(plan.stages) > 1 else ()
     conductor = plan.stages[-1].ranks[0]
+    serving = config.serving
+    if serving.step_token_budget is None and placement.prediction is not None:
+        budget = step_token_budget(placement.prediction, serving.prefill_step_size)
+        serving = replace(serving, step_token_budget=budget)
     return [
         Assignment(
             epoch=number,
@@ -50,7 +55,7 @@ def assignments_of(
             backend=backend.backend,
             ibv_devices=backend.ibv_devices,
             prediction=placement.prediction,
-            serving=config.serving,
+            serving=serving,
             adapter_path=config.adapter_path,
             speed_probe=config.rebalance and len(plan.stages) == 1 and len(members) > 1,
         )

@@ -62,6 +62,14 @@ class QueueFull(DispatchError):
         return max(1, self.waiting // self.running)
 
 
+class KvCacheFull(DispatchError):
+    """The running requests' contexts leave too little KV memory for this one's, now."""
+
+    def __init__(self, needed: int, reserved: int, capacity: int):
+        super().__init__(f"{needed} tokens of context wanted, {reserved} of {capacity} taken")
+        self.needed, self.reserved, self.capacity = needed, reserved, capacity
+
+
 class GenerationFailed(DispatchError):
     """The ranks reported a failure of this request."""
 
@@ -90,6 +98,11 @@ class Dispatcher:
         self.conductor_epoch: Epoch | None = None
         self.unavailable_reason = "the cluster is forming"
         self._slots = asyncio.Semaphore(max_concurrency)
+        # Tokens of context the epoch's KV memory holds, all streams together (None: not
+        # bounded), and what running requests reserved of it (prompt + max_tokens each), so
+        # that a request is admitted only if its whole context fits and none runs out mid-way.
+        self.kv_tokens: int | None = None
+        self._reserved = 0
         self._waiting = 0
         self._streams: dict[str, asyncio.Queue[Delta | Done | DispatchError]] = {}
         self._ids = itertools.count()
@@ -223,6 +236,11 @@ class Dispatcher:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
+        needed = len(request.tokens) + request.sampling.max_tokens
+        if self.kv_tokens is not None and self._reserved + needed > self.kv_tokens:
+            self._slots.release()
+            raise KvCacheFull(needed, self._reserved, self.kv_tokens)
+        self._reserved += needed
         request = replace(request, id=f"{request.id}-{next(self._ids)}")
         stream: asyncio.Queue[Delta | Done | DispatchError] = asyncio.Queue()
         conductor = self.conductor
@@ -246,4 +264,5 @@ class Dispatcher:
             if not finished and conductor is not None and conductor is self.conductor:
                 with contextlib.suppress(OSError):
                     conductor.send(Cancel(id=request.id))
+            self._reserved -= needed
             self._slots.release()

@@ -45,6 +45,8 @@ from exo_tp.node.leader.placement import Members, Placement, place, plan_of
 from exo_tp.node.leader.rebalance import LiveBalance
 from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.plan import ModelSpec
+from exo_tp.plan.cluster import MEMORY_HEADROOM
+from exo_tp.plan.kv_width import kv_quantization_problem, kv_token_capacity
 from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
 from exo_tp.wire.announcement import Announcement
@@ -356,12 +358,18 @@ class Leader:
         except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
             self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: {error}")
             return
+        serving = self.config.serving
+        problem = kv_quantization_problem(model.spec, serving.kv_bits, serving.kv_group_size)
+        if problem:  # before any rank loads: the epoch fails with the reason, readable
+            self._fail(problem)
+            return
         for note in placement.notes:
             log.info("%s", note)
         orders = self.models.orders(model, placement)
         nodes = placement.rank_order
         self.led.nodes, self.led.plan = nodes, placement.plan
         self.led.prediction = placement.prediction
+        self._dispatcher.kv_tokens = self._kv_tokens(placement, eligible)
         statuses = {n: self.peers.status(n) for n in nodes}
         try:
             backend = choose_backend(
@@ -391,6 +399,23 @@ class Leader:
         if previous is not None:  # members dropped from the cluster let their workers go
             dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
             await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
+
+    def _kv_tokens(self, placement: Placement, eligible: list[Announcement]) -> int | None:
+        """Tokens of context the plan's KV memory holds (exo_tp.plan.kv_width), all streams
+        together, from each rank's node's available memory (as the planner counts it)."""
+        serving, by_id = self.config.serving, {m.node_id: m for m in eligible}
+        free = [
+            int(by_id[n].memory_available * MEMORY_HEADROOM) if by_id[n].memory_available else 2**62
+            for n in placement.rank_order
+        ]
+        return kv_token_capacity(
+            placement.plan,
+            free,
+            2 if self.config.dtype in ("float16", "bfloat16") else 4,
+            serving.kv_bits,
+            serving.kv_group_size,
+            serving.kv_cache_bytes,
+        )
 
     async def _assignments(
         self,
