@@ -21,6 +21,13 @@ COMMON: dict[str, Any] = dict(
     rope_theta=10000.0,
     max_position_embeddings=512,
 )
+# Qwen 3.5's partial, multi-section rotary (its dense and MoE text models alike)
+QWEN35_ROPE: dict[str, Any] = {
+    "rope_type": "default",
+    "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.25,
+    "mrope_section": [2, 3, 3],
+}
 
 ARCHS: dict[str, dict[str, Any]] = {
     # GQA 2 over 3 KV heads, head_dim 64, biases on q/k/v/o and on the MLP (o_proj and
@@ -833,12 +840,7 @@ ARCHS: dict[str, dict[str, Any]] = {
             linear_key_head_dim=32,
             linear_value_head_dim=64,
             linear_conv_kernel_dim=4,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25,
-                "mrope_section": [2, 3, 3],
-            },
+            rope_parameters=QWEN35_ROPE,
             tie_word_embeddings=True,
         ),
         tie_word_embeddings=True,
@@ -866,12 +868,7 @@ ARCHS: dict[str, dict[str, Any]] = {
             num_experts_per_tok=2,
             moe_intermediate_size=104,
             shared_expert_intermediate_size=136,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25,
-                "mrope_section": [2, 3, 3],
-            },
+            rope_parameters=QWEN35_ROPE,
             tie_word_embeddings=False,
         ),
         tie_word_embeddings=False,

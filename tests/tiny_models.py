@@ -341,12 +341,7 @@ def _qwen3_vl_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
             out[f"{base}.experts.down_proj"] = down.swapaxes(1, 2)
         elif ".switch_mlp." not in name:
             out[name] = value
-    return {
-        k.replace("language_model.model.", "model.language_model.", 1).replace(
-            "language_model.lm_head", "lm_head", 1
-        ): v
-        for k, v in out.items()
-    }
+    return _language_model_at_top(out)
 
 
 # Qwen's zero-centred norms (stored as weight - 1, mlx-lm's sanitize adds 1); the gated norm
@@ -380,12 +375,7 @@ def _qwen_gated_deltanet_shipped(params: dict[str, mx.array]) -> dict[str, mx.ar
         if ".switch_mlp." in name:
             continue
         out[name] = value
-    return {
-        k.replace("language_model.model.", "model.language_model.", 1).replace(
-            "language_model.lm_head", "lm_head", 1
-        ): v
-        for k, v in out.items()
-    }
+    return _language_model_at_top(out)
 
 
 def _kimi_k3_shipped(params: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -540,3 +530,14 @@ def write_tokenizer(path: Path, source: Path, vocab_size: int) -> None:
         bpe["merges"] = [m for m in bpe["merges"] if all(t in vocab for t in (*m, "".join(m)))]
         tokenizer["added_tokens"] = [t for t in tokenizer["added_tokens"] if t["id"] < vocab_size]
     path.write_text(json.dumps(tokenizer))
+
+
+def _language_model_at_top(params: dict[str, mx.array]) -> dict[str, mx.array]:
+    """A multimodal checkpoint's text model as shipped: under ``model.language_model``, with
+    ``lm_head`` at the top."""
+    return {
+        k.replace("language_model.model.", "model.language_model.", 1).replace(
+            "language_model.lm_head", "lm_head", 1
+        ): v
+        for k, v in params.items()
+    }
