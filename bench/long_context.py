@@ -183,6 +183,9 @@ result["prefill_alone"] = run(None, 0, True)
 # the budget's rule: a chunk costing about one decode step (decode step x prefill tokens/s)
 rate = joining / result["prefill_alone"]["first"]
 budget = max(16, min(512, round(result["decode_alone"]["itl_p50"] * rate)))
+# rank 0's: each rank timed its own steps, and ranks stepping different chunks would wait in
+# collectives of different shapes for ever
+budget = int(mx.distributed.all_sum(mx.array(budget if group.rank() == 0 else 0), group=group))
 result["budget"] = budget
 result["chunks_512"] = run(None, 4, True)
 result["chunks_budget"] = run(budget, 4, True)
