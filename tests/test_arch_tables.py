@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -148,14 +149,9 @@ def test_the_planner_prices_what_mlx_lm_holds(arch: str) -> None:
         assert load.kv_bytes_per_token == (per_token if shard.heads.q_heads.size else 0)
 
 
-@pytest.mark.parametrize("arch", ["kimi_k3", "qwen3_5"])
-def test_recurrent_state_is_priced_as_mlx_lm_holds_it(arch: str) -> None:
-    """Kimi K3's and Qwen 3.5's linear-attention layers (KDA, Gated DeltaNet: a key head's
-    value heads each keep a value x key state) keep a recurrent state per stream that does not
-    grow with the context: the cost model's state bytes are what mlx-lm's caches hold after a
-    short and a longer prompt, split by heads over uneven ranks (one holding none), and its KV
-    bytes per token only the attention layers' cache."""
-    from mlx_lm.models.cache import ArraysCache
+def _whole_model(arch: str) -> tuple[Any, Any, Any, Any]:
+    """The tiny ``arch`` as mlx-lm builds it, its spec, all its layers and one rank's load of
+    them as the cost model prices it."""
     from mlx_lm.utils import _get_classes
 
     from exo_tp.plan import Span, plan_tensor_parallel, spec_from_config
@@ -167,6 +163,14 @@ def test_recurrent_state_is_priced_as_mlx_lm_holds_it(arch: str) -> None:
     model = model_class(args_class.from_dict(config))
     layers = Span(start=0, stop=spec.num_layers)
     whole = rank_load(spec, plan_tensor_parallel(spec, [1]).ranks[0], layers, True, True)
+    return spec, model, layers, whole
+
+
+def _assert_state_and_kv_as_mlx_lm_holds(model: Any, whole: Any) -> None:
+    """After a short and a longer prompt, mlx-lm's recurrent caches hold the priced state
+    bytes (whatever the length) and its KV caches the priced bytes per token."""
+    from mlx_lm.models.cache import ArraysCache
+
     for length in (3, 11):
         cache = model.make_cache()
         mx.eval(model(mx.zeros((1, length), dtype=mx.int32), cache=cache))
@@ -180,13 +184,30 @@ def test_recurrent_state_is_priced_as_mlx_lm_holds_it(arch: str) -> None:
         )
         assert whole.state_bytes == state
         assert whole.kv_bytes_per_token * length == kv
-    linear = spec.linear_attention
-    assert linear is not None
+
+
+def _assert_state_split_with_one_rank_holding_none(spec: Any, layers: Any, whole: Any) -> None:
+    from exo_tp.plan import plan_tensor_parallel
+    from exo_tp.plan.cost import rank_load
+
     shards = plan_tensor_parallel(spec, [0.5, 0.3, 0.2, 0.1]).ranks
     assert [s.linear_heads.size for s in shards] == [1, 1, 1, 0]
     loads = [rank_load(spec, s, layers, True, True) for s in shards]
     assert sum(x.state_bytes for x in loads) == whole.state_bytes
     assert loads[-1].state_bytes == 0
+
+
+@pytest.mark.parametrize("arch", ["kimi_k3", "qwen3_5"])
+def test_recurrent_state_is_priced_as_mlx_lm_holds_it(arch: str) -> None:
+    """Kimi K3's and Qwen 3.5's linear-attention layers (KDA, Gated DeltaNet: a key head's
+    value heads each keep a value x key state) keep a recurrent state per stream that does not
+    grow with the context: the cost model's state bytes are what mlx-lm's caches hold after a
+    short and a longer prompt, split by heads over uneven ranks (one holding none), and its KV
+    bytes per token only the attention layers' cache."""
+    spec, model, layers, whole = _whole_model(arch)
+    _assert_state_and_kv_as_mlx_lm_holds(model, whole)
+    assert spec.linear_attention is not None
+    _assert_state_split_with_one_rank_holding_none(spec, layers, whole)
 
 
 def test_a_sigmoid_router_keeps_its_float32_correction_bias_in_a_16_bit_shard(
@@ -274,38 +295,13 @@ def test_nemotron_h_is_priced_as_mlx_lm_holds_it() -> None:
     what mlx-lm's caches hold after a short and a longer prompt (split by groups over uneven
     ranks, one holding none), and only its attention layer keeps KV per token."""
     from mlx.utils import tree_flatten
-    from mlx_lm.models.cache import ArraysCache
-    from mlx_lm.utils import _get_classes
 
-    from exo_tp.plan import Span, plan_tensor_parallel, spec_from_config
-    from exo_tp.plan.cost import rank_load
-
-    config = tiny_config("nemotron_h")
-    spec = spec_from_config(config)
-    model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
-    layers = Span(start=0, stop=spec.num_layers)
-    whole = rank_load(spec, plan_tensor_parallel(spec, [1]).ranks[0], layers, True, True)
+    spec, model, layers, whole = _whole_model("nemotron_h")
     held = sum(v.size for _, v in tree_flatten(model.parameters())) * 4
     extra_norms = spec.num_layers * spec.hidden_size * 4  # priced as two norms per layer
     assert abs((whole.held_bytes - extra_norms) / held - 1) < 1e-3
-    for length in (3, 11):
-        cache = model.make_cache()
-        mx.eval(model(mx.zeros((1, length), dtype=mx.int32), cache=cache))
-        state = sum(c.nbytes for c in cache if isinstance(c, ArraysCache))
-        kv = sum(
-            a[..., : c.offset, :].nbytes
-            for c in cache
-            if not isinstance(c, ArraysCache)
-            for a in (c.keys, c.values)
-        )
-        assert whole.state_bytes == state
-        assert whole.kv_bytes_per_token * length == kv
-    shards = plan_tensor_parallel(spec, [0.5, 0.3, 0.2, 0.1]).ranks
-    assert [s.linear_heads.size for s in shards] == [1, 1, 1, 0]
-    loads = [rank_load(spec, s, layers, True, True) for s in shards]
-    assert sum(x.state_bytes for x in loads) == whole.state_bytes
-    assert loads[-1].state_bytes == 0
+    _assert_state_and_kv_as_mlx_lm_holds(model, whole)
+    _assert_state_split_with_one_rank_holding_none(spec, layers, whole)
 
 
 def test_lfm2_short_conv_state_is_priced_as_mlx_lm_holds_it() -> None:
@@ -313,17 +309,11 @@ def test_lfm2_short_conv_state_is_priced_as_mlx_lm_holds_it() -> None:
     channels; the cost model's held bytes are the model's parameters."""
     from mlx.utils import tree_flatten
     from mlx_lm.models.cache import ArraysCache
-    from mlx_lm.utils import _get_classes
 
-    from exo_tp.plan import Span, plan_tensor_parallel, spec_from_config
+    from exo_tp.plan import plan_tensor_parallel
     from exo_tp.plan.cost import rank_load
 
-    config = tiny_config("lfm2")
-    spec = spec_from_config(config)
-    model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
-    layers = Span(start=0, stop=spec.num_layers)
-    whole = rank_load(spec, plan_tensor_parallel(spec, [1]).ranks[0], layers, True, True)
+    spec, model, layers, whole = _whole_model("lfm2")
     held = sum(v.size for _, v in tree_flatten(model.parameters())) * 4
     assert abs(whole.held_bytes / held - 1) < 1e-2  # conv biases and q/k norms aside
     cache = model.make_cache()
