@@ -151,21 +151,17 @@ def _unsplit(args: argparse.Namespace, spec: ModelSpec, mode: str, why: str) -> 
     layers by speed (pipeline stages only), or the whole model on the fastest device."""
     from exo_tp.plan.cost import rank_load
     from exo_tp.plan.human import size
-    from exo_tp.plan.pipeline import plan_pipeline
+    from exo_tp.plan.pipeline import plan_unsplit
     from exo_tp.plan.render import describe
 
     weights = args.weights or [1.0, 1.0]
-    stages = mode == "pipeline stages only" and len(weights) > 1
-    kept = weights if stages else [max(weights)]
-    plan = plan_pipeline(spec, [[w] for w in kept])
+    plan, kept = plan_unsplit(spec, weights)
     if args.json:
         print(plan.model_dump_json(indent=2))
         return 0
     lines = [f"mode: {mode} ({why})", describe(plan)]
-    if not stages and len(weights) > 1:
-        lines.append(
-            f"device {weights.index(max(weights))} (the fastest) holds it; the others idle"
-        )
+    if len(kept) == 1 and len(weights) > 1:
+        lines.append(f"device {kept[0]} (the fastest) holds it; the others idle")
     for i, s in enumerate(plan.stages):
         load = rank_load(spec, s.tp.ranks[0], s.layers, i == 0, i == len(plan.stages) - 1)
         lines.append(f"stage {i}: layers {s.layers.start}-{s.layers.stop}, {size(load.held_bytes)}")

@@ -140,6 +140,17 @@ def head_layers(spec: ModelSpec, generated_share: float = GENERATED_SHARE) -> fl
     return generated_share * head / body * n
 
 
+def plan_unsplit(spec: ModelSpec, weights: Sequence[float]) -> tuple[PipelinePlan, list[int]]:
+    """Devices of these share weights for a model no table splits (exo_tp.arch.generic): one
+    device per stage, layers by weight, where its layers can be staged; else the heaviest
+    device holds it whole. Devices of weight 0 hold nothing. Returns the plan and the devices
+    it keeps, in stage order."""
+    kept = [i for i, w in enumerate(weights) if w > 0] or [0]
+    if not table_for(spec.model_type).stages or len(kept) == 1:
+        kept = [max(range(len(weights)), key=lambda i: weights[i])]
+    return plan_pipeline(spec, [[weights[i] or 1.0] for i in kept]), kept
+
+
 def plan_pipeline(
     spec: ModelSpec,
     stage_weights: Sequence[Sequence[float]],

@@ -49,7 +49,7 @@ from exo_tp.shard.row_pieces import multiply_in_pieces, pieces_wanted
 from exo_tp.shard.tree import get_path
 from exo_tp.transport.channel import Channel, Listener, accept_count, connect
 from exo_tp.transport.ring import init_group
-from exo_tp.wire.assignment import LINK_KEY_ENV, Assignment
+from exo_tp.wire.assignment import DTYPE_BYTES, LINK_KEY_ENV, Assignment
 from exo_tp.wire.runtime import (
     HELLO,
     HOP_MESSAGES,
@@ -72,7 +72,6 @@ log = logging.getLogger("exo_tp.rank")
 PEER_TIMEOUT = 120.0  # for the other ranks of the epoch to come up
 HEARTBEAT_SECONDS = 1.0
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "auto": None}
-FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 4}
 
 
 class Progress:
@@ -118,7 +117,7 @@ def _most_bytes(job: Assignment, measure: Callable[..., int]) -> int:
     prompt cache's budget holds for every rank."""
     spec = job.plan.stages[0].tp.spec
     return max(
-        measure(spec, shard, stage.layers, FLOAT_BYTES[job.dtype])
+        measure(spec, shard, stage.layers, DTYPE_BYTES[job.dtype])
         for stage in job.plan.stages
         for shard in stage.tp.ranks
     )
@@ -130,7 +129,7 @@ def _bytes_per_token(job: Assignment) -> int:
     serving = job.serving
     return kv_bytes_at_width(
         _most_bytes(job, stage_kv_bytes_per_token),
-        FLOAT_BYTES[job.dtype],
+        DTYPE_BYTES[job.dtype],
         serving.kv_bits,
         serving.kv_group_size,
     )

@@ -17,6 +17,8 @@ from exo_tp.wire.ids import Epoch, NodeId, Rank
 LINK_KEY_ENV = "EXO_TP_LINK_KEY"
 
 DType = Literal["float32", "float16", "bfloat16", "auto"]
+# Bytes of one activation (and KV cache) element in each; auto keeps float32 on a CPU.
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 4}
 
 
 class ServingOptions(Frozen):

@@ -50,7 +50,7 @@ from exo_tp.plan.kv_width import kv_quantization_problem, kv_token_capacity
 from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
 from exo_tp.wire.announcement import Announcement
-from exo_tp.wire.assignment import Assignment
+from exo_tp.wire.assignment import DTYPE_BYTES, Assignment
 from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import ProfileSummary
 
@@ -411,7 +411,7 @@ class Leader:
         return kv_token_capacity(
             placement.plan,
             free,
-            2 if self.config.dtype in ("float16", "bfloat16") else 4,
+            DTYPE_BYTES[self.config.dtype],
             serving.kv_bits,
             serving.kv_group_size,
             serving.kv_cache_bytes,

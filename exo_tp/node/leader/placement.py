@@ -23,7 +23,7 @@ from exo_tp.arch import table_for
 from exo_tp.frozen import Frozen
 from exo_tp.plan import ModelSpec, plan_tensor_parallel
 from exo_tp.plan.cluster import Cluster, cluster_from_profiles, pricing_note
-from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, single_stage
+from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, plan_unsplit, single_stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.render_choice import describe_candidate
 from exo_tp.plan.search import ObjectiveChoice, choose_plan
@@ -127,22 +127,10 @@ def plan_of(
         chosen = tuple(names[d] for d in choice.best.devices)
         return choice.best.plan, chosen, choice.best.prediction, notes
     table = table_for(spec.model_type)
-    if not table.split and len(names) > 1:
-        return (*_unsplit(spec, names, weights, table.stages), None, (table.why,))
+    if not table.split and len(names) > 1:  # shares set by hand, no table to split with
+        plan, kept = plan_unsplit(spec, weights)
+        return plan, tuple(names[i] for i in kept), None, (table.why,)
     return single_stage(plan_tensor_parallel(spec, weights)), names, None, ()
-
-
-def _unsplit(
-    spec: ModelSpec, names: tuple[str, ...], weights: list[float], stages: bool
-) -> tuple[PipelinePlan, tuple[str, ...]]:
-    """Shares set by hand for a model no table splits (exo_tp.arch.generic): one node per
-    stage, layers by weight, where its layers can be staged; else the heaviest node holds it
-    whole. Nodes of weight 0 hold nothing."""
-    kept = [i for i, w in enumerate(weights) if w > 0] or [0]
-    if not stages or len(kept) == 1:
-        kept = [max(range(len(names)), key=lambda i: weights[i])]
-    plan = plan_pipeline(spec, [[weights[i] or 1.0] for i in kept])
-    return plan, tuple(names[i] for i in kept)
 
 
 def place(
