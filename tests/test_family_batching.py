@@ -28,7 +28,7 @@ from tiny_models import write_tiny_model
 from exo_tp.plan.spec import load_spec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.shard.apply import load_shard
-from exo_tp.wire.runtime import Insert
+from exo_tp.wire.runtime import Insert, Remove
 
 TOKENS = 6
 PROMPTS = ["Hi.", "Write a short poem about the sea.", "Name three colors, then count to five."]
@@ -98,6 +98,49 @@ def test_batched_streams_and_a_cached_turn_equal_mlx_lm(
         batch.close()
     assert cached[len(ids)] >= len(ids[1]), cached  # the first turn came from the prompt cache
     _assert_same_until_a_tie(second[len(ids)], _reference(model, tokenizer, turn))
+
+
+# Families whose caches hold a recurrent state (mlx-lm's ArraysCache), which cannot be trimmed
+RECURRENT = ["kimi_k3", "qwen3_5", "qwen3_next", "nemotron_h", "lfm2"]
+
+
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_a_cancelled_stream_leaves_no_stale_recurrent_state(
+    tmp_path: Path, default_models: dict[str, Path], arch: str
+) -> None:
+    """A stream removed mid-generation (a client's cancel, or a stop string) leaves its
+    advanced recurrent state in the prompt cache: a prompt that shares only its prompt starts
+    afresh (reusing that state gives other tokens: 4 of these 5 families fail so), and one
+    that extends what the client saw of it gives mlx-lm's tokens too."""
+    from mlx_lm import load
+
+    folder = write_tiny_model(
+        tmp_path / arch, tiny_config(arch), default_models["smollm2-135m"], seed=SEEDS.get(arch, 0)
+    )
+    model, tokenizer = load(str(folder))  # the reference
+    model.set_dtype(mx.float32)
+    plan = plan_tensor_parallel(load_spec(folder), [1.0])
+    ours = load_shard(folder, plan, 0, mx.distributed.init(), mx.float32)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPTS[1]}], add_generation_prompt=True
+    )
+    follow_up = tokenizer.encode(FOLLOW_UP, add_special_tokens=False)
+    batch = greedy_batch(ours, tokenizer, prompt_cache_size=4)
+    try:
+        batch.insert(Insert(uid=0, tokens=tuple(prompt), max_tokens=100))
+        seen: list[int] = []
+        while len(seen) < 3:
+            seen += [r.token for r in batch.step() if r.uid == 0]
+        batch.remove(Remove(uids=(0,)))
+        other = prompt + follow_up  # the same prompt, another continuation
+        elsewhere, cached = _run(batch, [other], 1)
+        assert cached[1] == 0  # the entry covers tokens this prompt lacks: no reuse
+        extended = prompt + seen + follow_up
+        resumed, _ = _run(batch, [extended], 2)
+    finally:
+        batch.close()
+    _assert_same_until_a_tie(elsewhere[1], _reference(model, tokenizer, other))
+    _assert_same_until_a_tie(resumed[2], _reference(model, tokenizer, extended))
 
 
 # Each rank batches its shard in lockstep (same inserts, same steps; every rank samples the
