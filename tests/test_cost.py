@@ -13,6 +13,7 @@ from exo_tp.plan.cluster import (
     profile_read_speed,
 )
 from exo_tp.plan.cost import (
+    FLOAT_BYTES,
     HOP_OVERHEAD,
     LinkCost,
     all_gather_seconds,
@@ -160,6 +161,44 @@ def test_kv_bytes_at_the_quantized_width_and_the_context_each_plan_fits(
     assert [m.kv_per_token for m in p.memory] == [per_token, per_token]
     assert p.memory[0].kv_cache == 3 * 100 * per_token
     assert p.context_fits == (memory - weights) // (3 * per_token)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5", "nemotron_h", "lfm2"])
+def test_the_leaders_kv_admission_counts_each_streams_recurrent_state_as_the_planner_does(
+    arch: str,
+) -> None:
+    """A hybrid family keeps recurrent state per stream beside its KV. Memory for exactly the
+    weights, 4 streams' state and 100 tokens of KV on the fuller rank: the leader's admission
+    (kv_token_capacity, all streams) admits those 100 tokens, no more (leaving the state out
+    it would admit 4 streams' state worth of extra tokens), and equals the planner's context
+    per stream (RankMemory.context_fits) times the streams."""
+    from arch_configs import tiny_config
+
+    from exo_tp.plan import spec_from_config
+    from exo_tp.plan.cost import stage_state_bytes
+    from exo_tp.plan.kv_width import KvShape, kv_token_capacity, rank_kv_bytes_per_token
+
+    spec = spec_from_config(tiny_config(arch))
+    plan = single_stage(plan_tensor_parallel(spec, [0.6, 0.4]))
+    stage, streams = plan.stages[0], 4
+    loads = [rank_load(spec, shard, stage.layers, True, True) for shard in stage.tp.ranks]
+    states = [stage_state_bytes(spec, shard, stage.layers) for shard in stage.tp.ranks]
+    per_token = [rank_kv_bytes_per_token(plan, r, FLOAT_BYTES, None) for r in stage.ranks]
+    assert min(states) > 0 and min(per_token) > 0, (states, per_token)
+    free = [
+        x.held_bytes + streams * s + 100 * t
+        for x, s, t in zip(loads, states, per_token, strict=True)
+    ]
+    capacity = kv_token_capacity(plan, free, FLOAT_BYTES, None, streams=streams)
+    assert capacity == 100
+    # the recurrent state is no rounding error: without it the same memory holds more tokens
+    assert kv_token_capacity(plan, free, FLOAT_BYTES, None, streams=1) > capacity
+    cluster = Cluster(
+        devices=tuple(_device(n, 1e-9, m) for n, m in zip("ab", free, strict=True)),
+        default_link=LINK,
+    )
+    p = predict(plan, [0, 1], cluster, context_tokens=10, kv=KvShape(streams=streams))
+    assert p.context_fits == capacity // streams
 
 
 @pytest.mark.parametrize("overhead", [1e-5, 1e-3])

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from exo_tp.frozen import Frozen
-from exo_tp.plan.cost import rank_load, stage_kv_bytes_per_token
+from exo_tp.plan.cost import rank_load, stage_kv_bytes_per_token, stage_state_bytes
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.spec import ModelSpec
 
@@ -90,6 +90,28 @@ def rank_kv_bytes_per_token(
     return kv_bytes_at_width(floats, float_bytes, bits, group_size)
 
 
+def tokens_beside_weights(
+    memory: int,
+    weights: int,
+    kv_per_token: int,
+    state: int = 0,
+    streams: int = 1,
+    cap_bytes: int | None = None,
+) -> int | None:
+    """Tokens of context, all ``streams`` together, that one rank's ``memory`` holds beside its
+    ``weights`` and each stream's recurrent ``state`` (hybrid families keep a few MB per stream
+    whatever the context), or at most ``cap_bytes`` of KV, at ``kv_per_token`` bytes each.
+    None: the rank's KV does not grow with the context. The planner (RankMemory.context_fits)
+    and the leader's admission (kv_token_capacity) both count with this one function, so the
+    leader never admits more than the plan says fits."""
+    if kv_per_token <= 0:
+        return None
+    room = memory - weights - state * streams
+    if cap_bytes is not None:  # the cap bounds the KV cache; the state is held apart from it
+        room = min(room, cap_bytes)
+    return max(0, room) // kv_per_token
+
+
 def kv_token_capacity(
     plan: PipelinePlan,
     free: Sequence[int],
@@ -97,21 +119,26 @@ def kv_token_capacity(
     bits: int | None,
     group_size: int = 64,
     cap_bytes: int | None = None,
+    streams: int = 1,
 ) -> int | None:
     """Tokens of context, all streams together, that every rank's KV cache holds: each rank's
-    ``free`` memory (the bytes its device lets a plan fill) less the weights it holds, or at
-    most ``cap_bytes`` of KV, over its KV bytes per token; the fullest rank decides. None: no
-    rank keeps a KV cache that grows with the context."""
+    ``free`` memory (the bytes its device lets a plan fill) less the weights it holds and the
+    recurrent state of ``streams`` streams (as many as one batch runs), or at most
+    ``cap_bytes`` of KV, over its KV bytes per token; the fullest rank decides. None: no rank
+    keeps a KV cache that grows with the context."""
     tokens = []
     for index, stage in enumerate(plan.stages):
         first, last = index == 0, index == len(plan.stages) - 1
         for local, rank in enumerate(stage.ranks):
-            per_token = rank_kv_bytes_per_token(plan, rank, float_bytes, bits, group_size)
-            if per_token <= 0:
-                continue
-            load = rank_load(plan.spec, stage.tp.ranks[local], stage.layers, first, last)
-            room = free[rank] - load.held_bytes
-            if cap_bytes is not None:
-                room = min(room, cap_bytes)
-            tokens.append(max(0, room) // per_token)
+            shard = stage.tp.ranks[local]
+            fit = tokens_beside_weights(
+                free[rank],
+                rank_load(plan.spec, shard, stage.layers, first, last).held_bytes,
+                rank_kv_bytes_per_token(plan, rank, float_bytes, bits, group_size),
+                stage_state_bytes(plan.spec, shard, stage.layers, float_bytes),
+                streams,
+                cap_bytes,
+            )
+            if fit is not None:
+                tokens.append(fit)
     return min(tokens) if tokens else None

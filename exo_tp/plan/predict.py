@@ -35,7 +35,7 @@ from exo_tp.plan.cost import (
     rank_load,
     read_seconds,
 )
-from exo_tp.plan.kv_width import FLOAT_KV, KvShape, kv_bytes_at_width
+from exo_tp.plan.kv_width import FLOAT_KV, KvShape, kv_bytes_at_width, tokens_beside_weights
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.spec import Frozen, ModelSpec
 
@@ -54,10 +54,10 @@ class RankMemory(Frozen):
     def context_fits(self) -> int | None:
         """Tokens of context per stream this rank's memory holds beside its weights (None:
         its KV does not grow with the context)."""
-        if self.kv_per_token <= 0:
-            return None
-        room = self.limit - self.weights - self.state * self.streams
-        return max(0, room) // (self.kv_per_token * self.streams)
+        tokens = tokens_beside_weights(
+            self.limit, self.weights, self.kv_per_token, self.state, self.streams
+        )
+        return None if tokens is None else tokens // self.streams
 
     @property
     def total(self) -> int:

@@ -402,7 +402,8 @@ class Leader:
 
     def _kv_tokens(self, placement: Placement, eligible: list[Announcement]) -> int | None:
         """Tokens of context the plan's KV memory holds (exo_tp.plan.kv_width), all streams
-        together, from each rank's node's available memory (as the planner counts it)."""
+        together, from each rank's node's available memory (as the planner counts it) less the
+        recurrent state of a full batch."""
         serving, by_id = self.config.serving, {m.node_id: m for m in eligible}
         free = [
             int(by_id[n].memory_available * MEMORY_HEADROOM) if by_id[n].memory_available else 2**62
@@ -415,6 +416,8 @@ class Leader:
             serving.kv_bits,
             serving.kv_group_size,
             serving.kv_cache_bytes,
+            # every stream the batch may run keeps its recurrent state (hybrid families)
+            streams=serving.max_concurrency,
         )
 
     async def _assignments(
