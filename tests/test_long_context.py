@@ -56,8 +56,8 @@ def _same_until_a_tie(ours: list[int], reference: tuple[list[int], list[float]])
 
 
 # Each rank loads its shard (once float, once per KV width: quantizing swaps the model's class),
-# and batches in lockstep: the long prompts one at a time, then three prompts of different
-# lengths at once. Rank 0 reports every stream's tokens.
+# and batches in lockstep: the long prompts one at a time, then three (and six) prompts of
+# different lengths at once. Rank 0 reports every stream's tokens.
 _RING = """
 import json, sys
 sys.path.insert(0, {tests!r})
@@ -79,7 +79,7 @@ for name, bits, prompts, budget in {cases!r}:
     if bits:
         quantize_kv(model, bits, 64, 0)
     options = ServingOptions(
-        max_concurrency=4, prompt_cache_size=0, kv_bits=bits, step_token_budget=budget
+        max_concurrency=6, prompt_cache_size=0, kv_bits=bits, step_token_budget=budget
     )
     batch = LockstepBatch(
         model, eos, options,
@@ -123,7 +123,8 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
 ) -> None:
     """One ring job of 3 uneven ranks (5/3/2): float prompts of 1k, 4k and 8k tokens, each
     alone; prompts of 1000, 300 and 700 tokens batched together with a step token budget (chunked
-    prefill); with an 8-bit and a 4-bit KV cache a 1k prompt alone, then the three batched
+    prefill); six prompts of 1900, 240, 1300, 600, 1600 and 420 tokens batched together with a
+    budget of 120; with an 8-bit and a 4-bit KV cache a 1k prompt alone, then the three batched
     (8-bit: with the budget), each equal to mlx-lm's run of that prompt alone; and a second turn
     of a chat with an 8-bit KV cache, served from the prompt cache, equal to mlx-lm's uncached
     answer."""
@@ -156,6 +157,11 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
             (f"kv{bits} batched", bits, batched, 48 if bits == 8 else None),
         ]
     first_turn, follow_up = batched[1], prompt(44)  # 44: no near-tie in its answer
+    # Six at once, the batch's whole width (drawn last: the prompts above keep their tokens).
+    # Lengths of a few hundred to ~2k tokens: the short ones decode while the long ones are
+    # still read in chunks of (120 less the decoding streams' tokens) / (prompts prefilling).
+    six = [prompt(n) for n in (1900, 240, 1300, 600, 1600, 420)]
+    cases.append(("float six", None, six, 120))
     script = _RING.format(
         tests=str(Path(__file__).parent),
         folder=str(folder),
