@@ -227,6 +227,10 @@ def _chat_request(body: dict) -> object:
         ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs", "not a"),
         ({"logit_bias": {"²": 1}}, "logit_bias", "token ids"),
         ({"temperature": "0.5"}, "temperature", "valid number"),
+        # a KV cache's width is the nodes' flag, never a request's (docs/api.md)
+        ({"kv_bits": 4}, "kv_bits", "exo-tp run --kv-bits"),
+        ({"kv_group_size": 32}, "kv_group_size", "exo-tp run --kv-bits"),
+        ({"quantized_kv_start": 0}, "quantized_kv_start", "exo-tp run --kv-bits"),
         (
             {
                 "messages": [
@@ -258,6 +262,7 @@ def test_empty_unsupported_fields_mean_nothing() -> None:
             "modalities": ["text"],
             "functions": [],
             "audio": None,
+            "kv_bits": None,
             "user": "me",
             "parallel_tool_calls": True,
         }

@@ -380,3 +380,29 @@ def test_a_context_the_kv_memory_cannot_hold_is_refused_before_any_work(
         except RateLimitError:
             continue
     assert answer.choices[0].message.content
+
+
+def test_a_requests_own_kv_width_is_a_400_naming_the_nodes_flag(
+    pipeline_cluster: LocalCluster,
+) -> None:
+    """A request cannot choose its KV cache's width (docs/api.md, Unsupported fields): mlx-lm's
+    names (kv_bits, quantized_kv_start) through the official client's extra_body are a 400
+    naming the field and `exo-tp run --kv-bits`, in chat, completions and the Responses API;
+    the cluster then still answers."""
+    openai = client(pipeline_cluster.urls[0])
+    short = [{"role": "user", "content": "Tell me a long story."}]
+    asks = [
+        lambda extra: openai.chat.completions.create(
+            model=MODEL, messages=short, max_tokens=3, extra_body=extra
+        ),
+        lambda extra: openai.completions.create(
+            model=MODEL, prompt="Once", max_tokens=3, extra_body=extra
+        ),
+        lambda extra: openai.responses.create(model=MODEL, input="Once", extra_body=extra),
+    ]
+    for ask, field in zip(asks, ("kv_bits", "quantized_kv_start", "kv_bits"), strict=True):
+        with pytest.raises(BadRequestError) as width:
+            ask({field: 4})
+        assert (width.value.code, width.value.param) == ("unsupported_parameter", field)
+        assert "exo-tp run --kv-bits" in width.value.message, width.value.message
+    assert openai.chat.completions.create(model=MODEL, messages=short, max_tokens=3).choices

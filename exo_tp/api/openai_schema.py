@@ -356,6 +356,16 @@ class CompletionRequest(_Generation):
 # ---- fields a client may send that the cluster cannot honour ------------------------------
 
 
+# A request cannot choose its KV cache's width: a float batch runs all its sequences in one
+# pass through mlx-lm's batch caches, which have no quantized form, so one quantized sequence
+# would need its own pass, its own prompt-cache entries and admission by bytes, not built.
+KV_FIELDS = ("kv_bits", "kv_group_size", "quantized_kv_start")
+KV_WIDTH_PER_NODE = (
+    "a KV cache's width is set for the whole cluster, not per request, with "
+    "`exo-tp run --kv-bits 2..8` (and `--kv-group-size`, `--quantized-kv-start`) on its nodes"
+)
+
+
 def _absent(value: Any) -> bool:
     return value is None or value is False or value == [] or value == {}
 
@@ -391,6 +401,8 @@ _CANNOT: dict[str, tuple[Callable[[Any], bool], str]] = {
         _absent,
         "speculative decoding with a draft model is not available on this cluster",
     ),
+    # mlx-lm's generate() names; its server has no such field (docs/api.md, Unsupported fields)
+    **{name: (_absent, KV_WIDTH_PER_NODE) for name in KV_FIELDS},
 }
 
 

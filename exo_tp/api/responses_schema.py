@@ -16,7 +16,12 @@ from pydantic import (
     field_validator,
 )
 
-from exo_tp.api.openai_schema import SamplingFields, template_tool
+from exo_tp.api.openai_schema import (
+    KV_FIELDS,
+    KV_WIDTH_PER_NODE,
+    SamplingFields,
+    template_tool,
+)
 
 
 class _Strict(BaseModel):
@@ -324,4 +329,5 @@ REFUSED = {
     "prompt": "stored prompt templates are not supported",
     "top_logprobs": "log-probabilities are not returned by the Responses API here; use "
     "/v1/chat/completions with logprobs",
+    **dict.fromkeys(KV_FIELDS, KV_WIDTH_PER_NODE),
 }
