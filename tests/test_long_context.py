@@ -74,12 +74,13 @@ folder = Path({folder!r})
 plan = plan_tensor_parallel(load_spec(folder), {weights!r})
 eos = load_tokenizer(folder).eos_token_ids
 out = {{}}
-for name, bits, prompts, budget in {cases!r}:
+for name, bits, prompts, budget, together in {cases!r}:
     model = load_shard(folder, plan, group.rank(), group, mx.float32)
     if bits:
         quantize_kv(model, bits, 64, 0)
     options = ServingOptions(
-        max_concurrency=6, prompt_cache_size=0, kv_bits=bits, step_token_budget=budget
+        max_concurrency=6, prompt_cache_size=0, kv_bits=bits, step_token_budget=budget,
+        prefill_batch_size=together,
     )
     batch = LockstepBatch(
         model, eos, options,
@@ -88,11 +89,15 @@ for name, bits, prompts, budget in {cases!r}:
     for uid, ids in enumerate(prompts):
         batch.insert(Insert(uid=uid, tokens=tuple(ids), max_tokens={tokens}))
     streams = {{uid: [] for uid in range(len(prompts))}}
+    widest = 0  # the most streams that gained a token in one step
     while not batch.idle:
-        for response in batch.step():
+        responses = batch.step()
+        widest = max(widest, len(responses))
+        for response in responses:
             streams[response.uid].append(response.token)
     batch.close()
     out[name] = [streams[uid] for uid in range(len(prompts))]
+    out[name + " widest"] = widest
 # a second turn with an 8-bit KV cache, served from the prompt cache (quantized entries)
 model = load_shard(folder, plan, group.rank(), group, mx.float32)
 quantize_kv(model, 8, 64, 0)
@@ -123,11 +128,11 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
 ) -> None:
     """One ring job of 3 uneven ranks (5/3/2): float prompts of 1k, 4k and 8k tokens, each
     alone; prompts of 1000, 300 and 700 tokens batched together with a step token budget (chunked
-    prefill); six prompts of 1900, 240, 1300, 600, 1600 and 420 tokens batched together with a
-    budget of 120; with an 8-bit and a 4-bit KV cache a 1k prompt alone, then the three batched
-    (8-bit: with the budget), each equal to mlx-lm's run of that prompt alone; and a second turn
-    of a chat with an 8-bit KV cache, served from the prompt cache, equal to mlx-lm's uncached
-    answer."""
+    prefill); six prompts of 1900, 240, 1300, 600, 1600 and 420 tokens prefilled together and
+    decoding together; with an 8-bit and a 4-bit KV cache a 1k prompt alone, then the three
+    batched (8-bit: with the budget), each equal to mlx-lm's run of that prompt alone; and a
+    second turn of a chat with an 8-bit KV cache, served from the prompt cache, equal to
+    mlx-lm's uncached answer."""
     from mlx_lm import load
 
     config = {**tiny_config("llama"), "max_position_embeddings": 16384}
@@ -144,24 +149,24 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     long = [prompt(n) for n in (1000, 4000, 8000)]
     batched = [prompt(n) for n in (1000, 300, 700)]
     cases = [
-        ("float 1k", None, [long[0]], None),
-        ("float 4k", None, [long[1]], None),
-        ("float 8k", None, [long[2]], None),
+        ("float 1k", None, [long[0]], None, 1),
+        ("float 4k", None, [long[1]], None, 1),
+        ("float 8k", None, [long[2]], None, 1),
         # chunked prefill with a token budget of 48: the 700 and 1000-token prompts are read
         # in chunks of 47 and 46 tokens beside the streams already decoding
-        ("float budget", None, batched, 48),
+        ("float budget", None, batched, 48, 1),
     ]
     for bits in (8, 4):
         cases += [
-            (f"kv{bits} 1k", bits, [long[0]], None),
-            (f"kv{bits} batched", bits, batched, 48 if bits == 8 else None),
+            (f"kv{bits} 1k", bits, [long[0]], None, 1),
+            (f"kv{bits} batched", bits, batched, 48 if bits == 8 else None, 1),
         ]
     first_turn, follow_up = batched[1], prompt(44)  # 44: no near-tie in its answer
-    # Six at once, the batch's whole width (drawn last: the prompts above keep their tokens).
-    # Lengths of a few hundred to ~2k tokens: the short ones decode while the long ones are
-    # still read in chunks of (120 less the decoding streams' tokens) / (prompts prefilling).
+    # Six at once, the batch's whole width (drawn last: the prompts above keep their tokens),
+    # of a few hundred to ~2k tokens, prefilled together in 512-token chunks of six rows (what
+    # a node on OpenBLAS does by default), so that steps decode all six at once.
     six = [prompt(n) for n in (1900, 240, 1300, 600, 1600, 420)]
-    cases.append(("float six", None, six, 120))
+    cases.append(("float six", None, six, None, 6))
     script = _RING.format(
         tests=str(Path(__file__).parent),
         folder=str(folder),
@@ -173,7 +178,7 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     )
     outs = run_on_ranks(len(WEIGHTS), script, tmp_path, timeout=600)
     compared = {}
-    for name, bits, prompts, _ in cases:
+    for name, bits, prompts, *_ in cases:
         for i, (ours, ids) in enumerate(zip(outs[name], prompts, strict=True)):
             compared[name, i] = _same_until_a_tie(ours, _reference(model, ids, bits))
     # the second turn reuses the first's quantized cache, and answers as mlx-lm uncached
@@ -183,6 +188,8 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
         outs["second turn"], _reference(model, outs["turn"], 8)
     )
     print(compared)
+    # the six ran at once: one step gave every one of them a token
+    assert outs["float six widest"] == len(six), outs["float six widest"]
     assert sum(compared.values()) >= len(compared) * TOKENS // 2, compared
     # the quantized width is not a no-op here: 4 bits change mlx-lm's own tokens
     assert _reference(model, long[0], 4)[0] != _reference(model, long[0], None)[0]
