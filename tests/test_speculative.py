@@ -1,0 +1,171 @@
+"""Prompt-lookup speculative decoding (exo_tp.runtime.speculative) gives greedy decoding's
+tokens exactly, against single-device mlx-lm (float32) and exo-tp without speculation.
+
+The prompt asks to repeat text, so drafts looked up in it are accepted (asserted: with no
+accepted draft these tests would pass without speculating at all). Two real launches on 2
+uneven ranks (the conductor's stop strings and the token broadcast), the rest in this process
+on one LockstepBatch (finishes inside an accepted run, the prompt cache it leaves).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from helpers import Reference, _single_device, launch, mlx_lm_reference
+from mlx_lm.models.cache import make_prompt_cache
+
+from exo_tp.runtime.batching import LockstepBatch
+from exo_tp.runtime.speculative import prompt_lookup
+from exo_tp.wire.assignment import ServingOptions
+from exo_tp.wire.runtime import Insert
+
+PROMPT = (
+    "Repeat this list exactly, line by line:\n"
+    "apple banana cherry date elderberry fig grape\n"
+    "one two three four five six seven eight nine ten\n"
+    "the quick brown fox jumps over the lazy dog"
+)
+TOKENS = 40
+DRAFTS = 4
+# First met in SmolLM2's answer where its third sentence repeats its second: inside a run
+# of accepted drafts (checked in the launch: drafts were accepted)
+STOP = "fox.\n\nThe quick brown fox is"
+
+
+@pytest.fixture(scope="module")
+def reference(default_models: dict[str, Path]) -> Reference:
+    return mlx_lm_reference(default_models["smollm2-135m"], PROMPT, TOKENS)
+
+
+def test_prompt_lookup_drafts_what_followed_the_latest_longest_match() -> None:
+    history = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    # "2 3" last occurred before 7 8 (the latest of two), 3 tokens asked
+    assert prompt_lookup(history, 2, 3) == [7, 8, 5]
+    # a 3-gram "5 2 3" never occurred before: the 2-gram's match
+    assert prompt_lookup(history, 3, 2) == [7, 8]
+    assert prompt_lookup([4, 5, 6], 3, 4) == []  # nothing repeats
+    assert prompt_lookup([4, 5, 4], 1, 4) == [5, 4]  # the continuation may run to the end
+
+
+def test_two_uneven_ranks_greedy_identical_with_a_stop_string_in_an_accepted_run(
+    tmp_path: Path, reference: Reference
+) -> None:
+    assert STOP in reference.text, reference.text  # the prompt still makes SmolLM2 repeat
+    expected = reference.text[: reference.text.index(STOP)]
+    runs = {}
+    for drafts in (DRAFTS, 0):
+        folder = tmp_path / str(drafts)
+        folder.mkdir()
+        runs[drafts] = launch(
+            folder,
+            "smollm2-135m",
+            [3, 2],
+            PROMPT,
+            TOKENS,
+            "--num-draft-tokens",
+            str(drafts),
+            "--stop",
+            STOP,
+            logits=False,
+        )
+    speculative, plain = runs[DRAFTS].report, runs[0].report
+    assert speculative.accepted_tokens > 0, speculative
+    assert plain.drafted_tokens == 0
+    assert speculative.text == plain.text == expected
+    assert speculative.finish_reason == plain.finish_reason == "stop"
+    assert speculative.tokens == plain.tokens
+    assert list(speculative.tokens) == reference.tokens[: len(speculative.tokens)]
+
+
+def _decode(
+    eos: list[int], prompt: list[int], max_tokens: int, cache_entries: int = 0
+) -> tuple[list[int], str | None, list[tuple[int, int, int]], LockstepBatch]:
+    """Greedy decoding of one stream on a LockstepBatch over the whole model (no ranks: the
+    sampler is a plain argmax), speculating with DRAFTS drafts: tokens, finish reason, each
+    speculative step's (index of its first token, drafted, accepted), and the batch."""
+    model, _ = _single_device(_model_dir())
+    options = ServingOptions(
+        max_concurrency=1, prompt_cache_size=cache_entries, num_draft_tokens=DRAFTS
+    )
+    batch = LockstepBatch(
+        model, eos, options, lambda lp: (mx.argmax(lp, axis=-1), 0), 4096, speculate=True
+    )
+    steps: list[tuple[int, int, int]] = []
+    tokens: list[int] = []
+    reason = None
+    batch.on_drafts = lambda uid, drafted, accepted: steps.append((len(tokens), drafted, accepted))
+    insert = Insert(uid=0, tokens=tuple(prompt), max_tokens=max_tokens, draft_tokens=DRAFTS)
+    batch.insert(insert)
+    while not batch.idle:
+        for response in batch.step():
+            tokens.append(response.token)
+            reason = response.finish_reason
+    return tokens, reason, steps, batch
+
+
+def _model_dir() -> str:
+    from exo_tp.models.registry import resolve_model
+
+    return str(resolve_model("smollm2-135m"))
+
+
+@pytest.fixture(scope="module")
+def full_run(reference: Reference) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The whole answer, speculating in this process: its tokens and speculative steps."""
+    _, tokenizer = _single_device(_model_dir())
+    tokens, _, steps, _ = _decode(list(tokenizer.eos_token_ids), reference.prompt_ids, TOKENS)
+    assert tokens == reference.tokens
+    return tokens, steps
+
+
+def test_max_tokens_inside_an_accepted_run(
+    reference: Reference, full_run: tuple[list[int], list[tuple[int, int, int]]]
+) -> None:
+    """max_tokens that ends inside a run the full answer accepted: the step drafts only up
+    to it, and the answer is greedy decoding's, cut there."""
+    _, tokenizer = _single_device(_model_dir())
+    _, steps = full_run
+    start = next(start for start, _, accepted in steps if accepted >= 2)
+    max_tokens = start + 2  # the pending token, one draft, then the end
+    tokens, reason, cut_steps, _ = _decode(
+        list(tokenizer.eos_token_ids), reference.prompt_ids, max_tokens
+    )
+    assert tokens == reference.tokens[:max_tokens] and reason == "length"
+    assert (start, 1, 1) in cut_steps, cut_steps
+
+
+def test_a_finish_inside_an_accepted_run_cuts_it_and_the_cache_it_leaves(
+    reference: Reference, full_run: tuple[list[int], list[tuple[int, int, int]]]
+) -> None:
+    """An end-of-sequence token met inside a run of accepted drafts: the run is cut after it
+    and the stream's KV cache, stored in the prompt cache, holds exactly its tokens."""
+    model, _ = _single_device(_model_dir())
+    full, steps = full_run
+    # a token that first occurs inside a step's accepted run, before its last token (a
+    # step emits its pending token and then the accepted drafts)
+    first = {t: i for i, t in reversed(list(enumerate(full)))}
+    inside = [
+        t
+        for t, i in first.items()
+        if any(start <= i < start + accepted for start, _, accepted in steps)
+    ]
+    assert inside, (full, steps)
+    stop = inside[0]
+    expected = reference.tokens[: first[stop] + 1]
+    tokens, reason, _, batch = _decode([stop], reference.prompt_ids, TOKENS, cache_entries=4)
+    assert tokens == expected and reason == "stop"
+    # the prompt cache's entry: keyed by prompt + tokens, and its keys those a fresh prefill
+    # of exactly those tokens computes (no rejected or dropped position left in it)
+    key = [*reference.prompt_ids, *tokens]
+    assert batch.prompt_cache is not None
+    cache, covered = batch.prompt_cache.fetch([*key, 0])
+    assert cache is not None and covered == len(key)
+    fresh = make_prompt_cache(model)
+    model(mx.array(key)[None], cache=fresh)
+    for stored, computed in zip(cache, fresh, strict=True):
+        assert stored.offset == computed.offset == len(key)
+        for ours, theirs in zip(stored.keys_and_values(), computed.keys_and_values(), strict=True):
+            assert ours.shape == theirs.shape
+            assert mx.allclose(ours, theirs, atol=1e-4).item()
