@@ -169,3 +169,38 @@ def test_a_finish_inside_an_accepted_run_cuts_it_and_the_cache_it_leaves(
         for ours, theirs in zip(stored.keys_and_values(), computed.keys_and_values(), strict=True):
             assert ours.shape == theirs.shape
             assert mx.allclose(ours, theirs, atol=1e-4).item()
+
+
+def test_a_second_stream_turns_speculation_off_and_both_stay_greedy(
+    reference: Reference, full_run: tuple[list[int], list[tuple[int, int, int]]]
+) -> None:
+    """A stream joins one that speculates: no step speculates while both run (the batch's
+    lockstep), the first speculates again once alone, and both answers are greedy decoding's."""
+    model, tokenizer = _single_device(_model_dir())
+    options = ServingOptions(max_concurrency=2, prompt_cache_size=0, num_draft_tokens=DRAFTS)
+    batch = LockstepBatch(
+        model,
+        list(tokenizer.eos_token_ids),
+        options,
+        lambda lp: (mx.argmax(lp, axis=-1), 0),
+        4096,
+        speculate=True,
+    )
+    alone: list[bool] = []  # at each speculative step: whether its stream was alone
+    tokens: dict[int, list[int]] = {0: [], 1: []}
+    batch.on_drafts = lambda uid, drafted, accepted: alone.append(len(batch.active) == 1)
+    prompt = tuple(reference.prompt_ids)
+    batch.insert(Insert(uid=0, tokens=prompt, max_tokens=TOKENS, draft_tokens=DRAFTS))
+    while len(tokens[0]) < 8:  # the first is well into its answer, speculating
+        for response in batch.step():
+            tokens[response.uid].append(response.token)
+    speculated_before = len(alone)
+    second = Insert(uid=1, tokens=prompt, max_tokens=TOKENS // 4, draft_tokens=DRAFTS)
+    batch.insert(second)
+    while not batch.idle:
+        for response in batch.step():
+            tokens[response.uid].append(response.token)
+    assert speculated_before > 0 and all(alone), alone
+    assert len(alone) > speculated_before  # alone again after the second finished
+    assert tokens[0] == reference.tokens
+    assert tokens[1] == reference.tokens[: TOKENS // 4]

@@ -234,6 +234,9 @@ class ModelView(Frozen):
 class ServingView(Frozen):
     max_concurrency: int
     in_flight: int
+    # speculative decoding on this node's requests since it started: drafted, accepted
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class ClusterView(Frozen):
