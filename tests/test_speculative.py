@@ -13,11 +13,17 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from arch_configs import tiny_config
 from helpers import Reference, _single_device, launch, mlx_lm_reference
 from mlx_lm.models.cache import make_prompt_cache
+from test_arch_matrix import MIN_MARGIN, SEEDS
+from tiny_models import write_tiny_model
 
+from exo_tp.plan.spec import load_spec
+from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.runtime.speculative import prompt_lookup
+from exo_tp.shard.apply import load_shard
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert
 
@@ -204,3 +210,50 @@ def test_a_second_stream_turns_speculation_off_and_both_stay_greedy(
     assert len(alone) > speculated_before  # alone again after the second finished
     assert tokens[0] == reference.tokens
     assert tokens[1] == reference.tokens[: TOKENS // 4]
+
+
+# llama: plain KV caches (it speculates); gemma3_text and mistral: sliding windows (8 tokens
+# here); qwen3_next: a recurrent state (Gated DeltaNet). Tiny random checkpoints, whole in this
+# process on the engine's loader.
+FAMILIES = {"llama": True, "gemma3_text": False, "mistral": False, "qwen3_next": False}
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_only_trimmable_families_speculate_and_all_stay_greedy(
+    tmp_path: Path, default_models: dict[str, Path], arch: str
+) -> None:
+    from mlx_lm import load, stream_generate
+
+    folder = write_tiny_model(
+        tmp_path / arch, tiny_config(arch), default_models["smollm2-135m"], seed=SEEDS.get(arch, 0)
+    )
+    model, tokenizer = load(str(folder))  # the reference
+    model.set_dtype(mx.float32)
+    plan = plan_tensor_parallel(load_spec(folder), [1.0])
+    ours = load_shard(folder, plan, 0, mx.distributed.init(), mx.float32)
+    # shorter than the windows (8): mlx-lm calls a window trimmable until it is full, and a
+    # verify step would fill it; a repeat, so that drafts are found
+    prompt = [258, 85, 252, 258, 85]
+    options = ServingOptions(max_concurrency=1, prompt_cache_size=0, num_draft_tokens=DRAFTS)
+    batch = LockstepBatch(
+        ours,
+        list(tokenizer.eos_token_ids),
+        options,
+        lambda lp: (mx.argmax(lp, axis=-1), 0),
+        0,
+        speculate=True,
+    )
+    steps: list[int] = []
+    batch.on_drafts = lambda uid, drafted, accepted: steps.append(drafted)
+    batch.insert(Insert(uid=0, tokens=tuple(prompt), max_tokens=12, draft_tokens=DRAFTS))
+    tokens = []
+    while not batch.idle:
+        tokens += [response.token for response in batch.step()]
+    reference, margins = [], []
+    for response in stream_generate(model, tokenizer, mx.array(prompt), max_tokens=12):
+        reference.append(response.token)
+        top2 = sorted(response.logprobs.astype(mx.float32).tolist())[-2:]
+        margins.append(top2[1] - top2[0])
+    assert bool(steps) == FAMILIES[arch], steps
+    decided = next((i for i, m in enumerate(margins) if m < MIN_MARGIN), len(reference))
+    assert tokens[:decided] == reference[:decided], (tokens, reference, margins)

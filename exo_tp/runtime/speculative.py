@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, CacheList, can_trim_prompt_cache, trim_prompt_cache
 
 Response = GenerationBatch.Response
 # The rank's part of sampling, as the batch generator calls it: logprobs (rows, V) in, the
@@ -49,6 +49,15 @@ def prompt_lookup(history: Sequence[int], ngram: int, count: int) -> list[int]:
     return []
 
 
+def _plain(cache: object) -> bool:
+    """A whole-sequence KV cache (or a list of them), which a trim returns exactly to an
+    earlier length. Not a sliding window: mlx-lm calls one trimmable until it is full, but a
+    verify step that fills it rotates out positions a trim cannot bring back."""
+    if isinstance(cache, CacheList):
+        return all(_plain(c) for c in cache.caches)
+    return isinstance(cache, BatchKVCache)
+
+
 def can_speculate(generator: BatchGenerator) -> bool:
     """One stream decoding, nothing prefilling or waiting, and caches that can be trimmed
     (sliding windows and recurrent states cannot: those families never speculate)."""
@@ -57,6 +66,7 @@ def can_speculate(generator: BatchGenerator) -> bool:
         len(batch) == 1
         and not generator._unprocessed_sequences
         and not generator._currently_processing
+        and all(_plain(c) for c in batch.prompt_cache)
         and can_trim_prompt_cache(batch.prompt_cache)
     )
 
