@@ -56,6 +56,29 @@ def test_prompt_lookup_drafts_what_followed_the_latest_longest_match() -> None:
     assert prompt_lookup([4, 5, 4], 1, 4) == [5, 4]  # the continuation may run to the end
 
 
+def test_the_api_takes_num_draft_tokens_refuses_draft_model_and_reports_predictions() -> None:
+    from pydantic import ValidationError
+
+    from exo_tp.api.errors import ApiError
+    from exo_tp.api.openai_schema import ChatCompletionRequest, refuse_unsupported
+    from exo_tp.api.openai_shapes import usage
+    from exo_tp.wire.runtime import Done
+
+    body = {"messages": [{"role": "user", "content": "x"}], "num_draft_tokens": 5}
+    assert ChatCompletionRequest.model_validate(body).num_draft_tokens == 5
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate({**body, "num_draft_tokens": 33})
+    with pytest.raises(ApiError, match="draft_model"):
+        refuse_unsupported({**body, "draft_model": "mlx-community/SmolLM2-135M"})
+    done = Done(id="a", finish_reason="stop", prompt_tokens=3, completion_tokens=9)
+    assert "completion_tokens_details" not in usage(done).body()  # nothing drafted
+    drafted = done.model_copy(update={"drafted_tokens": 12, "accepted_tokens": 7})
+    assert usage(drafted).body()["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 7,
+        "rejected_prediction_tokens": 5,
+    }
+
+
 def test_two_uneven_ranks_greedy_identical_with_a_stop_string_in_an_accepted_run(
     tmp_path: Path, reference: Reference
 ) -> None:
