@@ -146,10 +146,11 @@ class Conductor:
         return True
 
     def _draft_tokens(self, entry: _Request) -> int:
-        """The request's drafts per step, or the node's; 0 where speculating could change the
-        answer or its cost: sampling at a temperature (the drafts are checked against the
-        greedy choice), logits processors (penalties, biases) and grammars (their state moves
-        with every position they see, the rejected ones included)."""
+        """The request's drafts per step, or the node's; 0 where drafts checked against the
+        greedy choice would not give the request's own answer: sampling at a temperature (that
+        needs rejection sampling, not done yet), logits processors (penalties, biases: left
+        out to keep the verify step to the plain case) and grammars (their state moves with
+        every position they see, the rejected ones included)."""
         if not self.batch.speculative:
             return 0
         request = entry.request
