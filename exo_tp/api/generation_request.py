@@ -62,6 +62,7 @@ class Ask:
     constraint: Constraint | None = None
     constraint_param: str = "response_format"  # the schema's field, as the dialect names it
     thinking_budget: int | None = None  # tokens of thinking at most (thinking_budget.py)
+    num_draft_tokens: int | None = None  # speculative drafts per step (None: the node's)
 
     def structure(self) -> tuple[Constraint | None, str]:
         """The constraint the text is decoded under, and the field that set it."""
@@ -77,6 +78,8 @@ def fitted(node: Backend, ask: Ask) -> GenerateRequest:
     request = generate_request(
         node, ask.id, ask.prompt.tokens, sampling, ask.stops, ask.prompt_param, ask.continuation
     )
+    if ask.num_draft_tokens is not None:
+        request = replace(request, num_draft_tokens=ask.num_draft_tokens)
     constraint, _ = ask.structure()
     return request if constraint is None else replace(request, constraint=constraint)
 

@@ -138,6 +138,7 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
         stops=parsed.stop_list(),
         logprobs=parsed.logprobs,
         top_logprobs=parsed.top_logprobs or 0,
+        num_draft_tokens=parsed.num_draft_tokens,
         max_calls=1 if parsed.parallel_tool_calls is False else None,
         call_indexes=parsed.stream,
         constraint=_response_format(parsed),
@@ -243,6 +244,7 @@ async def completions(node: Backend, request: web.Request) -> web.StreamResponse
         logprobs=parsed.wants_logprobs(),
         top_logprobs=parsed.top_n(),
         continuation=True,
+        num_draft_tokens=parsed.num_draft_tokens,
         split=False,
     )
     if parsed.n == 1:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exo_tp.api.errors import ApiError
+from exo_tp.wire.runtime import MAX_DRAFT_TOKENS
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4
@@ -240,7 +241,9 @@ class _Generation(SamplingFields):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    num_draft_tokens: int | None = None  # mlx_lm.server: only with a draft model
+    # mlx-lm's name; here prompt-lookup speculative decoding's drafts per step (0: off,
+    # None: the node's --num-draft-tokens), no draft model (exo_tp.runtime.speculative)
+    num_draft_tokens: int | None = Field(default=None, ge=0, le=MAX_DRAFT_TOKENS)
 
     @field_validator("stop")
     @classmethod

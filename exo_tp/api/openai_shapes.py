@@ -33,11 +33,20 @@ class PromptTokensDetails(ApiView):
     cached_tokens: int
 
 
+class CompletionTokensDetails(ApiView):
+    """OpenAI's names for predicted outputs, used for speculative decoding's drafts: drafted
+    tokens the model agreed with, and those it did not (their positions were trimmed)."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class Usage(ApiView):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None  # set when drafted
 
 
 class FunctionCall(ApiView):
@@ -181,12 +190,18 @@ def _tool_calls(calls: list[dict[str, Any]]) -> list[ToolCall]:
 
 
 def usage(done: Done) -> Usage:
-    return Usage(
+    view = Usage(
         prompt_tokens=done.prompt_tokens,
         completion_tokens=done.completion_tokens,
         total_tokens=done.prompt_tokens + done.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=done.cached_tokens),
     )
+    if done.drafted_tokens:  # left out otherwise, as before speculative decoding existed
+        view.completion_tokens_details = CompletionTokensDetails(
+            accepted_prediction_tokens=done.accepted_tokens,
+            rejected_prediction_tokens=done.drafted_tokens - done.accepted_tokens,
+        )
+    return view
 
 
 def finish_reason(done: Done) -> str:

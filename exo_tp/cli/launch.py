@@ -15,6 +15,7 @@ from exo_tp.cli.args import (
 )
 from exo_tp.cli.kv_args import add_kv_args, check_kv
 from exo_tp.cli.lab_args import add_lab_args, lab_environments
+from exo_tp.cli.speculative_args import add_speculative_args
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
@@ -40,6 +41,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temp", type=non_negative_float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=non_negative_float, default=1.0)
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="a stop string: generation ends where the text contains it (repeatable)",
+    )
     p.add_argument(
         "--ignore-chat-template",
         action="store_true",
@@ -75,6 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "finetune), applied to every rank's shard",
     )
     add_kv_args(p)
+    add_speculative_args(p)
     add_lab_args(p, "rank", rebalance=False)
     p.set_defaults(handler=run)
 
@@ -112,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, seed=args.seed
         ),
         logits_out=str(Path(args.logits_out).resolve()) if args.logits_out else None,
+        stop=tuple(args.stop),
     )
     try:
         request = request.fit(spec.vocab_size)
@@ -132,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
             kv_bits=args.kv_bits,
             kv_group_size=args.kv_group_size,
             quantized_kv_start=args.quantized_kv_start,
+            num_draft_tokens=args.num_draft_tokens,
+            prompt_lookup_ngram=args.prompt_lookup_ngram,
         ),
     )
     return 0

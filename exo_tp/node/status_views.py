@@ -214,6 +214,8 @@ class StatusViews:
             serving=ServingView(
                 max_concurrency=self.config.serving.max_concurrency,
                 in_flight=self.dispatcher.in_flight,
+                drafted_tokens=self.dispatcher.drafted_tokens,
+                accepted_tokens=self.dispatcher.accepted_tokens,
             ),
             balance=self.balance(),
         )

@@ -234,6 +234,10 @@ class ModelView(Frozen):
 class ServingView(Frozen):
     max_concurrency: int
     in_flight: int
+    # speculative decoding over the requests this node dispatched (the leader: all of them)
+    # since it started: tokens drafted, and accepted by the model
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class ClusterView(Frozen):

@@ -28,6 +28,12 @@ round later. The changes before position p are those counted by the broadcast of
 p - max(2, lanes): a position whose tokens every rank holds by then without waiting longer
 than it must anyway. With one request only its lane has work and the others are skipped, so
 one stream runs exactly as without lanes.
+
+Speculative decoding (prompt lookup, `exo_tp.runtime.speculative`): while the batch holds a
+single stream and nothing waits to join, a sequence inserted with ``draft_tokens`` > 0 steps
+speculatively: its drafts come from tokens every rank holds, its verify step is one forward
+and one token broadcast like any step, so the lockstep (same changes, same steps, same
+tokens) is kept. Only for tensor-parallel plans (``speculate``: one stage, float KV cache).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from exo_tp.plan.step_budget import MIN_CHUNK
 from exo_tp.runtime.prompt_cache import PromptCache
+from exo_tp.runtime.speculative import SpeculativeStep, can_speculate
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert, Remove, Tokens
 
@@ -77,10 +84,13 @@ class LockstepBatch:
         lanes: int = 1,
         deferred: TokenFeed | None = None,
         bytes_per_entry: int = 0,
+        speculate: bool = False,
     ):
         """``sample``: this rank's part of sampling; None with ``deferred`` (earlier stages of
         an overlapped pipeline, whose tokens arrive a round later). ``bytes_per_token`` and
-        ``bytes_per_entry`` (recurrent state): the prompt cache's measure (PromptCache)."""
+        ``bytes_per_entry`` (recurrent state): the prompt cache's measure (PromptCache).
+        ``speculate``: this epoch's plan lets sequences with draft tokens speculate (one
+        tensor-parallel stage, a float KV cache: every rank must pass the same)."""
         if (sample is None) == (deferred is None):
             raise ValueError("a rank samples either now or deferred")
         self.model = model
@@ -143,6 +153,16 @@ class LockstepBatch:
         self._floor = 0
         self._owed: deque[tuple[int, int, int]] = deque()
         self._received: list[dict[int, int]] = [{} for _ in range(lanes)]
+        # Speculative decoding: each sequence's draft tokens per step (its Insert's), and
+        # the conductor's count of drafted and accepted tokens (uid, drafted, accepted).
+        self._speculative = (
+            SpeculativeStep(model, self._sampler, options.prompt_lookup_ngram)
+            if speculate and lanes == 1 and sample is not None
+            else None
+        )
+        self._drafts: dict[int, int] = {}
+        self.default_drafts = options.num_draft_tokens if self._speculative else 0
+        self.on_drafts: Callable[[int, int, int], None] | None = None
 
     def _sampler(self, logprobs: mx.array) -> mx.array:
         if self._deferred is not None:  # placeholders; the tokens replace them a round later
@@ -160,6 +180,11 @@ class LockstepBatch:
     @property
     def idle(self) -> bool:
         return not self.active
+
+    @property
+    def speculative(self) -> bool:
+        """Whether sequences may speculate in this batch (its plan allows it)."""
+        return self._speculative is not None
 
     @property
     def lane_count(self) -> int:
@@ -241,6 +266,8 @@ class LockstepBatch:
         if change.keep_prompt and self.prompt_cache is not None:
             self._keep[uid] = tokens
         self._lane_of[uid] = change.lane
+        if change.draft_tokens and self.speculative:
+            self._drafts[uid] = change.draft_tokens
         self.applied += 1
         return cached, logits
 
@@ -258,6 +285,7 @@ class LockstepBatch:
             del self._lane_of[uid]
             self._joined.pop(uid, None)
             self._keep.pop(uid, None)
+            self._drafts.pop(uid, None)
         self.applied += 1
 
     def step(self) -> list[Response]:
@@ -274,7 +302,9 @@ class LockstepBatch:
         self._order_waiting(generator)
         self._make_room(generator)
         self._size_chunks(generator)
-        _, responses = generator.next()
+        responses = self._speculate(generator)
+        if responses is None:
+            _, responses = generator.next()
         self._position += 1
         self.steps += 1
         if self.after_step is not None:
@@ -286,7 +316,27 @@ class LockstepBatch:
                 self.active.discard(response.uid)
                 self._lane_of.pop(response.uid, None)
                 self._joined.pop(response.uid, None)
+                self._drafts.pop(response.uid, None)
                 self._remember(response.all_tokens, response.prompt_cache)
+        return responses
+
+    def _speculate(self, generator: BatchGenerator) -> list[Response] | None:
+        """A speculative step when the batch allows one (the module doc), else None. Every
+        rank decides from what it holds alike: the batch, the Insert's drafts, the tokens."""
+        if self._speculative is None or not self._drafts or not can_speculate(generator):
+            return None
+        batch = generator._generation_batch
+        uid = batch.uids[0]
+        # never draft past max_tokens: the last token allowed is the target's own
+        most = min(self._drafts.get(uid, 0), batch.max_tokens[0] - batch._num_tokens[0] - 1)
+        if most <= 0:
+            return None
+        token, drafts = self._speculative.drafts(generator, most)
+        if not drafts:  # nothing repeats yet: a plain step
+            return None
+        responses, accepted = self._speculative.run(generator, token, drafts)
+        if self.on_drafts is not None:
+            self.on_drafts(uid, len(drafts), accepted)
         return responses
 
     def _keep_prompt(self, generator: BatchGenerator, uid: int, prompt: list[int]) -> None:

@@ -65,6 +65,8 @@ class _Request:
     generated: int = 0
     cached: int = 0
     finished: bool = False  # done for the client (it may still be in the batch for a step)
+    drafted: int = 0  # speculative decoding: tokens drafted, and accepted by the target
+    accepted: int = 0
 
     def sample(self, logprobs: mx.array) -> mx.array:
         if self.key is None:
@@ -92,6 +94,7 @@ class Conductor:
         self._detokenizers = Detokenizers(tokenizer)
         self.source, self.followers, self.earlier = source, followers, earlier_stages
         self.batch = make_batch(self._sample)
+        self.batch.on_drafts = self._count_drafts
         self._closing = False  # the source closed in the middle of a step
         self._incoming: queue.Queue[Generate | Cancel | None] = queue.Queue()
         self._committed: list[Insert | Remove] = []
@@ -137,9 +140,30 @@ class Conductor:
                 save_logits=request.logits_out is not None,
                 lane=self._lightest_lane(),
                 keep_prompt=request.keep_prompt,
+                draft_tokens=self._draft_tokens(entry),
             )
         )
         return True
+
+    def _draft_tokens(self, entry: _Request) -> int:
+        """The request's drafts per step, or the node's; 0 where drafts checked against the
+        greedy choice would not give the request's own answer: sampling at a temperature (that
+        needs rejection sampling, not done yet), logits processors (penalties, biases: left
+        out to keep the verify step to the plain case) and grammars (their state moves with
+        every position they see, the rejected ones included)."""
+        if not self.batch.speculative:
+            return 0
+        request = entry.request
+        if request.sampling.temperature > 0 or entry.processors or request.constraint:
+            return 0
+        wanted = request.num_draft_tokens
+        return self.batch.default_drafts if wanted is None else wanted
+
+    def _count_drafts(self, uid: int, drafted: int, accepted: int) -> None:
+        entry = self._by_uid.get(uid)
+        if entry is not None:
+            entry.drafted += drafted
+            entry.accepted += accepted
 
     def _lightest_lane(self) -> int:
         """Overlapped pipelines: the lane with the fewest sequences, counting those committed
@@ -317,6 +341,8 @@ class Conductor:
                 prompt_tokens=len(entry.request.tokens),
                 completion_tokens=entry.generated,
                 cached_tokens=entry.cached,
+                drafted_tokens=entry.drafted,
+                accepted_tokens=entry.accepted,
                 stop_string=entry.stops.matched,
                 prompt_seconds=(entry.first_token or now) - entry.started,
                 seconds=now - entry.started,

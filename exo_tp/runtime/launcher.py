@@ -56,6 +56,8 @@ class LaunchReport(Frozen):
     generation_tps: float  # decode tokens/s, after the first token
     prompt_tps: float  # prompt tokens/s, until the first token
     finish_reason: FinishReason
+    drafted_tokens: int = 0  # speculative decoding: drafted, and accepted by the model
+    accepted_tokens: int = 0
     memory_by_rank: tuple[RankMemory, ...]
 
 
@@ -193,6 +195,8 @@ def _report(done: Done, tokens: list[int], text: list[str], ranks: list[Child]) 
         generation_tps=done.completion_tokens / decode if decode > 0 else 0.0,
         prompt_tps=done.prompt_tokens / done.prompt_seconds if done.prompt_seconds else 0.0,
         finish_reason=done.finish_reason,
+        drafted_tokens=done.drafted_tokens,
+        accepted_tokens=done.accepted_tokens,
         memory_by_rank=tuple(rank_memory(child) for child in ranks),
     )
 

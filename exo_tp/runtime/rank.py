@@ -184,6 +184,13 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
     )
 
 
+def _may_speculate(job: Assignment) -> bool:
+    """Prompt-lookup speculation only on tensor-parallel plans (one stage: a pipeline's earlier
+    stages would need the verify step's k + 1 positions on their hops, not done yet) with a
+    float KV cache (a quantized one is quantized as it grows and cannot be trimmed back)."""
+    return len(job.plan.stages) == 1 and job.serving.kv_bits is None
+
+
 def _serve_as_conductor(
     job: Assignment,
     key: bytes,
@@ -216,6 +223,7 @@ def _serve_as_conductor(
             _bytes_per_token(job),
             lanes=job.lanes,
             bytes_per_entry=_bytes_per_entry(job),
+            speculate=_may_speculate(job),
         )
         if progress.probe is not None:
             progress.batch.after_step = progress.probe.maybe
@@ -259,6 +267,7 @@ def _serve_as_follower(
         lanes=job.lanes,
         deferred=feed.next_tokens if deferred else None,
         bytes_per_entry=_bytes_per_entry(job),
+        speculate=_may_speculate(job),
     )
     if progress.probe is not None:
         progress.batch.after_step = progress.probe.maybe

@@ -47,6 +47,10 @@ class ServingOptions(Frozen):
     prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
     # Pipelines: split the batch into one micro-batch per stage, so every stage works at once.
     overlap: bool = True
+    # Prompt-lookup speculative decoding (exo_tp.runtime.speculative): draft tokens per step
+    # for requests that do not say (0: off), and the longest n-gram looked up to draft them.
+    num_draft_tokens: int = Field(default=0, ge=0, le=32)
+    prompt_lookup_ngram: int = Field(default=3, ge=1, le=16)
     # What the leader's planner optimises when it plans from measured profiles: one request's
     # time per token, every stream's tokens together, or auto by the queue when it plans.
     objective: Literal["latency", "throughput", "auto"] = "auto"

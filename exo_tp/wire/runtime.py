@@ -30,6 +30,8 @@ from exo_tp.process.messages import (
 from exo_tp.wire.ids import BatchUid, Epoch, Rank, RequestId
 from exo_tp.wire.profiles import LinkProfile
 
+MAX_DRAFT_TOKENS = 32  # more drafts than this cost a longer verify step than they can save
+
 # ---- what a request asks for --------------------------------------------------------------
 
 
@@ -78,6 +80,10 @@ class GenerateRequest(Frozen):
     constraint: Constraint | None = None  # structured output: the text must match it
     # more choices of this prompt follow (n > 1): keep its KV cache once it is prefilled
     keep_prompt: bool = False
+    # Prompt-lookup speculative decoding: draft tokens per step (0: off; None: the node's
+    # default, ServingOptions.num_draft_tokens). Only greedy requests without logits
+    # processors or a grammar speculate (exo_tp.runtime.speculative says why).
+    num_draft_tokens: int | None = Field(default=None, ge=0, le=MAX_DRAFT_TOKENS)
 
     def fit(self, vocab_size: int) -> GenerateRequest:
         """The one check of a request against its model, done where it is made (the API, the
@@ -164,6 +170,10 @@ class Done(Frozen):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV cache came from the prompt cache
+    # Speculative decoding: tokens drafted by prompt lookup, and of them those the target
+    # model agreed with (the rest were rejected and their positions trimmed).
+    drafted_tokens: int = Field(default=0, ge=0)
+    accepted_tokens: int = Field(default=0, ge=0)
     prompt_seconds: float = 0.0  # until the first generated token
     seconds: float = 0.0
 
@@ -248,6 +258,9 @@ class Insert(Frozen):
     # Overlapped pipelines: the micro-batch (lane) it joins; every rank steps the lanes in turn.
     lane: int = Field(default=0, ge=0)
     keep_prompt: bool = False  # the prompt's cache goes to the prompt cache at its first token
+    # Prompt-lookup drafts per step for this sequence (0: never speculates); the conductor
+    # resolves the request's and the node's settings so that every rank holds the same.
+    draft_tokens: int = Field(default=0, ge=0, le=MAX_DRAFT_TOKENS)
 
 
 class Remove(Frozen):

@@ -106,6 +106,9 @@ class Dispatcher:
         self._waiting = 0
         self._streams: dict[str, asyncio.Queue[Delta | Done | DispatchError]] = {}
         self._ids = itertools.count()
+        # Speculative decoding since the node started: tokens drafted, and accepted by the
+        # model (the status's serving counters; Done carries each request's).
+        self.drafted_tokens = self.accepted_tokens = 0
         self.on_conductor_lost: Callable[[int], None] | None = None  # set by the leader
         # Cleared during a planned re-plan (rebalancing): new requests wait, not 503.
         self._open = asyncio.Event()
@@ -255,6 +258,9 @@ class Dispatcher:
                 if isinstance(event, DispatchError):
                     finished = True
                     raise event
+                if isinstance(event, Done):
+                    self.drafted_tokens += event.drafted_tokens
+                    self.accepted_tokens += event.accepted_tokens
                 yield event
                 if isinstance(event, Done):
                     finished = True

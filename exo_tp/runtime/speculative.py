@@ -1,0 +1,147 @@
+"""Prompt-lookup speculative decoding inside the lockstep batch (issue #44, first part).
+
+A draft is no second model's guess: the tokens that followed the most recent earlier
+occurrence of the sequence's last n-gram (in the prompt or the text generated so far). Editing,
+quoting and summarising repeat long runs of the prompt, and there such drafts are often right.
+
+One speculative step of a lone stream: the token sampled last (y, not yet in the KV cache) and
+k drafts go through the tensor-parallel target in ONE forward (k + 1 positions: the same
+forward, so the same collectives, on every rank); the conductor samples the target's greedy
+choice at each position and broadcasts the k + 1 tokens as it broadcasts any step's; every
+rank then accepts the longest run of drafts that agrees with them, plus the target's token
+after that run, and trims its caches by the rejected positions. Every rank computes the same
+drafts from the same agreed tokens and reads the same broadcast, so every rank takes the same
+decision without one more message.
+
+Greedy output is the target's own: a draft is kept only where it is the token the target
+would have chosen. When to speculate is decided in `exo_tp.runtime.batching` (one stream, a
+tensor-parallel plan, trimmable caches, a greedy request without processors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.models.cache import BatchKVCache, CacheList, can_trim_prompt_cache, trim_prompt_cache
+
+Response = GenerationBatch.Response
+# The rank's part of sampling, as the batch generator calls it: logprobs (rows, V) in, the
+# agreed tokens (rows,) out (the broadcast from the conductor).
+Sampler = Callable[[mx.array], mx.array]
+
+
+def prompt_lookup(history: Sequence[int], ngram: int, count: int) -> list[int]:
+    """Up to ``count`` draft tokens: those that followed the most recent earlier occurrence
+    of the longest suffix of ``history`` (``ngram`` tokens down to 1) seen before; none when
+    no suffix repeats. Longer suffixes first: a longer match predicts its continuation better."""
+    end = len(history)
+    for size in range(min(ngram, end - 1), 0, -1):
+        suffix = list(history[end - size :])
+        # most recent first: nearby text is the likelier continuation
+        for start in range(end - size - 1, -1, -1):
+            if history[start : start + size] == suffix:
+                follow = list(history[start + size : start + size + count])
+                if follow:
+                    return follow
+    return []
+
+
+def _plain(cache: object) -> bool:
+    """A whole-sequence KV cache (or a list of them), which a trim returns exactly to an
+    earlier length. Not a sliding window: mlx-lm calls one trimmable until it is full, but a
+    verify step that fills it rotates out positions a trim cannot bring back."""
+    if isinstance(cache, CacheList):
+        return all(_plain(c) for c in cache.caches)
+    return isinstance(cache, BatchKVCache)
+
+
+def can_speculate(generator: BatchGenerator) -> bool:
+    """One stream decoding, nothing prefilling or waiting, and caches that can be trimmed
+    (sliding windows and recurrent states cannot: those families never speculate)."""
+    batch = generator._generation_batch
+    return (
+        len(batch) == 1
+        and not generator._unprocessed_sequences
+        and not generator._currently_processing
+        and all(_plain(c) for c in batch.prompt_cache)
+        and can_trim_prompt_cache(batch.prompt_cache)
+    )
+
+
+class SpeculativeStep:
+    """A speculative step over a generator's lone decoding stream (see the module doc)."""
+
+    def __init__(self, model: nn.Module, sample: Sampler, ngram: int):
+        self.model, self._sample, self.ngram = model, sample, ngram
+
+    def drafts(self, generator: BatchGenerator, most: int) -> tuple[int, list[int]]:
+        """The stream's pending token y (waited for: the drafts follow it) and its drafts."""
+        batch = generator._generation_batch
+        mx.eval(batch._next_tokens)
+        token = int(batch._next_tokens[0].item())
+        return token, prompt_lookup([*batch.tokens[0], token], self.ngram, most)
+
+    def run(
+        self, generator: BatchGenerator, token: int, drafts: list[int]
+    ) -> tuple[list[Response], int]:
+        """Verify ``drafts`` after ``token``: the stream's responses (y, then each accepted
+        draft, cut at a finish as mlx-lm cuts a batch's) and how many drafts were accepted."""
+        batch = generator._generation_batch
+        with mx.stream(generator._stream):
+            inputs = mx.array([token, *drafts], dtype=mx.uint32)
+            logits = self.model(inputs[None], cache=batch.prompt_cache)[0]
+            processors = batch.logits_processors[0] or ()
+            if processors:  # the conductor's row marker: called once per position, in order
+                rows = []
+                seen = batch._token_context[0].tokens
+                for i in range(len(inputs)):
+                    context = mx.concatenate([seen, inputs[: i + 1].astype(seen.dtype)])
+                    row = logits[i : i + 1]
+                    for processor in processors:
+                        row = processor(context, row)
+                    rows.append(row)
+                logits = mx.concatenate(rows)
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            targets_array = self._sample(logprobs)
+            mx.eval(targets_array, logprobs, batch._next_logprobs)
+        targets = targets_array.tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+            accepted += 1
+        trim_prompt_cache(batch.prompt_cache, len(drafts) - accepted)
+        emitted = [token, *drafts[:accepted]]
+        scores = [batch._next_logprobs[0], *(logprobs[i] for i in range(accepted))]
+        batch.tokens[0].extend(emitted)
+        if processors:
+            batch._token_context[0].update_and_fetch(mx.array(emitted, dtype=mx.uint32))
+        batch._next_tokens = mx.array([targets[accepted]], dtype=mx.uint32)
+        batch._next_logprobs = [logprobs[accepted]]
+        return self._responses(batch, emitted, scores), accepted
+
+    @staticmethod
+    def _responses(
+        batch: GenerationBatch, emitted: list[int], scores: list[mx.array]
+    ) -> list[Response]:
+        """mlx-lm's finish rules per emitted token (max_tokens, EOS): at a finish the rest of
+        the run is dropped and trimmed, so the cache handed on holds exactly its tokens."""
+        uid, responses = batch.uids[0], []
+        for i, (token, score) in enumerate(zip(emitted, scores, strict=True)):
+            batch._num_tokens[0] += 1
+            reason = "length" if batch._num_tokens[0] >= batch.max_tokens[0] else None
+            if batch._matchers[0].advance(token):
+                reason = "stop"
+            if reason is None:
+                responses.append(Response(uid, token, score, None, None, None))
+                continue
+            extra = len(emitted) - 1 - i
+            if extra:
+                trim_prompt_cache(batch.prompt_cache, extra)
+                del batch.tokens[0][-extra:]
+            tokens = batch.tokens[0]
+            responses.append(Response(uid, token, score, reason, batch.extract_cache(0), tokens))
+            batch.filter([])
+            break
+        return responses
