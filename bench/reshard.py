@@ -19,7 +19,8 @@ exact.
     python bench/reshard.py [--model smollm2-135m] [--timeout 300] [--quick]
 
 ``--quick``: the same two clusters on the 4-bit default model (smollm2-135m-q4, a fifth of the
-bytes to move): a smoke run, its times and bytes not the float model's.
+bytes to move), of two nodes (n0 and n2, shares 5/2) before n3 joins: a smoke run, its times and
+bytes not the float model's.
 
 The last line of stdout is one JSON object.
 """
@@ -55,6 +56,11 @@ from exo_tp.weights.transfer import Holding, bytes_to_move  # noqa: E402
 
 WEIGHTS = {"n0": 5.0, "n1": 3.0, "n2": 2.0, "n3": 4.0}
 HOLDER = "n2"  # the one node with the model folder in the one-copy cluster
+FIRST = ["n0", "n1", "n2"]  # the nodes started together; then JOINER joins
+# --quick: n1 left out, one node start fewer per cluster (each imports mlx_lm and transformers,
+# and so does its rank); n0 still receives its shard from the holder, and n3 joins.
+QUICK_FIRST = ["n0", "n2"]
+JOINER = "n3"
 
 
 def get(url: str) -> Any:
@@ -165,9 +171,8 @@ def fewest_bytes(
 
 
 def run_cluster(
-    model: str, manifest: ModelManifest, one_copy: bool, timeout: float
+    model: str, manifest: ModelManifest, one_copy: bool, timeout: float, first: list[str]
 ) -> dict[str, Any]:
-    first = ["n0", "n1", "n2"]
     with tempfile.TemporaryDirectory(prefix="reshard-") as tmp:
         nodes = Nodes(model, one_copy, Path(tmp), timeout)
         try:
@@ -195,8 +200,8 @@ def run_cluster(
                     ),
                 )
             started = time.monotonic()
-            nodes.start("n3")
-            joined = [*first, "n3"]
+            nodes.start(JOINER)
+            joined = [*first, JOINER]
             result["join_s"] = round(nodes.wait_ready(joined) - started, 2)
             if one_copy:
                 result["join_moved_bytes"] = nodes.sent(joined) - moved
@@ -205,7 +210,7 @@ def run_cluster(
                 costs = fewest_bytes(manifest, new_plan, new_order, holdings)
                 result.update(
                     join_minimum_bytes=min(costs.values()),
-                    join_appended_bytes=costs[(*order, "n3")],
+                    join_appended_bytes=costs[(*order, JOINER)],
                     join_reread_bytes=sum(
                         rank_boxes(manifest, new_plan, r).nbytes(manifest)
                         for r, n in enumerate(new_order)
@@ -224,18 +229,23 @@ def main() -> None:
     )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--quick", action="store_true", help="a smoke run on the 4-bit model")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run on the 4-bit model, two nodes first"
+    )
     args = parser.parse_args()
+    first = QUICK_FIRST if args.quick else FIRST
     if args.quick:
         args.model = "smollm2-135m-q4"
     folder = resolve(args.model)
     manifest = manifest_for(folder)
     model_mb = manifest.total_bytes / 1e6
+    shares = "/".join(f"{WEIGHTS[n]:g}" for n in first)
     print(
-        f"{args.model}: {model_mb:.1f} MB of weights; shares 5/3/2, then a node of weight 4 joins",
+        f"{args.model}: {model_mb:.1f} MB of weights; shares {shares}, then a node of weight "
+        f"{WEIGHTS[JOINER]:g} joins",
         flush=True,
     )
-    one = run_cluster(str(folder), manifest, one_copy=True, timeout=args.timeout)
+    one = run_cluster(str(folder), manifest, one_copy=True, timeout=args.timeout, first=first)
     print(
         f"one copy (only {HOLDER} has the files): up in {one['bring_up_s']} s, "
         f"{one['moved_bytes'] / 1e6:.1f} MB moved (minimum {one['minimum_bytes'] / 1e6:.1f}, "
@@ -246,7 +256,7 @@ def main() -> None:
         f"{one['join_reread_bytes'] / 1e6:.1f})",
         flush=True,
     )
-    full = run_cluster(str(folder), manifest, one_copy=False, timeout=args.timeout)
+    full = run_cluster(str(folder), manifest, one_copy=False, timeout=args.timeout, first=first)
     print(
         f"full copies (every node has the files): up in {full['bring_up_s']} s; "
         f"join in {full['join_s']} s",

@@ -49,8 +49,9 @@ on SIGTERM.
         [--max-tokens 32] [--requests-per-client 1] [--min-requests 4] [--turns 6]
         [--logs DIR] [--quick]
 
-`--quick` (streams 1 and 2, 4 tokens, one request per client, 2 chat turns) is a smoke run of
-every contender (2 minutes on the 2-core VM); `--quick --contenders a` takes about 10 s.
+`--quick` (streams 1 and 2, 4 tokens, one request per client, 2 chat turns, one node for c, d
+and the chat, the cached chat on d's cluster) is a smoke run of every contender (3.5 minutes on
+the 2-core VM); `--quick --contenders a` takes about 10 s.
 
 Targets: exo-tp's aggregate at 16 streams >= 4x its 1-stream rate and >= mlx_lm.server
 distributed's (b vs c, same model and ranks); cached last-turn TTFT <= 0.3x the uncached one.
@@ -532,7 +533,7 @@ async def wait_ready(server: Server, timeout: float) -> float:
                     if response.status == 200:
                         await response.read()
                         return time.perf_counter() - start
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.25)  # a start's seconds are logged, not measured
     raise RuntimeError(
         f"{server.name} not ready after {timeout:.0f} s; its log ends:\n{server.log_tail()}"
     )
@@ -569,53 +570,55 @@ async def run_level(
     return Level(streams, time.perf_counter() - start, results)
 
 
-async def measure_levels(server: Server, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+@contextlib.asynccontextmanager
+async def started(server: Server, args: argparse.Namespace) -> AsyncIterator[Server]:
+    """The server started and answering; stopped with everything it started on the way out."""
     log(f"{server.name}: starting")
     with server:
         ready = await wait_ready(server, args.ready_timeout)
         log(f"{server.name}: ready after {ready:.0f} s")
-        source = prompts(seed=0)
-        out = {}
-        async with client_session(args.read_timeout) as session:
-            for streams in args.streams:
-                per_client = max(args.requests_per_client, -(-args.min_requests // streams))
-                level = await run_level(
-                    session, server, streams, per_client, args.max_tokens, source
-                )
-                out[streams] = level.summary()
-                s = out[streams]
-                log(
-                    f"{server.name}: {streams:>2} streams: {s['aggregate_tps']} tok/s, TTFT p50 "
-                    f"{s['ttft_p50_s']} s, ITL p50 {s['itl_p50_ms']} ms, {s['errors']} errors "
-                    f"({s['wall_s']} s)"
-                )
-                for r in level.results:
-                    if r.error:
-                        log(f"  error: {r.error}")
+        yield server
+
+
+async def measure_levels(server: Server, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+    """Every stream count in turn, on a ready ``server``."""
+    source = prompts(seed=0)
+    out = {}
+    async with client_session(args.read_timeout) as session:
+        for streams in args.streams:
+            per_client = max(args.requests_per_client, -(-args.min_requests // streams))
+            level = await run_level(session, server, streams, per_client, args.max_tokens, source)
+            out[streams] = level.summary()
+            s = out[streams]
+            log(
+                f"{server.name}: {streams:>2} streams: {s['aggregate_tps']} tok/s, TTFT p50 "
+                f"{s['ttft_p50_s']} s, ITL p50 {s['itl_p50_ms']} ms, {s['errors']} errors "
+                f"({s['wall_s']} s)"
+            )
+            for r in level.results:
+                if r.error:
+                    log(f"  error: {r.error}")
     return out
 
 
 async def chat(server: Server, args: argparse.Namespace, answers: list[str] | None) -> list[Stream]:
-    """The multi-turn chat; with ``answers``, those are the history (the same conversation)."""
-    log(f"{server.name}: starting")
-    with server:
-        ready = await wait_ready(server, args.ready_timeout)
-        log(f"{server.name}: ready after {ready:.0f} s")
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}]
-        turns = []
-        async with client_session(args.read_timeout) as session:
-            for i in range(args.turns):
-                messages.append({"role": "user", "content": USER_TURNS[i % len(USER_TURNS)]})
-                turn = await stream_chat(session, server, messages, args.max_tokens)
-                if turn.error:
-                    raise RuntimeError(f"{server.name}: turn {i + 1} failed: {turn.error}")
-                turns.append(turn)
-                log(
-                    f"{server.name}: turn {i + 1}: TTFT {_fmt(turn.ttft, '.3f', ' s')}, prompt "
-                    f"{turn.prompt_tokens} tokens, cached {turn.cached_tokens}"
-                )
-                answer = answers[i] if answers is not None else turn.text
-                messages.append({"role": "assistant", "content": answer})
+    """The multi-turn chat on a ready ``server``; with ``answers``, those are the history (the
+    same conversation)."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    turns = []
+    async with client_session(args.read_timeout) as session:
+        for i in range(args.turns):
+            messages.append({"role": "user", "content": USER_TURNS[i % len(USER_TURNS)]})
+            turn = await stream_chat(session, server, messages, args.max_tokens)
+            if turn.error:
+                raise RuntimeError(f"{server.name}: turn {i + 1} failed: {turn.error}")
+            turns.append(turn)
+            log(
+                f"{server.name}: turn {i + 1}: TTFT {_fmt(turn.ttft, '.3f', ' s')}, prompt "
+                f"{turn.prompt_tokens} tokens, cached {turn.cached_tokens}"
+            )
+            answer = answers[i] if answers is not None else turn.text
+            messages.append({"role": "assistant", "content": answer})
     return turns
 
 
@@ -777,7 +780,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--turns", type=int, default=6, help="turns of the chat")
-    parser.add_argument("--ranks", type=int, default=2, help="ranks of b, c, d and the chat")
+    parser.add_argument(
+        "--ranks", type=int, help="ranks of b, c, d and the chat (default 2; --quick: 1, b 2)"
+    )
     parser.add_argument("--model", default="smollm2-135m", help="the model of a, d and the chat")
     parser.add_argument(
         "--max-concurrency",
@@ -802,12 +807,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: streams 1,2, one request per client, 4 tokens, 2 chat turns",
+        help="smoke run: streams 1,2, one request per client, 4 tokens, 2 chat turns, one node",
     )
     args = parser.parse_args()
     if args.quick:
         args.streams = args.streams or "1,2"
         args.requests_per_client, args.min_requests, args.max_tokens, args.turns = 1, 1, 4, 2
+        # Every cluster start costs each of its processes the imports of mlx_lm and
+        # transformers; a one-node cluster still takes every path of this script.
+        args.ranks = args.ranks or 1
+    args.ranks = args.ranks or 2
     args.contenders = [c for c in args.contenders.split(",") if c]
     unknown = set(args.contenders) - set(ALL)
     if unknown:
@@ -847,28 +856,39 @@ async def run(args: argparse.Namespace, logs: Path, results: Results) -> None:
     def server(key: str) -> Server:
         if key == "a":
             return mlx_lm_single(smollm2, logs)
-        if key == "b":
-            return mlx_lm_distributed(random_dir, args.ranks, logs)
+        if key == "b":  # its distributed mode needs a ring of two ranks at least
+            return mlx_lm_distributed(random_dir, max(2, args.ranks), logs)
         model = str(random_dir) if key == "c" else args.model
         ranks = 2 if key in PIPELINE else args.ranks
         extra = (*PIPELINE.get(key, ()), *args.exo_tp_flags.split())
         return exo_tp(f"exo_tp_{key}", model, ranks, logs, results.flags, serving, extra)
 
+    async def uncached_chat() -> list[Stream]:
+        no_cache = {**serving, "--prompt-cache-size": "0"}
+        name = "exo_tp_chat_no_cache"
+        async with started(
+            exo_tp(name, args.model, args.ranks, logs, results.flags, no_cache), args
+        ) as ready:
+            return await chat(ready, args, None)
+
+    # --quick: the cached chat runs on d's cluster (the same command, unless --exo-tp-flags),
+    # one cluster start fewer; a measurement would not want d's prompts in its prompt cache.
+    chat_on_d = args.quick and {"d", "chat"} <= set(args.contenders)
+    if chat_on_d:  # the conversation the cached chat replays comes first
+        results.uncached = await uncached_chat()
     for key in CONTENDERS:
         if key in args.contenders:
-            results.table[key] = await measure_levels(server(key), args)
-    if "chat" in args.contenders:
-        no_cache = {**serving, "--prompt-cache-size": "0"}
-        results.uncached = await chat(
-            exo_tp("exo_tp_chat_no_cache", args.model, args.ranks, logs, results.flags, no_cache),
-            args,
-            None,
-        )
-        results.cached = await chat(
-            exo_tp("exo_tp_chat_cache", args.model, args.ranks, logs, results.flags, serving),
-            args,
-            [t.text for t in results.uncached],
-        )
+            async with started(server(key), args) as ready:
+                results.table[key] = await measure_levels(ready, args)
+                if key == "d" and chat_on_d and results.uncached:
+                    results.cached = await chat(ready, args, [t.text for t in results.uncached])
+    if "chat" in args.contenders and not chat_on_d:
+        results.uncached = await uncached_chat()
+        name = "exo_tp_chat_cache"
+        async with started(
+            exo_tp(name, args.model, args.ranks, logs, results.flags, serving), args
+        ) as ready:
+            results.cached = await chat(ready, args, [t.text for t in results.uncached])
 
 
 def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
