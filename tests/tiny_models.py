@@ -21,6 +21,7 @@ The random weights come from mlx-lm's own classes; the file is then what a user 
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -522,6 +523,16 @@ def write_tokenizer(path: Path, source: Path, vocab_size: int) -> None:
     (byte-level tokens come first), so any text encodes to ids below ``vocab_size``: tiny
     models get a tiny embedding.
     """
+    stat = source.stat()
+    path.write_text(_cut_tokenizer(source, stat.st_mtime_ns, stat.st_size, vocab_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _cut_tokenizer(source: Path, mtime_ns: int, size: int, vocab_size: int) -> str:
+    """`write_tokenizer`'s text, cut once per source file and size: parsing and cutting
+    SmolLM2's 49k-token tokenizer took ~0.55 s, paid by every tiny model a test writes (the
+    architecture matrix writes ~90). ``mtime_ns`` and ``size`` key the cache to the file's
+    contents."""
     tokenizer = json.loads(source.read_text())
     bpe = tokenizer["model"]
     if len(bpe["vocab"]) > vocab_size:
@@ -529,7 +540,7 @@ def write_tokenizer(path: Path, source: Path, vocab_size: int) -> None:
         bpe["vocab"] = vocab
         bpe["merges"] = [m for m in bpe["merges"] if all(t in vocab for t in (*m, "".join(m)))]
         tokenizer["added_tokens"] = [t for t in tokenizer["added_tokens"] if t["id"] < vocab_size]
-    path.write_text(json.dumps(tokenizer))
+    return json.dumps(tokenizer)
 
 
 def _language_model_at_top(params: dict[str, mx.array]) -> dict[str, mx.array]:
