@@ -64,7 +64,8 @@ def _encode(table: Table) -> str:
 def _decode(text: str) -> Table:
     table: Table = {}
     for backends, mods in json.loads(text):
-        if not (isinstance(backends, list) and isinstance(mods, dict)):
+        lists = isinstance(mods, dict) and all(isinstance(n, list) for n in mods.values())
+        if not (isinstance(backends, list) and lists):
             raise ValueError("not an import table")
         table[frozenset(map(str, backends))] = {str(m): set(map(str, n)) for m, n in mods.items()}
     return table
@@ -74,9 +75,13 @@ def _write(path: Path, text: str) -> None:
     """Atomically: processes starting side by side may write the same table at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-    os.replace(temporary, path)
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    finally:  # a failed write (a full disk) leaves no temporary file behind
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
 
 
 def _with_copy(build: Callable[..., Table], builder_file: Path) -> Callable[..., Table]:
