@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster_helpers import http_json, local_cluster, wait_ready
@@ -18,6 +19,7 @@ from exo_tp.plan.cost import bytes_per_weight
 from exo_tp.plan.devices import MatmulScore
 from exo_tp.plan.spec import load_spec
 from exo_tp.profile.shapes import model_shapes
+from exo_tp.wire.profiles import LinkProfile
 
 PROMPT = "What is the capital of France?"
 
@@ -42,17 +44,27 @@ def _shapes(model: Path, gb_per_s: float) -> tuple[MatmulScore, ...]:
     )
 
 
-def _profile(path: Path, gb_per_s: float, shapes: tuple[MatmulScore, ...] = ()) -> Path:
-    profile = lab_profile(gb_per_s, shapes=shapes)
+def _profile(
+    path: Path, gb_per_s: float, shapes: tuple[MatmulScore, ...] = (), **fields: Any
+) -> Path:
+    profile = lab_profile(gb_per_s, shapes=shapes, **fields)
     path.write_text(profile.model_dump_json())
     return path
 
 
 def test_planner_leaves_a_slow_node_out(tmp_path: Path, default_models: dict[str, Path]) -> None:
     slow_shapes = _shapes(default_models["smollm2-135m"], 0.15)
+    # The fast pair's link as `exo-tp bench --peers` measures loopback: without it the leader
+    # plans with the links its nodes probe as they start, and on a loaded 2-core CI machine a
+    # probe taken while three nodes import and load can price the pair's link above what the
+    # split saves (CI planned one node once).
+    loopback = LinkProfile(
+        a="local-0", b="local-1", up=True, all_sum_latency=100e-6, all_sum_bandwidth=1e9
+    )
     profiles = [
-        _profile(tmp_path / f"{name}.json", 3.0, shapes)
-        for name, shapes in (("fast-a", ()), ("fast-b", ()), ("slow", slow_shapes))
+        _profile(tmp_path / "fast-a.json", 3.0, node_id="local-0", links=(loopback,)),
+        _profile(tmp_path / "fast-b.json", 3.0, node_id="local-1"),
+        _profile(tmp_path / "slow.json", 3.0, slow_shapes, node_id="local-2"),
     ]
     extra = ("--profiles", ",".join(map(str, profiles)))
     with local_cluster(3, ready=False, extra=extra) as cluster:
