@@ -7,3 +7,8 @@ __version__ = "0.1.0"
 from exo_tp.process.import_index import install as _install_import_index  # noqa: E402
 
 _install_import_index()
+
+# Optional backends no exo-tp process uses are not imported in its own processes (trio).
+from exo_tp.process.lean_imports import keep_out as _keep_out_unused  # noqa: E402
+
+_keep_out_unused()

@@ -8,6 +8,13 @@ def cache_home() -> Path:
     """`$EXO_TP_HOME`, else `$XDG_CACHE_HOME/exo-tp`, else `~/.cache/exo-tp`."""
     if home := os.environ.get("EXO_TP_HOME"):
         return Path(home)
+    return user_cache_home()
+
+
+def user_cache_home() -> Path:
+    """`$XDG_CACHE_HOME/exo-tp`, else `~/.cache/exo-tp`, whatever `$EXO_TP_HOME` says: for
+    what describes this machine's Python install rather than a node (the import table), which
+    every home on the machine shares."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "exo-tp"
 

@@ -30,7 +30,7 @@ print(json.dumps({"views": views, "built": built}))
 
 
 def _probe(switch: str, home: Path) -> dict:
-    env = {**os.environ, "EXO_TP_HOME": str(home), "EXO_TP_IMPORT_INDEX": switch}
+    env = {**os.environ, "XDG_CACHE_HOME": str(home), "EXO_TP_IMPORT_INDEX": switch}
     done = subprocess.run(
         [sys.executable, "-c", PROBE, switch], env=env, capture_output=True, text=True, timeout=120
     )
@@ -44,7 +44,7 @@ def test_the_copy_is_transformers_own_table_spares_building_it_and_survives_dama
     own = _probe("off", tmp_path)
     assert own["built"] > 0  # transformers builds it on every import
     first = _probe("on", tmp_path)  # builds it once and writes it
-    written = sorted((tmp_path / "imports").glob("transformers-*.json"))
+    written = sorted((tmp_path / "exo-tp" / "imports").glob("transformers-*.json"))
     assert written
     again = _probe("on", tmp_path)
     assert first["views"] == own["views"]

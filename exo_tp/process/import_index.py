@@ -7,7 +7,9 @@ files): over a second of CPU, the largest part of importing mlx-lm (whose ``util
 ``generate`` import transformers). Every rank, node and CLI process exo-tp starts imports
 mlx-lm, so a 3-rank launch paid it four times and a 3-node cluster seven. The table depends
 only on the installed files, so it is built once per installed transformers and kept under
-``cache_home()/imports``; a later process reads it back instead (docs/architecture.md,
+``user_cache_home()/imports`` (the user's cache, not ``$EXO_TP_HOME``: every home on the
+machine shares one Python install, and tests and benches that give each node a home of its own
+would otherwise build it in each); a later process reads it back instead (docs/architecture.md,
 "Processes"). Anything unexpected (another transformers without this function, an unreadable
 or foreign file) falls back to transformers' own build: the copy can only save time.
 ``EXO_TP_IMPORT_INDEX=off`` turns it off.
@@ -30,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from exo_tp.paths import cache_home
+from exo_tp.paths import user_cache_home
 
 SWITCH_ENV = "EXO_TP_IMPORT_INDEX"
 TARGET = "transformers.utils.import_utils"  # where transformers builds the table
@@ -49,7 +51,7 @@ def _cache_file(builder_file: Path, module_path: Any, prefix: str | None) -> Pat
     builder's file, and a changed folder changes its mtime, so neither reads a stale table."""
     key = "|".join((_stamp(builder_file), _stamp(Path(module_path)), str(prefix)))
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return cache_home() / "imports" / f"transformers-{digest}.json"
+    return user_cache_home() / "imports" / f"transformers-{digest}.json"
 
 
 def _encode(table: Table) -> str:

@@ -11,7 +11,7 @@ from exo_tp.runtime.batching import DivergedError, LockstepBatch, RankSampler, W
 from exo_tp.shard.collectives import broadcast_from_first, zeros_after
 from exo_tp.transport.channel import Channel
 from exo_tp.transport.ring import leave
-from exo_tp.wire.runtime import Insert, Remove, Tokens
+from exo_tp.wire.runtime import EndTokens, Insert, Remove, Tokens
 
 
 class EpochOver(Exception):
@@ -22,21 +22,30 @@ class ControlFeed:
     """The conductor's link as this rank reads it: changes in order, and (earlier pipeline
     stages) the tokens of each step."""
 
-    def __init__(self, channel: Channel[Insert | Remove | Tokens]):
+    def __init__(self, channel: Channel[Insert | Remove | Tokens | EndTokens]):
         self._channel = channel
         self._changes: deque[Insert | Remove] = deque()
 
-    def _read(self) -> Insert | Remove | Tokens:
+    def _read(self) -> Insert | Remove | Tokens | EndTokens:
         message = self._channel.recv()
         if message is None:
             raise EpochOver
         return message
 
+    def end_tokens(self) -> tuple[int, ...]:
+        """The link's first message: the tokens that end a sequence."""
+        message = self._read()
+        if not isinstance(message, EndTokens):
+            raise DivergedError(
+                f"the conductor's first message is {message.kind}, not its end tokens"
+            )
+        return message.ids
+
     def next_change(self) -> Insert | Remove:
         while not self._changes:
             message = self._read()
-            if isinstance(message, Tokens):
-                raise DivergedError("tokens arrived where a change was due")
+            if isinstance(message, Tokens | EndTokens):
+                raise DivergedError(f"{message.kind} arrived where a change was due")
             self._changes.append(message)
         return self._changes.popleft()
 
@@ -45,6 +54,8 @@ class ControlFeed:
             message = self._read()
             if isinstance(message, Tokens):
                 return message
+            if isinstance(message, EndTokens):
+                raise DivergedError("end tokens arrived where a step's tokens were due")
             self._changes.append(message)
 
 

@@ -282,7 +282,15 @@ class Tokens(Frozen):
     uids: tuple[BatchUid, ...] = ()
 
 
-StageControl = Annotated[Insert | Remove | Tokens, Field(discriminator="kind")]
+class EndTokens(Frozen):
+    """The conductor's first message to each of its followers: the tokens that end a sequence
+    (its tokenizer's), so that a follower builds its batch without loading the tokenizer."""
+
+    kind: Literal["end_tokens"] = "end_tokens"
+    ids: tuple[int, ...]
+
+
+StageControl = Annotated[Insert | Remove | Tokens | EndTokens, Field(discriminator="kind")]
 
 
 # ---- pipeline hops -----------------------------------------------------------------------
@@ -304,6 +312,6 @@ CONDUCTOR_EVENTS: TypeAdapter[Hello | Delta | Done | RequestFailed] = TypeAdapte
 RANK_EVENTS: TypeAdapter[Joining | Loading | Ready | Heartbeat | RankFailed] = TypeAdapter(
     RankEvent
 )
-STAGE_CONTROL: TypeAdapter[Insert | Remove | Tokens] = TypeAdapter(StageControl)
+STAGE_CONTROL: TypeAdapter[Insert | Remove | Tokens | EndTokens] = TypeAdapter(StageControl)
 HOP_MESSAGES: TypeAdapter[Hello | HiddenHeader] = TypeAdapter(HopMessage)
 HELLO: TypeAdapter[Hello] = TypeAdapter(Hello)
