@@ -102,3 +102,13 @@ def default_models() -> dict[str, Path]:
     from exo_tp.models.registry import prepare_default_models
 
     return prepare_default_models()
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm2(default_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's tokenizer and head groups on tiny random weights (tests/tiny_models.py): the
+    cluster tests that check exactness, batching and the API, not the model's answers."""
+    from tiny_models import write_tiny_smollm2
+
+    folder = tmp_path_factory.mktemp("tiny-smollm2") / "smollm2-tiny"
+    return write_tiny_smollm2(folder, default_models["smollm2-135m"])

@@ -85,7 +85,10 @@ def ref(model_dir: Path) -> SingleDevice:
 
 @pytest.fixture(scope="module")
 def cluster(model_dir: Path) -> Iterator[LocalCluster]:
-    with local_cluster(2, weights=[0.6, 0.4], model=str(model_dir)) as running:
+    # A request without max_tokens (Codex's, llm's) gets ANSWER_TOKENS rather than the node's
+    # default 512: SmolLM2 may ramble after a tool's result, at ~0.1 s a token here.
+    extra = ("--max-tokens", str(ANSWER_TOKENS))
+    with local_cluster(2, weights=[0.6, 0.4], model=str(model_dir), extra=extra) as running:
         yield running
 
 

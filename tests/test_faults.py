@@ -30,9 +30,10 @@ HELLO = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
-    default_models: dict[str, Path],
+    tiny_smollm2: Path,
 ) -> None:
-    with local_cluster(3, weights=[1, 1, 1], extra=("--stall-timeout", "6")) as cluster:
+    extra = ("--stall-timeout", "6")
+    with local_cluster(3, weights=[1, 1, 1], model=str(tiny_smollm2), extra=extra) as cluster:
         leader_url = cluster.urls[0]
         victim_node = "local-2"
         frozen = rank_processes(cluster.proc.pid)[victim_node]
@@ -122,16 +123,16 @@ def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
 
 
 def test_a_killed_leader_is_named_and_replaced_and_does_not_take_the_lead_back(
-    default_models: dict[str, Path],
+    tiny_smollm2: Path,
 ) -> None:
     """kill -9 the leader's daemon with a stream in flight through another node: the stream
     ends with an error naming the dead leader by node id (no internal address), and the
     restarted node joins under the next node in line, without taking the lead back (which
     would throw away the epoch that just formed); the cluster then serves the single-device
     answer. How fast: bench/faults.py."""
-    reference = SingleDevice(default_models[MODEL])
+    reference = SingleDevice(tiny_smollm2)
     expected = reference.generate(reference.chat_tokens(HELLO), 8).text
-    with local_cluster(3, weights=[1, 1, 1]) as cluster:
+    with local_cluster(3, weights=[1, 1, 1], model=str(tiny_smollm2)) as cluster:
         first = node_views.cluster_view(cluster.urls[1]).leader
         assert first == "local-0"
         stream = LongStream(cluster.urls[1], MODEL).start()

@@ -59,14 +59,23 @@ def log_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(log_file: Path) -> Iterator[Any]:
-    with local_cluster(3, weights=[1, 1, 1], extra=FLAGS, log=log_file, fd_limit=FD_LIMIT) as c:
+def cluster(log_file: Path, tiny_smollm2: Path) -> Iterator[Any]:
+    """Three nodes serving SmolLM2's tokenizer on tiny random weights: what is under test is the
+    HTTP layer and failures, and the answers only as equal to mlx-lm's."""
+    with local_cluster(
+        3,
+        weights=[1, 1, 1],
+        model=str(tiny_smollm2),
+        extra=FLAGS,
+        log=log_file,
+        fd_limit=FD_LIMIT,
+    ) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def ref(default_models: dict[str, Path]) -> SingleDevice:
-    return SingleDevice(default_models[MODEL])
+def ref(tiny_smollm2: Path) -> SingleDevice:
+    return SingleDevice(tiny_smollm2)
 
 
 def _chat(url: str, model: str = MODEL, max_tokens: int = 8, timeout: float = 120) -> Any:

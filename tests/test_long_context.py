@@ -200,13 +200,13 @@ def test_smollm2_with_an_8_bit_kv_cache_on_two_stages_of_uneven_ranks_equals_mlx
 ) -> None:
     """`exo-tp launch --kv-bits 8 --stages 2,1` on SmolLM2 (float32): a TP group of two uneven
     ranks (5:3), then a stage of one, each quantizing its own heads of its own layers, a
-    ~1k-token prompt: the greedy tokens of mlx-lm's generation with kv_bits=8, group 64, from
-    token 0."""
+    ~370-token prompt (the long ones run on the tiny model above: SmolLM2's 1k took this test
+    70 s): the greedy tokens of mlx-lm's generation with kv_bits=8, group 64, from token 0."""
     from mlx_lm import load, stream_generate
 
     folder = default_models["smollm2-135m"]
     words = "The river carried the boat past fields, towns and old stone bridges. "
-    text = words * 72 + "Summarise the story in one sentence."
+    text = words * 24 + "Summarise the story in one sentence."
     result = launch(
         tmp_path, folder, WEIGHTS, text, TOKENS, "--kv-bits", "8", "--stages", "2,1", logits=False
     )
@@ -215,7 +215,7 @@ def test_smollm2_with_an_8_bit_kv_cache_on_two_stages_of_uneven_ranks_equals_mlx
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True
     )
-    assert 900 < len(ids) < 1200, len(ids)
+    assert 300 < len(ids) < 450, len(ids)
     assert result.report.prompt_tokens == len(ids)
     reference = [
         r.token

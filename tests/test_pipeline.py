@@ -119,13 +119,13 @@ def test_cluster_serves_a_hybrid_plan(default_models: dict[str, Path]) -> None:
     from cluster_helpers import local_cluster
     from node_views import plan_view
     from openai import OpenAI
-    from test_serving import MODEL, PROMPTS, concurrent_answers
+    from test_serving import PROMPTS, concurrent_answers
     from test_serving import TOKENS as ANSWER_TOKENS
 
     question = "What is the capital of France?"
     reference = mlx_lm_reference(default_models["smollm2-135m"], question, 24).text
     references = {
-        p: mlx_lm_reference(default_models[MODEL], p, ANSWER_TOKENS).text for p in PROMPTS
+        p: mlx_lm_reference(default_models["smollm2-135m"], p, ANSWER_TOKENS).text for p in PROMPTS
     }
     with local_cluster(3, weights=[5, 3, 2], extra=("--stages", "2,1")) as cluster:
         plan = plan_view(cluster.urls[1])

@@ -1,7 +1,10 @@
 """Serving many users at once on real clusters: continuous batching on every rank in lockstep,
 the prompt cache, cancellation, load and failures (issue #11).
 
-Every text is compared with single-device mlx-lm generating that prompt alone.
+Every text is compared with single-device mlx-lm generating that prompt alone. The clusters
+serve SmolLM2's tokenizer and head groups on tiny random weights (the ``tiny_smollm2`` fixture):
+batching, caching and exactness do not depend on the weights, and SmolLM2's own took this
+module's decoding ~10x longer.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from cluster_helpers import LocalCluster, http_json, local_cluster, wait_ready
 from helpers import greedy_batch, mlx_lm_reference
 from openai import APIError, BadRequestError, OpenAI, RateLimitError
 
-MODEL = "smollm2-135m"
-# SmolLM2's float32 KV cache per token of context: 30 layers x keys and values x 3 KV heads x 64
-SMOLLM2_KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 4
+MODEL = "default_model"  # the name in requests: the cluster serves one model, whatever its name
+# The tiny model's float32 KV cache per token of context: 4 layers x keys and values x 3 KV
+# heads x 16
+KV_BYTES_PER_TOKEN = 4 * 2 * 3 * 16 * 4
 KV_CAP_TOKENS = 3000
 TOKENS = 12
 PROMPTS = [
@@ -40,18 +44,19 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def references(default_models: dict[str, Path]) -> dict[str, str]:
-    return {p: mlx_lm_reference(default_models[MODEL], p, TOKENS).text for p in PROMPTS}
+def references(tiny_smollm2: Path) -> dict[str, str]:
+    return {p: mlx_lm_reference(tiny_smollm2, p, TOKENS).text for p in PROMPTS}
 
 
 @pytest.fixture(scope="module")
-def tp_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
-    with local_cluster(3, weights=[5, 3, 2], extra=("--max-concurrency", "8")) as running:
+def tp_cluster(tiny_smollm2: Path) -> Iterator[LocalCluster]:
+    extra = ("--max-concurrency", "8")
+    with local_cluster(3, weights=[5, 3, 2], model=str(tiny_smollm2), extra=extra) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def hybrid_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
+def hybrid_cluster(tiny_smollm2: Path) -> Iterator[LocalCluster]:
     """A single-rank stage, then a tensor-parallel last stage of 2 ranks, overlapped (the
     default): both last-stage ranks sample and must agree on every lane's tokens. The other
     hybrid shape, a tensor-parallel first stage ("2,1"), serves concurrent requests in
@@ -59,27 +64,29 @@ def hybrid_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
     with local_cluster(
         3,
         weights=[1, 1, 1],
+        model=str(tiny_smollm2),
         extra=("--stages", "1,2", "--max-concurrency", "8", "--max-queue", "8"),
     ) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def pipeline_cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
+def pipeline_cluster(tiny_smollm2: Path) -> Iterator[LocalCluster]:
     """2 stages of 1 rank, overlapped (the default): one micro-batch per stage in flight. Its
-    KV memory is capped (--kv-cache-bytes) to 3,000 tokens of SmolLM2's whole KV cache, so that
-    the stage holding the most layers holds 3,100-6,000 tokens of context: less than the
+    KV memory is capped (--kv-cache-bytes) to 3,000 tokens of the model's whole KV cache, so
+    that the stage holding the most layers holds 3,100-6,000 tokens of context: less than the
     model's 8,192 (test_a_context_the_kv_memory_cannot_hold_is_refused_before_any_work)."""
     with local_cluster(
         2,
         weights=[1, 1],
+        model=str(tiny_smollm2),
         extra=(
             "--stages",
             "1,1",
             "--max-concurrency",
             "8",
             "--kv-cache-bytes",
-            str(KV_CAP_TOKENS * SMOLLM2_KV_BYTES_PER_TOKEN),
+            str(KV_CAP_TOKENS * KV_BYTES_PER_TOKEN),
         ),
     ) as running:
         yield running
@@ -158,14 +165,14 @@ def test_concurrent_requests_on_an_overlapped_pipeline_equal_one_device(
 
 
 def test_cached_second_turn_equals_the_uncached_answer(
-    tp_cluster: LocalCluster, default_models: dict[str, Path]
+    tp_cluster: LocalCluster, tiny_smollm2: Path
 ) -> None:
     url = tp_cluster.urls[0]
     system = {
         "role": "system",
         "content": "You are a geography teacher. Answer briefly and precisely, in one sentence.",
     }
-    first, usage = ask(url, PROMPTS[0], stream=False, history=[system])
+    first, first_usage = ask(url, PROMPTS[0], stream=False, history=[system])
     history = [
         system,
         {"role": "user", "content": PROMPTS[0]},
@@ -173,9 +180,10 @@ def test_cached_second_turn_equals_the_uncached_answer(
     ]
     second, usage = ask(url, "And of Italy?", stream=True, history=history)
     cached = usage["prompt_tokens_details"]["cached_tokens"]
-    assert cached > 0.6 * usage["prompt_tokens"], usage  # the whole first turn, at least
+    # the whole first prompt, at least (the answer's text may tokenize otherwise when read back)
+    assert cached >= first_usage["prompt_tokens"], (first_usage, usage)
     reference = mlx_lm_reference(
-        default_models[MODEL],
+        tiny_smollm2,
         "",
         TOKENS,
         chat_template=True,
@@ -304,9 +312,7 @@ def test_killed_worker_fails_every_stream_within_10s_then_the_cluster_serves(
     assert ask(url, PROMPTS[0], stream=True)[0] == references[PROMPTS[0]]
 
 
-def test_waiting_prompts_are_prefilled_one_per_step_shortest_first(
-    default_models: dict[str, Path],
-) -> None:
+def test_waiting_prompts_are_prefilled_one_per_step_shortest_first(tiny_smollm2: Path) -> None:
     """Prompts joining together (the conductor applies every waiting Insert at once) get their
     first tokens one step apart, shortest prompt first, and each one's greedy tokens still
     equal single-device mlx-lm's for that prompt alone. In process: one rank's batch."""
@@ -315,7 +321,7 @@ def test_waiting_prompts_are_prefilled_one_per_step_shortest_first(
 
     from exo_tp.wire.runtime import Insert
 
-    model_dir = default_models[MODEL]
+    model_dir = tiny_smollm2
     model, tokenizer = load(str(model_dir))
     model.set_dtype(mx.float32)
     prompts = [PROMPTS[3], PROMPTS[4], PROMPTS[0]]  # long, short, medium

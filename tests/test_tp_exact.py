@@ -24,7 +24,8 @@ def _random_weights(n: int, seed: int) -> list[float]:
 
 
 # Float 5/3/2 runs below (the capital of France) and in tests/test_serving.py (8 prompts,
-# exact texts); here 2 ranks and 4 and 5 random shares.
+# exact texts, on SmolLM2's head groups with tiny weights); here 2 ranks and 4 and 5 random
+# shares.
 FLOAT_CASES = [[0.7, 0.3], _random_weights(4, 1), _random_weights(5, 2)]
 # More ranks than this machine's 2 cores spin in every collective: those cases check fewer
 # greedy steps (the prompt logits are compared in full either way).
