@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -17,6 +22,20 @@ if TYPE_CHECKING:
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
+# A random model in SmolLM2's family (9 query heads in 3 KV groups, tied head, its whole
+# 49,152-token vocabulary, chat template and end tokens) at ~1/20 of its compute: SmolLM2-135M
+# in float32 takes ~220 ms per decode step on the 2-core VM and ~5 s per 32-row batch step,
+# which made the quick runs slow. A quick run's numbers mean nothing, so the quick runs that
+# decode take this model (``tiny_model``): the same code paths at a fraction of the compute.
+TINY_SMOLLM2 = {
+    "hidden_size": 144,
+    "head_dim": 16,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+}
+# Multiplicative parameters, drawn near 1 (norms; Gemma 4's layer scalars and router scales),
+# which near 0 would shrink every layer or flatten the routing into near-ties.
+_NEAR_ONE = ("norm.weight", "layer_scalar", "router.scale", "per_expert_scale")
 
 
 class WorkerResult(BaseModel):
@@ -145,6 +164,81 @@ def exo_tp_tps(model: Path, weights: list[float], tokens: int, *extra: str) -> f
             env=env(),
         )
         return generation_tps(report)
+
+
+def write_model(
+    folder: Path,
+    source: Path,
+    seed: int = 0,
+    zero_eos: bool = True,
+    bits: int | None = None,
+    **changes: Any,
+) -> Path:
+    """``source``'s config.json changed by ``changes``, random weights from mlx-lm's own
+    classes (as mlx-lm holds them, scaled so activations stay O(1)) and ``source``'s tokenizer
+    files, in ``folder``. With ``zero_eos`` the end-of-sequence tokens' output rows are zeroed:
+    greedy decoding never stops early, so every run decodes all the tokens it asks for. With
+    ``bits``, quantized by mlx-lm's own ``quantize_model`` (affine, groups of 32, as the 4-bit
+    default model; layers whose input width is not a multiple of 32 stay float).
+
+    The bench scripts' own writer (bench code does not import the test suite's); decode and
+    load times do not depend on the weights' values."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes, quantize_model
+
+    config = {**json.loads((source / "config.json").read_text()), **changes}
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(seed)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    weights = {
+        name: (1.0 if name.endswith(_NEAR_ONE) else 0.0)
+        + (0.1 if name.endswith(_NEAR_ONE) else 0.08) * mx.random.normal(value.shape)
+        for name, value in tree_flatten(model.parameters())
+    }
+    if zero_eos:
+        head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+        eos = config.get("eos_token_id", [])
+        keep = mx.ones((weights[head].shape[0], 1))
+        keep[mx.array(eos if isinstance(eos, list) else [eos])] = 0
+        weights[head] = weights[head] * keep
+    if bits is not None:
+        model.load_weights(list(weights.items()))
+        with contextlib.redirect_stdout(io.StringIO()):  # its "[INFO] Quantized ..." line
+            model, config = quantize_model(model, config, group_size=32, bits=bits)
+        weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+def tiny_model(folder: Path, **changes: Any) -> Path:
+    """``write_model`` of the default model's config in ``TINY_SMOLLM2``'s shape (``changes``
+    on top): what quick runs decode with."""
+    return write_model(folder, resolve(DEFAULT_MODEL), **{**TINY_SMOLLM2, **changes})
+
+
+DEFAULT_MODEL = "smollm2-135m"
+MODEL_HELP = f"a model folder or name (default {DEFAULT_MODEL}; --quick: a tiny random model)"
+
+
+def model_folder(model: str | None, quick: bool) -> Path:
+    """The folder of ``--model`` (``model``; ``DEFAULT_MODEL`` if none), or for a quick run
+    without one a ``tiny_model`` in a temporary folder, removed when the script exits."""
+    if model or not quick:
+        return resolve(model or DEFAULT_MODEL)
+    folder = Path(tempfile.mkdtemp(prefix="bench-tiny-model-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return tiny_model(folder)
+
+
+def model_name(model: str | None, quick: bool) -> str:
+    """How a script names ``model_folder``'s model in what it prints."""
+    return model or ("a tiny random model" if quick else DEFAULT_MODEL)
 
 
 def resolve(model: str) -> Path:

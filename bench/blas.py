@@ -5,9 +5,9 @@ launch` on 2 ranks, each under ``EXO_TP_BLAS=bundled`` and ``auto``, alternating
 
     python bench/blas.py [--rounds 3] [--prompt-tokens 700] [--tokens 64] [--quick]
 
-``--quick``: a smoke run (1 round, a prompt of 2 lines, 4 tokens); it measures nothing worth
-reporting.
-"""
+``--quick``: a smoke run (1 round, a prompt of 2 lines, 4 tokens, a tiny random model with
+SmolLM2's tokenizer (bench/_common.py's ``tiny_model``) unless --model is given); it measures
+nothing worth reporting."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, env, launch_command, launch_report, mlx_lm_alone, resolve
+from _common import MODEL_HELP, ROOT, env, launch_command, launch_report, mlx_lm_alone, model_folder
 
 sys.path.insert(0, str(ROOT))
 from exo_tp.process.blas import blas_library  # noqa: E402
@@ -54,7 +54,7 @@ def _exo_tp(model: Path, prompt: str, tokens: int, blas: str) -> dict[str, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", help=MODEL_HELP)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=700)
     parser.add_argument("--tokens", type=int, default=64)
@@ -65,7 +65,7 @@ def main() -> None:
     library = blas_library(os.environ.get("EXO_TP_BLAS"))
     if library is None:
         raise SystemExit("no OpenBLAS to compare with (apt-get install libopenblas0-pthread)")
-    model, prompt = resolve(args.model), _prompt(args.prompt_tokens)
+    model, prompt = model_folder(args.model, args.quick), _prompt(args.prompt_tokens)
     runs: dict[str, list[dict[str, float]]] = {}
     for round_ in range(args.rounds):
         for who, run in (("mlx_lm", _single), ("exo_tp_2_ranks", _exo_tp)):

@@ -17,7 +17,7 @@ for users: the figures include what that restart does to the cluster.
     python3 bench/faults.py [--faults rank,follower,leader,stall] [--streams 6] [--quick]
 
 ``--quick``: the leader fault alone, on 2 nodes (a node start fewer: local-1 survives), with 2
-streams.
+streams, on a tiny random model with SmolLM2's tokenizer (bench/_common.py's ``tiny_model``).
 
 Run it on an idle machine. The last line is JSON (seconds per fault).
 """
@@ -41,7 +41,7 @@ from typing import Literal
 
 import httpx
 import psutil
-from _common import env
+from _common import env, model_folder
 from pydantic import BaseModel
 
 Fault = Literal["rank", "follower", "leader", "stall"]
@@ -79,9 +79,9 @@ def _free_base(count: int) -> int:
     raise RuntimeError("no free ports")
 
 
-def _chat(url: str, max_tokens: int, stream: bool = False) -> dict:
+def _chat(model: str, max_tokens: int, stream: bool = False) -> dict:
     return {
-        "model": MODEL,
+        "model": model,
         "messages": QUESTION if not stream else [{"role": "user", "content": "Tell a story."}],
         "temperature": 0,
         "max_tokens": max_tokens,
@@ -89,9 +89,9 @@ def _chat(url: str, max_tokens: int, stream: bool = False) -> dict:
     }
 
 
-def _ask(url: str, timeout: float = 60.0) -> tuple[int, str]:
+def _ask(url: str, model: str, timeout: float = 60.0) -> tuple[int, str]:
     """(status, the answer's text or the error body) of one short greedy request."""
-    answer = httpx.post(f"{url}/v1/chat/completions", json=_chat(url, 8), timeout=timeout)
+    answer = httpx.post(f"{url}/v1/chat/completions", json=_chat(model, 8), timeout=timeout)
     if answer.status_code != 200:
         return answer.status_code, answer.text[:200]
     return 200, answer.json()["choices"][0]["message"]["content"]
@@ -102,6 +102,7 @@ class Stream:
     """One long greedy stream in a thread; how it ended."""
 
     url: str
+    model: str
     started: threading.Event = field(default_factory=threading.Event)
     ended: str = ""
     thread: threading.Thread | None = None
@@ -114,7 +115,7 @@ class Stream:
     def _run(self) -> None:
         try:
             with httpx.stream(
-                "POST", f"{self.url}/v1/chat/completions", json=_chat(self.url, 600, True),
+                "POST", f"{self.url}/v1/chat/completions", json=_chat(self.model, 600, True),
                 timeout=httpx.Timeout(120.0),
             ) as answer:  # fmt: skip
                 for line in answer.iter_lines():
@@ -130,13 +131,13 @@ class Stream:
 
 
 class Cluster:
-    def __init__(self, fault: Fault, logs: Path, nodes: int):
+    def __init__(self, fault: Fault, logs: Path, nodes: int, model: str):
         self.base = _free_base(nodes)
         self.urls = [f"http://127.0.0.1:{self.base + i}" for i in range(nodes)]
         extra = ["--stall-timeout", str(STALL_TIMEOUT if fault == "stall" else 300)]
         command = [
             sys.executable, "-m", "exo_tp", "run", "--local-nodes", str(nodes),
-            "--weights", ",".join(["1"] * nodes), "--api-port", str(self.base), "--model", MODEL,
+            "--weights", ",".join(["1"] * nodes), "--api-port", str(self.base), "--model", model,
             "--rebalance", "off", *extra,
         ]  # fmt: skip
         self.log = logs / f"{fault}.log"
@@ -198,16 +199,16 @@ def _strike(cluster: Cluster, fault: Fault) -> Callable[[], None]:
     return lambda: None
 
 
-def run_fault(fault: Fault, streams: int, logs: Path, nodes: int) -> FaultResult:
-    cluster = Cluster(fault, logs, nodes)
+def run_fault(fault: Fault, streams: int, logs: Path, nodes: int, model: str) -> FaultResult:
+    cluster = Cluster(fault, logs, nodes, model)
     undo: Callable[[], None] = lambda: None  # noqa: E731
     try:
         cluster.ready()
         survivor = cluster.urls[1]
-        status, reference = _ask(survivor)
+        status, reference = _ask(survivor, model)
         if status != 200:
             raise RuntimeError(f"the cluster did not answer before the fault: {reference}")
-        running = [Stream(cluster.urls[i % nodes]).start() for i in range(streams)]
+        running = [Stream(cluster.urls[i % nodes], model).start() for i in range(streams)]
         for s in running:
             s.started.wait(60)
         undo = _strike(cluster, fault)
@@ -217,7 +218,7 @@ def run_fault(fault: Fault, streams: int, logs: Path, nodes: int) -> FaultResult
         while time.monotonic() - struck < ANSWER_TIMEOUT:
             try:
                 status, text = _ask(
-                    survivor, timeout=max(1.0, ANSWER_TIMEOUT - (time.monotonic() - struck))
+                    survivor, model, max(1.0, ANSWER_TIMEOUT - (time.monotonic() - struck))
                 )
             except httpx.HTTPError as error:
                 status, text = 0, type(error).__name__
@@ -254,14 +255,18 @@ def main() -> int:
     # Three nodes: the rank, follower and stall faults strike local-2, the leader fault local-0,
     # and local-1 survives each; the leader fault alone needs only local-0 and local-1.
     nodes = 3
+    model = MODEL
     if args.quick:
         faults, args.streams, nodes = ["leader"], 2, 2
+        # SmolLM2's float32 steps and loads were seconds of each (re-)formation; a random model
+        # with its tokenizer takes the same paths (bench/_common.py's tiny_model).
+        model = str(model_folder(None, True))
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
         parser.error(f"unknown faults {unknown}; choose from {','.join(FAULTS)}")
     logs = args.logs or Path(tempfile.mkdtemp(prefix="exo-tp-faults-"))
     logs.mkdir(parents=True, exist_ok=True)
-    results = [run_fault(f, args.streams, logs, nodes) for f in faults]  # type: ignore[arg-type]
+    results = [run_fault(f, args.streams, logs, nodes, model) for f in faults]  # type: ignore[arg-type]
     print(f"{'fault':<10} {'first correct answer':>21}  meanwhile")
     for r in results:
         seconds = f"{r.first_correct_s:.1f} s" if r.first_correct_s is not None else "never"

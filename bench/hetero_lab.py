@@ -36,7 +36,8 @@ mode starts again with the same DIR, so a call cut short loses only the run in p
 the next call (DIR carried back) continues from there.
 
 The last line of stdout is one JSON object. ``--quick``: one factor (2), few tokens, one round,
-quick profiles: checks the lab runs, measures nothing worth reporting.
+quick profiles, and (unless --model is given) a tiny random model with SmolLM2's tokenizer
+(bench/_common.py's ``tiny_model``): checks the lab runs, measures nothing worth reporting.
 """
 
 from __future__ import annotations
@@ -57,7 +58,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from _common import ROOT, env, generation_tps, launch_command, pinned
+from _common import (
+    DEFAULT_MODEL,
+    MODEL_HELP,
+    ROOT,
+    env,
+    generation_tps,
+    launch_command,
+    model_folder,
+    pinned,
+)
 
 sys.path.insert(0, str(ROOT))
 
@@ -413,11 +423,11 @@ def run_validate(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _stream_load(
-    url: str, stop: threading.Event, tokens: list[tuple[float, int]], errors: list[str]
-) -> None:  # noqa: E501
+    url: str, model: str, stop: threading.Event, tokens: list[tuple[float, int]], errors: list[str]
+) -> None:
     body = json.dumps(
         {
-            "model": "smollm2-135m",
+            "model": model,  # the cluster's own: another name would make it load that one
             "temperature": 0,
             "max_tokens": 24,
             "messages": [{"role": "user", "content": "Tell me about the sea."}],
@@ -505,12 +515,14 @@ def _wait_ready(url: str) -> None:
 class _Load:
     """8 greedy streams, each sending its next request as soon as the last one ends."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, model: str):
         self.stop = threading.Event()
         self.tokens: list[tuple[float, int]] = []
         self.errors: list[str] = []
         self._threads = [
-            threading.Thread(target=_stream_load, args=(url, self.stop, self.tokens, self.errors))
+            threading.Thread(
+                target=_stream_load, args=(url, model, self.stop, self.tokens, self.errors)
+            )
             for _ in range(8)
         ]
         for t in self._threads:
@@ -553,7 +565,7 @@ def _fresh(
     try:
         _wait_ready(url)
         first = _get(url + "/v1/plan")
-        load = _Load(url)
+        load = _Load(url, args.model)
         t0 = time.monotonic()
         time.sleep(window)  # a bench: measuring a window of throughput, not waiting on state
         tps = _tps(load.tokens, t0, t0 + window)
@@ -593,7 +605,7 @@ def run_rebalance(args: argparse.Namespace) -> dict[str, object]:
             _wait_ready(url)
             plan0 = _get(url + "/v1/plan")
             epoch0, shares_before = plan0["epoch"], plan0["plan"]["weights"]
-            load = _Load(url)
+            load = _Load(url, args.model)
             t0 = time.monotonic()
             time.sleep(window)  # a bench: measuring a window of throughput, not waiting on state
             before = _tps(load.tokens, t0, t0 + window)
@@ -726,7 +738,7 @@ def main() -> None:
     parser.add_argument(
         "--mode", choices=("plans", "validate", "rebalance", "mixed"), default="plans"
     )
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", help=MODEL_HELP)
     parser.add_argument("--factors", default="1.5,2,3")
     parser.add_argument(
         "--clusters",
@@ -755,6 +767,10 @@ def main() -> None:
         "rebalance": run_rebalance,
         "mixed": run_mixed,
     }[args.mode]
+    if args.model is None:
+        # --quick: SmolLM2's float32 decode steps made each launch seconds longer; a random
+        # model with its tokenizer takes every path of the lab at a fraction of the compute.
+        args.model = str(model_folder(None, True)) if args.quick else DEFAULT_MODEL
     print(json.dumps(run(args)))
 
 

@@ -10,6 +10,9 @@
 
     python bench/pipeline_hop.py [--model smollm2-135m] [--tokens 96] [--rounds 3] [--quick]
 
+``--quick``: 1 round, 4 tokens, 20 hops, on a tiny random model with SmolLM2's tokenizer
+(bench/_common.py's ``tiny_model``) unless --model is given.
+
 The last line of stdout is one JSON object.
 """
 
@@ -21,7 +24,16 @@ import statistics
 import subprocess
 import sys
 
-from _common import WorkerResult, env, exo_tp_tps, resolve, single_process_tps, worker_result
+from _common import (
+    MODEL_HELP,
+    WorkerResult,
+    env,
+    exo_tp_tps,
+    model_folder,
+    model_name,
+    single_process_tps,
+    worker_result,
+)
 
 
 class HopTime(WorkerResult):
@@ -73,7 +85,7 @@ def raw_hop_seconds(hidden: int, iters: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", help=MODEL_HELP)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
@@ -82,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.tokens = 1, 4
-    model = resolve(args.model)
+    model = model_folder(args.model, args.quick)
     from exo_tp.plan import load_spec
 
     hidden = load_spec(model).hidden_size
@@ -97,7 +109,10 @@ def main() -> None:
     tps = {k: statistics.median(v) for k, v in runs.items()}
     added = 1 / tps["pipeline_1_1"] - 1 / tps["single"]
     hop = raw_hop_seconds(hidden, 20 if args.quick else 200)
-    print(f"model {args.model}, {args.tokens} tokens, fp32, median of {args.rounds} rounds")
+    print(
+        f"model {model_name(args.model, args.quick)}, {args.tokens} tokens, fp32, "
+        f"median of {args.rounds} rounds"
+    )
     print(f"raw hop (1x1x{hidden} float32, one way): {hop * 1e3:.3f} ms")
     print(
         f"mlx-lm one process: {tps['single']:.2f} tok/s; 2-stage pipeline (1+1): "

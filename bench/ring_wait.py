@@ -8,9 +8,10 @@ waits must cost nothing measurable.
 
     python bench/ring_wait.py [--ranks 2,3] [--tokens 48] [--rounds 3] [--quick]
 
-``--quick``: 2 ranks, 4 tokens, one round; it measures nothing worth reporting. The last line
-of stdout is one JSON object: the median tokens/s of each and sleep's ratio to spin.
-"""
+``--quick``: 2 ranks, 4 tokens, one round, a tiny random model with SmolLM2's tokenizer
+(bench/_common.py's ``tiny_model``) unless --model is given; it measures nothing worth
+reporting. The last line of stdout is one JSON object: the median tokens/s of each and sleep's
+ratio to spin."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from _common import env, generation_tps, launch_command, resolve
+from _common import MODEL_HELP, env, generation_tps, launch_command, model_folder
 
 WAITS = ("spin", "sleep")
 
@@ -42,7 +43,7 @@ def decode_tps(model: Path, ranks: int, tokens: int, wait: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", help=MODEL_HELP)
     parser.add_argument("--ranks", default="2,3", help="rank counts, comma-separated")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
@@ -50,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:  # 2 ranks: 3 spinning ranks on a 2-core machine wait out each other's slices
         args.ranks, args.tokens, args.rounds = "2", 4, 1
-    model = resolve(args.model)
+    model = model_folder(args.model, args.quick)
     counts = [int(n) for n in args.ranks.split(",")]
     seen: dict[tuple[int, str], list[float]] = {(n, w): [] for n in counts for w in WAITS}
     for round_index in range(args.rounds):

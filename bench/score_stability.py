@@ -16,7 +16,8 @@ median quick profile. Run it under the CPU lock on a shared machine:
 
 ``--quick``: a smoke run: one quick bench and no default-mode one (which alone takes ~40 s;
 the two modes share every line of this script but the flag), and a decode check of 4 tokens,
-one run per model; it measures nothing worth reporting.
+one run per model, on tiny random models (float32 and 4-bit, bench/_common.py's
+``tiny_model``) in place of the default ones; it measures nothing worth reporting.
 
 The last line of stdout is one JSON object with the headline figures.
 """
@@ -33,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, single_process_tps
+from _common import ROOT, single_process_tps, tiny_model
 
 sys.path.insert(0, str(ROOT))
 
@@ -110,13 +111,12 @@ def print_table(title: str, stats: dict[str, dict[str, float]]) -> None:
         )
 
 
-def decode_check(profile: DeviceProfile, tokens: int, runs: int = 2) -> dict[str, dict[str, float]]:
-    """Predicted vs measured single-process decode seconds per token on the default models."""
-    from exo_tp.models.registry import DEFAULT_MODELS, resolve_model
-
+def decode_check(
+    profile: DeviceProfile, tokens: int, models: dict[str, Path], runs: int = 2
+) -> dict[str, dict[str, float]]:
+    """Predicted vs measured single-process decode seconds per token on ``models``."""
     out = {}
-    for name in DEFAULT_MODELS:
-        folder = resolve_model(name)
+    for name, folder in models.items():
         spec = load_spec(folder)
         predicted = predict(
             single_stage(plan_tensor_parallel(spec, [1.0])),
@@ -187,8 +187,24 @@ def main() -> None:
             len(quick) // 2
         ]
         print("\ndecode check (1 process, float32 activations)")
-        headline["decode_check"] = decode_check(median_profile, args.tokens, 1 if args.quick else 2)
+        with tempfile.TemporaryDirectory(prefix="exo-tp-stability-") as tmp:
+            models = check_models(args.quick, Path(tmp))
+            runs = 1 if args.quick else 2
+            headline["decode_check"] = decode_check(median_profile, args.tokens, models, runs)
     print(json.dumps(headline))
+
+
+def check_models(quick: bool, tmp: Path) -> dict[str, Path]:
+    """The decode check's models: the default ones; --quick: tiny random models in their two
+    formats (float32 and 4-bit), written in ``tmp`` (SmolLM2's loads and steps were a third of
+    the quick run)."""
+    from exo_tp.models.registry import DEFAULT_MODELS, resolve_model
+
+    if not quick:
+        return {name: resolve_model(name) for name in DEFAULT_MODELS}
+    # 128 wide in 8 heads of 16: every projection's input a multiple of the 4-bit groups (32)
+    q4 = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2, "bits": 4}
+    return {"tiny": tiny_model(tmp / "tiny"), "tiny-q4": tiny_model(tmp / "tiny-q4", **q4)}
 
 
 if __name__ == "__main__":

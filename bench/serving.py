@@ -22,7 +22,7 @@ Contenders, each started and stopped in turn (one server at a time, private port
   b  mlx_lm.server in its own distributed mode (tensor parallel) on 2 ranks, MLX ring backend,
      a random llama with SmolLM2's dimensions but 8 query / 2 KV heads (mlx-lm refuses a split
      of SmolLM2's 9 / 3 heads over 2 ranks), written at start with mlx-lm's own classes and the
-     SmolLM2 tokenizer (tests/tiny_models.py) in a temporary folder
+     SmolLM2 tokenizer (bench/_common.py's write_model) in a temporary folder
   c  exo-tp on the same 2 ranks and the same random model
      (`exo-tp run --local-nodes 2 --weights 1,1 --dtype float32`)
   d  exo-tp on SmolLM2 (float32), 2 ranks
@@ -50,8 +50,10 @@ on SIGTERM.
         [--logs DIR] [--quick]
 
 `--quick` (streams 1 and 2, 4 tokens, one request per client, 2 chat turns, one node for c, d
-and the chat, the cached chat on d's cluster) is a smoke run of every contender (3.5 minutes on
-the 2-core VM); `--quick --contenders a` takes about 10 s.
+and the chat, the cached chat on d's cluster) is a smoke run of every contender; unless --model
+is given, every contender runs the random 8/2-head model in a tiny shape (hidden 144, 4 layers,
+bench/_common.py's ``tiny_model``), so that c and d are one command and d's levels run on c's
+cluster (about 1 minute on the 2-core VM); `--quick --contenders a` takes about 8 s.
 
 Targets: exo-tp's aggregate at 16 streams >= 4x its 1-stream rate and >= mlx_lm.server
 distributed's (b vs c, same model and ranks); cached last-turn TTFT <= 0.3x the uncached one.
@@ -78,12 +80,18 @@ from typing import Any
 import aiohttp
 import numpy as np
 import psutil
-from _common import ROOT, WorkerResult, env, pinned, resolve, worker_result
+from _common import (
+    ROOT,
+    WorkerResult,
+    env,
+    pinned,
+    resolve,
+    tiny_model,
+    worker_result,
+    write_model,
+)
 
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from tiny_models import write_tiny_model  # noqa: E402
 
 from exo_tp.process.blas import THREADS_ENV, share_cores  # noqa: E402
 from exo_tp.transport.ports import free_ports, port_is_free  # noqa: E402
@@ -298,6 +306,7 @@ class Server:
                             stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL,
                             start_new_session=True,
+                            preexec_fn=_default_sigint,
                         )
                     )
         except BaseException:
@@ -346,6 +355,13 @@ class Server:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def _default_sigint() -> None:
+    """A server's SIGINT back to its default action (a ``preexec_fn``): a shell that starts
+    this bench in the background ignores SIGINT for it, every child inherited that, and `stop`
+    waited out its 15 s on each server, which had not seen the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def api_port(count: int = 1) -> int:
@@ -700,8 +716,10 @@ print(ConductorSteps(model=model, tiny=tiny).model_dump_json())
 
 def step_overhead(smollm2: Path, folder: Path, batch: int) -> ConductorSteps:
     """Median conductor step at ``batch`` on SmolLM2 and on a 1-layer 64-wide model."""
-    config = json.loads((smollm2 / "config.json").read_text())
-    config.update(
+    tiny = write_model(
+        folder,
+        smollm2,
+        zero_eos=False,
         num_hidden_layers=1,
         hidden_size=64,
         intermediate_size=64,
@@ -709,7 +727,6 @@ def step_overhead(smollm2: Path, folder: Path, batch: int) -> ConductorSteps:
         num_key_value_heads=1,
         head_dim=64,
     )
-    tiny = write_tiny_model(folder, config, tokenizer_from=smollm2)
     log(f"step overhead: conductor steps at batch {batch}")
     out = subprocess.run(
         [sys.executable, "-c", STEP, str(smollm2), str(tiny), str(batch)],
@@ -723,11 +740,13 @@ def step_overhead(smollm2: Path, folder: Path, batch: int) -> ConductorSteps:
     return worker_result(out.stdout, ConductorSteps)
 
 
-def random_model(folder: Path, smollm2: Path) -> Path:
-    """SmolLM2's shape with 8 query / 2 KV heads of 64 (divisible by 2 ranks), random weights."""
-    config = json.loads((smollm2 / "config.json").read_text())
-    config.update(num_attention_heads=8, num_key_value_heads=2, head_dim=64)
-    return write_tiny_model(folder, config, tokenizer_from=smollm2)
+def random_model(folder: Path, smollm2: Path, quick: bool) -> Path:
+    """SmolLM2's shape with 8 query / 2 KV heads of 64 (divisible by 2 ranks), random weights;
+    --quick: bench/_common.py's tiny model with 8 / 2 heads of its head size (16)."""
+    if quick:
+        return tiny_model(folder, num_attention_heads=8, num_key_value_heads=2)
+    heads = {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64}
+    return write_model(folder, smollm2, zero_eos=False, **heads)
 
 
 def ratio(top: float | None, bottom: float | None) -> float | None:
@@ -783,7 +802,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--ranks", type=int, help="ranks of b, c, d and the chat (default 2; --quick: 1, b 2)"
     )
-    parser.add_argument("--model", default="smollm2-135m", help="the model of a, d and the chat")
+    parser.add_argument(
+        "--model",
+        help="the model of a, d and the chat (default smollm2-135m; --quick: a tiny random model "
+        "with its tokenizer, bench/_common.py's tiny_model)",
+    )
     parser.add_argument(
         "--max-concurrency",
         type=int,
@@ -807,7 +830,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: streams 1,2, one request per client, 4 tokens, 2 chat turns, one node",
+        help="smoke run: streams 1,2, one request per client, 4 tokens, 2 chat turns, one node, "
+        "a tiny model",
     )
     args = parser.parse_args()
     if args.quick:
@@ -816,6 +840,8 @@ def parse_args() -> argparse.Namespace:
         # Every cluster start costs each of its processes the imports of mlx_lm and
         # transformers; a one-node cluster still takes every path of this script.
         args.ranks = args.ranks or 1
+    elif args.model is None:
+        args.model = "smollm2-135m"
     args.ranks = args.ranks or 2
     args.contenders = [c for c in args.contenders.split(",") if c]
     unknown = set(args.contenders) - set(ALL)
@@ -839,6 +865,11 @@ class Results:
 
 async def run(args: argparse.Namespace, logs: Path, results: Results) -> None:
     """Every contender asked for, one server at a time; ``results`` fills as they finish."""
+    random_dir = logs / "random-8-2"
+    if args.model is None:
+        # --quick: SmolLM2's float32 steps were most of its minutes. The quick model is c's
+        # random one, so that c and d are one command (below).
+        args.model = str(random_model(random_dir, resolve("smollm2-135m"), quick=True))
     smollm2 = resolve(args.model)
     serving = {"--max-concurrency": str(args.max_concurrency)}
     log(f"exo-tp run has the serving flags {results.flags or 'none'}")
@@ -849,9 +880,8 @@ async def run(args: argparse.Namespace, logs: Path, results: Results) -> None:
         results.stage_tps = batch_ceiling(smollm2, sorted({max(1, top // 2), top}), core=0)
     if "step" in args.contenders:
         results.step = step_overhead(smollm2, logs / "tiny-1-layer", max(args.streams))
-    random_dir = logs / "random-8-2"
-    if {"b", "c"} & set(args.contenders):
-        random_model(random_dir, smollm2)
+    if {"b", "c"} & set(args.contenders) and args.model != str(random_dir):
+        random_model(random_dir, smollm2, args.quick)
 
     def server(key: str) -> Server:
         if key == "a":
@@ -876,12 +906,17 @@ async def run(args: argparse.Namespace, logs: Path, results: Results) -> None:
     chat_on_d = args.quick and {"d", "chat"} <= set(args.contenders)
     if chat_on_d:  # the conversation the cached chat replays comes first
         results.uncached = await uncached_chat()
+    # --quick on its own model: c and d are the same command, so d's levels (and the cached
+    # chat) run on c's cluster, one cluster start fewer.
+    d_on_c = args.model == str(random_dir) and {"c", "d"} <= set(args.contenders)
     for key in CONTENDERS:
-        if key in args.contenders:
+        if key in args.contenders and not (key == "d" and d_on_c):
             async with started(server(key), args) as ready:
-                results.table[key] = await measure_levels(ready, args)
-                if key == "d" and chat_on_d and results.uncached:
-                    results.cached = await chat(ready, args, [t.text for t in results.uncached])
+                for measured in (key, "d") if key == "c" and d_on_c else (key,):
+                    results.table[measured] = await measure_levels(ready, args)
+                    if measured == "d" and chat_on_d and results.uncached:
+                        answers = [t.text for t in results.uncached]
+                        results.cached = await chat(ready, args, answers)
     if "chat" in args.contenders and not chat_on_d:
         results.uncached = await uncached_chat()
         name = "exo_tp_chat_cache"

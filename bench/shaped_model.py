@@ -2,7 +2,8 @@
 
 The lab's many-core runs go to a lent machine that reaches no hub and takes a small working
 tree: it gets the model's config.json and tokenizer files, and this builds the weights there
-with the test suite's writer of random models (tests/tiny_models.py, mlx-lm's own classes).
+with the bench scripts' writer of random models (bench/_common.py's ``write_model``, mlx-lm's
+own classes).
 Decode speed does not depend on the weights' values. The end-of-sequence tokens' output rows
 are zeroed, so greedy decoding never stops early (every run decodes all its tokens). KEY=VALUE
 pairs change the config first (another shape with the same tokenizer: e.g. hidden_size=1024
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import mlx.core as mx
-from _common import ROOT, resolve
+from _common import resolve, write_model
 
 # The quick run's shape; model_type as a bare string takes the KEY=VALUE parser's other branch.
 QUICK = (
@@ -48,26 +49,14 @@ def end_rows(config: dict[str, object], weights: dict[str, mx.array]) -> tuple[s
 
 def build(source: Path, out: Path, pairs: list[str]) -> Path:
     """``source``'s shape changed by ``pairs``, random weights, EOS output rows zeroed."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    from tiny_models import write_tiny_model
-
-    config = json.loads((source / "config.json").read_text())
+    changes: dict[str, object] = {}
     for pair in pairs:
         key, value = pair.split("=", 1)
         try:
-            config[key] = json.loads(value)  # numbers, lists, true/false
+            changes[key] = json.loads(value)  # numbers, lists, true/false
         except json.JSONDecodeError:
-            config[key] = value  # a bare string (model_type=qwen2)
-    write_tiny_model(out, config, source, form="mlx")
-    path = out / "model.safetensors"
-    weights = mx.load(str(path))
-    head, eos = end_rows(config, weights)
-    rows = mx.ones((weights[head].shape[0], 1), dtype=weights[head].dtype)
-    rows[mx.array(eos)] = 0
-    weights[head] = weights[head] * rows
-    mx.eval(weights)  # every array in memory before the file they came from is rewritten
-    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
-    return out
+            changes[key] = value  # a bare string (model_type=qwen2)
+    return write_model(out, source, **changes)
 
 
 def quick() -> None:

@@ -9,6 +9,11 @@ the same tokens (greedy: they must).
     python bench/speculative.py [--model smollm2-135m] [--lines 200] [--tokens 256]
         [--drafts 4] [--ngram 3] [--weights 0.6,0.4] [--rounds 3] [--quick]
 
+``--quick``: 1 round, a 12-line file, 16 tokens, on a tiny random model with SmolLM2's tokenizer
+(bench/_common.py's ``tiny_model``) unless --model is given (its random answers seldom repeat
+the prompt: drafts are looked up and verified, few accepted; tests/test_speculative.py holds
+accepted drafts exact).
+
 The last line of stdout is one JSON object.
 """
 
@@ -23,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from _common import env, launch_report, resolve
+from _common import MODEL_HELP, env, launch_report, model_folder, model_name
 
 if TYPE_CHECKING:
     from exo_tp.runtime.launcher import LaunchReport
@@ -88,7 +93,7 @@ def run(model: Path, args: argparse.Namespace, drafts: int, report: Path) -> Lau
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", help=MODEL_HELP)
     parser.add_argument("--lines", type=int, default=200, help="lines of the file to edit")
     parser.add_argument("--tokens", type=int, default=256, help="tokens generated at most")
     parser.add_argument("--drafts", type=int, default=4, help="--num-draft-tokens")
@@ -101,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.lines, args.tokens = 1, 12, 16
-    model = resolve(args.model)
+    model = model_folder(args.model, args.quick)
     tps: dict[str, list[float]] = {"plain": [], "speculative": []}
     rates, same = [], True
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,7 +126,8 @@ def main() -> None:
     median = {k: statistics.median(v) for k, v in tps.items()}
     ratio = median["speculative"] / median["plain"] if median["plain"] else 0.0
     print(
-        f"model {args.model}, 2 ranks {args.weights}, a {args.lines}-line file, "
+        f"model {model_name(args.model, args.quick)}, 2 ranks {args.weights}, "
+        f"a {args.lines}-line file, "
         f"{args.tokens} tokens, {args.drafts} drafts, n-gram {args.ngram}, "
         f"median of {args.rounds} rounds"
     )

@@ -14,7 +14,8 @@ alike), so the batch stays at 16 streams for every timed step.
 Both batches live side by side and decode in alternating blocks of --steps timed steps (after
 one untimed step each: mlx-lm leaves a step in flight), --rounds blocks each.
 
-``--quick``: a smoke run (4 streams, 2 steps, 1 round); it measures nothing worth reporting.
+``--quick``: a smoke run (4 streams, 2 steps, 1 round, a tiny random model with SmolLM2's
+tokenizer: bench/_common.py's ``tiny_model``); it measures nothing worth reporting.
 
 The last line of stdout is one JSON object.
 """
@@ -30,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from _common import PROMPT, ROOT, env
+from _common import PROMPT, ROOT, env, model_folder
 
 sys.path.insert(0, str(ROOT))
 
@@ -40,7 +41,6 @@ from mlx_lm.generate import BatchGenerator  # noqa: E402
 
 from exo_tp.grammar.compiler import grammars_for  # noqa: E402
 from exo_tp.grammar.mask import GrammarMask  # noqa: E402
-from exo_tp.models.registry import prepare_default_models  # noqa: E402
 from exo_tp.wire.runtime import Constraint  # noqa: E402
 
 CHILD = "EXO_TP_BENCH_STRUCTURED_CHILD"
@@ -126,7 +126,8 @@ def main() -> None:
         sys.exit(child.returncode)
     if args.quick:
         args.streams, args.steps, args.rounds = 4, 2, 1
-    model, tokenizer = load(str(prepare_default_models()["smollm2-135m"]))
+    # --quick: a tiny random model with SmolLM2's tokenizer (the grammars are the same).
+    model, tokenizer = load(str(model_folder(None, args.quick)))
     model.set_dtype(mx.float32)
     tokens = 2 * args.rounds * (args.steps + 1) + 8
     spent: list[float] = []

@@ -6,6 +6,9 @@ on this noisy machine hits all of them alike; medians are reported.
 
     python bench/tp_decode.py [--model smollm2-135m] [--tokens 128] [--rounds 3] [--quick]
 
+``--quick``: 1 round, 4 tokens, 10 gathers, on a tiny random model with SmolLM2's tokenizer
+(bench/_common.py's ``tiny_model``) unless --model is given.
+
 The last line of stdout is one JSON object with the headline ratios.
 """
 
@@ -19,7 +22,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import WorkerResult, env, exo_tp_tps, resolve, single_process_tps, worker_result
+from _common import (
+    MODEL_HELP,
+    WorkerResult,
+    env,
+    exo_tp_tps,
+    model_folder,
+    model_name,
+    single_process_tps,
+    worker_result,
+)
 
 
 class GatherTimes(WorkerResult):
@@ -77,7 +89,7 @@ def gather_times(sizes: list[int], iters: int) -> GatherTimes:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", help=MODEL_HELP)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--uneven", default="0.7,0.3")
@@ -87,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.tokens = 1, 4
-    model = resolve(args.model)
+    model = model_folder(args.model, args.quick)
     from exo_tp.plan import load_spec, plan_tensor_parallel
 
     uneven = [float(w) for w in args.uneven.split(",")]
@@ -106,7 +118,10 @@ def main() -> None:
     vocab_sizes = list(plan.collective("logits").sizes)
     gather = gather_times(vocab_sizes, iters=10 if args.quick else 200)
 
-    print(f"model {args.model}, {args.tokens} tokens, fp32, median of {args.rounds} rounds")
+    print(
+        f"model {model_name(args.model, args.quick)}, {args.tokens} tokens, fp32, "
+        f"median of {args.rounds} rounds"
+    )
     print(f"{'contender':<28}{'tok/s':>8}{'vs single':>11}")
     for name, label in (
         ("single", "mlx-lm, 1 process"),

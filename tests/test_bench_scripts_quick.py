@@ -15,6 +15,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,8 +29,10 @@ SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"
 # Every process a case starts carries this variable, whatever session or parent it ends up
 # with: the bench scripts start nodes in sessions of their own, which a timeout does not reach.
 TAG_ENV = "EXO_TP_BENCH_QUICK_TAG"
-# Seconds a case may take: about three times its quick run on a 2-core machine under load.
-TIMEOUT = {"serving": 900, "hetero_lab": 400, "reshard": 400, "finetune": 300}
+# Seconds a case may take: about three times its quick run on a 2-core machine under load
+# (2026-12-03, tiny models and a shared MLX kernel cache: serving 52 s, hetero_lab 65, reshard
+# 41, finetune 26, every other case under 25).
+TIMEOUT = {"serving": 300, "hetero_lab": 300, "reshard": 300, "finetune": 180}
 GRACE = 15.0  # seconds a script's processes may take to exit after it did (SIGTERM handlers)
 
 
@@ -72,6 +75,12 @@ def test_quick_run(script: str, tmp_path: Path, default_models: dict[str, Path])
     home = tmp_path / "exo-tp-home"
     home.mkdir()
     (home / "models").symlink_to(default_models["smollm2-135m"].parent, target_is_directory=True)
+    # Temporary files in the case's folder, but MLX's CPU kernels compiled once per machine:
+    # MLX keeps them in $TMPDIR/mlx, and a fresh one made every process of every case compile
+    # each fused kernel again with the C++ compiler (finetune_adam_noise: 12 s -> 45 s).
+    kernels = Path(tempfile.gettempdir()) / "mlx"
+    kernels.mkdir(exist_ok=True)
+    (tmp_path / "mlx").symlink_to(kernels, target_is_directory=True)
     tag = secrets.token_hex(8)
     env = {**os.environ, TAG_ENV: tag, "EXO_TP_HOME": str(home), "TMPDIR": str(tmp_path)}
     try:
