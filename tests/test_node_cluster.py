@@ -1,5 +1,11 @@
 """Three nodes in three network namespaces behind a bridge: mDNS discovery, cluster formation,
-the official openai client, a stranger with the wrong secret, and a killed worker."""
+the official openai client, a stranger with the wrong secret, and a killed worker.
+
+The nodes serve SmolLM2's tokenizer and head groups on tiny random weights (the
+``tiny_smollm2`` fixture, a folder every namespace reads): what is under test is discovery,
+formation and failure over a bridged network, with answers equal to mlx-lm's. Three ranks on
+two cores took ~0.7 s a token of SmolLM2's 30 layers here; SmolLM2's own answers on uneven
+ranks are tests/test_tp_exact.py's and tests/test_node_api.py's."""
 
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ pytestmark = pytest.mark.skipif(
     can_make_namespaces() is not None, reason=str(can_make_namespaces())
 )
 
-MODEL = "smollm2-135m"
+MODEL = "default_model"  # the name in requests: the cluster serves one model, whatever its name
 QUESTION = "What is the capital of France?"
 
 
@@ -46,7 +52,7 @@ class Lab:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Path]) -> Iterator[Lab]:
+def lab(tmp_path_factory: pytest.TempPathFactory, tiny_smollm2: Path) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("netns")
     lab = NamespaceLab()
     lab.up()
@@ -64,7 +70,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Path
                 "--weight",
                 str([5, 3, 2][i]),
                 "--model",
-                MODEL,
+                str(tiny_smollm2),
                 env={"EXO_TP_SECRET": secret},
             )
         wait_ready([h.url for h in hosts], nodes=3)
@@ -74,8 +80,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory, default_models: dict[str, Path
 
 
 @pytest.fixture(scope="module")
-def reference(default_models: dict[str, Path]) -> str:
-    return mlx_lm_reference(default_models[MODEL], QUESTION, 24).text
+def reference(tiny_smollm2: Path) -> str:
+    return mlx_lm_reference(tiny_smollm2, QUESTION, 24).text
 
 
 def test_nodes_discover_each_other_and_agree_on_a_leader(lab: Lab) -> None:
@@ -104,7 +110,6 @@ def test_openai_client_matches_single_device(lab: Lab, reference: str) -> None:
         model=MODEL, messages=messages, temperature=0, max_tokens=24, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == reference
-    assert "Paris" in reference
 
 
 def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
@@ -117,7 +122,7 @@ def test_wrong_secret_is_not_admitted(lab: Lab) -> None:
         "--node-id",
         "intruder",
         "--model",
-        MODEL,
+        "smollm2-135m",
         "--no-bench",
         env={"EXO_TP_SECRET": secrets.token_hex(16)},
     )  # not the cluster's
