@@ -198,10 +198,9 @@ def write_model(
         for name, value in tree_flatten(model.parameters())
     }
     if zero_eos:
-        head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
-        eos = config.get("eos_token_id", [])
+        head, eos = end_rows(config, weights)
         keep = mx.ones((weights[head].shape[0], 1))
-        keep[mx.array(eos if isinstance(eos, list) else [eos])] = 0
+        keep[mx.array(eos)] = 0
         weights[head] = weights[head] * keep
     if bits is not None:
         model.load_weights(list(weights.items()))
@@ -214,6 +213,13 @@ def write_model(
         if (source / name).is_file():
             shutil.copy(source / name, folder / name)
     return folder
+
+
+def end_rows(config: dict[str, Any], weights: dict[str, Any]) -> tuple[str, list[int]]:
+    """The output head's name in ``weights`` and the end-of-sequence tokens' rows in it."""
+    eos = config.get("eos_token_id", [])
+    eos = eos if isinstance(eos, list) else [eos]
+    return "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight", eos
 
 
 def tiny_model(folder: Path, **changes: Any) -> Path:
@@ -234,6 +240,14 @@ def model_folder(model: str | None, quick: bool) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="bench-tiny-model-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return tiny_model(folder)
+
+
+def model_arg(model: str | None, quick: bool) -> str:
+    """What a script passes as ``--model``: ``model`` as given; without one, a quick run's
+    ``model_folder`` (a tiny model) or ``DEFAULT_MODEL``'s name."""
+    if model:
+        return model
+    return str(model_folder(None, True)) if quick else DEFAULT_MODEL
 
 
 def model_name(model: str | None, quick: bool) -> str:

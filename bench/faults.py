@@ -41,12 +41,11 @@ from typing import Literal
 
 import httpx
 import psutil
-from _common import env, model_folder
+from _common import env, model_arg
 from pydantic import BaseModel
 
 Fault = Literal["rank", "follower", "leader", "stall"]
 FAULTS: tuple[Fault, ...] = ("rank", "follower", "leader", "stall")
-MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 STALL_TIMEOUT = 6.0
 READY_TIMEOUT = 300.0
@@ -255,12 +254,11 @@ def main() -> int:
     # Three nodes: the rank, follower and stall faults strike local-2, the leader fault local-0,
     # and local-1 survives each; the leader fault alone needs only local-0 and local-1.
     nodes = 3
-    model = MODEL
     if args.quick:
         faults, args.streams, nodes = ["leader"], 2, 2
-        # SmolLM2's float32 steps and loads were seconds of each (re-)formation; a random model
-        # with its tokenizer takes the same paths (bench/_common.py's tiny_model).
-        model = str(model_folder(None, True))
+    # --quick: SmolLM2's float32 steps and loads were seconds of each (re-)formation; a random
+    # model with its tokenizer takes the same paths (bench/_common.py's tiny_model).
+    model = model_arg(None, args.quick)
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
         parser.error(f"unknown faults {unknown}; choose from {','.join(FAULTS)}")

@@ -59,13 +59,12 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from _common import (
-    DEFAULT_MODEL,
     MODEL_HELP,
     ROOT,
     env,
     generation_tps,
     launch_command,
-    model_folder,
+    model_arg,
     pinned,
 )
 
@@ -767,10 +766,9 @@ def main() -> None:
         "rebalance": run_rebalance,
         "mixed": run_mixed,
     }[args.mode]
-    if args.model is None:
-        # --quick: SmolLM2's float32 decode steps made each launch seconds longer; a random
-        # model with its tokenizer takes every path of the lab at a fraction of the compute.
-        args.model = str(model_folder(None, True)) if args.quick else DEFAULT_MODEL
+    # --quick: SmolLM2's float32 decode steps made each launch seconds longer; a random
+    # model with its tokenizer takes every path of the lab at a fraction of the compute.
+    args.model = model_arg(args.model, args.quick)
     print(json.dumps(run(args)))
 
 

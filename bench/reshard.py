@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from _common import DEFAULT_MODEL, MODEL_HELP, ROOT, env, model_folder, resolve
+from _common import MODEL_HELP, ROOT, env, model_arg, resolve
 
 sys.path.insert(0, str(ROOT))
 
@@ -234,10 +234,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     first = QUICK_FIRST if args.quick else FIRST
-    if args.model is None:
-        # --quick: every node loads (and in the one-copy cluster receives) its shard, and the
-        # 4-bit default model's 98 MB took seconds of each start on 2 cores.
-        args.model = str(model_folder(None, True)) if args.quick else DEFAULT_MODEL
+    # --quick: every node loads (and in the one-copy cluster receives) its shard, and the
+    # 4-bit default model's 98 MB took seconds of each start on 2 cores.
+    args.model = model_arg(args.model, args.quick)
     folder = resolve(args.model)
     manifest = manifest_for(folder)
     model_mb = manifest.total_bytes / 1e6

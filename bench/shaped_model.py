@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import mlx.core as mx
-from _common import resolve, write_model
+from _common import end_rows, resolve, write_model
 
 # The quick run's shape; model_type as a bare string takes the KEY=VALUE parser's other branch.
 QUICK = (
@@ -38,13 +38,6 @@ QUICK = (
     "model_type=llama",
 )
 USAGE = "python bench/shaped_model.py FROM_FOLDER OUT_FOLDER [KEY=VALUE ...] | --quick"
-
-
-def end_rows(config: dict[str, object], weights: dict[str, mx.array]) -> tuple[str, list[int]]:
-    """The output head's name and the end-of-sequence tokens' rows in it."""
-    eos = config.get("eos_token_id", [])
-    eos = eos if isinstance(eos, list) else [eos]
-    return "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight", eos
 
 
 def build(source: Path, out: Path, pairs: list[str]) -> Path:
