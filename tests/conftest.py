@@ -22,6 +22,15 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 from exo_tp.process.blas import PRELOAD_ENV, PRELOADED_ENV, preload_blas  # noqa: E402
+from exo_tp.transport.ring_wait import WAIT_ENV  # noqa: E402
+
+# Set in pytest-xdist's workers (the README's test command runs two, tests/machine_share.py).
+WORKER_ENV = "PYTEST_XDIST_WORKER"
+if WORKER_ENV in os.environ:
+    # Two workers share the cores: ranks that spin while they wait (exo-tp's choice where each
+    # rank has a core) would take them from the other worker's processes. A test of the waits
+    # themselves sets its own.
+    os.environ.setdefault(WAIT_ENV, "sleep")
 
 # The single-device references this process computes multiply with the system's OpenBLAS, as
 # exo-tp's own processes do: MLX's bundled BLAS made them ~4x slower (a 228-token tool prompt
@@ -44,11 +53,22 @@ def pytest_configure(config: pytest.Config) -> None:
         preload_blas()  # returns only when there is nothing to preload
         if capture is not None:
             capture.start_global_capturing()
+    if _distributes(config):
+        # pytest-xdist's workers start from this environment: they inherit the preload (they
+        # cannot re-execute themselves: the controller talks to them over their stdin) and put
+        # the environment back themselves, in this hook.
+        return
     if started_with := os.environ.pop(_STARTED_WITH):
         os.environ[PRELOAD_ENV] = started_with
     else:
         os.environ.pop(PRELOAD_ENV, None)
     os.environ.pop(PRELOADED_ENV, None)
+
+
+def _distributes(config: pytest.Config) -> bool:
+    """This process is pytest-xdist's controller: it starts workers and runs no test."""
+    workers = getattr(config.option, "numprocesses", None)
+    return bool(workers) and WORKER_ENV not in os.environ and not config.option.collectonly
 
 
 # No test may reach the real model hub or touch this user's Hugging Face cache: hub tests
@@ -77,6 +97,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def machine_share(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist, a module marked ``alone`` (it measures speeds or links, or times
+    itself) runs with no other module beside it, from its first fixture to its last."""
+    if WORKER_ENV not in os.environ:
+        yield
+        return
+    from machine_share import machine_lock
+
+    alone = request.node.get_closest_marker("alone") is not None
+    with machine_lock(tmp_path_factory.getbasetemp().parent, alone):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

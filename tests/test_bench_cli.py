@@ -24,6 +24,8 @@ from exo_tp.profile.shapes import model_shapes
 from exo_tp.profile.system import system_info
 from exo_tp.wire.profiles import LinkProfile
 
+pytestmark = pytest.mark.alone  # under pytest-xdist: it times its benches
+
 
 def _bench(
     home: Path, *args: str, env: dict[str, str] | None = None
@@ -62,7 +64,7 @@ def _numpy_read_bandwidth() -> float:
 def test_quick_bench_reports_every_kernel_and_the_system(quick: tuple) -> None:
     home, p, out, wall = quick
     assert p.quick and p.duration_seconds > 0
-    assert wall < 45, f"--quick took {wall:.1f}s"  # generous: the target is 15 s
+    assert wall < 45, f"--quick took {wall:.1f}s"  # generous: the target is 10 s
     assert f"measured in {p.duration_seconds:.1f} s" in out and "decode" in out
     assert p.mlx_version == mx.__version__ and p.mlx_device == "cpu"
     assert "ring" in p.backends and p.chip
@@ -71,8 +73,10 @@ def test_quick_bench_reports_every_kernel_and_the_system(quick: tuple) -> None:
     # A tiny layer's cost per token: tens to hundreds of microseconds on a CPU, never 0 (the
     # cost model would then price a layer as free) nor a sizeable fraction of a second.
     assert 1e-6 < p.layer_overhead_seconds < 1e-2
+    # Every dtype's decode products; a quick run's prefill products in the engine's dtype only
+    # (the full run adds the other dtypes', which no score reads).
     expected = {("matvec", d, 1, k, n) for d in DTYPES for k, n in DECODE_SHAPES} | {
-        ("matmul", d, PREFILL_TOKENS, k, n) for d in DTYPES for k, n in PREFILL_SHAPES
+        ("matmul", "float32", PREFILL_TOKENS, k, n) for k, n in PREFILL_SHAPES
     }
     assert {(k.kind, k.dtype, k.m, k.k, k.n) for k in p.kernels} == expected
     for k in p.kernels:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import CLI, assert_latency_in_seconds, tcp_loopback_reference
 
 from exo_tp.plan.devices import DeviceProfile
@@ -22,6 +23,8 @@ from exo_tp.profile.system import SystemInfo
 from exo_tp.transport.channel import Channel, Listener
 from exo_tp.transport.ports import free_ports
 from exo_tp.wire.profiles import LinkProfile
+
+pytestmark = pytest.mark.alone  # under pytest-xdist: it measures links between bench processes
 
 # The benches multiply with MLX's bundled BLAS: `exo-tp` then starts without re-executing
 # itself to preload OpenBLAS, a start-up that the timing bounds below would also count.

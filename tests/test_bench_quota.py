@@ -45,6 +45,7 @@ def _skip_reason() -> str | None:
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
+    pytest.mark.alone,  # under pytest-xdist: it measures speeds under a CPU quota
     pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or ""),
 ]
 

@@ -17,12 +17,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 
 from exo_tp.process.blas import blas_library, usable_cores
+from exo_tp.transport.ring_wait import WAIT_ENV
+
+pytestmark = pytest.mark.alone  # under pytest-xdist: it runs two scripts at a time
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"))
@@ -34,6 +40,10 @@ TAG_ENV = "EXO_TP_BENCH_QUICK_TAG"
 # 41, finetune 26, every other case under 25).
 TIMEOUT = {"serving": 300, "hetero_lab": 300, "reshard": 300, "finetune": 180}
 GRACE = 15.0  # seconds a script's processes may take to exit after it did (SIGTERM handlers)
+# Cases run two at a time: a quick run is mostly process starts (imports, one core each) and
+# waits on them. hetero_lab runs alone: it pins its two emulated devices to the two cores.
+SLOTS = 2
+WHOLE_MACHINE = {"hetero_lab"}
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
@@ -67,10 +77,13 @@ def _skip_reason(script: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_quick_run(script: str, tmp_path: Path, default_models: dict[str, Path]) -> None:
-    if reason := _skip_reason(script):
-        pytest.skip(reason)
+@dataclass(frozen=True)
+class QuickRun:
+    done: subprocess.CompletedProcess[str]
+    left: list[str]  # its processes still running after GRACE (killed)
+
+
+def _quick_run(script: str, tmp_path: Path, default_models: dict[str, Path]) -> QuickRun:
     # A cache of its own (device profiles, manifests), sharing the prepared models.
     home = tmp_path / "exo-tp-home"
     home.mkdir()
@@ -82,7 +95,15 @@ def test_quick_run(script: str, tmp_path: Path, default_models: dict[str, Path])
     kernels.mkdir(exist_ok=True)
     (tmp_path / "mlx").symlink_to(kernels, target_is_directory=True)
     tag = secrets.token_hex(8)
-    env = {**os.environ, TAG_ENV: tag, "EXO_TP_HOME": str(home), "TMPDIR": str(tmp_path)}
+    env = {
+        **os.environ,
+        TAG_ENV: tag,
+        "EXO_TP_HOME": str(home),
+        "TMPDIR": str(tmp_path),
+        # Two cases share the cores: ranks that spin while they wait would take them from the
+        # other case's processes (a script that compares waits sets its own).
+        WAIT_ENV: "sleep",
+    }
     try:
         done = subprocess.run(
             [sys.executable, str(BENCH / f"{script}.py"), "--quick"],
@@ -94,6 +115,42 @@ def test_quick_run(script: str, tmp_path: Path, default_models: dict[str, Path])
         )
     finally:
         left = _left_behind(tag)
+    return QuickRun(done, left)
+
+
+@pytest.fixture(scope="module")
+def quick_runs(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    default_models: dict[str, Path],
+) -> Iterator[dict[str, Future[QuickRun]]]:
+    """The selected cases' runs, started at once, ``SLOTS`` at a time, in the order the tests
+    read them. The cases that need the whole machine run first, alone."""
+    selected = {
+        item.callspec.params["script"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    }
+    scripts = [s for s in SCRIPTS if s in selected and _skip_reason(s) is None]
+    alone = [s for s in scripts if s in WHOLE_MACHINE]
+    with ThreadPoolExecutor(SLOTS) as pool:
+
+        def run(script: str) -> QuickRun:
+            if script not in WHOLE_MACHINE:
+                wait([runs[s] for s in alone])
+            return _quick_run(script, tmp_path_factory.mktemp(script), default_models)
+
+        runs: dict[str, Future[QuickRun]] = {}
+        for script in [*alone, *(s for s in scripts if s not in WHOLE_MACHINE)]:
+            runs[script] = pool.submit(run, script)
+        yield runs
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_quick_run(script: str, quick_runs: dict[str, Future[QuickRun]]) -> None:
+    if reason := _skip_reason(script):
+        pytest.skip(reason)
+    done, left = quick_runs[script].result().done, quick_runs[script].result().left
     assert done.returncode == 0, f"bench/{script}.py --quick failed:\n{done.stderr[-4000:]}"
     lines = done.stdout.strip().splitlines()
     assert lines, f"bench/{script}.py --quick printed nothing"

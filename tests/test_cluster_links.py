@@ -26,6 +26,8 @@ from exo_tp.plan.devices import DeviceProfile
 from exo_tp.plan.search import Choice
 from exo_tp.wire.profiles import LinkProfile
 
+pytestmark = pytest.mark.alone  # under pytest-xdist: it measures the links that decide the plan
+
 MODEL = "smollm2-135m"
 
 

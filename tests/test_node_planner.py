@@ -21,6 +21,8 @@ from exo_tp.plan.spec import load_spec
 from exo_tp.profile.shapes import model_shapes
 from exo_tp.wire.profiles import LinkProfile
 
+pytestmark = pytest.mark.alone  # under pytest-xdist: measured profiles decide its plans
+
 PROMPT = "What is the capital of France?"
 
 

@@ -21,6 +21,8 @@ from exo_tp.profile.system import system_info
 from exo_tp.wire.announcement import SERVICE_TYPE, Announcement
 from exo_tp.wire.profiles import ProfileSummary
 
+pytestmark = pytest.mark.alone  # under pytest-xdist: its nodes measure device profiles
+
 Q4_MODEL = "smollm2-135m-q4"  # weights in format q4g32
 SUMMARY_FIELDS = (
     "chip",

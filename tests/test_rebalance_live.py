@@ -17,6 +17,8 @@ from openai import OpenAI
 
 from exo_tp.lab.factor import write_factor_file
 
+pytestmark = pytest.mark.alone  # under pytest-xdist: it checks shares from live speed probes
+
 MODEL = "smollm2-135m"
 TOKENS = 10
 STREAMS = 8

@@ -18,9 +18,12 @@ from exo_tp.errors import ExoTpError
 from exo_tp.transport import ring_wait
 from exo_tp.transport.ring_wait import WAIT_ENV, sleeping_waits
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="the wait library is preloaded on Linux only"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="the wait library is preloaded on Linux only"
+    ),
+    pytest.mark.alone,  # under pytest-xdist: it measures a waiting rank's CPU time
+]
 
 LATE = 1.5  # seconds rank 1 comes late to the all_sum
 WAIT = f"""

@@ -2,9 +2,10 @@
 
 The scores are defined in `exo_tp.plan.devices` (decode: mean seconds per weight byte of
 decode-shaped float32 matvecs streaming from memory; prefill: FLOP/s of 128-token float32
-matmuls). ``--quick`` measures the same kernels for less time each, so both modes report the same
-quantities; the default only averages longer. Every kernel is timed by its mean over its whole
-measured stretch (see `timing`).
+matmuls). ``--quick`` measures the same kernels for less time each, except the prefill products
+of dtypes other than the engine's, which only the full run reports (no score reads them), so
+both modes give the same scores; the default only averages longer. Every kernel is timed by its
+mean over its whole measured stretch (see `timing`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def measure_device(
     progress = progress or Progress(enabled=False)
     start = time.perf_counter()
     seconds = MIN_SECONDS[quick]
-    cases = kernel_cases()
+    cases = kernel_cases(quick)
     progress.expect(len(cases) + 3)
     info = system_info()
     with progress.step("random weights"):

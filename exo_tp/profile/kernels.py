@@ -24,6 +24,7 @@ import mlx.core as mx
 from exo_tp.plan.devices import MatmulScore
 from exo_tp.profile.timing import mean_seconds
 from exo_tp.shard.row_pieces import piece_rows, pieces_wanted, product
+from exo_tp.wire.profiles import ENGINE_DTYPE
 
 # (K, N) of real layers: SmolLM2-135M attention in/FFN up (576 -> 1536) and FFN down, a 1B-class
 # FFN (2048 <-> 8192) and an 8B-class attention projection (4096 x 4096).
@@ -56,9 +57,14 @@ class KernelCase:
         return f"{self.kind} {self.dtype} {self.m}x{self.k}.{self.k}x{self.n}"
 
 
-def kernel_cases() -> list[KernelCase]:
+def kernel_cases(quick: bool = False) -> list[KernelCase]:
+    """Every dtype's decode products; the prefill products of every dtype, or on a quick run
+    only of ``ENGINE_DTYPE``: the planner reads prefill speed in that dtype alone, and the
+    other dtypes' 128-token products (CPU builds have no fast half-precision or quantized
+    matmul) took ~4 of a quick run's ~13 s on the 2-core x86 box."""
+    prefill = (ENGINE_DTYPE,) if quick else DTYPES
     return [KernelCase("matvec", d, 1, k, n) for d in DTYPES for k, n in DECODE_SHAPES] + [
-        KernelCase("matmul", d, PREFILL_TOKENS, k, n) for d in DTYPES for k, n in PREFILL_SHAPES
+        KernelCase("matmul", d, PREFILL_TOKENS, k, n) for d in prefill for k, n in PREFILL_SHAPES
     ]
 
 
