@@ -25,8 +25,6 @@ from exo_tp.lab.slowdown import SlowLinear, slow_down
 from exo_tp.plan.devices import DeviceProfile, MatmulScore
 from exo_tp.profile.system import system_info
 
-pytestmark = pytest.mark.alone  # under pytest-xdist: it compares measured device scores
-
 MODEL = "smollm2-135m"
 PROMPT = "What is the capital of France?"
 
