@@ -150,7 +150,8 @@ def quick_runs(
 def test_quick_run(script: str, quick_runs: dict[str, Future[QuickRun]]) -> None:
     if reason := _skip_reason(script):
         pytest.skip(reason)
-    done, left = quick_runs[script].result().done, quick_runs[script].result().left
+    run = quick_runs[script].result()  # raises what the run raised (its timeout)
+    done, left = run.done, run.left
     assert done.returncode == 0, f"bench/{script}.py --quick failed:\n{done.stderr[-4000:]}"
     lines = done.stdout.strip().splitlines()
     assert lines, f"bench/{script}.py --quick printed nothing"
