@@ -36,22 +36,26 @@ def ephemeral_low() -> int:
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports free on ``host`` right now, from below the ephemeral range (or
-    any the kernel hands out, where that range starts too low to leave room)."""
+    any the kernel hands out, where that range starts too low to leave room, or after as many
+    draws as 20 per port found taken)."""
     top = ephemeral_low()
+    draws = 20 * count if top - LOWEST >= 1_000 else 0
     sockets: list[socket.socket] = []
     try:
-        tries = 0
+        for _ in range(draws):
+            if len(sockets) == count:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, _DRAW.randrange(LOWEST, top)))
+            except OSError:  # taken
+                s.close()
+                continue
+            sockets.append(s)
         while len(sockets) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sockets.append(s)
-            tries += 1
-            if top - LOWEST < 1_000 or tries > 20 * count:
-                s.bind((host, 0))
-                continue
-            try:
-                s.bind((host, _DRAW.randrange(LOWEST, top)))
-            except OSError:  # taken: another draw
-                sockets.pop().close()
+            s.bind((host, 0))
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
