@@ -12,12 +12,17 @@
    the step token budget (exo_tp.plan.step_budget: a chunk costing about one decode step, from
    the decode step and prefill speed measured here in place of device profiles), and the 8k
    prompt alone: the streams' inter-token p50 during the prefill against alone (target 1.5x)
-   and the prefill's time to its first token against alone (target 1.3x).
+   and the prefill's time to its first token against alone (target 1.3x). Then the floor of
+   any step that carries a prompt chunk: the 8k prompt alone in chunks of 16 to 256 tokens,
+   as if the streams' decoding cost nothing. A stream waits at least one chunk's step per
+   token, and the prompt takes at least these chunks' time, so a chunk size whose floor
+   misses either target misses it in any step design, one forward pass for both or two.
 4. The price of a quantized KV cache's per-sequence path: 4 streams' decode step on one device
    (the runtime's LockstepBatch), 8-bit KV (one pass per sequence) against float (one batched
    pass), after 1k-token prompts.
 
     python bench/long_context.py [--layers 4] [--prompt 16384] [--joining 8192] [--quick]
+        [--only PART]
 
 ``--quick`` takes every path on a 2-layer 64-wide model with short prompts. The last line of
 stdout is one JSON object.
@@ -39,6 +44,7 @@ from shaped_model import QUICK, build
 
 WEIGHTS = [0.6, 0.4]
 STREAMS = 4
+CHUNK_FLOOR = [16, 20, 24, 28, 32, 64, 128, 256]  # chunk sizes whose floor part 3 measures
 
 
 def kv_bytes(model: Path) -> dict[str, object]:
@@ -149,11 +155,13 @@ rng = np.random.default_rng(0)
 vocab = load_spec(folder).vocab_size
 def greedy(lp):
     return mx.argmax(lp, axis=-1).astype(mx.uint32), 0
-def batch(budget):
-    options = ServingOptions(max_concurrency=8, prompt_cache_size=0, step_token_budget=budget)
+def batch(budget, chunk):
+    options = ServingOptions(
+        max_concurrency=8, prompt_cache_size=0, step_token_budget=budget, prefill_step_size=chunk
+    )
     return LockstepBatch(model, [], options, greedy, bytes_per_token=0)
-def run(budget, streams, long):
-    b, uid = batch(budget), 0
+def run(budget, streams, long, chunk=512):
+    b, uid = batch(budget, chunk), 0
     for _ in range(streams):
         ids = tuple(rng.integers(0, vocab, 64).tolist())
         b.insert(Insert(uid=uid, tokens=ids, max_tokens=100000))
@@ -189,15 +197,21 @@ budget = int(mx.distributed.all_sum(mx.array(budget if group.rank() == 0 else 0)
 result["budget"] = budget
 result["chunks_512"] = run(None, 4, True)
 result["chunks_budget"] = run(budget, 4, True)
+# The floor of any step that carries a chunk: the same prompt alone in chunks of each size
+# (no stream decoding: as if decoding were free). A stream waits at least a chunk per token.
+result["chunk_floor"] = {str(c): run(None, 0, True, c) for c in json.loads(sys.argv[6])}
 if group.rank() == 0:
     Path(out).write_text(json.dumps(result))
 barrier(group)
 """
 
 
-def decoding_during_prefill(model: Path, joining: int, decode_steps: int) -> dict[str, object]:
+def decoding_during_prefill(
+    model: Path, joining: int, decode_steps: int, chunks: list[int]
+) -> dict[str, object]:
     """Inter-token p50 of 4 decoding streams during a ``joining``-token prefill, and the
-    prefill's time to its first token, against each alone (one ring job, 2 uneven ranks)."""
+    prefill's time to its first token, against each alone (one ring job, 2 uneven ranks);
+    and the floor of a step carrying a chunk of each size in ``chunks`` (module doc)."""
     sys.path.insert(0, str(ROOT))
     from exo_tp.transport.ports import free_ports
     from exo_tp.transport.ring import ring_env, write_hostfile
@@ -205,7 +219,14 @@ def decoding_during_prefill(model: Path, joining: int, decode_steps: int) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         hostfile, out = Path(tmp) / "hosts.json", Path(tmp) / "out.json"
         write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(2)])
-        args = [str(model), json.dumps(WEIGHTS), str(joining), str(decode_steps), str(out)]
+        args = [
+            str(model),
+            json.dumps(WEIGHTS),
+            str(joining),
+            str(decode_steps),
+            str(out),
+            json.dumps(chunks),
+        ]
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", _RING, *args],
@@ -234,6 +255,16 @@ def decoding_during_prefill(model: Path, joining: int, decode_steps: int) -> dic
         case = r[name]
         case["itl_over_alone"] = round(case["itl_p50"] / alone, 3)
         case["prefill_over_alone"] = round(case["first"] / prefill, 3)
+    for case in r["chunk_floor"].values():
+        case["step_over_decode_step"] = round(case["itl_p50"] / alone, 3)
+        case["prefill_over_alone"] = round(case["first"] / prefill, 3)
+    # Both targets (streams' p50 within 1.5x, prefill within 1.3x) are reachable by a step
+    # that carries chunks of C tokens only if C's floor meets both, decoding being free.
+    r["chunks_meeting_both_targets"] = [
+        int(c)
+        for c, case in r["chunk_floor"].items()
+        if case["step_over_decode_step"] <= 1.5 and case["prefill_over_alone"] <= 1.3
+    ]
     return r
 
 
@@ -294,6 +325,16 @@ def main() -> None:
     parser.add_argument("--joining", type=int, default=8192, help="the prompt joining 4 streams")
     parser.add_argument("--decode-steps", type=int, default=24)
     parser.add_argument("--quick", action="store_true", help="every path, cheaply")
+    parser.add_argument(
+        "--only",
+        choices=[
+            "kv_bytes_per_1k_tokens_smollm2",
+            "first_token",
+            "decoding_during_prefill",
+            "per_sequence_price",
+        ],
+        help="run one part",
+    )
     args = parser.parse_args()
     smollm2 = resolve("smollm2-135m")
     pairs = list(QUICK) if args.quick else [f"num_hidden_layers={args.layers}"]
@@ -303,18 +344,23 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="long-context-") as tmp:
         model = build(smollm2, Path(tmp) / "model", pairs)
-        result = {
-            "machine": {"cores": os.cpu_count(), "load": os.getloadavg()[0]},
-            "kv_bytes_per_1k_tokens_smollm2": kv_bytes(smollm2),
-            "first_token": first_token(model, args.prompt),
-            "decoding_during_prefill": decoding_during_prefill(
-                model, args.joining, args.decode_steps
+        parts = {
+            "kv_bytes_per_1k_tokens_smollm2": lambda: kv_bytes(smollm2),
+            "first_token": lambda: first_token(model, args.prompt),
+            "decoding_during_prefill": lambda: decoding_during_prefill(
+                model, args.joining, args.decode_steps, [16, 64] if args.quick else CHUNK_FLOOR
             ),
-            "per_sequence_price": per_sequence_price(
+            "per_sequence_price": lambda: per_sequence_price(
                 model, 64 if args.quick else 1024, args.decode_steps
             ),
-            "model": {"layers": 2 if args.quick else args.layers, "pairs": pairs},
         }
+        result: dict[str, object] = {
+            "machine": {"cores": os.cpu_count(), "load": os.getloadavg()[0]}
+        }
+        for name, part in parts.items():
+            if args.only in (None, name):
+                result[name] = part()
+        result["model"] = {"layers": 2 if args.quick else args.layers, "pairs": pairs}
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from arch_configs import tiny_config
 from helpers import Reference, _single_device, launch, mlx_lm_reference
@@ -22,10 +23,11 @@ from tiny_models import write_tiny_model
 from exo_tp.plan.spec import load_spec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.runtime.batching import LockstepBatch
+from exo_tp.runtime.sampling import request_sampler
 from exo_tp.runtime.speculative import prompt_lookup
 from exo_tp.shard.apply import load_shard
 from exo_tp.wire.assignment import ServingOptions
-from exo_tp.wire.runtime import Insert
+from exo_tp.wire.runtime import Insert, SamplingParams
 
 PROMPT = (
     "Repeat this list exactly, line by line:\n"
@@ -107,6 +109,29 @@ def test_two_uneven_ranks_greedy_identical_with_a_stop_string_in_an_accepted_run
     assert speculative.finish_reason == plain.finish_reason == "stop"
     assert speculative.tokens == plain.tokens
     assert list(speculative.tokens) == reference.tokens[: len(speculative.tokens)]
+
+
+def test_two_uneven_ranks_speculate_when_sampling(tmp_path: Path) -> None:
+    """A request at a temperature speculates through the conductor's sampler and its token
+    broadcast (every rank keeps the same drafts): drafts are kept, and the answer ends as
+    asked (its distribution: test_sampled_speculation_keeps_the_target_distribution)."""
+    result = launch(
+        tmp_path,
+        "smollm2-135m",
+        [3, 2],
+        PROMPT,
+        TOKENS // 2,
+        "--num-draft-tokens",
+        str(DRAFTS),
+        "--temp",
+        "0.3",
+        "--seed",
+        "3",
+        logits=False,
+    )
+    report = result.report
+    assert report.drafted_tokens > 0 and report.accepted_tokens > 0, report
+    assert len(report.tokens) == TOKENS // 2 and report.finish_reason == "length"
 
 
 def _decode(
@@ -281,3 +306,89 @@ def test_only_trimmable_families_speculate_and_all_stay_greedy(
     assert bool(steps) == FAMILIES[arch], steps
     decided = next((i for i, m in enumerate(margins) if m < MIN_MARGIN), len(reference))
     assert tokens[:decided] == reference[:decided], (tokens, reference, margins)
+
+
+# Sampled speculation, tested statistically. At 0.3 the tiny model's most likely token holds
+# about 0.3-0.9 of the mass: drafts are often kept and often rejected, both branches matter.
+TEMPERATURE = 0.2
+SAMPLED_RUNS, SAMPLED_TOKENS = 150, 20
+KS_LIMIT = 1.95  # Kolmogorov-Smirnov at a 0.1% false alarm: D * sqrt(n) above it rejects
+
+
+def _pit(rows: np.ndarray, tokens: list[int], rng: np.random.Generator) -> np.ndarray:
+    """Randomised probability integral transform of each token under its row's
+    probabilities, tokens ranked most likely first: uniform on [0, 1] exactly when each token
+    was drawn from its row (and independent draws give independent values). Ranking by
+    likelihood puts the likely tokens, which drafts mostly are, at the low end: a sampler
+    that keeps drafts too often piles values up there."""
+    out = []
+    for row, token in zip(rows, tokens, strict=True):
+        # ties ranked by token id: the lower ids count as the more likely
+        likelier = (row > row[token]) | ((row == row[token]) & (np.arange(len(row)) < token))
+        out.append(row[likelier].sum() + rng.random() * row[token])
+    return np.array(out)
+
+
+def _ks(values: np.ndarray) -> float:
+    """The Kolmogorov-Smirnov distance of ``values`` from the uniform law, times sqrt(n)."""
+    u, n = np.sort(values), len(values)
+    ranks = np.arange(1, n + 1)
+    return float(max((ranks / n - u).max(), (u - (ranks - 1) / n).max()) * np.sqrt(n))
+
+
+def test_sampled_speculation_keeps_the_target_distribution(
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
+    """At a temperature, each token a verify step decides (the kept drafts and the token
+    after them) is distributed as single-device mlx-lm's model says given the tokens before
+    it: the probability integral transform of those tokens under mlx-lm's probabilities is
+    uniform (Kolmogorov-Smirnov). The same test rejects the greedy tokens, so it can fail."""
+    from mlx_lm import load
+
+    folder = write_tiny_model(
+        tmp_path / "llama", tiny_config("llama"), default_models["smollm2-135m"]
+    )
+    reference, tokenizer = load(str(folder))
+    reference.set_dtype(mx.float32)
+    plan = plan_tensor_parallel(load_spec(folder), [1.0])
+    ours = load_shard(folder, plan, 0, mx.distributed.init(), mx.float32)
+    # the conductor's sampler for a request at this temperature (row by row there; one call
+    # over the rows here, each row drawn alike)
+    sampler = request_sampler(SamplingParams(temperature=TEMPERATURE), tokenizer)
+    options = ServingOptions(max_concurrency=1, prompt_cache_size=0, num_draft_tokens=DRAFTS)
+    batch = LockstepBatch(ours, [], options, lambda lp: (sampler(lp), 0), 0, speculate=True)
+    prompt = [258, 85, 252, 258, 85, 252, 258, 85]  # repeats: drafts from the first token
+    mx.random.seed(7)
+    runs: list[tuple[list[int], set[int]]] = []  # tokens, and those a verify step decided
+    drafted = accepted = 0
+    for uid in range(SAMPLED_RUNS):
+        tokens: list[int] = []
+        decided: set[int] = set()
+
+        def record(_: int, drafts: int, kept: int, out: list[int] = tokens, d=decided) -> None:
+            nonlocal drafted, accepted
+            drafted, accepted = drafted + drafts, accepted + kept
+            # the step emits the pending token (index len(out)) and the kept drafts, and
+            # samples the token after them: those it decided are the indices after the first
+            d.update(range(len(out) + 1, len(out) + kept + 2))
+
+        batch.on_drafts = record
+        insert = Insert(uid=uid, tokens=tuple(prompt), max_tokens=SAMPLED_TOKENS, draft_tokens=4)
+        batch.insert(insert)
+        while not batch.idle:
+            tokens += [response.token for response in batch.step()]
+        runs.append((tokens, {i for i in decided if i < len(tokens)}))
+    # both branches of the rule, many times over
+    assert accepted >= 30 and drafted - accepted >= 200, (drafted, accepted)
+    rng = np.random.default_rng(0)
+    sampled, greedy = [], []
+    for tokens, decided in runs:
+        logits = reference(mx.array(prompt + tokens[:-1])[None])[0, len(prompt) - 1 :]
+        rows = np.array(mx.softmax(logits.astype(mx.float32) / TEMPERATURE, axis=-1))
+        picked = sorted(decided)
+        sampled.append(_pit(rows[picked], [tokens[i] for i in picked], rng))
+        greedy.append(_pit(rows[picked], rows[picked].argmax(axis=-1).tolist(), rng))
+    values = np.concatenate(sampled)
+    assert len(values) >= 600, len(values)
+    assert _ks(values) < KS_LIMIT, (_ks(values), len(values))
+    assert _ks(np.concatenate(greedy)) > KS_LIMIT

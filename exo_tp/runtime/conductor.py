@@ -146,15 +146,16 @@ class Conductor:
         return True
 
     def _draft_tokens(self, entry: _Request) -> int:
-        """The request's drafts per step, or the node's; 0 where drafts checked against the
-        greedy choice would not give the request's own answer: sampling at a temperature (that
-        needs rejection sampling, not done yet), logits processors (penalties, biases: left
-        out to keep the verify step to the plain case) and grammars (their state moves with
-        every position they see, the rejected ones included)."""
+        """The request's drafts per step, or the node's; 0 where verified drafts would not
+        give the request's own answer: logits processors (penalties, biases: left out to keep
+        the verify step to the plain case) and grammars (their state moves with every position
+        they see, the rejected ones included). Sampling at a temperature speculates: every
+        verified position is sampled from the target, which is rejection sampling for drafts
+        that are points (exo_tp.runtime.speculative)."""
         if not self.batch.speculative:
             return 0
         request = entry.request
-        if request.sampling.temperature > 0 or entry.processors or request.constraint:
+        if entry.processors or request.constraint:
             return 0
         wanted = request.num_draft_tokens
         return self.batch.default_drafts if wanted is None else wanted

@@ -14,8 +14,17 @@ drafts from the same agreed tokens and reads the same broadcast, so every rank t
 decision without one more message.
 
 Greedy output is the target's own: a draft is kept only where it is the token the target
-would have chosen. When to speculate is decided in `exo_tp.runtime.batching` (one stream, a
-tensor-parallel plan, trimmable caches, a greedy request without processors).
+would have chosen. Sampled output keeps the target's distribution: each verified position is
+sampled from the target's distribution p given the tokens before it (the request's own sampler,
+row by row), and a draft d is kept where the sample equals it. A looked-up draft is a point (its
+draft distribution q puts all its mass on d), and for a point this is rejection sampling
+exactly: d is kept with probability p(d) = min(1, p(d) / q(d)), and a rejected position emits
+the sample, which is then distributed as p without d, renormalised: max(0, p - q) normalised.
+Positions after the first rejection are dropped, so every emitted token was drawn given the
+tokens actually emitted before it. A seeded request draws its random numbers in another order
+than without speculation (k + 1 rows a step), so its tokens differ, not its distribution.
+When to speculate is decided in `exo_tp.runtime.batching` (one stream, a tensor-parallel plan,
+trimmable caches) and by the conductor (no logits processors, no grammar).
 """
 
 from __future__ import annotations
