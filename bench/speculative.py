@@ -1,18 +1,23 @@
-"""Prompt-lookup speculative decoding against plain decoding on 2 uneven local ranks, on an
-edit task: return a source file with one function renamed (most of the answer repeats the
-prompt, which is where drafts looked up in it are accepted).
+"""Speculative decoding against plain decoding on 2 uneven local ranks, on an edit task:
+return a source file with one function renamed (most of the answer repeats the prompt, which is
+where drafts looked up in it are accepted). Three contenders a round, in one run:
+- plain decoding;
+- prompt lookup (drafts from the prompt and the text so far);
+- a draft model (--draft-model, by default the default model's 4-bit file drafting for its
+  float32 file; --draft-drafts tokens a step).
 
-Rounds alternate between the two so drift on a noisy machine hits both alike; medians are
-reported, with the acceptance rate (accepted drafts / drafted tokens) and whether both gave
+Rounds alternate between them so drift on a noisy machine hits all alike; medians are
+reported, with the acceptance rates (accepted drafts / drafted tokens) and whether all gave
 the same tokens (greedy: they must).
 
     python bench/speculative.py [--model smollm2-135m] [--lines 200] [--tokens 256]
-        [--drafts 4] [--ngram 3] [--weights 0.6,0.4] [--rounds 3] [--quick]
+        [--drafts 4] [--ngram 3] [--draft-model smollm2-135m-q4] [--draft-drafts 3]
+        [--weights 0.6,0.4] [--rounds 3] [--quick]
 
 ``--quick``: 1 round, a 12-line file, 16 tokens, on a tiny random model with SmolLM2's tokenizer
-(bench/_common.py's ``tiny_model``) unless --model is given (its random answers seldom repeat
-the prompt: drafts are looked up and verified, few accepted; tests/test_speculative.py holds
-accepted drafts exact).
+(bench/_common.py's ``tiny_model``), drafting for itself, unless --model is given (its random
+answers seldom repeat the prompt: drafts are looked up and verified, few accepted;
+tests/test_speculative.py holds accepted drafts exact).
 
 The last line of stdout is one JSON object.
 """
@@ -32,6 +37,9 @@ from _common import MODEL_HELP, env, launch_report, model_folder, model_name
 
 if TYPE_CHECKING:
     from exo_tp.runtime.launcher import LaunchReport
+
+CONTENDERS = ("plain", "prompt_lookup", "draft_model")
+DRAFT_MODEL = "smollm2-135m-q4"  # the default model's 4-bit file drafting for its float32 one
 
 
 def source_file(lines: int) -> str:
@@ -62,7 +70,9 @@ def prompt(lines: int) -> str:
     )
 
 
-def run(model: Path, args: argparse.Namespace, drafts: int, report: Path) -> LaunchReport:
+def run(
+    model: Path, args: argparse.Namespace, drafts: int, report: Path, draft_model: str = ""
+) -> LaunchReport:
     command = [
         sys.executable,
         "-m",
@@ -85,6 +95,8 @@ def run(model: Path, args: argparse.Namespace, drafts: int, report: Path) -> Lau
         "--report-out",
         str(report),
     ]
+    if draft_model:
+        command += ["--draft-model", draft_model]
     done = subprocess.run(command, env=env(), capture_output=True, text=True)
     if done.returncode != 0:  # the launch's own one-line error, or its ranks' logs
         sys.exit(f"exo-tp launch failed:\n{done.stderr[-3000:]}")
@@ -98,6 +110,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="tokens generated at most")
     parser.add_argument("--drafts", type=int, default=4, help="--num-draft-tokens")
     parser.add_argument("--ngram", type=int, default=3, help="--prompt-lookup-ngram")
+    parser.add_argument(
+        "--draft-model", help="the draft model (default: the 4-bit default model; --quick: itself)"
+    )
+    parser.add_argument("--draft-drafts", type=int, default=3, help="its drafts per step")
     parser.add_argument("--weights", default="0.6,0.4")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
@@ -107,40 +123,60 @@ def main() -> None:
     if args.quick:
         args.rounds, args.lines, args.tokens = 1, 12, 16
     model = model_folder(args.model, args.quick)
-    tps: dict[str, list[float]] = {"plain": [], "speculative": []}
-    rates, same = [], True
+    draft = args.draft_model or (str(model) if args.quick or args.model else DRAFT_MODEL)
+    tps: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    rates: dict[str, list[float]] = {name: [] for name in CONTENDERS[1:]}
+    same = True
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            plain = run(model, args, 0, Path(tmp) / "plain.json")
-            spec = run(model, args, args.drafts, Path(tmp) / "spec.json")
-            tps["plain"].append(plain.generation_tps)
-            tps["speculative"].append(spec.generation_tps)
-            rates.append(spec.accepted_tokens / spec.drafted_tokens if spec.drafted_tokens else 0)
-            same = same and plain.tokens == spec.tokens
+            reports = {
+                "plain": run(model, args, 0, Path(tmp) / "plain.json"),
+                "prompt_lookup": run(model, args, args.drafts, Path(tmp) / "lookup.json"),
+                "draft_model": run(model, args, args.draft_drafts, Path(tmp) / "draft.json", draft),
+            }
+            for name, report in reports.items():
+                tps[name].append(report.generation_tps)
+                if name in rates:
+                    drafted = report.drafted_tokens
+                    rates[name].append(report.accepted_tokens / drafted if drafted else 0.0)
+            same = same and len({r.tokens for r in reports.values()}) == 1
             print(
-                f"round {round_ + 1}: plain {plain.generation_tps:.2f} tok/s, speculative "
-                f"{spec.generation_tps:.2f} tok/s, {spec.accepted_tokens}/"
-                f"{spec.drafted_tokens} drafts accepted",
+                f"round {round_ + 1}: "
+                + ", ".join(
+                    f"{name} {r.generation_tps:.2f} tok/s ({r.accepted_tokens}/"
+                    f"{r.drafted_tokens} drafts kept)"
+                    for name, r in reports.items()
+                ),
                 file=sys.stderr,
             )
     median = {k: statistics.median(v) for k, v in tps.items()}
-    ratio = median["speculative"] / median["plain"] if median["plain"] else 0.0
+    ratio = {name: median[name] / median["plain"] if median["plain"] else 0.0 for name in rates}
+    acceptance = {name: statistics.median(v) for name, v in rates.items()}
     print(
         f"model {model_name(args.model, args.quick)}, 2 ranks {args.weights}, "
-        f"a {args.lines}-line file, "
-        f"{args.tokens} tokens, {args.drafts} drafts, n-gram {args.ngram}, "
-        f"median of {args.rounds} rounds"
+        f"a {args.lines}-line file, {args.tokens} tokens, median of {args.rounds} rounds; "
+        f"prompt lookup: {args.drafts} drafts, n-gram {args.ngram}; draft model "
+        f"{args.draft_model or ('itself' if args.quick or args.model else DRAFT_MODEL)}: "
+        f"{args.draft_drafts} drafts"
     )
-    print(f"plain {median['plain']:.2f} tok/s, speculative {median['speculative']:.2f} tok/s")
-    print(f"speculative / plain {ratio:.2f}x, acceptance {statistics.median(rates):.2f}")
+    for name in CONTENDERS:
+        extra = (
+            f", {ratio[name]:.2f}x plain, acceptance {acceptance[name]:.2f}"
+            if name in ratio
+            else ""
+        )
+        print(f"{name}: {median[name]:.2f} tok/s{extra}")
     print(f"same tokens: {same}")
     print(
         json.dumps(
             {
                 "plain_tps": round(median["plain"], 3),
-                "speculative_tps": round(median["speculative"], 3),
-                "speculative_over_plain": round(ratio, 3),
-                "acceptance": round(statistics.median(rates), 3),
+                "prompt_lookup_tps": round(median["prompt_lookup"], 3),
+                "draft_model_tps": round(median["draft_model"], 3),
+                "prompt_lookup_over_plain": round(ratio["prompt_lookup"], 3),
+                "draft_model_over_plain": round(ratio["draft_model"], 3),
+                "prompt_lookup_acceptance": round(acceptance["prompt_lookup"], 3),
+                "draft_model_acceptance": round(acceptance["draft_model"], 3),
                 "same_tokens": same,
             }
         )

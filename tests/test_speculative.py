@@ -392,3 +392,137 @@ def test_sampled_speculation_keeps_the_target_distribution(
     assert len(values) >= 600, len(values)
     assert _ks(values) < KS_LIMIT, (_ks(values), len(values))
     assert _ks(np.concatenate(greedy)) > KS_LIMIT
+
+
+# ---- a draft model (--draft-model) ------------------------------------------------------
+
+
+def test_two_uneven_ranks_with_a_draft_model_give_greedy_tokens(
+    tmp_path: Path, reference: Reference
+) -> None:
+    """SmolLM2 drafting for itself on 2 uneven ranks: the conductor's drafts reach every rank
+    (its broadcast), most are kept, and the answer is single-device mlx-lm's."""
+    result = launch(
+        tmp_path,
+        "smollm2-135m",
+        [3, 2],
+        PROMPT,
+        TOKENS,
+        "--draft-model",
+        _model_dir(),
+        logits=False,
+    )
+    report = result.report
+    assert report.drafted_tokens > 0 and report.accepted_tokens > report.drafted_tokens // 2
+    assert list(report.tokens) == reference.tokens
+
+
+def _draft_decode(
+    target: object, draft: object, prompt: list[int], tokens: int, eos: list[int]
+) -> tuple[list[int], int, int]:
+    """Greedy decoding of one stream on a LockstepBatch over ``target`` (one rank), drafting
+    with ``draft``: its tokens, drafted and accepted counts."""
+    from exo_tp.runtime.draft_model import ModelDrafter
+
+    options = ServingOptions(max_concurrency=1, prompt_cache_size=0, num_draft_tokens=DRAFTS)
+    batch = LockstepBatch(
+        target,  # type: ignore[arg-type]
+        eos,
+        options,
+        lambda lp: (mx.argmax(lp, axis=-1), 0),
+        0,
+        speculate=True,
+        drafter=ModelDrafter(draft, mx.distributed.init()),  # type: ignore[arg-type]
+    )
+    counts = [0, 0]
+
+    def record(_: int, drafted: int, accepted: int) -> None:
+        counts[0] += drafted
+        counts[1] += accepted
+
+    batch.on_drafts = record
+    out: list[int] = []
+    for uid in range(2):  # a second stream: the draft model's cache starts afresh
+        batch.insert(Insert(uid=uid, tokens=tuple(prompt), max_tokens=tokens, draft_tokens=DRAFTS))
+        while not batch.idle:
+            out += [response.token for response in batch.step()]
+    return out, counts[0], counts[1]
+
+
+def test_a_draft_model_whose_drafts_are_mostly_rejected_still_gives_greedy_tokens(
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
+    """A random draft model of another seed: its drafts are mostly rejected, so both caches
+    roll back step after step (the target's by the verify step, the draft's by its shared
+    prefix), and the answer is still single-device mlx-lm's, twice over (a second stream)."""
+    from mlx_lm import load, stream_generate
+
+    from exo_tp.models.draft import load_draft
+
+    smollm2 = default_models["smollm2-135m"]
+    target_dir = write_tiny_model(tmp_path / "target", tiny_config("llama"), smollm2)
+    draft_dir = write_tiny_model(tmp_path / "draft", tiny_config("llama"), smollm2, seed=1)
+    reference, tokenizer = load(str(target_dir))
+    reference.set_dtype(mx.float32)
+    prompt = [258, 85, 252, 258, 85]
+    expected, margins = [], []
+    for response in stream_generate(reference, tokenizer, mx.array(prompt), max_tokens=16):
+        expected.append(response.token)
+        top2 = sorted(response.logprobs.astype(mx.float32).tolist())[-2:]
+        margins.append(top2[1] - top2[0])
+    plan = plan_tensor_parallel(load_spec(target_dir), [1.0])
+    target = load_shard(target_dir, plan, 0, mx.distributed.init(), mx.float32)
+    eos = list(tokenizer.eos_token_ids)
+    tokens, drafted, accepted = _draft_decode(
+        target, load_draft(draft_dir, mx.float32), prompt, 16, eos
+    )
+    decided = next((i for i, m in enumerate(margins) if m < MIN_MARGIN), len(expected))
+    assert drafted > 0 and drafted - accepted > drafted // 2, (drafted, accepted)
+    assert (
+        tokens[:decided] == expected[:decided] and tokens[16 : 16 + decided] == expected[:decided]
+    )
+    # the target drafting for itself: every draft kept (the same float32 computation)
+    same, drafted, accepted = _draft_decode(
+        target, load_draft(target_dir, mx.float32), prompt, 16, eos
+    )
+    assert same == tokens and drafted > 0 and accepted == drafted, (drafted, accepted)
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused_in_one_line(
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
+    """A draft model whose tokenizer maps two ids the other way round: refused before any rank
+    starts, in one line naming the flag."""
+    import json
+
+    from helpers import run_cli
+
+    smollm2, draft = default_models["smollm2-135m"], tmp_path / "draft"
+    draft.mkdir()
+    for item in smollm2.iterdir():  # SmolLM2 itself, but for its tokenizer
+        if item.name == "tokenizer.json":
+            continue
+        (draft / item.name).symlink_to(item)
+    tokenizer = json.loads((smollm2 / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = list(vocab)[100:102]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (draft / "tokenizer.json").write_text(json.dumps(tokenizer))
+    result = run_cli(
+        "launch",
+        "--ranks",
+        "2",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "2",
+        "--draft-model",
+        str(draft),
+        check=False,
+    )
+    assert result.returncode != 0 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--draft-model" in lines[0] and "tokenizer" in lines[0], lines
+    assert "about 2 ids mapped otherwise" in lines[0], lines

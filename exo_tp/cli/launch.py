@@ -15,7 +15,11 @@ from exo_tp.cli.args import (
 )
 from exo_tp.cli.kv_args import add_kv_args, check_kv
 from exo_tp.cli.lab_args import add_lab_args, lab_environments
-from exo_tp.cli.speculative_args import add_speculative_args
+from exo_tp.cli.speculative_args import (
+    add_draft_model_arg,
+    add_speculative_args,
+    speculative_options,
+)
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
@@ -83,6 +87,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_kv_args(p)
     add_speculative_args(p)
+    add_draft_model_arg(p)
     add_lab_args(p, "rank", rebalance=False)
     p.set_defaults(handler=run)
 
@@ -141,8 +146,7 @@ def run(args: argparse.Namespace) -> int:
             kv_bits=args.kv_bits,
             kv_group_size=args.kv_group_size,
             quantized_kv_start=args.quantized_kv_start,
-            num_draft_tokens=args.num_draft_tokens,
-            prompt_lookup_ngram=args.prompt_lookup_ngram,
+            **speculative_options(args, model_dir),
         ),
     )
     return 0

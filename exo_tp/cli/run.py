@@ -271,7 +271,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
             kv_group_size=args.kv_group_size,
             quantized_kv_start=args.quantized_kv_start,
             kv_cache_bytes=args.kv_cache_bytes,
-            num_draft_tokens=args.num_draft_tokens,
+            num_draft_tokens=args.num_draft_tokens or 0,
             prompt_lookup_ngram=args.prompt_lookup_ngram,
         )
     except ValidationError as error:

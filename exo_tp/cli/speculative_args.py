@@ -1,11 +1,16 @@
 """`--num-draft-tokens` and `--prompt-lookup-ngram`: prompt-lookup speculative decoding, for
-`exo-tp run` (the node's default for requests that do not say) and `exo-tp launch`."""
+`exo-tp run` (the node's default for requests that do not say) and `exo-tp launch`; and
+`--draft-model` (drafts from a second model, `exo-tp launch`)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from exo_tp.cli.args import non_negative_int, positive_int
+
+DRAFT_MODEL_DRAFTS = 3  # drafts per step with a draft model unless told (mlx-lm's default)
 
 
 def add_speculative_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -14,10 +19,11 @@ def add_speculative_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
     p.add_argument(
         "--num-draft-tokens",
         type=non_negative_int,
-        default=0,
-        help="prompt-lookup speculative decoding: tokens drafted per step from earlier text "
-        "and checked by the model in one step (0: off; greedy requests only, and only while "
-        "one request runs; requests may set their own num_draft_tokens)",
+        default=None,
+        help="speculative decoding: tokens drafted per step (from earlier text, or by "
+        "--draft-model) and checked by the model in one step (0: off, the default without a "
+        f"draft model, {DRAFT_MODEL_DRAFTS} with one; only while one request runs; requests "
+        "may set their own num_draft_tokens)",
     )
     p.add_argument(
         "--prompt-lookup-ngram",
@@ -26,3 +32,32 @@ def add_speculative_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
         help="the longest run of last tokens looked up in earlier text to draft what follows "
         "it (default: 3; shorter runs are tried when it does not occur)",
     )
+
+
+def add_draft_model_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--draft-model",
+        help="speculative decoding with drafts from this model (a name or folder, mlx_lm's "
+        "flag): it must share the model's tokenizer; it runs whole beside the conductor",
+    )
+
+
+def speculative_options(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    """ServingOptions' speculative fields from the flags, the draft model checked against the
+    model first (a mismatch is one line here, not an error on every rank)."""
+    from exo_tp.models.draft import check_draft
+    from exo_tp.models.registry import resolve_model
+
+    draft = getattr(args, "draft_model", None)
+    drafts = args.num_draft_tokens
+    if drafts is None:
+        drafts = DRAFT_MODEL_DRAFTS if draft else 0
+    folder = None
+    if draft:
+        folder = resolve_model(draft)
+        check_draft(model_dir, folder, draft)
+    return {
+        "num_draft_tokens": drafts,
+        "prompt_lookup_ngram": args.prompt_lookup_ngram,
+        "draft_model": str(Path(folder).resolve()) if folder else None,
+    }

@@ -50,7 +50,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from exo_tp.plan.step_budget import MIN_CHUNK
 from exo_tp.runtime.prompt_cache import PromptCache
-from exo_tp.runtime.speculative import SpeculativeStep, can_speculate
+from exo_tp.runtime.speculative import Drafter, SpeculativeStep, can_speculate, prompt_lookup
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert, Remove, Tokens
 
@@ -85,12 +85,15 @@ class LockstepBatch:
         deferred: TokenFeed | None = None,
         bytes_per_entry: int = 0,
         speculate: bool = False,
+        drafter: Drafter | None = None,
     ):
         """``sample``: this rank's part of sampling; None with ``deferred`` (earlier stages of
         an overlapped pipeline, whose tokens arrive a round later). ``bytes_per_token`` and
         ``bytes_per_entry`` (recurrent state): the prompt cache's measure (PromptCache).
         ``speculate``: this epoch's plan lets sequences with draft tokens speculate (one
-        tensor-parallel stage, a float KV cache: every rank must pass the same)."""
+        tensor-parallel stage, a float KV cache: every rank must pass the same); ``drafter``:
+        where drafts come from (a draft model's, exo_tp.runtime.draft_model), else prompt
+        lookup."""
         if (sample is None) == (deferred is None):
             raise ValueError("a rank samples either now or deferred")
         self.model = model
@@ -155,8 +158,13 @@ class LockstepBatch:
         self._received: list[dict[int, int]] = [{} for _ in range(lanes)]
         # Speculative decoding: each sequence's draft tokens per step (its Insert's), and
         # the conductor's count of drafted and accepted tokens (uid, drafted, accepted).
+        ngram = options.prompt_lookup_ngram
         self._speculative = (
-            SpeculativeStep(model, self._sampler, options.prompt_lookup_ngram)
+            SpeculativeStep(
+                model,
+                self._sampler,
+                drafter or (lambda _uid, tokens, most: prompt_lookup(tokens, ngram, most)),
+            )
             if speculate and lanes == 1 and sample is not None
             else None
         )
@@ -332,7 +340,7 @@ class LockstepBatch:
         if most <= 0:
             return None
         token, drafts = self._speculative.drafts(generator, most)
-        if not drafts:  # nothing repeats yet: a plain step
+        if not drafts:  # nothing repeats yet (prompt lookup): a plain step
             return None
         responses, accepted = self._speculative.run(generator, token, drafts)
         if self.on_drafts is not None:

@@ -40,8 +40,10 @@ from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import group_links
 from exo_tp.runtime.batching import LockstepBatch, RankSampler
 from exo_tp.runtime.conductor import Conductor
+from exo_tp.runtime.draft_model import ModelDrafter, received_drafts
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
 from exo_tp.runtime.pipeline import HopChannel, StageModel
+from exo_tp.runtime.speculative import Drafter
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.kv_quant import quantize_kv
 from exo_tp.shard.layers import HiddenFeed
@@ -192,6 +194,18 @@ def _may_speculate(job: Assignment) -> bool:
     return len(job.plan.stages) == 1 and job.serving.kv_bits is None
 
 
+def _drafter(job: Assignment, group: mx.distributed.Group) -> Drafter | None:
+    """A draft model's drafts (exo_tp.runtime.draft_model): the conductor runs it, the other
+    ranks receive them; None for prompt lookup (every rank drafts alike)."""
+    if job.serving.draft_model is None or not _may_speculate(job):
+        return None
+    if job.rank != job.conductor_rank:
+        return received_drafts(group)
+    from exo_tp.models.draft import load_draft
+
+    return ModelDrafter(load_draft(Path(job.serving.draft_model), DTYPES[job.dtype]), group)
+
+
 def _serve_as_conductor(
     job: Assignment,
     key: bytes,
@@ -219,6 +233,7 @@ def _serve_as_conductor(
     earlier = [by_rank[r] for r in sorted(by_rank) if r not in last_stage]
     source = connect(job.requests_at, key, SOURCE_MESSAGES, PEER_TIMEOUT)
     source.send(Hello(epoch=job.epoch, rank=job.rank))
+    drafter = _drafter(job, group)
 
     def make_batch(sample: RankSampler) -> LockstepBatch:
         progress.batch = LockstepBatch(
@@ -230,6 +245,7 @@ def _serve_as_conductor(
             lanes=job.lanes,
             bytes_per_entry=_bytes_per_entry(job),
             speculate=_may_speculate(job),
+            drafter=drafter,
         )
         if progress.probe is not None:
             progress.batch.after_step = progress.probe.maybe
@@ -273,6 +289,7 @@ def _serve_as_follower(
         deferred=feed.next_tokens if deferred else None,
         bytes_per_entry=_bytes_per_entry(job),
         speculate=_may_speculate(job),
+        drafter=_drafter(job, group),
     )
     if progress.probe is not None:
         progress.batch.after_step = progress.probe.maybe

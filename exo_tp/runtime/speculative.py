@@ -40,6 +40,10 @@ Response = GenerationBatch.Response
 # The rank's part of sampling, as the batch generator calls it: logprobs (rows, V) in, the
 # agreed tokens (rows,) out (the broadcast from the conductor).
 Sampler = Callable[[mx.array], mx.array]
+# Drafts for a stream: (uid, its tokens so far, at most how many) -> the same drafts on every
+# rank. Prompt lookup computes them on every rank; a draft model on the conductor broadcasts
+# them (exo_tp.runtime.draft_model).
+Drafter = Callable[[int, list[int], int], list[int]]
 
 
 def prompt_lookup(history: Sequence[int], ngram: int, count: int) -> list[int]:
@@ -83,15 +87,15 @@ def can_speculate(generator: BatchGenerator) -> bool:
 class SpeculativeStep:
     """A speculative step over a generator's lone decoding stream (see the module doc)."""
 
-    def __init__(self, model: nn.Module, sample: Sampler, ngram: int):
-        self.model, self._sample, self.ngram = model, sample, ngram
+    def __init__(self, model: nn.Module, sample: Sampler, draft: Drafter):
+        self.model, self._sample, self._draft = model, sample, draft
 
     def drafts(self, generator: BatchGenerator, most: int) -> tuple[int, list[int]]:
         """The stream's pending token y (waited for: the drafts follow it) and its drafts."""
         batch = generator._generation_batch
         mx.eval(batch._next_tokens)
         token = int(batch._next_tokens[0].item())
-        return token, prompt_lookup([*batch.tokens[0], token], self.ngram, most)
+        return token, self._draft(batch.uids[0], [*batch.tokens[0], token], most)
 
     def run(
         self, generator: BatchGenerator, token: int, drafts: list[int]

@@ -51,6 +51,9 @@ class ServingOptions(Frozen):
     # for requests that do not say (0: off), and the longest n-gram looked up to draft them.
     num_draft_tokens: int = Field(default=0, ge=0, le=32)
     prompt_lookup_ngram: int = Field(default=3, ge=1, le=16)
+    # A draft model's folder on the conductor's machine (exo_tp.runtime.draft_model), drafting
+    # in place of prompt lookup; checked against the model's tokenizer before any rank starts.
+    draft_model: str | None = None
     # What the leader's planner optimises when it plans from measured profiles: one request's
     # time per token, every stream's tokens together, or auto by the queue when it plans.
     objective: Literal["latency", "throughput", "auto"] = "auto"

@@ -1,0 +1,78 @@
+"""Drafts from a second, smaller model (`--draft-model`, mlx_lm.server's flag), for the
+speculative step (exo_tp.runtime.speculative).
+
+The draft model runs whole on the conductor's process, not sharded: it is small, and running
+it on one rank keeps its drafts the same for every rank without asking every machine to
+compute them bit for bit alike (Macs of different chips would not). The conductor drafts
+greedily and broadcasts the drafts over the tensor-parallel group before the verify step
+(one small collective); the other ranks take them from the broadcast. Greedy drafts are
+points, so verifying them by sampling the target keeps the target's distribution (rejection
+sampling, exo_tp.runtime.speculative).
+
+The draft model keeps one KV cache, for the stream that speculates (only a lone stream
+does). Before each draft it is brought to the stream's tokens: trimmed back to the longest
+prefix it shares with them (rejected drafts, another stream), then fed the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+from exo_tp.runtime.speculative import Drafter
+from exo_tp.shard.collectives import broadcast_from_first
+
+FEED_CHUNK = 512  # prompt tokens per forward while the draft model catches up with a stream
+
+
+class ModelDrafter:
+    """The conductor's drafter: a draft model's greedy tokens, broadcast to the group."""
+
+    def __init__(self, model: nn.Module, group: mx.distributed.Group):
+        self.model, self.group = model, group
+        self._uid: int | None = None
+        self._cache: list[Any] = []
+        self._fed: list[int] = []  # the tokens the cache holds
+
+    def __call__(self, uid: int, tokens: list[int], most: int) -> list[int]:
+        drafts = self._draft(uid, tokens, most)
+        agreed = broadcast_from_first(mx.array(drafts, dtype=mx.float32), self.group)
+        return [int(t) for t in agreed.tolist()]
+
+    def _draft(self, uid: int, tokens: list[int], most: int) -> list[int]:
+        if uid != self._uid:
+            self._uid, self._cache, self._fed = uid, make_prompt_cache(self.model), []
+        shared = 0
+        for held, token in zip(self._fed, tokens, strict=False):
+            if held != token:
+                break
+            shared += 1
+        shared = min(shared, len(tokens) - 1)  # feed at least the last token: its logits
+        if shared < len(self._fed):
+            trim_prompt_cache(self._cache, len(self._fed) - shared)
+        rest = tokens[shared:]
+        for start in range(0, len(rest), FEED_CHUNK):
+            logits = self.model(mx.array(rest[start : start + FEED_CHUNK])[None], self._cache)
+        drafts: list[int] = []
+        while True:
+            token = mx.argmax(logits[0, -1]).item()
+            drafts.append(int(token))
+            if len(drafts) == most:
+                break
+            logits = self.model(mx.array([[token]]), self._cache)
+        self._fed = [*tokens, *drafts[:-1]]
+        return drafts
+
+
+def received_drafts(group: mx.distributed.Group) -> Drafter:
+    """Another rank's drafter: the conductor's drafts, from its broadcast (every rank knows
+    how many: the batch decides that alike everywhere)."""
+
+    def drafts(_uid: int, _tokens: list[int], most: int) -> list[int]:
+        agreed = broadcast_from_first(mx.zeros((most,), dtype=mx.float32), group)
+        return [int(t) for t in agreed.tolist()]
+
+    return drafts
