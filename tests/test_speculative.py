@@ -454,7 +454,8 @@ def test_a_draft_model_whose_drafts_are_mostly_rejected_still_gives_greedy_token
 ) -> None:
     """A random draft model of another seed: its drafts are mostly rejected, so both caches
     roll back step after step (the target's by the verify step, the draft's by its shared
-    prefix), and the answer is still single-device mlx-lm's, twice over (a second stream)."""
+    prefix), and the answer is still single-device mlx-lm's, twice over (a second stream).
+    The prompt is longer than the draft model reads in a step: it drafts once caught up."""
     from mlx_lm import load, stream_generate
 
     from exo_tp.models.draft import load_draft
@@ -464,7 +465,8 @@ def test_a_draft_model_whose_drafts_are_mostly_rejected_still_gives_greedy_token
     draft_dir = write_tiny_model(tmp_path / "draft", tiny_config("llama"), smollm2, seed=1)
     reference, tokenizer = load(str(target_dir))
     reference.set_dtype(mx.float32)
-    prompt = [258, 85, 252, 258, 85]
+    # longer than FEED_CHUNK: the draft model catches up over plain steps first
+    prompt = [258, 85, 252, 17, 301] * 60
     expected, margins = [], []
     for response in stream_generate(reference, tokenizer, mx.array(prompt), max_tokens=16):
         expected.append(response.token)
@@ -526,3 +528,24 @@ def test_a_draft_model_with_another_tokenizer_is_refused_in_one_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--draft-model" in lines[0] and "tokenizer" in lines[0], lines
     assert "about 2 ids mapped otherwise" in lines[0], lines
+
+
+def test_a_node_cluster_drafts_with_the_4_bit_model(reference: Reference) -> None:
+    """`exo-tp run --draft-model smollm2-135m-q4` on 2 uneven local nodes: a greedy chat
+    request is answered with single-device mlx-lm's text (the float32 model's), and its usage
+    reports the 4-bit model's drafts the float32 model kept."""
+    from cluster_helpers import http_json, local_cluster
+
+    extra = ("--draft-model", "smollm2-135m-q4")
+    with local_cluster(2, weights=[0.6, 0.4], extra=extra) as cluster:
+        body = {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": TOKENS,
+            "temperature": 0,
+        }
+        status, answer = http_json(cluster.urls[0] + "/v1/chat/completions", body, timeout=300)
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["content"] == reference.text
+    details = answer["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] > 0, answer["usage"]

@@ -402,7 +402,8 @@ _CANNOT: dict[str, tuple[Callable[[Any], bool], str]] = {
     "adapter": (_absent, "LoRA adapters cannot be chosen per request on this cluster"),
     "draft_model": (
         _absent,
-        "speculative decoding with a draft model is not available on this cluster",
+        "a draft model cannot be chosen per request on this cluster: the node's "
+        "--draft-model drafts for every request (num_draft_tokens sets how many)",
     ),
     # mlx-lm's generate() names; its server has no such field (docs/api.md, Unsupported fields)
     **{name: (_absent, KV_WIDTH_PER_NODE) for name in KV_FIELDS},

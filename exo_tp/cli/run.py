@@ -23,7 +23,11 @@ from exo_tp.cli.lab_args import add_lab_args, node_lab, rebalance_setting
 from exo_tp.cli.local_nodes import run_local_nodes
 from exo_tp.cli.security_args import add_security_args
 from exo_tp.cli.serve_node import serve_node
-from exo_tp.cli.speculative_args import add_speculative_args
+from exo_tp.cli.speculative_args import (
+    add_draft_model_arg,
+    add_speculative_args,
+    node_speculative_options,
+)
 from exo_tp.process.blas import BUNDLED_BLAS, active_blas
 
 if TYPE_CHECKING:
@@ -187,6 +191,7 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
     add_kv_args(serving)
     add_kv_memory_arg(serving)
     add_speculative_args(serving)
+    add_draft_model_arg(serving)
     serving.add_argument(
         "--prompt-cache-size",
         type=int,
@@ -271,8 +276,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
             kv_group_size=args.kv_group_size,
             quantized_kv_start=args.quantized_kv_start,
             kv_cache_bytes=args.kv_cache_bytes,
-            num_draft_tokens=args.num_draft_tokens or 0,
-            prompt_lookup_ngram=args.prompt_lookup_ngram,
+            **node_speculative_options(args),
         )
     except ValidationError as error:
         first = error.errors()[0]

@@ -1,6 +1,6 @@
 """`--num-draft-tokens` and `--prompt-lookup-ngram`: prompt-lookup speculative decoding, for
 `exo-tp run` (the node's default for requests that do not say) and `exo-tp launch`; and
-`--draft-model` (drafts from a second model, `exo-tp launch`)."""
+`--draft-model` (drafts from a second model)."""
 
 from __future__ import annotations
 
@@ -38,26 +38,44 @@ def add_draft_model_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument(
         "--draft-model",
         help="speculative decoding with drafts from this model (a name or folder, mlx_lm's "
-        "flag): it must share the model's tokenizer; it runs whole beside the conductor",
+        "flag): it must share the model's tokenizer; it runs whole beside the conductor "
+        "(exo-tp run: on the conductor's node, which must have it)",
     )
 
 
 def speculative_options(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    """ServingOptions' speculative fields from the flags, the draft model checked against the
-    model first (a mismatch is one line here, not an error on every rank)."""
+    """`exo-tp launch`'s speculative fields of ServingOptions, the draft model checked against
+    the model first (a mismatch is one line here, not an error on every rank)."""
     from exo_tp.models.draft import check_draft
     from exo_tp.models.registry import resolve_model
 
-    draft = getattr(args, "draft_model", None)
+    folder = None
+    if args.draft_model:
+        folder = resolve_model(args.draft_model)
+        check_draft(model_dir, folder, args.draft_model)
+    return _fields(args, str(Path(folder).resolve()) if folder else None)
+
+
+def node_speculative_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`exo-tp run`'s. The draft model is checked where the conductor runs (it may be another
+    node, with its own files): here only that this node knows the name, and a folder given
+    here travels as its full path (nodes on this machine find it)."""
+    from exo_tp.models.registry import resolve_model
+
+    draft = args.draft_model
+    if draft:
+        folder = resolve_model(draft)
+        if Path(draft).expanduser().exists():
+            draft = str(Path(folder).resolve())
+    return _fields(args, draft)
+
+
+def _fields(args: argparse.Namespace, draft: str | None) -> dict[str, Any]:
     drafts = args.num_draft_tokens
     if drafts is None:
         drafts = DRAFT_MODEL_DRAFTS if draft else 0
-    folder = None
-    if draft:
-        folder = resolve_model(draft)
-        check_draft(model_dir, folder, draft)
     return {
         "num_draft_tokens": drafts,
         "prompt_lookup_ngram": args.prompt_lookup_ngram,
-        "draft_model": str(Path(folder).resolve()) if folder else None,
+        "draft_model": draft,
     }

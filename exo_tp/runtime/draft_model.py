@@ -11,7 +11,11 @@ sampling, exo_tp.runtime.speculative).
 
 The draft model keeps one KV cache, for the stream that speculates (only a lone stream
 does). Before each draft it is brought to the stream's tokens: trimmed back to the longest
-prefix it shares with them (rejected drafts, another stream), then fed the rest.
+prefix it shares with them (rejected drafts, another stream), then fed the rest, at most
+FEED_CHUNK tokens a step: a stream's long prompt reaches the draft over several plain steps
+(no drafts yet), so no step holds every rank for a whole prompt's prefill. On a CPU a 4-bit
+draft reads 128 tokens in ~21 s (docs/benchmarks.md), and a rank whose steps stop counting for
+minutes is taken for stalled.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from exo_tp.runtime.speculative import Drafter
 from exo_tp.shard.collectives import broadcast_from_first
 
-FEED_CHUNK = 512  # prompt tokens per forward while the draft model catches up with a stream
+FEED_CHUNK = 128  # tokens a step the draft model reads while it catches up with a stream
 
 
 class ModelDrafter:
@@ -39,8 +43,8 @@ class ModelDrafter:
 
     def __call__(self, uid: int, tokens: list[int], most: int) -> list[int]:
         drafts = self._draft(uid, tokens, most)
-        agreed = broadcast_from_first(mx.array(drafts, dtype=mx.float32), self.group)
-        return [int(t) for t in agreed.tolist()]
+        padded = [float(len(drafts)), *drafts, *[0.0] * (most - len(drafts))]
+        return _agreed(mx.array(padded, dtype=mx.float32), self.group)
 
     def _draft(self, uid: int, tokens: list[int], most: int) -> list[int]:
         if uid != self._uid:
@@ -54,8 +58,12 @@ class ModelDrafter:
         if shared < len(self._fed):
             trim_prompt_cache(self._cache, len(self._fed) - shared)
         rest = tokens[shared:]
-        for start in range(0, len(rest), FEED_CHUNK):
-            logits = self.model(mx.array(rest[start : start + FEED_CHUNK])[None], self._cache)
+        if len(rest) > FEED_CHUNK:  # catching up: this step reads a chunk, no drafts yet
+            self.model(mx.array(rest[:FEED_CHUNK])[None], self._cache)
+            mx.eval([c.state for c in self._cache])
+            self._fed = tokens[: shared + FEED_CHUNK]
+            return []
+        logits = self.model(mx.array(rest)[None], self._cache)
         drafts: list[int] = []
         while True:
             token = mx.argmax(logits[0, -1]).item()
@@ -72,7 +80,13 @@ def received_drafts(group: mx.distributed.Group) -> Drafter:
     how many: the batch decides that alike everywhere)."""
 
     def drafts(_uid: int, _tokens: list[int], most: int) -> list[int]:
-        agreed = broadcast_from_first(mx.zeros((most,), dtype=mx.float32), group)
-        return [int(t) for t in agreed.tolist()]
+        return _agreed(mx.zeros((most + 1,), dtype=mx.float32), group)
 
     return drafts
+
+
+def _agreed(mine: mx.array, group: mx.distributed.Group) -> list[int]:
+    """The conductor's drafts from its broadcast: their count, then the drafts (padded to
+    the step's most, the same shape on every rank)."""
+    count, *drafts = (int(t) for t in broadcast_from_first(mine, group).tolist())
+    return drafts[:count]

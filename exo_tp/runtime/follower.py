@@ -32,14 +32,14 @@ class ControlFeed:
             raise EpochOver
         return message
 
-    def end_tokens(self) -> tuple[int, ...]:
-        """The link's first message: the tokens that end a sequence."""
+    def end_tokens(self) -> EndTokens:
+        """The link's first message: the tokens that end a sequence (and how drafts come)."""
         message = self._read()
         if not isinstance(message, EndTokens):
             raise DivergedError(
                 f"the conductor's first message is {message.kind}, not its end tokens"
             )
-        return message.ids
+        return message
 
     def next_change(self) -> Insert | Remove:
         while not self._changes:

@@ -43,7 +43,6 @@ from exo_tp.runtime.conductor import Conductor
 from exo_tp.runtime.draft_model import ModelDrafter, received_drafts
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
 from exo_tp.runtime.pipeline import HopChannel, StageModel
-from exo_tp.runtime.speculative import Drafter
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.kv_quant import quantize_kv
 from exo_tp.shard.layers import HiddenFeed
@@ -194,16 +193,24 @@ def _may_speculate(job: Assignment) -> bool:
     return len(job.plan.stages) == 1 and job.serving.kv_bits is None
 
 
-def _drafter(job: Assignment, group: mx.distributed.Group) -> Drafter | None:
-    """A draft model's drafts (exo_tp.runtime.draft_model): the conductor runs it, the other
-    ranks receive them; None for prompt lookup (every rank drafts alike)."""
-    if job.serving.draft_model is None or not _may_speculate(job):
+def _conductor_drafter(
+    job: Assignment, group: mx.distributed.Group, model_dir: Path
+) -> ModelDrafter | None:
+    """The conductor's draft model (exo_tp.runtime.draft_model), if the job names one and
+    its plan speculates. One this node cannot find or use is logged and left out: requests
+    then draft by prompt lookup (the followers learn which from EndTokens)."""
+    name = job.serving.draft_model
+    if name is None or not _may_speculate(job):
         return None
-    if job.rank != job.conductor_rank:
-        return received_drafts(group)
-    from exo_tp.models.draft import load_draft
+    from exo_tp.models.draft import check_draft, load_draft
 
-    return ModelDrafter(load_draft(Path(job.serving.draft_model), DTYPES[job.dtype]), group)
+    try:
+        folder = resolve_model(name)
+        check_draft(model_dir, folder, name)
+        return ModelDrafter(load_draft(folder, DTYPES[job.dtype]), group)
+    except ExoTpError as error:
+        log.warning("epoch %d: no draft model, prompt lookup instead: %s", job.epoch, error)
+        return None
 
 
 def _serve_as_conductor(
@@ -215,6 +222,7 @@ def _serve_as_conductor(
     progress: Progress,
     supervisor: Channel[Any],
     ready: Ready,
+    model_dir: Path,
 ) -> None:
     plan = job.plan
     followers = accept_count(job.conductor, key, HELLO, plan.size - 1, PEER_TIMEOUT, "conductor")
@@ -226,14 +234,14 @@ def _serve_as_conductor(
         by_rank[hello.rank] = channel
     # Followers take the end tokens from here rather than each loading the tokenizer (0.65 s
     # of CPU per rank, on every start of every epoch).
-    ends = EndTokens(ids=tuple(sorted(tokenizer.eos_token_ids)))
+    drafter = _conductor_drafter(job, group, model_dir)
+    ends = EndTokens(ids=tuple(sorted(tokenizer.eos_token_ids)), model_drafts=drafter is not None)
     for channel in by_rank.values():
         channel.send(ends)
     last_stage = set(plan.stages[-1].ranks)
     earlier = [by_rank[r] for r in sorted(by_rank) if r not in last_stage]
     source = connect(job.requests_at, key, SOURCE_MESSAGES, PEER_TIMEOUT)
     source.send(Hello(epoch=job.epoch, rank=job.rank))
-    drafter = _drafter(job, group)
 
     def make_batch(sample: RankSampler) -> LockstepBatch:
         progress.batch = LockstepBatch(
@@ -276,12 +284,13 @@ def _serve_as_follower(
     channel = connect(job.conductor, key, STAGE_CONTROL, PEER_TIMEOUT)
     channel.send(Hello(epoch=job.epoch, rank=job.rank))
     feed = ControlFeed(channel)
+    opening = feed.end_tokens()
     in_last_stage = job.stage_index == len(job.plan.stages) - 1
     deferred = not in_last_stage and job.lanes > 1  # its tokens arrive a round later
     sample = peer_sampler(group) if in_last_stage else stage_sampler(feed)
     progress.batch = LockstepBatch(
         model,
-        feed.end_tokens(),
+        opening.ids,
         job.serving,
         None if deferred else sample,
         _bytes_per_token(job),
@@ -289,7 +298,7 @@ def _serve_as_follower(
         deferred=feed.next_tokens if deferred else None,
         bytes_per_entry=_bytes_per_entry(job),
         speculate=_may_speculate(job),
-        drafter=_drafter(job, group),
+        drafter=received_drafts(group) if opening.model_drafts else None,
     )
     if progress.probe is not None:
         progress.batch.after_step = progress.probe.maybe
@@ -367,7 +376,9 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
     if job.rank == job.conductor_rank:  # only the conductor reads text: the followers get
         # the end tokens from it (EndTokens)
         tokenizer = load_model_tokenizer(model_dir)
-        _serve_as_conductor(job, key, driver, tokenizer, group, progress, supervisor, ready)
+        _serve_as_conductor(
+            job, key, driver, tokenizer, group, progress, supervisor, ready, model_dir
+        )
     else:
         _serve_as_follower(job, key, driver, group, progress, supervisor, ready)
 

@@ -284,10 +284,13 @@ class Tokens(Frozen):
 
 class EndTokens(Frozen):
     """The conductor's first message to each of its followers: the tokens that end a sequence
-    (its tokenizer's), so that a follower builds its batch without loading the tokenizer."""
+    (its tokenizer's), so that a follower builds its batch without loading the tokenizer, and
+    whether the conductor drafts with a draft model (it loaded one: the followers then take
+    the drafts from its broadcast, exo_tp.runtime.draft_model)."""
 
     kind: Literal["end_tokens"] = "end_tokens"
     ids: tuple[int, ...]
+    model_drafts: bool = False
 
 
 StageControl = Annotated[Insert | Remove | Tokens | EndTokens, Field(discriminator="kind")]
