@@ -10,6 +10,10 @@ Rounds alternate between them so drift on a noisy machine hits all alike; median
 reported, with the acceptance rates (accepted drafts / drafted tokens) and whether all gave
 the same tokens (greedy: they must).
 
+Under load: `exo-tp run --local-nodes 2` with and without prompt-lookup drafts asked of every
+request, 8 concurrent streaming clients (--streams) on distinct prompts: aggregate tokens/s
+(speculation must not make it worse; it turns itself off while more than one stream runs).
+
     python bench/speculative.py [--model smollm2-135m] [--lines 200] [--tokens 256]
         [--drafts 4] [--ngram 3] [--draft-model smollm2-135m-q4] [--draft-drafts 3]
         [--weights 0.6,0.4] [--rounds 3] [--quick]
@@ -103,6 +107,39 @@ def run(
     return launch_report(report)
 
 
+def under_load(model: Path, args: argparse.Namespace, logs: Path) -> dict[str, float]:
+    """Aggregate tokens/s of ``args.streams`` concurrent streams on a 2-node local cluster,
+    requests drafting ``args.drafts`` tokens a step (the node's default) and not drafting
+    (medians of ``args.rounds`` alternating runs: one run's aggregate swings by 2x here)."""
+    import asyncio
+
+    from serving import client_session, exo_tp, prompts, run_level, wait_ready
+
+    async def aggregate(drafts: int) -> float:
+        extra = ("--weights", args.weights, "--num-draft-tokens", str(drafts))
+        with exo_tp(f"drafts-{drafts}", str(model), 2, logs, [], {}, extra) as server:
+            await wait_ready(server, 900)
+            async with client_session(900) as session:
+                level = await run_level(
+                    session, server, args.streams, 1, args.load_tokens, prompts(seed=0)
+                )
+        errors = [r.error for r in level.results if r.error]
+        if errors:
+            sys.exit(f"under load: {errors[0]}")
+        return float(level.summary()["aggregate_tps"])
+
+    runs: dict[str, list[float]] = {"plain": [], "drafting": []}
+    for _ in range(args.rounds):  # alternating, as the rounds above
+        runs["plain"].append(asyncio.run(aggregate(0)))
+        runs["drafting"].append(asyncio.run(aggregate(args.drafts)))
+    plain, drafting = statistics.median(runs["plain"]), statistics.median(runs["drafting"])
+    return {
+        "plain_tps": round(plain, 3),
+        "drafting_tps": round(drafting, 3),
+        "drafting_over_plain": round(drafting / plain, 3) if plain else 0.0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help=MODEL_HELP)
@@ -115,13 +152,15 @@ def main() -> None:
     )
     parser.add_argument("--draft-drafts", type=int, default=3, help="its drafts per step")
     parser.add_argument("--weights", default="0.6,0.4")
+    parser.add_argument("--streams", type=int, default=8, help="concurrent streams under load")
+    parser.add_argument("--load-tokens", type=int, default=64, help="tokens each, under load")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 1 round, a 12-line file, 16 tokens"
     )
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.lines, args.tokens = 1, 12, 16
+        args.rounds, args.lines, args.tokens, args.load_tokens = 1, 12, 16, 8
     model = model_folder(args.model, args.quick)
     draft = args.draft_model or (str(model) if args.quick or args.model else DRAFT_MODEL)
     tps: dict[str, list[float]] = {name: [] for name in CONTENDERS}
@@ -149,6 +188,12 @@ def main() -> None:
                 ),
                 file=sys.stderr,
             )
+        load = under_load(model, args, Path(tmp))
+    print(
+        f"under load, {args.streams} streams: plain {load['plain_tps']:.2f} tok/s, drafting "
+        f"{load['drafting_tps']:.2f} tok/s",
+        file=sys.stderr,
+    )
     median = {k: statistics.median(v) for k, v in tps.items()}
     ratio = {name: median[name] / median["plain"] if median["plain"] else 0.0 for name in rates}
     acceptance = {name: statistics.median(v) for name, v in rates.items()}
@@ -168,6 +213,10 @@ def main() -> None:
         print(f"{name}: {median[name]:.2f} tok/s{extra}")
     print(f"same tokens: {same}")
     print(
+        f"under load, {args.streams} streams: drafting / plain "
+        f"{load['drafting_over_plain']:.2f}x aggregate"
+    )
+    print(
         json.dumps(
             {
                 "plain_tps": round(median["plain"], 3),
@@ -178,6 +227,8 @@ def main() -> None:
                 "prompt_lookup_acceptance": round(acceptance["prompt_lookup"], 3),
                 "draft_model_acceptance": round(acceptance["draft_model"], 3),
                 "same_tokens": same,
+                "under_load_streams": args.streams,
+                "under_load_drafting_over_plain": load["drafting_over_plain"],
             }
         )
     )

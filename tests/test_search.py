@@ -312,3 +312,35 @@ def test_a_model_batched_one_sequence_at_a_time_gains_nothing_under_load() -> No
         loaded = alone.model_copy(update={"streams": 8})
         ratio = loaded.loaded_tokens_per_second / alone.tokens_per_second
         assert ratio > 2 if gains else ratio == pytest.approx(1), arch
+
+
+# A 1B-class llama in 4-bit, as a draft model for SPEC (exo_tp.plan.draft).
+DRAFT = SPEC.model_copy(
+    update={"hidden_size": 2048, "num_layers": 16, "num_heads": 32, "ffn_sizes": {"ffn": 8192}}
+)
+
+
+def test_a_draft_model_sits_beside_the_conductor_in_memory() -> None:
+    """The draft's weights and its KV cache for the context are counted on rank 0 (the
+    conductor) of a one-stage plan, nowhere else; a TP plan that fits without it but not with
+    it gives way to one that fits, whose stages never load the draft."""
+    from exo_tp.plan.draft import draft_cost
+
+    draft = draft_cost(DRAFT, "draft")
+    assert 0.5 * GB < draft.weights < 1.5 * GB and draft.kv_per_token > 0
+    roomy = Cluster(devices=(device("a", 100, 64), device("b", 100, 64)), default_link=THUNDERBOLT)
+    plain = choose_plan(SPEC, roomy, context_tokens=4096)
+    drafting = choose_plan(SPEC, roomy, context_tokens=4096, draft=draft)
+    assert drafting.best.kind == plain.best.kind == "tensor parallel"
+    with_draft = {m.rank: m.total for m in drafting.best.prediction.memory}
+    without = {m.rank: m.total for m in plain.best.prediction.memory}
+    assert with_draft[0] - without[0] == draft.bytes_at(4096)
+    assert with_draft[1] == without[1]
+    # memory for the model split two ways and its KV cache, not for the draft beside it
+    tight = Cluster(
+        devices=(device("a", 100, 3.2), device("b", 100, 3.2)), default_link=THUNDERBOLT
+    )
+    assert choose_plan(SPEC, tight, context_tokens=4096).best.kind == "tensor parallel"
+    instead = choose_plan(SPEC, tight, context_tokens=4096, draft=draft).best
+    assert len(instead.plan.stages) > 1 or instead.kind != "tensor parallel", instead.kind
+    assert all(m.draft == 0 and m.fits for m in instead.prediction.memory)

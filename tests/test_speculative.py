@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from arch_configs import tiny_config
-from helpers import Reference, _single_device, launch, mlx_lm_reference
+from helpers import Reference, _single_device, launch, mlx_lm_reference, run_cli
 from mlx_lm.models.cache import make_prompt_cache
 from test_arch_matrix import MIN_MARGIN, SEEDS
 from tiny_models import write_tiny_model
@@ -24,7 +24,7 @@ from exo_tp.plan.spec import load_spec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.runtime.sampling import request_sampler
-from exo_tp.runtime.speculative import prompt_lookup
+from exo_tp.runtime.speculative import Backoff, prompt_lookup
 from exo_tp.shard.apply import load_shard
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert, SamplingParams
@@ -56,6 +56,25 @@ def test_prompt_lookup_drafts_what_followed_the_latest_longest_match() -> None:
     assert prompt_lookup(history, 3, 2) == [7, 8]
     assert prompt_lookup([4, 5, 6], 3, 4) == []  # nothing repeats
     assert prompt_lookup([4, 5, 4], 1, 4) == [5, 4]  # the continuation may run to the end
+
+
+def test_drafting_pauses_where_it_stops_paying_and_tries_again() -> None:
+    """A stream whose verify steps emit under Backoff.PAYS tokens on average pauses for 8
+    steps, then 16 after failing again; one that pays resets the pause; others go on."""
+    backoff = Backoff()
+    for step in range(4):  # nothing kept: 1 token a verify step
+        assert backoff.allows(0, step)
+        backoff.record(0, step, 0)
+    assert backoff.allows(1, 4)  # another stream is not paused
+    assert not backoff.allows(0, 10) and backoff.allows(0, 11)
+    for step in range(11, 15):
+        backoff.record(0, step, 0)
+    assert not backoff.allows(0, 29) and backoff.allows(0, 30)
+    for step in range(30, 34):  # 2 of 4 kept: 3 tokens a verify step, it pays
+        backoff.record(0, step, 2)
+    for step in range(34, 37):  # the window slides: [3, 1, 1, 1] at step 36 no longer pays
+        backoff.record(0, step, 0)
+    assert not backoff.allows(0, 43) and backoff.allows(0, 44)  # the first pause again
 
 
 def test_the_api_takes_num_draft_tokens_refuses_draft_model_and_reports_predictions() -> None:
@@ -497,8 +516,6 @@ def test_a_draft_model_with_another_tokenizer_is_refused_in_one_line(
     starts, in one line naming the flag."""
     import json
 
-    from helpers import run_cli
-
     smollm2, draft = default_models["smollm2-135m"], tmp_path / "draft"
     draft.mkdir()
     for item in smollm2.iterdir():  # SmolLM2 itself, but for its tokenizer
@@ -532,8 +549,9 @@ def test_a_draft_model_with_another_tokenizer_is_refused_in_one_line(
 
 def test_a_node_cluster_drafts_with_the_4_bit_model(reference: Reference) -> None:
     """`exo-tp run --draft-model smollm2-135m-q4` on 2 uneven local nodes: a greedy chat
-    request is answered with single-device mlx-lm's text (the float32 model's), and its usage
-    reports the 4-bit model's drafts the float32 model kept."""
+    request is answered with single-device mlx-lm's text (the float32 model's), its usage
+    reports the 4-bit model's drafts the float32 model kept, and the cluster view names the
+    node the draft runs on."""
     from cluster_helpers import http_json, local_cluster
 
     extra = ("--draft-model", "smollm2-135m-q4")
@@ -545,7 +563,30 @@ def test_a_node_cluster_drafts_with_the_4_bit_model(reference: Reference) -> Non
             "temperature": 0,
         }
         status, answer = http_json(cluster.urls[0] + "/v1/chat/completions", body, timeout=300)
+        _, view = http_json(cluster.urls[0] + "/v1/cluster")
     assert status == 200, answer
+    # the cluster view says where the draft runs: the conductor's node, rank 0's
+    assert view["serving"]["draft_model"] == "smollm2-135m-q4"
+    assert view["serving"]["draft_node"] == view["ranks"][0], view["serving"]
     assert answer["choices"][0]["message"]["content"] == reference.text
     details = answer["usage"]["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] > 0, answer["usage"]
+
+
+def test_plan_shows_the_draft_model_beside_the_conductor() -> None:
+    """`exo-tp plan --draft-model`: where the draft runs, its weights as mlx-lm holds them
+    (float32), and its KV cache per 1k tokens as mlx-lm's KVCache holds it."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from exo_tp.plan.human import size
+
+    model, _ = _single_device(_model_dir())
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    cache = make_prompt_cache(model)
+    model(mx.zeros((1, 1024), dtype=mx.int32), cache=cache)
+    kv = sum(c.nbytes for c in cache) * 1000 // 1024  # 1,024: no slack in its steps of 256
+    out = run_cli("plan", "--weights", "3,2", "--draft-model", "smollm2-135m").stdout
+    line = next(x for x in out.splitlines() if x.startswith("draft model"))
+    assert "beside rank 0 (the conductor)" in line, line
+    assert f"{size(weights)} of weights, {size(kv)} of KV cache per 1k tokens" in line, line

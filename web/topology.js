@@ -283,5 +283,14 @@ export function topologyNote(cluster) {
   const latest = times.length ? ` (latest ${times.sort().at(-1)})` : "";
   const measured = pairs.size ? `${pairs.size} links measured${latest}` : `links ${NOT_MEASURED}`;
   return `${cluster.nodes.length} nodes · leader ${cluster.leader ?? "none"} · ` +
-    `backend ${cluster.backend ?? "—"} · ${measured}`;
+    `backend ${cluster.backend ?? "—"} · ${measured}${draftNote(cluster.serving)}`;
+}
+
+// Speculative decoding with a draft model: where it runs (the conductor's node) and how many
+// of its drafts the model kept since the leader started.
+function draftNote(serving) {
+  if (!serving || !serving.draft_model) return "";
+  const where = serving.draft_node ? `on ${serving.draft_node}` : "not loaded (pipeline stages)";
+  const kept = serving.drafted_tokens ? `, ${serving.accepted_tokens}/${serving.drafted_tokens} drafts kept` : "";
+  return ` · draft model ${serving.draft_model} ${where}${kept}`;
 }

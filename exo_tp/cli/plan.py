@@ -24,6 +24,7 @@ from exo_tp.cli.kv_args import add_kv_args, check_kv
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
+    from exo_tp.plan.draft import DraftCost
     from exo_tp.plan.spec import ModelSpec
 
 
@@ -87,6 +88,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "throughput is priced at this many streams, at least 16)",
     )
     p.add_argument(
+        "--draft-model",
+        help="a draft model for speculative decoding: where it runs and its memory "
+        "(whole beside the conductor, on plans of one tensor-parallel stage)",
+    )
+    p.add_argument(
         "--alternatives",
         type=non_negative_int,
         default=5,
@@ -108,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
         raise ExoTpError("give --weights or --profile, not both")
     spec = load_spec(resolve_model(args.model))
     check_kv(spec, args)
+    draft = _draft(args.draft_model)
     if args.profile:
-        return _choose(args, spec)
+        return _choose(args, spec, draft)
 
     from exo_tp.arch import mode_reason
     from exo_tp.plan import plan_tensor_parallel
@@ -122,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
     mode, why = mode_reason(spec.model_type)
     if mode != "tensor-parallel":
-        return _unsplit(args, spec, mode, why)
+        return _unsplit(args, spec, mode, why, draft)
     plan = plan_tensor_parallel(spec, args.weights or [1.0, 1.0])
     if args.json:
         print(plan.model_dump_json(indent=2))
@@ -143,10 +150,32 @@ def run(args: argparse.Namespace) -> int:
         + f"\nKV cache per 1k tokens of context per rank ({width}): "
         + ", ".join(kv)
     )
+    if draft is not None:
+        print(
+            f"draft model {draft.name}: whole beside rank 0 (the conductor): "
+            f"{size(draft.weights)} of weights, {size(1000 * draft.kv_per_token)} of KV "
+            "cache per 1k tokens of context"
+        )
     return 0
 
 
-def _unsplit(args: argparse.Namespace, spec: ModelSpec, mode: str, why: str) -> int:
+def _draft(name: str | None) -> DraftCost | None:
+    """The draft model's memory, for the plan (exo_tp.plan.draft)."""
+    if name is None:
+        return None
+    from exo_tp.models.registry import resolve_model
+    from exo_tp.plan import load_spec
+    from exo_tp.plan.draft import draft_cost
+
+    try:
+        return draft_cost(load_spec(resolve_model(name)), name)
+    except ValueError as error:
+        raise ExoTpError(f"--draft-model {name}: cannot plan it: {error}") from None
+
+
+def _unsplit(
+    args: argparse.Namespace, spec: ModelSpec, mode: str, why: str, draft: DraftCost | None
+) -> int:
     """A model without a tensor-parallel table over weighted devices: one stage per device,
     layers by speed (pipeline stages only), or the whole model on the fastest device."""
     from exo_tp.plan.cost import rank_load
@@ -165,11 +194,20 @@ def _unsplit(args: argparse.Namespace, spec: ModelSpec, mode: str, why: str) -> 
     for i, s in enumerate(plan.stages):
         load = rank_load(spec, s.tp.ranks[0], s.layers, i == 0, i == len(plan.stages) - 1)
         lines.append(f"stage {i}: layers {s.layers.start}-{s.layers.stop}, {size(load.held_bytes)}")
+    if draft is not None:
+        lines.append(
+            f"draft model {draft.name}: "
+            + (
+                f"whole beside the device holding the model, {size(draft.weights)} of weights"
+                if len(plan.stages) == 1
+                else "not loaded (plans of pipeline stages do not speculate)"
+            )
+        )
     print("\n".join(lines))
     return 0
 
 
-def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
+def _choose(args: argparse.Namespace, spec: ModelSpec, draft: DraftCost | None) -> int:
     from exo_tp.plan.cluster import cluster_from_profiles
     from exo_tp.plan.cost import LinkCost
     from exo_tp.plan.devices import read_profile
@@ -193,6 +231,9 @@ def _choose(args: argparse.Namespace, spec: ModelSpec) -> int:
         objective=args.objective,
         queue=args.queue,
         kv=KvShape(bits=args.kv_bits, group_size=args.kv_group_size, streams=args.streams),
+        draft=draft,
     )
     print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
+    if draft is not None and not args.json and len(choice.best.plan.stages) > 1:
+        print(f"draft model {draft.name}: not loaded (plans of pipeline stages do not speculate)")
     return 0

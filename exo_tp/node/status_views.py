@@ -37,6 +37,7 @@ from exo_tp.node.views import (
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.security.signing import control_headers
+from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.balance import BalanceView
 from exo_tp.wire.profiles import ProfileSummary
 
@@ -216,6 +217,8 @@ class StatusViews:
                 in_flight=self.dispatcher.in_flight,
                 drafted_tokens=self.dispatcher.drafted_tokens,
                 accepted_tokens=self.dispatcher.accepted_tokens,
+                draft_model=self.config.serving.draft_model,
+                draft_node=_draft_node(assignment, self.config.serving.draft_model),
             ),
             balance=self.balance(),
         )
@@ -241,3 +244,10 @@ class StatusViews:
             total_bytes=max(totals, default=0),
             holders=tuple(sorted(n for n, _ in offers.get(key, []))),
         )
+
+
+def _draft_node(assignment: Assignment | None, draft_model: str | None) -> str | None:
+    """The node that runs the draft model: the conductor's, on a plan of one stage."""
+    if assignment is None or draft_model is None or len(assignment.plan.stages) != 1:
+        return None
+    return assignment.nodes[assignment.conductor_rank] if assignment.nodes else None

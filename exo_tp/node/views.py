@@ -238,6 +238,10 @@ class ServingView(Frozen):
     # since it started: tokens drafted, and accepted by the model
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # the node's --draft-model, and the node it runs on: the conductor's, where the epoch's
+    # plan is one tensor-parallel stage (None: pipeline stages never speculate)
+    draft_model: str | None = None
+    draft_node: str | None = None
 
 
 class ClusterView(Frozen):

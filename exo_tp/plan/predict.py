@@ -35,6 +35,7 @@ from exo_tp.plan.cost import (
     rank_load,
     read_seconds,
 )
+from exo_tp.plan.draft import DraftCost, draft_rank
 from exo_tp.plan.kv_width import FLOAT_KV, KvShape, kv_bytes_at_width, tokens_beside_weights
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.spec import Frozen, ModelSpec
@@ -49,19 +50,22 @@ class RankMemory(Frozen):
     kv_per_token: int = 0  # KV bytes per token of one stream's context, at the planned width
     state: int = 0  # recurrent state bytes per stream
     streams: int = 1  # streams the KV cache is planned for
+    # a draft model held beside this rank's shard (the conductor's: exo_tp.plan.draft), its
+    # weights and its KV cache for the context
+    draft: int = 0
 
     @property
     def context_fits(self) -> int | None:
         """Tokens of context per stream this rank's memory holds beside its weights (None:
         its KV does not grow with the context)."""
         tokens = tokens_beside_weights(
-            self.limit, self.weights, self.kv_per_token, self.state, self.streams
+            self.limit - self.draft, self.weights, self.kv_per_token, self.state, self.streams
         )
         return None if tokens is None else tokens // self.streams
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache
+        return self.weights + self.kv_cache + self.draft
 
     @property
     def fits(self) -> bool:
@@ -227,9 +231,11 @@ def predict(
     prompt_tokens: int = 512,
     streams: int = 1,
     kv: KvShape = FLOAT_KV,
+    draft: DraftCost | None = None,
 ) -> Prediction:
     """Cost of ``plan`` with global rank r on ``cluster.devices[devices[r]]`` (``streams``:
-    the load its loaded throughput is priced at)."""
+    the load its loaded throughput is priced at; ``draft``: a draft model beside the
+    conductor, counted in its memory where the plan speculates)."""
     if len(devices) != plan.size:
         raise ValueError(f"{len(devices)} devices for {plan.size} ranks")
     stages, memory = [], []
@@ -248,6 +254,9 @@ def predict(
                 kv_per_token=kv_width(x, kv),
                 state=x.state_bytes,
                 streams=kv.streams,
+                draft=draft.bytes_at(context_tokens)
+                if draft and r == draft_rank(len(plan.stages))
+                else 0,
             )
             for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)
         ]

@@ -28,6 +28,12 @@ def render_prediction(plan: PipelinePlan, prediction: Prediction, names: Sequenc
             f"{size(m.weights):>9} {size(m.kv_cache):>9} {size(m.limit):>9}"
             + ("" if m.fits else "  OVER")
         )
+    for m in prediction.memory:
+        if m.draft:
+            lines.append(
+                f"draft model: whole beside the conductor, rank {m.rank} on "
+                f"{names[m.device]}: {size(m.draft)} with its KV cache (in the rank's total)"
+            )
     for index, s in enumerate(prediction.stages):
         link = (
             f"ring link all_sum {duration(s.link.latency)} at 4 KB, "

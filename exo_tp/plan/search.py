@@ -45,6 +45,7 @@ from exo_tp.plan.cost import (
     rank_load,
     read_seconds,
 )
+from exo_tp.plan.draft import DraftCost
 from exo_tp.plan.human import size
 from exo_tp.plan.kv_width import FLOAT_KV, KvShape
 from exo_tp.plan.pipeline import PipelinePlan, Stage, balance_layers
@@ -200,10 +201,12 @@ class _Layouts:
         objective: Objective = "latency",
         streams: int = 1,
         kv: KvShape = FLOAT_KV,
+        draft: DraftCost | None = None,
     ):
         self.spec, self.cluster = spec, cluster
         self.context, self.prompt = context, prompt
         self.objective, self.streams, self.kv = objective, streams, kv
+        self.draft = draft
         self._tp: dict[tuple[float, ...], ShardPlan] = {}
         self._group_tp: dict[tuple[int, ...], ShardPlan] = {}
         self._terms: dict[tuple[tuple[int, ...], bool, bool], _StageTerms] = {}
@@ -330,7 +333,14 @@ class _Layouts:
                 )
             plan = _pipeline(spec, tps, counts)
             prediction = predict(
-                plan, devices, self.cluster, self.context, self.prompt, self.streams, self.kv
+                plan,
+                devices,
+                self.cluster,
+                self.context,
+                self.prompt,
+                self.streams,
+                self.kv,
+                self.draft,
             )
             over = prediction.overflow()
             if over is None:
@@ -382,15 +392,17 @@ def choose_plan(
     objective: ObjectiveChoice = "latency",
     queue: int = 0,
     kv: KvShape = FLOAT_KV,
+    draft: DraftCost | None = None,
 ) -> Choice:
     """The best plan of ``spec`` on ``cluster`` for ``objective`` that fits, and up to ``keep``
-    runner-ups (``queue``: requests running or waiting, which ``auto`` goes by).
+    runner-ups (``queue``: requests running or waiting, which ``auto`` goes by; ``draft``: a
+    draft model the conductor holds where a plan speculates).
 
     ``context_tokens`` defaults to the model's context length, whose KV cache must fit too.
     """
     context = spec.context_length if context_tokens is None else context_tokens
     chosen, streams, reason = resolve_objective(objective, queue)
-    layouts = _Layouts(spec, cluster, context, prompt_tokens, chosen, streams, kv)
+    layouts = _Layouts(spec, cluster, context, prompt_tokens, chosen, streams, kv, draft)
     components = _fast_components(cluster, range(len(cluster.devices)))
     everyone = set(range(len(cluster.devices)))
     seen: set[Groups] = set()

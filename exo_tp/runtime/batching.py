@@ -50,7 +50,13 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from exo_tp.plan.step_budget import MIN_CHUNK
 from exo_tp.runtime.prompt_cache import PromptCache
-from exo_tp.runtime.speculative import Drafter, SpeculativeStep, can_speculate, prompt_lookup
+from exo_tp.runtime.speculative import (
+    Backoff,
+    Drafter,
+    SpeculativeStep,
+    can_speculate,
+    prompt_lookup,
+)
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert, Remove, Tokens
 
@@ -169,6 +175,7 @@ class LockstepBatch:
             else None
         )
         self._drafts: dict[int, int] = {}
+        self._backoff = Backoff()  # streams whose drafts stopped paying decode plainly a while
         self.default_drafts = options.num_draft_tokens if self._speculative else 0
         self.on_drafts: Callable[[int, int, int], None] | None = None
 
@@ -294,6 +301,7 @@ class LockstepBatch:
             self._joined.pop(uid, None)
             self._keep.pop(uid, None)
             self._drafts.pop(uid, None)
+            self._backoff.forget(uid)
         self.applied += 1
 
     def step(self) -> list[Response]:
@@ -325,6 +333,7 @@ class LockstepBatch:
                 self._lane_of.pop(response.uid, None)
                 self._joined.pop(response.uid, None)
                 self._drafts.pop(response.uid, None)
+                self._backoff.forget(response.uid)
                 self._remember(response.all_tokens, response.prompt_cache)
         return responses
 
@@ -337,12 +346,13 @@ class LockstepBatch:
         uid = batch.uids[0]
         # never draft past max_tokens: the last token allowed is the target's own
         most = min(self._drafts.get(uid, 0), batch.max_tokens[0] - batch._num_tokens[0] - 1)
-        if most <= 0:
+        if most <= 0 or not self._backoff.allows(uid, self.steps):
             return None
         token, drafts = self._speculative.drafts(generator, most)
         if not drafts:  # nothing repeats yet (prompt lookup): a plain step
             return None
         responses, accepted = self._speculative.run(generator, token, drafts)
+        self._backoff.record(uid, self.steps, accepted)
         if self.on_drafts is not None:
             self.on_drafts(uid, len(drafts), accepted)
         return responses

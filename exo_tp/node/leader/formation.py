@@ -41,7 +41,7 @@ from exo_tp.node.leader.led_epoch import LedEpoch, rank_name
 from exo_tp.node.leader.links import LINK_WAIT, measured_links, unmeasured_pairs
 from exo_tp.node.leader.members import gather_members, node_weights
 from exo_tp.node.leader.model_requests import ModelRequests
-from exo_tp.node.leader.placement import Members, Placement, place, plan_of
+from exo_tp.node.leader.placement import Members, Placement, place, plan_of, serving_draft
 from exo_tp.node.leader.rebalance import LiveBalance
 from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.plan import ModelSpec
@@ -352,8 +352,9 @@ class Leader:
             holdings = await self.models.holdings(model, eligible)
             queue = self._dispatcher.in_flight + self._dispatcher.waiting
             objective = self.config.serving.objective
+            draft = serving_draft(self.config.serving.draft_model)
             placement = await asyncio.to_thread(
-                place, model.spec, facts, holdings, objective, queue
+                place, model.spec, facts, holdings, objective, queue, draft
             )
         except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
             self._fail(f"cannot prepare {self.models.name_of(key, self.models.offers())}: {error}")
@@ -465,7 +466,9 @@ class Leader:
             me = self.peers.status(self.me)
             eligible = self.members_for(spec, members, me.profile if me else None)
             queue = self._dispatcher.in_flight + self._dispatcher.waiting
-            candidate, chosen, _, _ = plan_of(spec, eligible, self.config.serving.objective, queue)
+            serving = self.config.serving
+            draft = serving_draft(serving.draft_model)
+            candidate, chosen, _, _ = plan_of(spec, eligible, serving.objective, queue, draft)
             gain = replan_gain(led.plan, led.nodes, candidate, list(chosen), balance.speeds())
             if gain is not None and gain <= balance.policy.threshold / 2:
                 balance.cancel(f"the best split is only {100 * gain:.0f}% faster")

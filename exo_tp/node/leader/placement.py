@@ -19,10 +19,14 @@ and turns the placement into assignments and weight orders.
 
 from __future__ import annotations
 
+import logging
+
 from exo_tp.arch import table_for
+from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
 from exo_tp.plan import ModelSpec, plan_tensor_parallel
 from exo_tp.plan.cluster import Cluster, cluster_from_profiles, pricing_note
+from exo_tp.plan.draft import DraftCost, draft_cost
 from exo_tp.plan.pipeline import PipelinePlan, plan_pipeline, plan_unsplit, single_stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.render_choice import describe_candidate
@@ -37,6 +41,8 @@ from exo_tp.weights.transfer import (
 )
 from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import LinkProfile, ProfileSummary
+
+log = logging.getLogger(__name__)
 
 
 class Member(Frozen):
@@ -96,13 +102,30 @@ def planner_cluster(spec: ModelSpec, members: Members) -> Cluster:
     )
 
 
+def serving_draft(draft_model: str | None) -> DraftCost | None:
+    """The draft model's memory for the planner, from the leader's own files of it (the
+    conductor's node loads it; a leader without it plans without it, and says so)."""
+    if draft_model is None:
+        return None
+    from exo_tp.models.registry import resolve_model
+    from exo_tp.plan.spec import load_spec
+
+    try:
+        return draft_cost(load_spec(resolve_model(draft_model)), draft_model)
+    except (ExoTpError, ValueError, OSError) as error:
+        log.warning("the draft model %s is left out of the plan's memory: %s", draft_model, error)
+        return None
+
+
 def plan_of(
     spec: ModelSpec,
     cluster: Members,
     objective: ObjectiveChoice = "latency",
     queue: int = 0,
+    draft: DraftCost | None = None,
 ) -> tuple[PipelinePlan, tuple[str, ...], Prediction | None, tuple[str, ...]]:
-    """The plan, the member at each rank, the prediction and the planner's notes."""
+    """The plan, the member at each rank, the prediction and the planner's notes (``draft``:
+    a draft model beside the conductor, in the measured planner's memory)."""
     names = tuple(m.node_id for m in cluster.members)
     weights = [m.weight for m in cluster.members]
     stages = cluster.stages
@@ -114,7 +137,7 @@ def plan_of(
         return plan_pipeline(spec, groups), names, None, ()
     if cluster.measured:
         devices = planner_cluster(spec, cluster)
-        choice = choose_plan(spec, devices, objective=objective, queue=queue)
+        choice = choose_plan(spec, devices, objective=objective, queue=queue, draft=draft)
         runner_ups = "; ".join(
             f"{c.prediction.tokens_per_second:.3g} tok/s {describe_candidate(c, list(names))}"
             for c in choice.alternatives
@@ -139,10 +162,11 @@ def place(
     holdings: Holdings,
     objective: ObjectiveChoice = "latency",
     queue: int = 0,
+    draft: DraftCost | None = None,
 ) -> Placement:
     """Plan, rank order, transfers and prediction of one epoch (see the module's notes);
     ``queue``: requests running or waiting as it plans (the auto objective goes by it)."""
-    plan, order, prediction, notes = plan_of(spec, cluster, objective, queue)
+    plan, order, prediction, notes = plan_of(spec, cluster, objective, queue, draft)
     if all(n in holdings.files for n in order):
         return Placement(
             plan=plan, rank_order=order, transfers=None, prediction=prediction, notes=notes
