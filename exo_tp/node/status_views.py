@@ -218,7 +218,7 @@ class StatusViews:
                 drafted_tokens=self.dispatcher.drafted_tokens,
                 accepted_tokens=self.dispatcher.accepted_tokens,
                 draft_model=self.config.serving.draft_model,
-                draft_node=_draft_node(assignment, self.config.serving.draft_model),
+                draft_node=_draft_node(assignment),
             ),
             balance=self.balance(),
         )
@@ -246,8 +246,8 @@ class StatusViews:
         )
 
 
-def _draft_node(assignment: Assignment | None, draft_model: str | None) -> str | None:
-    """The node that runs the draft model: the conductor's, on a plan of one stage."""
-    if assignment is None or draft_model is None or len(assignment.plan.stages) != 1:
+def _draft_node(assignment: Assignment | None) -> str | None:
+    """The node that runs the draft model: the conductor's, on a plan that loads it."""
+    if assignment is None or not assignment.serving.loads_draft(len(assignment.plan.stages)):
         return None
     return assignment.nodes[assignment.conductor_rank] if assignment.nodes else None

@@ -29,11 +29,13 @@ p - max(2, lanes): a position whose tokens every rank holds by then without wait
 than it must anyway. With one request only its lane has work and the others are skipped, so
 one stream runs exactly as without lanes.
 
-Speculative decoding (prompt lookup, `exo_tp.runtime.speculative`): while the batch holds a
-single stream and nothing waits to join, a sequence inserted with ``draft_tokens`` > 0 steps
-speculatively: its drafts come from tokens every rank holds, its verify step is one forward
-and one token broadcast like any step, so the lockstep (same changes, same steps, same
-tokens) is kept. Only for tensor-parallel plans (``speculate``: one stage, float KV cache).
+Speculative decoding (`exo_tp.runtime.speculative`): while the batch holds a single stream and
+nothing waits to join, a sequence inserted with ``draft_tokens`` > 0 steps speculatively: its
+drafts come from tokens every rank holds (prompt lookup) or from the conductor's broadcast (a
+draft model, `exo_tp.runtime.draft_model`), its verify step is one forward and one token
+broadcast like any step, so the lockstep (same changes, same steps, same tokens) is kept; a
+stream whose drafts stop paying pauses (`Backoff`, from counts every rank shares). Only for
+tensor-parallel plans (``speculate``: one stage, float KV cache).
 """
 
 from __future__ import annotations

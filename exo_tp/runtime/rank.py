@@ -200,7 +200,7 @@ def _conductor_drafter(
     its plan speculates. One this node cannot find or use is logged and left out: requests
     then draft by prompt lookup (the followers learn which from EndTokens)."""
     name = job.serving.draft_model
-    if name is None or not _may_speculate(job):
+    if name is None or not job.serving.loads_draft(len(job.plan.stages)):
         return None
     from exo_tp.models.draft import check_draft, load_draft
 

@@ -58,6 +58,11 @@ class ServingOptions(Frozen):
     # time per token, every stream's tokens together, or auto by the queue when it plans.
     objective: Literal["latency", "throughput", "auto"] = "auto"
 
+    def loads_draft(self, stages: int) -> bool:
+        """Whether a plan of ``stages`` stages loads the draft model: speculation needs one
+        tensor-parallel stage and a float KV cache (exo_tp.runtime.rank)."""
+        return self.draft_model is not None and stages == 1 and self.kv_bits is None
+
 
 class Assignment(Frozen):
     """A rank's part in an epoch: which rank it is, how to reach the others, what to serve."""

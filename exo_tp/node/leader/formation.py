@@ -352,7 +352,7 @@ class Leader:
             holdings = await self.models.holdings(model, eligible)
             queue = self._dispatcher.in_flight + self._dispatcher.waiting
             objective = self.config.serving.objective
-            draft = serving_draft(self.config.serving.draft_model)
+            draft = serving_draft(self.config.serving)
             placement = await asyncio.to_thread(
                 place, model.spec, facts, holdings, objective, queue, draft
             )
@@ -467,7 +467,7 @@ class Leader:
             eligible = self.members_for(spec, members, me.profile if me else None)
             queue = self._dispatcher.in_flight + self._dispatcher.waiting
             serving = self.config.serving
-            draft = serving_draft(serving.draft_model)
+            draft = serving_draft(serving)
             candidate, chosen, _, _ = plan_of(spec, eligible, serving.objective, queue, draft)
             gain = replan_gain(led.plan, led.nodes, candidate, list(chosen), balance.speeds())
             if gain is not None and gain <= balance.policy.threshold / 2:

@@ -39,6 +39,7 @@ from exo_tp.weights.transfer import (
     choose_rank_order,
     plan_transfer,
 )
+from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import LinkProfile, ProfileSummary
 
@@ -102,10 +103,12 @@ def planner_cluster(spec: ModelSpec, members: Members) -> Cluster:
     )
 
 
-def serving_draft(draft_model: str | None) -> DraftCost | None:
+def serving_draft(serving: ServingOptions) -> DraftCost | None:
     """The draft model's memory for the planner, from the leader's own files of it (the
-    conductor's node loads it; a leader without it plans without it, and says so)."""
-    if draft_model is None:
+    conductor's node loads it; a leader without it plans without it, and says so). None where
+    no one-stage plan would load it (a quantized KV cache never speculates)."""
+    draft_model = serving.draft_model
+    if draft_model is None or not serving.loads_draft(1):
         return None
     from exo_tp.models.registry import resolve_model
     from exo_tp.plan.spec import load_spec
