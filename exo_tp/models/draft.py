@@ -14,10 +14,13 @@ from exo_tp.errors import ExoTpError
 from exo_tp.models.tokenizer import load_model_tokenizer
 
 
-def check_draft(model_dir: Path, draft_dir: Path, name: str) -> None:
-    """Refuse a draft model whose tokens are not the model's (one readable line): its drafts
-    are token ids, which must mean the same text to both. Also one whose KV cache cannot be
-    trimmed back after rejected drafts (sliding windows, recurrent states)."""
+def check_draft(
+    model_dir: Path, draft_dir: Path, name: str, dtype: mx.Dtype | None = mx.float32
+) -> nn.Module:
+    """The draft model, loaded lazily with its floats in ``dtype``, once checked: refuse one
+    whose tokens are not the model's (one readable line): its drafts are token ids, which
+    must mean the same text to both. Also one whose KV cache cannot be trimmed back after
+    rejected drafts (sliding windows, recurrent states)."""
     ours = load_model_tokenizer(model_dir)._tokenizer.get_vocab()
     theirs = load_model_tokenizer(draft_dir)._tokenizer.get_vocab()
     if ours != theirs:
@@ -27,12 +30,13 @@ def check_draft(model_dir: Path, draft_dir: Path, name: str) -> None:
             f"against {len(ours)}, about {differ} ids mapped otherwise); a draft model must "
             "share the model's tokenizer"
         )
-    model = load_draft(draft_dir, mx.float32, lazy=True)
+    model = load_draft(draft_dir, dtype, lazy=True)
     if not can_trim_prompt_cache(make_prompt_cache(model)):
         raise ExoTpError(
             f"--draft-model {name}: its KV cache cannot be trimmed after rejected drafts "
             "(sliding windows or a recurrent state); take a draft model with plain attention"
         )
+    return model
 
 
 def load_draft(draft_dir: Path, dtype: mx.Dtype | None, lazy: bool = False) -> nn.Module:

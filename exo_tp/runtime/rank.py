@@ -202,12 +202,13 @@ def _conductor_drafter(
     name = job.serving.draft_model
     if name is None or not job.serving.loads_draft(len(job.plan.stages)):
         return None
-    from exo_tp.models.draft import check_draft, load_draft
+    from exo_tp.models.draft import check_draft
 
     try:
         folder = resolve_model(name)
-        check_draft(model_dir, folder, name)
-        return ModelDrafter(load_draft(folder, DTYPES[job.dtype]), group)
+        model = check_draft(model_dir, folder, name, DTYPES[job.dtype])
+        mx.eval(model.parameters())  # loaded now, not inside the first step's drafts
+        return ModelDrafter(model, group)
     except ExoTpError as error:
         log.warning("epoch %d: no draft model, prompt lookup instead: %s", job.epoch, error)
         return None
