@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from exo_tp.plan.spec import ModelSpec
 
 
+NOT_LOADED = "not loaded (plans of pipeline stages do not speculate)"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="print the shard plan", description=__doc__)
     add_model_arg(p)
@@ -200,7 +203,7 @@ def _unsplit(
             + (
                 f"whole beside the device holding the model, {size(draft.weights)} of weights"
                 if len(plan.stages) == 1
-                else "not loaded (plans of pipeline stages do not speculate)"
+                else NOT_LOADED
             )
         )
     print("\n".join(lines))
@@ -235,5 +238,5 @@ def _choose(args: argparse.Namespace, spec: ModelSpec, draft: DraftCost | None) 
     )
     print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
     if draft is not None and not args.json and len(choice.best.plan.stages) > 1:
-        print(f"draft model {draft.name}: not loaded (plans of pipeline stages do not speculate)")
+        print(f"draft model {draft.name}: {NOT_LOADED}")
     return 0
