@@ -590,3 +590,11 @@ def test_plan_shows_the_draft_model_beside_the_conductor() -> None:
     line = next(x for x in out.splitlines() if x.startswith("draft model"))
     assert "beside rank 0 (the conductor)" in line, line
     assert f"{size(weights)} of weights, {size(kv)} of KV cache per 1k tokens" in line, line
+    # a quantized KV cache never speculates: the draft is not loaded, nor counted
+    quantized = run_cli(
+        "plan", "--weights", "3,2", "--kv-bits", "8", "--draft-model", "smollm2-135m"
+    ).stdout
+    drafts = [x for x in quantized.splitlines() if x.startswith("draft model")]
+    assert drafts == [
+        "draft model smollm2-135m: not loaded (a quantized KV cache does not speculate)"
+    ]

@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(resolve_model(args.model))
     check_kv(spec, args)
     draft = _draft(args.draft_model)
+    if draft is not None and args.kv_bits is not None:  # as ServingOptions.loads_draft says
+        print(f"draft model {draft.name}: not loaded (a quantized KV cache does not speculate)")
+        draft = None
     if args.profile:
         return _choose(args, spec, draft)
 
