@@ -323,7 +323,8 @@ DRAFT = SPEC.model_copy(
 def test_a_draft_model_sits_beside_the_conductor_in_memory() -> None:
     """The draft's weights and its KV cache for the context are counted on rank 0 (the
     conductor) of a one-stage plan, nowhere else; a TP plan that fits without it but not with
-    it gives way to one that fits, whose stages never load the draft."""
+    it gives way to pipeline stages that fit with it on their conductor (the last stage's first
+    rank), which holds fewer layers to make room."""
     from exo_tp.plan.draft import draft_cost
 
     draft = draft_cost(DRAFT, "draft")
@@ -338,9 +339,16 @@ def test_a_draft_model_sits_beside_the_conductor_in_memory() -> None:
     assert with_draft[1] == without[1]
     # memory for the model split two ways and its KV cache, not for the draft beside it
     tight = Cluster(
-        devices=(device("a", 100, 3.2), device("b", 100, 3.2)), default_link=THUNDERBOLT
+        devices=(device("a", 100, 4.0), device("b", 100, 4.0)), default_link=THUNDERBOLT
     )
-    assert choose_plan(SPEC, tight, context_tokens=4096).best.kind == "tensor parallel"
+    alone = choose_plan(SPEC, tight, context_tokens=4096).best
+    assert alone.kind == "tensor parallel"
+    assert max(m.total for m in alone.prediction.memory) + draft.bytes_at(4096) > 4.0 * GB
     instead = choose_plan(SPEC, tight, context_tokens=4096, draft=draft).best
-    assert len(instead.plan.stages) > 1 or instead.kind != "tensor parallel", instead.kind
-    assert all(m.draft == 0 and m.fits for m in instead.prediction.memory)
+    assert len(instead.plan.stages) == 2, instead.kind
+    conductor = instead.plan.stages[-1].ranks[0]
+    drafts = {m.rank: m.draft for m in instead.prediction.memory}
+    assert drafts == {r: draft.bytes_at(4096) if r == conductor else 0 for r in drafts}
+    assert all(m.fits for m in instead.prediction.memory)
+    first, last = instead.plan.stages
+    assert last.layers.stop - last.layers.start < first.layers.stop - first.layers.start

@@ -2,9 +2,10 @@
 tokens exactly, against single-device mlx-lm (float32) and exo-tp without speculation.
 
 The prompt asks to repeat text, so drafts looked up in it are accepted (asserted: with no
-accepted draft these tests would pass without speculating at all). Two real launches on 2
-uneven ranks (the conductor's stop strings and the token broadcast), the rest in this process
-on one LockstepBatch (finishes inside an accepted run, the prompt cache it leaves).
+accepted draft these tests would pass without speculating at all). Real launches on 2 uneven
+ranks (the conductor's stop strings and the token broadcast) and on two pipeline stages (the
+verify step across the hop), the rest in this process on one LockstepBatch (finishes inside an
+accepted run, the prompt cache it leaves).
 """
 
 from __future__ import annotations
@@ -545,6 +546,35 @@ def test_a_draft_model_with_another_tokenizer_is_refused_in_one_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--draft-model" in lines[0] and "tokenizer" in lines[0], lines
     assert "about 2 ids mapped otherwise" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("stages", "weights", "drafter"),
+    [
+        # overlapped stages (one lane each): the earlier stage reads the verify step's tokens
+        # at once instead of a round later
+        ("2,1", [0.6, 0.4, 1.0], ("--num-draft-tokens", str(DRAFTS))),
+        # one batch in flight; the earlier stage takes the model's drafts from a message
+        ("1,2", [1.0, 0.6, 0.4], ("--draft-model", "DRAFT", "--no-overlap")),
+    ],
+    ids=["prompt-lookup-overlapped", "draft-model-one-in-flight"],
+)
+def test_pipeline_stages_verify_drafts_and_give_greedy_tokens(
+    tmp_path: Path,
+    reference: Reference,
+    stages: str,
+    weights: list[float],
+    drafter: tuple[str, ...],
+) -> None:
+    """Two pipeline stages verify k + 1 positions in one forward across the hop, and both
+    roll back what the target rejected: the answer is single-device mlx-lm's."""
+    extra = [_model_dir() if a == "DRAFT" else a for a in drafter]
+    result = launch(tmp_path, "smollm2-135m", weights, PROMPT, TOKENS, "--stages", stages, *extra)
+    report = result.report
+    assert report.accepted_tokens > 0, report
+    if "--num-draft-tokens" in extra:  # prompt lookup drafts wrongly too: rollbacks happen
+        assert report.drafted_tokens > report.accepted_tokens, report
+    assert list(report.tokens) == reference.tokens
 
 
 def test_a_node_cluster_drafts_with_the_4_bit_model(reference: Reference) -> None:

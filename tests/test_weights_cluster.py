@@ -41,7 +41,7 @@ from exo_tp.node.weight_orders import FetchSummary
 from exo_tp.plan import plan_tensor_parallel
 from exo_tp.plan.pipeline import PipelinePlan, single_stage
 from exo_tp.security.signing import control_headers
-from exo_tp.weights.boxes import Boxes, rank_boxes
+from exo_tp.weights.boxes import Boxes, rank_boxes, whole
 from exo_tp.weights.build import manifest_for
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import ServedStats, ServeOptions
@@ -307,3 +307,40 @@ def test_another_model_loads_through_a_flipped_byte_and_a_killed_source(
                 manifest,
                 rank_boxes(manifest, plan, rank),
             )
+
+
+def test_the_conductor_receives_the_draft_model_it_lacks(
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
+    """Speculative decoding with a draft model only the leader has: node-0 (the leader,
+    `--draft-model smollm2-135m-q4`) and node-1 (nothing: its own empty home) as two pipeline
+    stages, so node-1 is the conductor (the last stage's first rank). node-1 receives its
+    stage's layers and the draft model whole into its store, and the answer (drafted by the
+    4-bit model, verified through both stages) is single-device mlx-lm's for the float32
+    model."""
+    reference = mlx_lm_reference(default_models[FLOAT], QUESTION, TOKENS)
+    lab = NamespaceLab()
+    lab.up()
+    try:
+        running = Cluster(lab, [lab.add_host() for _ in range(2)], tmp_path)
+        stages = ("--stages", "1,1", "--no-bench")
+        running.start(0, "--model", FLOAT, "--draft-model", Q4, *stages, own_home=False)
+        running.start(1, *stages)
+        wait_ready([running.url(i) for i in range(2)], nodes=2, timeout=240)
+        answer = running.client(1).chat.completions.create(
+            model=FLOAT,
+            messages=[{"role": "user", "content": QUESTION}],
+            temperature=0,
+            max_tokens=TOKENS,
+        )
+        view = http_json(f"{running.url(0)}/v1/cluster")[1]
+        fetched = {f.name: f for f in running.fetches(1)}
+    finally:
+        lab.down()
+    assert answer.choices[0].message.content == reference.text
+    assert view["serving"]["draft_node"] == "node-1", view["serving"]
+    details = answer.usage.completion_tokens_details if answer.usage else None
+    assert details is not None and (details.accepted_prediction_tokens or 0) > 0, answer.usage
+    draft, q4 = fetched[Q4], manifest_for(default_models[Q4])
+    assert draft.state == "done" and draft.retained_bytes == 0, draft
+    assert draft.planned_bytes == draft.share_bytes == whole(q4).nbytes(q4), draft

@@ -290,7 +290,7 @@ export function topologyNote(cluster) {
 // of its drafts the model kept since the leader started.
 function draftNote(serving) {
   if (!serving || !serving.draft_model) return "";
-  const where = serving.draft_node ? `on ${serving.draft_node}` : "not loaded (pipeline stages)";
+  const where = serving.draft_node ? `on ${serving.draft_node}` : "not loaded";
   const kept = serving.drafted_tokens ? `, ${serving.accepted_tokens}/${serving.drafted_tokens} drafts kept` : "";
   return ` · draft model ${serving.draft_model} ${where}${kept}`;
 }

@@ -106,3 +106,14 @@ def json_object(text: str) -> dict[str, Any]:
             f"{text!r} must be a JSON object like '{{\"enable_thinking\": false}}'"
         )
     return value
+
+
+def add_overlap_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--no-overlap`` (exo-tp run and launch): ServingOptions.overlap off."""
+    parser.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="pipelines: keep one batch in flight across the stages instead of one "
+        "micro-batch per stage (every stage busy under load)",
+    )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import (
     add_model_arg,
+    add_overlap_arg,
     int_list,
     non_negative_float,
     positive_int,
@@ -72,6 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="pipeline: layers per stage, e.g. 18,12 (default: every stage takes the same "
         "time: layers follow each stage's summed weights, the last stage's LM head counted)",
     )
+    add_overlap_arg(p)
     p.add_argument(
         "--join-timeout",
         type=non_negative_float,
@@ -146,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             kv_bits=args.kv_bits,
             kv_group_size=args.kv_group_size,
             quantized_kv_start=args.quantized_kv_start,
+            overlap=args.overlap,
             **speculative_options(args, model_dir),
         ),
     )

@@ -28,9 +28,6 @@ if TYPE_CHECKING:
     from exo_tp.plan.spec import ModelSpec
 
 
-NOT_LOADED = "not loaded (plans of pipeline stages do not speculate)"
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="print the shard plan", description=__doc__)
     add_model_arg(p)
@@ -201,14 +198,8 @@ def _unsplit(
         load = rank_load(spec, s.tp.ranks[0], s.layers, i == 0, i == len(plan.stages) - 1)
         lines.append(f"stage {i}: layers {s.layers.start}-{s.layers.stop}, {size(load.held_bytes)}")
     if draft is not None:
-        lines.append(
-            f"draft model {draft.name}: "
-            + (
-                f"whole beside the device holding the model, {size(draft.weights)} of weights"
-                if len(plan.stages) == 1
-                else NOT_LOADED
-            )
-        )
+        where = "the device holding the model" if len(plan.stages) == 1 else "the last stage"
+        lines.append(f"draft model {draft.name}: whole beside {where}, {size(draft.weights)}")
     print("\n".join(lines))
     return 0
 
@@ -240,6 +231,4 @@ def _choose(args: argparse.Namespace, spec: ModelSpec, draft: DraftCost | None) 
         draft=draft,
     )
     print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
-    if draft is not None and not args.json and len(choice.best.plan.stages) > 1:
-        print(f"draft model {draft.name}: {NOT_LOADED}")
     return 0

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exo_tp.cli.args import int_list, non_negative_float, positive_int, weight_list
+from exo_tp.cli.args import (
+    add_overlap_arg,
+    int_list,
+    non_negative_float,
+    positive_int,
+    weight_list,
+)
 from exo_tp.cli.connection_args import add_connection_args, connection_options
 from exo_tp.cli.generation_args import add_generation_defaults, generation_defaults
 from exo_tp.cli.kv_args import add_kv_args, add_kv_memory_arg
@@ -181,13 +187,7 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         "speed), or auto: throughput when 2+ requests are running or waiting as it plans "
         "(default)",
     )
-    serving.add_argument(
-        "--no-overlap",
-        dest="overlap",
-        action="store_false",
-        help="pipelines: keep one batch in flight across the stages instead of one "
-        "micro-batch per stage (every stage busy under load)",
-    )
+    add_overlap_arg(serving)
     add_kv_args(serving)
     add_kv_memory_arg(serving)
     add_speculative_args(serving)

@@ -197,9 +197,11 @@ async def _serve(
     profile = _profile_now(options, [folder for _, folder in folders])
     config = _node_config(options, host, bind, secret, access)
     label_logs(config.node_id)
-    node = Node(
-        config, NodeWeights(config.node_id, secret, folders), profile.summary() if profile else None
-    )
+    weights = NodeWeights(config.node_id, secret, folders)
+    draft = options.serving.draft_model
+    if draft is not None:  # offered like a model: a conductor without it receives it whole
+        weights.add_folder(draft, resolve_model(draft))
+    node = Node(config, weights, profile.summary() if profile else None)
     try:
         try:
             await node.start(web_routes())

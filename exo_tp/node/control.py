@@ -60,11 +60,18 @@ class ControlClient:
         leader: NodeId,
         weights: WeightOrder | None = None,
         adapter_job: str | None = None,
+        draft: WeightOrder | None = None,
     ) -> Accepted:
         return await self._client.call(
             peer.control_url,
             "/control/assign",
-            Assign(assignment=assignment, leader=leader, weights=weights, adapter_job=adapter_job),
+            Assign(
+                assignment=assignment,
+                leader=leader,
+                weights=weights,
+                adapter_job=adapter_job,
+                draft=draft,
+            ),
             Accepted,
         )
 

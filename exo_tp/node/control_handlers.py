@@ -57,16 +57,19 @@ class ControlHandlers:
             raise ControlRefused("stale epoch")
         self.epoch_seen = max(self.epoch_seen, assignment.epoch)
         await self.stop_loading()
-        order = body.weights
+        order, draft = body.weights, body.draft
         self.assigned_key = order.key if order else None
-        if order is None:  # every node loads assignment.model from its own files
+        if not any(o is not None and o.needs_fetch for o in (order, draft)):
+            # order None: every node loads assignment.model from its own files
+            for wanted, field in ((order, "model_dir"), (draft, "draft_dir")):
+                if wanted is None:
+                    continue
+                folder = self.weights.folder(wanted.key)
+                if folder is None:
+                    raise ControlRefused(f"{self.config.node_id} has no files of {wanted.name}")
+                assignment = replace(assignment, **{field: str(folder)})
             await self.worker.replace(assignment, body.leader)
-        elif not order.needs_fetch:
-            folder = self.weights.folder(order.key)
-            if folder is None:
-                raise ControlRefused(f"{self.config.node_id} has no files of {order.name}")
-            await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)
-        else:  # fetch the shard first; the leader follows the fetch in this node's status
+        else:  # fetch the shard (and draft) first; the leader follows it in this node's status
             await self.worker.replace(None)
             self.worker.assigned_by = body.leader
             self._loading = asyncio.create_task(
@@ -89,21 +92,28 @@ class ControlHandlers:
         }
 
     async def _fetch_then_start(self, body: Assign) -> None:
-        assert body.weights is not None
+        """The shard, then the draft model (the conductor's node), each from this node's
+        files or fetched into its store; then the worker."""
         assignment = body.assignment
-        try:
-            folder = await self.weights.receive(body.weights, assignment.epoch, self.weight_urls())
-        except Exception as error:  # in the status: the leader fails the epoch, re-plans
-            message = (
-                str(error) if isinstance(error, ExoTpError) else f"{type(error).__name__}: {error}"
-            )
-            if isinstance(error, EXPECTED_FETCH_ERRORS):
-                log.warning("epoch %d: %s", assignment.epoch, message)
-            else:  # a bug: the epoch still fails over it, and its traceback is in the log
-                log.exception("epoch %d: fetching the weights failed", assignment.epoch)
-            self.weights.failed(assignment.epoch, body.weights, message)
-            return
-        await self.worker.replace(replace(assignment, model_dir=str(folder)), body.leader)
+        for order, field in ((body.weights, "model_dir"), (body.draft, "draft_dir")):
+            if order is None:
+                continue
+            try:
+                folder = await self.weights.receive(order, assignment.epoch, self.weight_urls())
+            except Exception as error:  # in the status: the leader fails the epoch, re-plans
+                message = (
+                    str(error)
+                    if isinstance(error, ExoTpError)
+                    else f"{type(error).__name__}: {error}"
+                )
+                if isinstance(error, EXPECTED_FETCH_ERRORS):
+                    log.warning("epoch %d: %s", assignment.epoch, message)
+                else:  # a bug: the epoch still fails over it, and its traceback is in the log
+                    log.exception("epoch %d: fetching the weights failed", assignment.epoch)
+                self.weights.failed(assignment.epoch, order, message)
+                return
+            assignment = replace(assignment, **{field: str(folder)})
+        await self.worker.replace(assignment, body.leader)
 
     async def stop_loading(self) -> None:
         task, self._loading = self._loading, None

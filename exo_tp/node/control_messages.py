@@ -84,6 +84,9 @@ class Assign(Frozen):
     assignment: Assignment
     leader: NodeId
     weights: WeightOrder | None = None  # None: load assignment.model from this node's files
+    # The conductor's node: the draft model (speculative decoding), whole; None: it resolves
+    # serving.draft_model itself (or there is none).
+    draft: WeightOrder | None = None
     # the adapter of this fine-tuning job, from the node's own copy, on every shard
     adapter_job: str | None = None
 

@@ -247,7 +247,7 @@ class StatusViews:
 
 
 def _draft_node(assignment: Assignment | None) -> str | None:
-    """The node that runs the draft model: the conductor's, on a plan that loads it."""
-    if assignment is None or not assignment.serving.loads_draft(len(assignment.plan.stages)):
+    """The node that runs the draft model: the conductor's, where it is loaded."""
+    if assignment is None or not assignment.serving.loads_draft():
         return None
     return assignment.nodes[assignment.conductor_rank] if assignment.nodes else None

@@ -1,14 +1,14 @@
 """A draft model's memory in the plan (speculative decoding, `--draft-model`; pure).
 
 The draft runs whole in the conductor's process (exo_tp.runtime.draft_model says why), so its
-weights and the KV cache of the one stream that speculates sit on the conductor's device,
-beside that rank's shard. Only plans of one tensor-parallel stage speculate; on other plans the
-draft is never loaded and costs nothing.
+weights and the KV cache of the one stream that speculates sit on the conductor's device (the
+first rank of the last stage), beside that rank's shard.
 """
 
 from __future__ import annotations
 
 from exo_tp.plan.cost import rank_load
+from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.shard_plan import Span
 from exo_tp.plan.spec import Frozen, ModelSpec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
@@ -33,7 +33,6 @@ def draft_cost(spec: ModelSpec, name: str) -> DraftCost:
     return DraftCost(name=name, weights=load.held_bytes, kv_per_token=load.kv_bytes_per_token)
 
 
-def draft_rank(stages: int) -> int | None:
-    """The rank whose device holds the draft: the conductor (rank 0 of a single stage), or
-    None where the plan has pipeline stages and never speculates."""
-    return 0 if stages == 1 else None
+def draft_rank(plan: PipelinePlan) -> int:
+    """The rank whose device holds the draft: the conductor's, the last stage's first."""
+    return plan.stages[-1].ranks[0]

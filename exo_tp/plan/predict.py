@@ -254,9 +254,7 @@ def predict(
                 kv_per_token=kv_width(x, kv),
                 state=x.state_bytes,
                 streams=kv.streams,
-                draft=draft.bytes_at(context_tokens)
-                if draft and r == draft_rank(len(plan.stages))
-                else 0,
+                draft=draft.bytes_at(context_tokens) if draft and r == draft_rank(plan) else 0,
             )
             for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)
         ]

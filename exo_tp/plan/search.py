@@ -281,9 +281,13 @@ class _Layouts:
             norms = len(table_for(spec.model_type).norms)
             tiny = all_sum_seconds(len(group), FLOAT_BYTES, link)
             collectives += norms * (tiny + collective_floor(len(group), link, overhead))
+        # the last stage's first rank conducts, and holds the draft model beside its layers
+        beside = [0] * len(devices)
+        if last and self.draft is not None:
+            beside[0] = self.draft.bytes_at(self.context)
         capacity = min(
             math.floor(
-                (d.memory - end.held_bytes)
+                (d.memory - end.held_bytes - extra)
                 / (
                     (
                         x.held_bytes
@@ -292,7 +296,7 @@ class _Layouts:
                     / n
                 )
             )
-            for x, end, d in zip(every, ends, devices, strict=True)
+            for x, end, d, extra in zip(every, ends, devices, beside, strict=True)
         )
         return _StageTerms(per_layer + collectives, per_row, fixed, fixed_row, capacity)
 

@@ -34,8 +34,11 @@ nothing waits to join, a sequence inserted with ``draft_tokens`` > 0 steps specu
 drafts come from tokens every rank holds (prompt lookup) or from the conductor's broadcast (a
 draft model, `exo_tp.runtime.draft_model`), its verify step is one forward and one token
 broadcast like any step, so the lockstep (same changes, same steps, same tokens) is kept; a
-stream whose drafts stop paying pauses (`Backoff`, from counts every rank shares). Only for
-tensor-parallel plans (``speculate``: one stage, float KV cache).
+stream whose drafts stop paying pauses (`Backoff`, from counts every rank shares). Pipeline
+stages verify alike: the k + 1 positions cross every hop in the one forward, and the earlier
+stages read the verify step's tokens from their `Tokens` message (an overlapped pipeline's
+earlier stages at once, not a round later: their drafts and rollback need them; with one
+stream no other lane has work to overlap). Only with a float KV cache (``speculate``).
 """
 
 from __future__ import annotations
@@ -170,10 +173,10 @@ class LockstepBatch:
         self._speculative = (
             SpeculativeStep(
                 model,
-                self._sampler,
+                self._sample_now,
                 drafter or (lambda _uid, tokens, most: prompt_lookup(tokens, ngram, most)),
             )
-            if speculate and lanes == 1 and sample is not None
+            if speculate
             else None
         )
         self._drafts: dict[int, int] = {}
@@ -193,6 +196,17 @@ class LockstepBatch:
         else:
             self._word_at[self._position] = word
         return tokens
+
+    def _sample_now(self, logprobs: mx.array) -> mx.array:
+        """A verify step's sampling: earlier stages of an overlapped pipeline wait for its
+        tokens here rather than a round later, since its drafts and rollback depend on them."""
+        if self._deferred is None:
+            return self._sampler(logprobs)
+        message = self._deferred()
+        if len(message.tokens) != logprobs.shape[0]:
+            raise DivergedError(f"{len(message.tokens)} tokens for {logprobs.shape[0]} rows")
+        self._word_at[self._position] = message.committed
+        return mx.array(message.tokens, dtype=mx.uint32)
 
     @property
     def idle(self) -> bool:
@@ -342,7 +356,9 @@ class LockstepBatch:
     def _speculate(self, generator: BatchGenerator) -> list[Response] | None:
         """A speculative step when the batch allows one (the module doc), else None. Every
         rank decides from what it holds alike: the batch, the Insert's drafts, the tokens."""
-        if self._speculative is None or not self._drafts or not can_speculate(generator):
+        if self._speculative is None or not self._drafts or len(self.active) != 1:
+            return None  # (one stream in the whole batch: no other lane has work either)
+        if not can_speculate(generator):
             return None
         batch = generator._generation_batch
         uid = batch.uids[0]
@@ -350,10 +366,14 @@ class LockstepBatch:
         most = min(self._drafts.get(uid, 0), batch.max_tokens[0] - batch._num_tokens[0] - 1)
         if most <= 0 or not self._backoff.allows(uid, self.steps):
             return None
+        if self._deferred is not None:  # the tokens of every earlier step come first
+            self._settle(self._position - 1)
         token, drafts = self._speculative.drafts(generator, most)
         if not drafts:  # nothing repeats yet (prompt lookup): a plain step
             return None
         responses, accepted = self._speculative.run(generator, token, drafts)
+        if self._deferred is not None and batch.uids:  # what _fill_tokens hands the next step
+            self._received[self._lane_of[uid]] = {uid: int(batch._next_tokens[0].item())}
         self._backoff.record(uid, self.steps, accepted)
         if self.on_drafts is not None:
             self.on_drafts(uid, len(drafts), accepted)

@@ -5,7 +5,8 @@ The draft model runs whole on the conductor's process, not sharded: it is small,
 it on one rank keeps its drafts the same for every rank without asking every machine to
 compute them bit for bit alike (Macs of different chips would not). The conductor drafts
 greedily and broadcasts the drafts over the tensor-parallel group before the verify step
-(one small collective); the other ranks take them from the broadcast. Greedy drafts are
+(one small collective); the other ranks of its stage take them from the broadcast, the ranks
+of earlier pipeline stages from a `Drafts` message before the step's tokens. Greedy drafts are
 points, so verifying them by sampling the target keeps the target's distribution (rejection
 sampling, exo_tp.runtime.speculative).
 
@@ -20,23 +21,31 @@ minutes is taken for stalled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+from exo_tp.runtime.batching import DivergedError
+from exo_tp.runtime.follower import ControlFeed
 from exo_tp.runtime.speculative import Drafter
 from exo_tp.shard.collectives import broadcast_from_first
+from exo_tp.transport.channel import Channel
+from exo_tp.wire.runtime import Drafts
 
 FEED_CHUNK = 128  # tokens a step the draft model reads while it catches up with a stream
 
 
 class ModelDrafter:
-    """The conductor's drafter: a draft model's greedy tokens, broadcast to the group."""
+    """The conductor's drafter: a draft model's greedy tokens, broadcast to the group and
+    sent to the earlier pipeline stages (``earlier``: their ranks' control links)."""
 
-    def __init__(self, model: nn.Module, group: mx.distributed.Group):
-        self.model, self.group = model, group
+    def __init__(
+        self, model: nn.Module, group: mx.distributed.Group, earlier: Sequence[Channel[Any]] = ()
+    ):
+        self.model, self.group, self.earlier = model, group, list(earlier)
         self._uid: int | None = None
         self._cache: list[Any] = []
         self._fed: list[int] = []  # the tokens the cache holds
@@ -44,7 +53,10 @@ class ModelDrafter:
     def __call__(self, uid: int, tokens: list[int], most: int) -> list[int]:
         drafts = self._draft(uid, tokens, most)
         padded = [float(len(drafts)), *drafts, *[0.0] * (most - len(drafts))]
-        return _agreed(mx.array(padded, dtype=mx.float32), self.group)
+        agreed = _agreed(mx.array(padded, dtype=mx.float32), self.group)
+        for channel in self.earlier:
+            channel.send(Drafts(tokens=tuple(agreed)))
+        return agreed
 
     def _draft(self, uid: int, tokens: list[int], most: int) -> list[int]:
         if uid != self._uid:
@@ -81,6 +93,18 @@ def received_drafts(group: mx.distributed.Group) -> Drafter:
 
     def drafts(_uid: int, _tokens: list[int], most: int) -> list[int]:
         return _agreed(mx.zeros((most + 1,), dtype=mx.float32), group)
+
+    return drafts
+
+
+def fed_drafts(feed: ControlFeed) -> Drafter:
+    """A rank of an earlier pipeline stage: the conductor's drafts, from its Drafts message."""
+
+    def drafts(_uid: int, _tokens: list[int], most: int) -> list[int]:
+        sent = list(feed.next_drafts().tokens)
+        if len(sent) > most:
+            raise DivergedError(f"{len(sent)} drafts for a step of at most {most}")
+        return sent
 
     return drafts
 

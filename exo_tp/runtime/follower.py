@@ -11,7 +11,7 @@ from exo_tp.runtime.batching import DivergedError, LockstepBatch, RankSampler, W
 from exo_tp.shard.collectives import broadcast_from_first, zeros_after
 from exo_tp.transport.channel import Channel
 from exo_tp.transport.ring import leave
-from exo_tp.wire.runtime import EndTokens, Insert, Remove, Tokens
+from exo_tp.wire.runtime import Drafts, EndTokens, Insert, Remove, Tokens
 
 
 class EpochOver(Exception):
@@ -22,11 +22,11 @@ class ControlFeed:
     """The conductor's link as this rank reads it: changes in order, and (earlier pipeline
     stages) the tokens of each step."""
 
-    def __init__(self, channel: Channel[Insert | Remove | Tokens | EndTokens]):
+    def __init__(self, channel: Channel[Insert | Remove | Tokens | Drafts | EndTokens]):
         self._channel = channel
         self._changes: deque[Insert | Remove] = deque()
 
-    def _read(self) -> Insert | Remove | Tokens | EndTokens:
+    def _read(self) -> Insert | Remove | Tokens | Drafts | EndTokens:
         message = self._channel.recv()
         if message is None:
             raise EpochOver
@@ -44,18 +44,31 @@ class ControlFeed:
     def next_change(self) -> Insert | Remove:
         while not self._changes:
             message = self._read()
-            if isinstance(message, Tokens | EndTokens):
+            if isinstance(message, Tokens | Drafts | EndTokens):
                 raise DivergedError(f"{message.kind} arrived where a change was due")
             self._changes.append(message)
         return self._changes.popleft()
 
     def next_tokens(self) -> Tokens:
+        message = self._next_step_message()
+        if not isinstance(message, Tokens):
+            raise DivergedError("drafts arrived where a step's tokens were due")
+        return message
+
+    def next_drafts(self) -> Drafts:
+        message = self._next_step_message()
+        if not isinstance(message, Drafts):
+            raise DivergedError("a step's tokens arrived where drafts were due")
+        return message
+
+    def _next_step_message(self) -> Tokens | Drafts:
+        """The next message about a step; the changes read on the way are kept in order."""
         while True:
             message = self._read()
-            if isinstance(message, Tokens):
+            if isinstance(message, Tokens | Drafts):
                 return message
             if isinstance(message, EndTokens):
-                raise DivergedError("end tokens arrived where a step's tokens were due")
+                raise DivergedError("end tokens arrived where a step's message was due")
             self._changes.append(message)
 
 

@@ -40,9 +40,10 @@ from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import group_links
 from exo_tp.runtime.batching import LockstepBatch, RankSampler
 from exo_tp.runtime.conductor import Conductor
-from exo_tp.runtime.draft_model import ModelDrafter, received_drafts
+from exo_tp.runtime.draft_model import ModelDrafter, fed_drafts, received_drafts
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
 from exo_tp.runtime.pipeline import HopChannel, StageModel
+from exo_tp.runtime.speculative import Drafter
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.kv_quant import quantize_kv
 from exo_tp.shard.layers import HiddenFeed
@@ -187,28 +188,28 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
 
 
 def _may_speculate(job: Assignment) -> bool:
-    """Prompt-lookup speculation only on tensor-parallel plans (one stage: a pipeline's earlier
-    stages would need the verify step's k + 1 positions on their hops, not done yet) with a
-    float KV cache (a quantized one is quantized as it grows and cannot be trimmed back)."""
-    return len(job.plan.stages) == 1 and job.serving.kv_bits is None
+    """Speculation only with a float KV cache (a quantized one is quantized as it grows and
+    cannot be trimmed back)."""
+    return job.serving.kv_bits is None
 
 
 def _conductor_drafter(
-    job: Assignment, group: mx.distributed.Group, model_dir: Path
+    job: Assignment, group: mx.distributed.Group, model_dir: Path, earlier: list[Channel[Any]]
 ) -> ModelDrafter | None:
     """The conductor's draft model (exo_tp.runtime.draft_model), if the job names one and
-    its plan speculates. One this node cannot find or use is logged and left out: requests
+    its plan speculates (``earlier``: the earlier pipeline stages' links, which its drafts
+    reach by message). One this node cannot find or use is logged and left out: requests
     then draft by prompt lookup (the followers learn which from EndTokens)."""
     name = job.serving.draft_model
-    if name is None or not job.serving.loads_draft(len(job.plan.stages)):
+    if name is None or not job.serving.loads_draft():
         return None
     from exo_tp.models.draft import check_draft
 
     try:
-        folder = resolve_model(name)
+        folder = Path(job.draft_dir) if job.draft_dir else resolve_model(name)
         model = check_draft(model_dir, folder, name, DTYPES[job.dtype])
         mx.eval(model.parameters())  # loaded now, not inside the first step's drafts
-        return ModelDrafter(model, group)
+        return ModelDrafter(model, group, earlier)
     except ExoTpError as error:
         log.warning("epoch %d: no draft model, prompt lookup instead: %s", job.epoch, error)
         return None
@@ -235,12 +236,12 @@ def _serve_as_conductor(
         by_rank[hello.rank] = channel
     # Followers take the end tokens from here rather than each loading the tokenizer (0.65 s
     # of CPU per rank, on every start of every epoch).
-    drafter = _conductor_drafter(job, group, model_dir)
+    last_stage = set(plan.stages[-1].ranks)
+    earlier = [by_rank[r] for r in sorted(by_rank) if r not in last_stage]
+    drafter = _conductor_drafter(job, group, model_dir, earlier)
     ends = EndTokens(ids=tuple(sorted(tokenizer.eos_token_ids)), model_drafts=drafter is not None)
     for channel in by_rank.values():
         channel.send(ends)
-    last_stage = set(plan.stages[-1].ranks)
-    earlier = [by_rank[r] for r in sorted(by_rank) if r not in last_stage]
     source = connect(job.requests_at, key, SOURCE_MESSAGES, PEER_TIMEOUT)
     source.send(Hello(epoch=job.epoch, rank=job.rank))
 
@@ -273,6 +274,17 @@ def _serve_as_conductor(
     conductor.serve()
 
 
+def _follower_drafter(
+    opening: EndTokens, in_last_stage: bool, group: mx.distributed.Group, feed: ControlFeed
+) -> Drafter | None:
+    """Where a follower's drafts come from when the conductor drafts with a model: its
+    broadcast (the last stage's ranks) or its Drafts messages (earlier stages); else None,
+    prompt lookup on every rank."""
+    if not opening.model_drafts:
+        return None
+    return received_drafts(group) if in_last_stage else fed_drafts(feed)
+
+
 def _serve_as_follower(
     job: Assignment,
     key: bytes,
@@ -299,7 +311,7 @@ def _serve_as_follower(
         deferred=feed.next_tokens if deferred else None,
         bytes_per_entry=_bytes_per_entry(job),
         speculate=_may_speculate(job),
-        drafter=received_drafts(group) if opening.model_drafts else None,
+        drafter=_follower_drafter(opening, in_last_stage, group, feed),
     )
     if progress.probe is not None:
         progress.batch.after_step = progress.probe.maybe

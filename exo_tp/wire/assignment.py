@@ -58,10 +58,10 @@ class ServingOptions(Frozen):
     # time per token, every stream's tokens together, or auto by the queue when it plans.
     objective: Literal["latency", "throughput", "auto"] = "auto"
 
-    def loads_draft(self, stages: int) -> bool:
-        """Whether a plan of ``stages`` stages loads the draft model: speculation needs one
-        tensor-parallel stage and a float KV cache (exo_tp.runtime.rank)."""
-        return self.draft_model is not None and stages == 1 and self.kv_bits is None
+    def loads_draft(self) -> bool:
+        """Whether the conductor loads the draft model: speculation needs a float KV cache
+        (exo_tp.runtime.rank)."""
+        return self.draft_model is not None and self.kv_bits is None
 
 
 class Assignment(Frozen):
@@ -71,6 +71,9 @@ class Assignment(Frozen):
     model: str  # a prepared model name or a folder present on the rank's machine
     # The folder to load from when the node chose it (its files, or its shard store).
     model_dir: str = ""
+    # The conductor's: the draft model's folder when its node chose it (its files, or the
+    # store it received the draft into); "" resolves serving.draft_model on this machine.
+    draft_dir: str = ""
     plan: PipelinePlan
     rank: Rank = Field(ge=0)  # global rank
     hostfile: tuple[str, ...]  # "ip:port" each global rank's ring socket listens on

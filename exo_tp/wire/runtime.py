@@ -282,6 +282,16 @@ class Tokens(Frozen):
     uids: tuple[BatchUid, ...] = ()
 
 
+class Drafts(Frozen):
+    """Earlier pipeline stages: the draft model's drafts for the next verify step (the last
+    stage's ranks take them from the conductor's broadcast, exo_tp.runtime.draft_model). Sent
+    before that step's Tokens, so the stage feeds them to its first layers and then compares
+    them with the sampled tokens as every rank does."""
+
+    kind: Literal["drafts"] = "drafts"
+    tokens: tuple[int, ...]
+
+
 class EndTokens(Frozen):
     """The conductor's first message to each of its followers: the tokens that end a sequence
     (its tokenizer's), so that a follower builds its batch without loading the tokenizer, and
@@ -293,7 +303,7 @@ class EndTokens(Frozen):
     model_drafts: bool = False
 
 
-StageControl = Annotated[Insert | Remove | Tokens | EndTokens, Field(discriminator="kind")]
+StageControl = Annotated[Insert | Remove | Tokens | Drafts | EndTokens, Field(discriminator="kind")]
 
 
 # ---- pipeline hops -----------------------------------------------------------------------
@@ -315,6 +325,8 @@ CONDUCTOR_EVENTS: TypeAdapter[Hello | Delta | Done | RequestFailed] = TypeAdapte
 RANK_EVENTS: TypeAdapter[Joining | Loading | Ready | Heartbeat | RankFailed] = TypeAdapter(
     RankEvent
 )
-STAGE_CONTROL: TypeAdapter[Insert | Remove | Tokens | EndTokens] = TypeAdapter(StageControl)
+STAGE_CONTROL: TypeAdapter[Insert | Remove | Tokens | Drafts | EndTokens] = TypeAdapter(
+    StageControl
+)
 HOP_MESSAGES: TypeAdapter[Hello | HiddenHeader] = TypeAdapter(HopMessage)
 HELLO: TypeAdapter[Hello] = TypeAdapter(Hello)

@@ -30,10 +30,11 @@ from exo_tp.node.peers import Peers
 from exo_tp.node.weight_orders import ModelOffer, WeightOrder
 from exo_tp.node.weights import ManifestPending, NodeWeights, manifest_of
 from exo_tp.plan import ModelSpec, load_spec
+from exo_tp.weights.boxes import whole
 from exo_tp.weights.client import fetch_holding
 from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import MOUNT
-from exo_tp.weights.transfer import Holding, TransferError, TransferPlan
+from exo_tp.weights.transfer import Holding, TransferError, TransferPlan, plan_shares
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.ids import NodeId
@@ -234,6 +235,35 @@ class ClusterModel:
             list(placement.rank_order),
         )
         return transfer_orders(model, transfer)
+
+    async def draft_order(self, name: str, conductor: Announcement) -> WeightOrder | None:
+        """How the conductor's node gets the draft model ``name`` (speculative decoding): from
+        its own files, else whole into its store from the members that offer it (as a shard
+        of a one-rank plan). None when no member offers it: the conductor then resolves the
+        name itself, and drafts by prompt lookup if it cannot (it logs why)."""
+        key = self.key_of(name)
+        if key is None:
+            log.warning("no member offers the draft model %s", name)
+            return None
+        holders = sorted(n for n, _ in self.offers().get(key, []))
+        if conductor.node_id in holders:
+            return WeightOrder(key=key, name=name)
+        manifest = await self._first_manifest(holders, key)
+        held = [Holding(node=n, files=True, extras=True) for n in holders]
+        held.append(await self._holding(conductor, manifest))
+        transfer = plan_shares(manifest, [whole(manifest)], [conductor.node_id], held)
+        log.info(
+            "draft model %s: %.1f MB move to %s",
+            name,
+            transfer.moved_bytes / 1e6,
+            conductor.node_id,
+        )
+        return WeightOrder(
+            key=key,
+            name=name,
+            identity=transfer.model,
+            transfer=transfer.node(conductor.node_id),
+        )
 
     async def _holding(self, member: Announcement, manifest: ModelManifest) -> Holding:
         """What a member without the files holds of the model (its store, asked over HTTP)."""

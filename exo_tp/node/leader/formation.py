@@ -391,10 +391,25 @@ class Leader:
         )
         by_id = {m.node_id: m for m in eligible}
         members = [by_id[n] for n in nodes]
+        conductor = members[placement.plan.stages[-1].ranks[0]]
+        try:
+            draft = (
+                await self.models.draft_order(serving.draft_model, conductor)
+                if serving.draft_model is not None and serving.loads_draft()
+                else None
+            )
+        except (ExoTpError, aiohttp.ClientError, TimeoutError) as error:
+            self._fail(f"cannot send the draft model {serving.draft_model}: {error}")
+            return
         assignments = await self._assignments(number, model.name, placement, members, backend)
         for member, assignment in zip(members, assignments, strict=True):
             await self._control.assign(
-                member, assignment, self.me, orders[member.node_id], adapter_job
+                member,
+                assignment,
+                self.me,
+                orders[member.node_id],
+                adapter_job,
+                draft if member is conductor else None,
             )
         self.led.started = time.monotonic()
         if previous is not None:  # members dropped from the cluster let their workers go

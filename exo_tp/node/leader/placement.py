@@ -106,9 +106,9 @@ def planner_cluster(spec: ModelSpec, members: Members) -> Cluster:
 def serving_draft(serving: ServingOptions) -> DraftCost | None:
     """The draft model's memory for the planner, from the leader's own files of it (the
     conductor's node loads it; a leader without it plans without it, and says so). None where
-    no one-stage plan would load it (a quantized KV cache never speculates)."""
+    no plan would load it (a quantized KV cache never speculates)."""
     draft_model = serving.draft_model
-    if draft_model is None or not serving.loads_draft(1):
+    if draft_model is None or not serving.loads_draft():
         return None
     from exo_tp.models.registry import resolve_model
     from exo_tp.plan.spec import load_spec
