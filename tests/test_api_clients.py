@@ -408,6 +408,81 @@ def test_tool_call_is_parsed_as_mlx_lm_parses_it(
     assert finish == "tool_calls"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_speculation_keeps_logprobs_and_tool_calls_and_survives_a_cancel(
+    cluster: LocalCluster, ref: SingleDevice, stream: bool
+) -> None:
+    """The repeated tool call with drafts looked up in the prompt (the request's
+    num_draft_tokens): most drafts are kept, and the tokens, their logprobs and top 5, the
+    parsed tool call and the finish are single-device mlx-lm's, as without drafts. Then a
+    drafting stream dropped by its client after a few chunks: the next request still gets
+    mlx-lm's answer (the verify steps' caches were rolled back and freed with it)."""
+    expected = ref.generate(ref.chat_tokens(REPEAT_CALL, [WEATHER]), 36, top_logprobs=5)
+    content, calls = ref.tool_calls(expected.text.split("\n\n")[0], [WEATHER])
+    request: dict[str, Any] = {
+        "model": "default_model",
+        "messages": REPEAT_CALL,
+        "tools": [WEATHER],
+        "max_tokens": 36,
+        "temperature": 0,
+        "stop": ["\n\n"],
+        "logprobs": True,
+        "top_logprobs": 5,
+        "extra_body": {"num_draft_tokens": 4},
+    }
+    client = _openai(cluster, node=int(stream))
+    if stream:
+        chunks = list(
+            client.chat.completions.create(
+                **request, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        got = [
+            {"name": t.function.name, "arguments": json.loads(t.function.arguments)}
+            for d in deltas
+            for t in d.tool_calls or []
+        ]
+        got_content = "".join(d.content or "" for d in deltas)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        entries = [
+            e
+            for c in chunks
+            if c.choices and c.choices[0].logprobs
+            for e in c.choices[0].logprobs.content or []
+        ]
+        usage = chunks[-1].usage
+    else:
+        reply = client.chat.completions.create(**request)
+        message = reply.choices[0].message
+        got = [
+            {"name": t.function.name, "arguments": json.loads(t.function.arguments)}
+            for t in message.tool_calls or []
+        ]
+        got_content, finish = message.content or "", reply.choices[0].finish_reason
+        entries = list(reply.choices[0].logprobs.content or [])
+        usage = reply.usage
+    details = usage.completion_tokens_details if usage else None
+    assert details is not None and (details.accepted_prediction_tokens or 0) > 10, usage
+    assert (got, got_content, finish) == (calls, content, "tool_calls")
+    assert len(entries) > 10 and [e.id for e in entries] == expected.tokens[: len(entries)]
+    for entry, logprob, top in zip(entries, expected.logprobs, expected.top, strict=False):
+        assert entry.logprob == pytest.approx(logprob, abs=LOGPROB_ATOL)
+        assert [t.id for t in entry.top_logprobs] == [i for i, _ in top]
+    dropped = client.chat.completions.create(**request, stream=True)
+    for seen, _ in enumerate(dropped):
+        if seen == 3:
+            break
+    dropped.close()
+    again = client.chat.completions.create(**request)
+    assert [
+        {"name": t.function.name, "arguments": json.loads(t.function.arguments)}
+        for t in again.choices[0].message.tool_calls or []
+    ] == calls
+    again_ids = [e.id for e in again.choices[0].logprobs.content or []]
+    assert again_ids == [e.id for e in entries]
+
+
 # ---- Anthropic Messages API ------------------------------------------------------------------
 
 
