@@ -603,6 +603,20 @@ def test_a_node_cluster_drafts_with_the_4_bit_model(reference: Reference) -> Non
     assert details["accepted_prediction_tokens"] > 0, answer["usage"]
 
 
+def test_the_planner_counts_the_4_bit_drafts_8_bit_embedding() -> None:
+    """The 4-bit SmolLM2's config keeps its embedding (its tied head too) at 8 bits: the draft's
+    weights in the plan equal what the conductor holds once it loads the draft, to the byte."""
+    from mlx.utils import tree_flatten
+
+    from exo_tp.models.draft import load_draft
+    from exo_tp.models.registry import resolve_model
+    from exo_tp.plan.draft import draft_cost
+
+    folder = resolve_model("smollm2-135m-q4")
+    held = sum(v.nbytes for _, v in tree_flatten(load_draft(folder, mx.float32).parameters()))
+    assert draft_cost(load_spec(folder), "q4").weights == held
+
+
 def test_plan_shows_the_draft_model_beside_the_conductor() -> None:
     """`exo-tp plan --draft-model`: where the draft runs, its weights as mlx-lm holds them
     (float32), and its KV cache per 1k tokens as mlx-lm's KVCache holds it."""

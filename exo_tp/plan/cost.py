@@ -103,9 +103,12 @@ def weight_format(spec: ModelSpec) -> str:
     return quant_key(q.bits, q.group_size) if q else ENGINE_DTYPE
 
 
-def bytes_per_weight(spec: ModelSpec, float_bytes: int = FLOAT_BYTES) -> float:
+def bytes_per_weight(
+    spec: ModelSpec, float_bytes: int = FLOAT_BYTES, bits: int | None = None
+) -> float:
+    """Bytes per weight of a linear (``bits``: a module's own, where the config overrides)."""
     q = spec.quantization
-    return q.bits / 8 + 2 * float_bytes / q.group_size if q else float(float_bytes)
+    return (bits or q.bits) / 8 + 2 * float_bytes / q.group_size if q else float(float_bytes)
 
 
 def _expert_kind(spec: ModelSpec) -> str:
@@ -452,12 +455,16 @@ def rank_load(
     per_layer, final = (6, 3) if spec.attention_residuals else (2, 1)
     vectors = per_layer * layers.size + (final if last else 0)
     norms = (vectors * spec.hidden_size + floats) * float_bytes
-    vocab_held = 0
-    if last:
-        vocab_held += vocab  # LM head shard (or the tied embedding it shares)
+    q = spec.quantization
+    embedding = bytes_per_weight(spec, float_bytes, q.embedding_bits if q else None)
+    head = bytes_per_weight(spec, float_bytes, q.head_bits if q else None)
+    vocab_bytes = 0.0
+    if last:  # LM head shard (or the tied embedding it shares)
+        vocab_bytes += vocab * (embedding if spec.tie_word_embeddings else head)
         shapes["head", spec.hidden_size, shard.vocab.size] = 1
     if first and not (last and spec.tie_word_embeddings):
-        vocab_held += vocab  # embedding shard; a lookup reads one row, not counted
+        vocab_bytes += vocab * embedding  # embedding shard; a lookup reads one row, not counted
+    vocab_held = 0
     if first and spec.per_layer_embedding:
         # Gemma 4: per-layer input embeddings (vocab-split) and their projection (replicated)
         vocab_held += (shard.vocab.size + spec.hidden_size) * spec.per_layer_embedding
@@ -465,7 +472,7 @@ def rank_load(
         shapes[key] = shapes.get(key, 0) + 1
     read = sum(k * n * count for (_, k, n), count in shapes.items())
     return RankLoad(
-        held_bytes=round((held + vocab_held) * per + norms),
+        held_bytes=round((held + vocab_held) * per + vocab_bytes + norms),
         read_bytes=round(read * per + norms),
         flops_per_token=2.0 * read,
         # attention scores grow with the prompt; a linear-attention layer's recurrence does not

@@ -32,6 +32,10 @@ class Quantization(Frozen):
 
     group_size: int = Field(gt=0)
     bits: int = Field(gt=0)
+    # mlx-lm's per-module entries for the vocabulary matrices, where the config overrides them
+    # (the 4-bit SmolLM2 keeps an 8-bit embedding, which is also its tied LM head)
+    embedding_bits: int | None = Field(default=None, gt=0)
+    head_bits: int | None = Field(default=None, gt=0)
 
 
 class LatentAttention(Frozen):
@@ -281,7 +285,20 @@ def _quantization(config: dict[str, Any]) -> Quantization | None:
     groups = [quant["group_size"]] + [
         v["group_size"] for v in quant.values() if isinstance(v, dict) and "group_size" in v
     ]
-    return Quantization(group_size=math.lcm(*groups), bits=quant["bits"])
+    return Quantization(
+        group_size=math.lcm(*groups),
+        bits=quant["bits"],
+        embedding_bits=_module_bits(quant, "embed_tokens"),
+        head_bits=_module_bits(quant, "lm_head"),
+    )
+
+
+def _module_bits(quant: dict[str, Any], name: str) -> int | None:
+    """The bits a per-module entry gives the module ``name`` (the last part of its path)."""
+    for path, entry in quant.items():
+        if isinstance(entry, dict) and path.split(".")[-1] == name and "bits" in entry:
+            return int(entry["bits"])
+    return None
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
