@@ -238,8 +238,8 @@ class ServingView(Frozen):
     # since it started: tokens drafted, and accepted by the model
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    # the node's --draft-model, and the node it runs on: the conductor's, where the epoch's
-    # plan is one tensor-parallel stage (None: pipeline stages never speculate)
+    # the node's --draft-model, and the node it runs on: the conductor's, where the epoch
+    # loads it (None: no epoch yet, or a quantized KV cache, which never speculates)
     draft_model: str | None = None
     draft_node: str | None = None
 

@@ -101,8 +101,8 @@ class LockstepBatch:
         """``sample``: this rank's part of sampling; None with ``deferred`` (earlier stages of
         an overlapped pipeline, whose tokens arrive a round later). ``bytes_per_token`` and
         ``bytes_per_entry`` (recurrent state): the prompt cache's measure (PromptCache).
-        ``speculate``: this epoch's plan lets sequences with draft tokens speculate (one
-        tensor-parallel stage, a float KV cache: every rank must pass the same); ``drafter``:
+        ``speculate``: this epoch's plan lets sequences with draft tokens speculate (a float
+        KV cache: every rank must pass the same); ``drafter``:
         where drafts come from (a draft model's, exo_tp.runtime.draft_model), else prompt
         lookup."""
         if (sample is None) == (deferred is None):

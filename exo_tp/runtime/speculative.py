@@ -23,7 +23,7 @@ the sample, which is then distributed as p without d, renormalised: max(0, p - q
 Positions after the first rejection are dropped, so every emitted token was drawn given the
 tokens actually emitted before it. A seeded request draws its random numbers in another order
 than without speculation (k + 1 rows a step), so its tokens differ, not its distribution.
-When to speculate is decided in `exo_tp.runtime.batching` (one stream, a tensor-parallel plan,
+When to speculate is decided in `exo_tp.runtime.batching` (one stream, a float KV cache,
 trimmable caches) and by the conductor (no logits processors, no grammar).
 """
 
