@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -65,14 +64,19 @@ def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
                 frozen.send_signal(signal.SIGCONT)
 
 
-def _rank_folders(owner: int) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"exo-tp-rank-{owner}-*"))
+def _rank_folders(owner: int, tmp: Path) -> list[Path]:
+    return list(tmp.glob(f"exo-tp-rank-{owner}-*"))
 
 
 def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
     default_models: dict[str, Path], tmp_path: Path
 ) -> None:
     port = free_port_base(1)
+    # Its own temporary folder: any rank started beside this test (the other worker's) sweeps
+    # the shared one for the folders of dead owners, and would remove the killed node's before
+    # this test looks.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
 
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -94,14 +98,14 @@ def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
             stdout=subprocess.DEVNULL,
             stderr=(tmp_path / "node.log").open("a"),
             start_new_session=True,
-            env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
+            env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "TMPDIR": str(tmp)},
         )
 
     url = f"http://127.0.0.1:{port}"
     node = start()
     try:
         wait_ready([url], nodes=1)
-        folders = _rank_folders(node.pid)
+        folders = _rank_folders(node.pid, tmp)
         assert folders and all(f.is_dir() for f in folders)
         tree = [p.pid for p in psutil.Process(node.pid).children(recursive=True)]
         os.killpg(node.pid, signal.SIGKILL)  # no clean-up runs
@@ -112,7 +116,7 @@ def test_a_killed_nodes_rank_folder_is_removed_on_the_next_start(
         node = start()
         wait_ready([url], nodes=1)
         assert not any(f.exists() for f in folders)
-        mine = _rank_folders(node.pid)
+        mine = _rank_folders(node.pid, tmp)
         assert mine
         os.killpg(node.pid, signal.SIGTERM)  # a normal stop removes its own
         node.wait(30)
