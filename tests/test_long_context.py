@@ -67,6 +67,7 @@ from exo_tp.plan.spec import load_spec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.shard.apply import load_shard
+from exo_tp.shard.fused_step import FusedForward
 from exo_tp.shard.kv_quant import quantize_kv
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert
@@ -74,7 +75,7 @@ folder = Path({folder!r})
 plan = plan_tensor_parallel(load_spec(folder), {weights!r})
 eos = load_tokenizer(folder).eos_token_ids
 out = {{}}
-for name, bits, prompts, budget, together in {cases!r}:
+for name, bits, prompts, budget, together, fused in {cases!r}:
     model = load_shard(folder, plan, group.rank(), group, mx.float32)
     if bits:
         quantize_kv(model, bits, 64, 0)
@@ -85,6 +86,7 @@ for name, bits, prompts, budget, together in {cases!r}:
     batch = LockstepBatch(
         model, eos, options,
         lambda lp: (mx.argmax(lp, axis=-1).astype(mx.uint32), 0), bytes_per_token=0,
+        fused=FusedForward(model, "llama") if fused else None,
     )
     for uid, ids in enumerate(prompts):
         batch.insert(Insert(uid=uid, tokens=tuple(ids), max_tokens={tokens}))
@@ -98,6 +100,7 @@ for name, bits, prompts, budget, together in {cases!r}:
     batch.close()
     out[name] = [streams[uid] for uid in range(len(prompts))]
     out[name + " widest"] = widest
+    out[name + " fused"] = batch.fused_steps
 # a second turn with an 8-bit KV cache, served from the prompt cache (quantized entries)
 model = load_shard(folder, plan, group.rank(), group, mx.float32)
 quantize_kv(model, 8, 64, 0)
@@ -128,9 +131,10 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
 ) -> None:
     """One ring job of 3 uneven ranks (5/3/2): float prompts of 1k, 4k and 8k tokens, each
     alone; prompts of 1000, 300 and 700 tokens batched together with a step token budget (chunked
-    prefill); six prompts of 1900, 240, 1300, 600, 1600 and 420 tokens prefilled together and
-    decoding together; with an 8-bit and a 4-bit KV cache a 1k prompt alone, then the three
-    batched (8-bit: with the budget), each equal to mlx-lm's run of that prompt alone; and a
+    prefill), the chunks in passes of their own and fused with the streams' rows; six prompts
+    of 1900, 240, 1300, 600, 1600 and 420 tokens prefilled together and decoding together;
+    with an 8-bit and a 4-bit KV cache a 1k prompt alone, then the three batched (8-bit: with
+    the budget), each equal to mlx-lm's run of that prompt alone; and a
     second turn of a chat with an 8-bit KV cache, served from the prompt cache, equal to
     mlx-lm's uncached answer."""
     from mlx_lm import load
@@ -149,24 +153,26 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     long = [prompt(n) for n in (1000, 4000, 8000)]
     batched = [prompt(n) for n in (1000, 300, 700)]
     cases = [
-        ("float 1k", None, [long[0]], None, 1),
-        ("float 4k", None, [long[1]], None, 1),
-        ("float 8k", None, [long[2]], None, 1),
+        ("float 1k", None, [long[0]], None, 1, False),
+        ("float 4k", None, [long[1]], None, 1, False),
+        ("float 8k", None, [long[2]], None, 1, False),
         # chunked prefill with a token budget of 48: the 700 and 1000-token prompts are read
-        # in chunks of 47 and 46 tokens beside the streams already decoding
-        ("float budget", None, batched, 48, 1),
+        # in chunks of 47 and 46 tokens beside the streams already decoding, in a pass of
+        # their own, then in the same pass as the streams' rows (exo_tp.shard.fused_step)
+        ("float budget", None, batched, 48, 1, False),
+        ("float fused", None, batched, 48, 1, True),
     ]
     for bits in (8, 4):
         cases += [
-            (f"kv{bits} 1k", bits, [long[0]], None, 1),
-            (f"kv{bits} batched", bits, batched, 48 if bits == 8 else None, 1),
+            (f"kv{bits} 1k", bits, [long[0]], None, 1, False),
+            (f"kv{bits} batched", bits, batched, 48 if bits == 8 else None, 1, False),
         ]
     first_turn, follow_up = batched[1], prompt(44)  # 44: no near-tie in its answer
     # Six at once, the batch's whole width (drawn last: the prompts above keep their tokens),
     # of a few hundred to ~2k tokens, prefilled together in 512-token chunks of six rows (what
     # a node on OpenBLAS does by default), so that steps decode all six at once.
     six = [prompt(n) for n in (1900, 240, 1300, 600, 1600, 420)]
-    cases.append(("float six", None, six, None, 6))
+    cases.append(("float six", None, six, None, 6, False))
     script = _RING.format(
         tests=str(Path(__file__).parent),
         folder=str(folder),
@@ -188,6 +194,10 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
         outs["second turn"], _reference(model, outs["turn"], 8)
     )
     print(compared)
+    # the fused case read its chunks beside the streams in one pass (each of a stream's
+    # tokens came with one while a longer prompt waited), the others never did
+    assert outs["float fused fused"] >= TOKENS, outs["float fused fused"]
+    assert outs["float budget fused"] == 0
     # the six ran at once: one step gave every one of them a token
     assert outs["float six widest"] == len(six), outs["float six widest"]
     assert sum(compared.values()) >= len(compared) * TOKENS // 2, compared

@@ -177,6 +177,19 @@ class GroupedOutputRule(Frozen):
     ids: str
 
 
+class FusedBlock(Frozen):
+    """A block that computes ``h = x + attention(attention_norm(x))``, then
+    ``h + mlp(mlp_norm(h))``, both branches reducing (mlx-lm's llama, Qwen 2 and Qwen 3
+    blocks). A step's decode rows and a prompt chunk may then run through it in one pass: the
+    norms, the MLP and both all-reduces on the rows joined, each attention on its own rows and
+    cache (exo_tp.shard.fused_step)."""
+
+    attention: str = "self_attn"
+    mlp: str = "mlp"
+    attention_norm: str = "input_layernorm"
+    mlp_norm: str = "post_attention_layernorm"
+
+
 class ArchTable(Frozen):
     model_types: tuple[str, ...]
     layers: str = "model.layers"
@@ -221,6 +234,9 @@ class ArchTable(Frozen):
     # their mix and a forward pass's shared state): a pipeline stage passes them as one message
     # (exo_tp.shard.streams).
     stage_state: bool = False
+    # The block's shape where it lets decode rows and a prompt chunk share one forward pass
+    # (FusedBlock); None: a step runs them as mlx-lm does, in two.
+    fused: FusedBlock | None = None
     # Settings objects a block's modules share with the whole model (LFM2's short conv reads
     # its channel count from the model's ModelArgs): each block gets its own copy before
     # counts set a field of it, so one layer's local count never reaches another's.
@@ -259,6 +275,8 @@ class ArchTable(Frozen):
             if not any(is_under(path, p) for p in reducing):
                 raise ValueError(f"{path} is inside no reducing branch")
         attention = [b.path for b in self.branches if b.kind == "attention"]
+        if self.fused and not {self.fused.attention, self.fused.mlp} <= set(reducing):
+            raise ValueError("a fused block's attention and MLP must be reducing branches")
         for norm in self.norms:
             # its stand-in must join the norm's all-reduce: only attention stand-ins do
             if not any(is_under(norm.path, p) for p in attention):

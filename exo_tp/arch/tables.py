@@ -8,6 +8,7 @@ from exo_tp.arch.table import (
     ArchTable,
     BranchRule,
     CountRule,
+    FusedBlock,
     GroupedOutputRule,
     LinearRule,
     NormRule,
@@ -65,6 +66,7 @@ LLAMA_LIKE = ArchTable(
     replicated=QK_NORMS,
     counts=HEAD_COUNTS,
     stages=True,
+    fused=FusedBlock(),
 )
 
 # Qwen2 (dense and MoE) derives head_dim as hidden_size // heads whatever config.json says.
@@ -415,7 +417,8 @@ _LANGUAGE_MODEL = dict(
     norm="language_model.model.norm",
     stages=True,
 )
-QWEN3_VL = replace(LLAMA_LIKE, model_types=("qwen3_vl",), **_LANGUAGE_MODEL)
+# (not fused: the language model's forward takes the multimodal positions too)
+QWEN3_VL = replace(LLAMA_LIKE, model_types=("qwen3_vl",), fused=None, **_LANGUAGE_MODEL)
 QWEN3_VL_MOE = replace(QWEN3_MOE, model_types=("qwen3_vl_moe",), **_LANGUAGE_MODEL)
 
 TABLES: tuple[ArchTable, ...] = (

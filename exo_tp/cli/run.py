@@ -171,6 +171,14 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         "--prefill-step-size chunks)",
     )
     serving.add_argument(
+        "--fused-steps",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run a step's decode rows and a waiting prompt's chunk in one forward pass "
+        "(one stage, float KV cache, llama/Mistral/Qwen 2-3/SmolLM3 blocks): half the "
+        "all-reduces of two passes; auto: on a GPU only (default auto)",
+    )
+    serving.add_argument(
         "--prefill-batch-size",
         type=positive_int,
         default=None,
@@ -267,6 +275,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
             max_concurrency=args.max_concurrency,
             prefill_step_size=args.prefill_step_size,
             step_token_budget=args.step_token_budget,
+            fused_steps=args.fused_steps,
             prefill_batch_size=args.prefill_batch_size or default_prefill_batch(),
             overlap=args.overlap,
             objective=args.objective,

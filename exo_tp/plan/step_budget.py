@@ -7,6 +7,8 @@ The budget sizes the chunk so that it costs about one decode step: the plan's pr
 seconds per decoded token times its predicted prefill tokens per second. Running streams then
 wait about two decode steps per token while a long prompt is read, never a whole 512-token
 chunk, and the prompt still advances by a decode step's worth of work every step.
+On a GPU with fused steps (exo_tp.shard.fused_step) a small chunk rides along the decode's
+weight reads and costs far less than its FLOPs here suggest: the budget is then conservative.
 """
 
 from __future__ import annotations

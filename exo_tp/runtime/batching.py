@@ -39,6 +39,10 @@ stages verify alike: the k + 1 positions cross every hop in the one forward, and
 stages read the verify step's tokens from their `Tokens` message (an overlapped pipeline's
 earlier stages at once, not a round later: their drafts and rollback need them; with one
 stream no other lane has work to overlap). Only with a float KV cache (``speculate``).
+
+Fused steps (``fused``, exo_tp.shard.fused_step): a step whose rows decode beside one prompt's
+chunk runs both in one forward pass, mlx-lm's two model calls swapped for it for that step
+(its bookkeeping unchanged). Every rank decides from the batch it holds alike.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from exo_tp.runtime.speculative import (
     can_speculate,
     prompt_lookup,
 )
+from exo_tp.shard.fused_step import FusedForward
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert, Remove, Tokens
 
@@ -97,6 +102,7 @@ class LockstepBatch:
         bytes_per_entry: int = 0,
         speculate: bool = False,
         drafter: Drafter | None = None,
+        fused: FusedForward | None = None,
     ):
         """``sample``: this rank's part of sampling; None with ``deferred`` (earlier stages of
         an overlapped pipeline, whose tokens arrive a round later). ``bytes_per_token`` and
@@ -104,7 +110,8 @@ class LockstepBatch:
         ``speculate``: this epoch's plan lets sequences with draft tokens speculate (a float
         KV cache: every rank must pass the same); ``drafter``:
         where drafts come from (a draft model's, exo_tp.runtime.draft_model), else prompt
-        lookup."""
+        lookup. ``fused``: runs a step's decode rows and a prompt chunk in one forward pass
+        (exo_tp.shard.fused_step; one stage, a float KV cache: every rank must pass alike)."""
         if (sample is None) == (deferred is None):
             raise ValueError("a rank samples either now or deferred")
         self.model = model
@@ -183,6 +190,8 @@ class LockstepBatch:
         self._backoff = Backoff()  # streams whose drafts stopped paying decode plainly a while
         self.default_drafts = options.num_draft_tokens if self._speculative else 0
         self.on_drafts: Callable[[int, int, int], None] | None = None
+        self._fused = fused
+        self.fused_steps = 0  # steps that ran their decode rows and a chunk in one pass
 
     def _sampler(self, logprobs: mx.array) -> mx.array:
         if self._deferred is not None:  # placeholders; the tokens replace them a round later
@@ -335,6 +344,8 @@ class LockstepBatch:
         self._make_room(generator)
         self._size_chunks(generator)
         responses = self._speculate(generator)
+        if responses is None and self._fusable(generator):
+            responses = self._step_fused(generator)
         if responses is None:
             _, responses = generator.next()
         self._position += 1
@@ -377,6 +388,56 @@ class LockstepBatch:
         self._backoff.record(uid, self.steps, accepted)
         if self.on_drafts is not None:
             self.on_drafts(uid, len(drafts), accepted)
+        return responses
+
+    def _fusable(self, generator: BatchGenerator) -> bool:
+        """Whether this step's decode rows and prompt chunk can share one forward pass: rows
+        decode (with room for more: mlx-lm skips the prompts of a full batch), and the one
+        prompt prefilling neither moves to decoding nor is joined by another this step (a
+        prompt batch of one: no padding to prepare before its chunk). Every rank holds the
+        same batch and queue, so every rank decides alike."""
+        if self._fused is None or len(self.lanes) != 1:
+            return False
+        rows, prompts = generator._generation_batch, generator._prompt_batch
+        if not len(rows) or len(rows) >= generator.completion_batch_size:
+            return False
+        if len(prompts) != 1 or len(generator._currently_processing) != 1:
+            return False
+        segments = generator._currently_processing[0][0]
+        if not segments or (len(segments) == 1 and len(segments[0]) == 1):
+            return False
+        joining = generator._unprocessed_sequences and generator.prefill_batch_size > 1
+        return not joining
+
+    def _step_fused(self, generator: BatchGenerator) -> list[Response]:
+        """mlx-lm's step with its two model calls made one (exo_tp.shard.fused_step): the
+        decode rows' call runs the chunk mlx-lm is about to take as well, and the prompt
+        call that follows finds its chunk done. Everything else is mlx-lm's own step."""
+        assert self._fused is not None
+        fused = self._fused
+        rows, prompts = generator._generation_batch, generator._prompt_batch
+        chunk = generator._currently_processing[0][0][0][: generator.prefill_step_size]
+
+        def rows_and_chunk(inputs: mx.array, cache: list[Any]) -> mx.array:
+            return fused(inputs, cache, mx.array([chunk]), prompts.prompt_cache)
+
+        def chunk_done(tokens: mx.array, cache: list[Any]) -> None:
+            if tokens.shape[1] != len(chunk):
+                raise DivergedError(f"a chunk of {tokens.shape[1]}, fused {len(chunk)}")
+
+        models, decoding = (rows.model, prompts.model), len(rows)
+        rows.model, prompts.model = rows_and_chunk, chunk_done
+        try:
+            _, responses = generator.next()
+        finally:
+            rows.model, prompts.model = models
+        if not self.fused_steps:
+            log.info(
+                "a step ran its %d decode rows and a %d-token chunk in one pass",
+                decoding,
+                len(chunk),
+            )
+        self.fused_steps += 1
         return responses
 
     def _keep_prompt(self, generator: BatchGenerator, uid: int, prompt: list[int]) -> None:

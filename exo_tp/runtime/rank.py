@@ -45,6 +45,8 @@ from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sam
 from exo_tp.runtime.pipeline import HopChannel, StageModel
 from exo_tp.runtime.speculative import Drafter
 from exo_tp.shard.apply import load_shard
+from exo_tp.shard.collectives import sum_over_ranks
+from exo_tp.shard.fused_step import FusedForward
 from exo_tp.shard.kv_quant import quantize_kv
 from exo_tp.shard.layers import HiddenFeed
 from exo_tp.shard.row_pieces import multiply_in_pieces, pieces_wanted
@@ -193,6 +195,25 @@ def _may_speculate(job: Assignment) -> bool:
     return job.serving.kv_bits is None
 
 
+def _fused_steps(job: Assignment, model: Any, group: mx.distributed.Group) -> FusedForward | None:
+    """What runs a step's decode rows and a prompt chunk in one pass, where this epoch does
+    (ServingOptions.fused_steps; one stage, a float KV cache, a family whose blocks fuse).
+    Every rank must decide alike: the job is the same everywhere, and auto (a GPU) holds
+    only where every rank of the stage computes on one, agreed in one all-reduce."""
+    choice, model_type = job.serving.fused_steps, job.plan.stages[0].tp.spec.model_type
+    if choice == "off" or len(job.plan.stages) > 1 or job.serving.kv_bits is not None:
+        return None
+    if table_for(model_type).fused is None:
+        if job.rank == job.conductor_rank:
+            log.info("epoch %d: %s: no fused steps (its blocks do not fuse)", job.epoch, model_type)
+        return None
+    if choice == "auto":
+        on_gpu = mx.array([int(mx.default_device().type == mx.gpu)])
+        if sum_over_ranks(on_gpu, 1, group).item() != group.size():
+            return None
+    return FusedForward(model, model_type)
+
+
 def _conductor_drafter(
     job: Assignment, group: mx.distributed.Group, model_dir: Path, earlier: list[Channel[Any]]
 ) -> ModelDrafter | None:
@@ -225,6 +246,7 @@ def _serve_as_conductor(
     supervisor: Channel[Any],
     ready: Ready,
     model_dir: Path,
+    fused: FusedForward | None,
 ) -> None:
     plan = job.plan
     followers = accept_count(job.conductor, key, HELLO, plan.size - 1, PEER_TIMEOUT, "conductor")
@@ -256,6 +278,7 @@ def _serve_as_conductor(
             bytes_per_entry=_bytes_per_entry(job),
             speculate=_may_speculate(job),
             drafter=drafter,
+            fused=fused,
         )
         if progress.probe is not None:
             progress.batch.after_step = progress.probe.maybe
@@ -293,6 +316,7 @@ def _serve_as_follower(
     progress: Progress,
     supervisor: Channel[Any],
     ready: Ready,
+    fused: FusedForward | None,
 ) -> None:
     channel = connect(job.conductor, key, STAGE_CONTROL, PEER_TIMEOUT)
     channel.send(Hello(epoch=job.epoch, rank=job.rank))
@@ -312,6 +336,7 @@ def _serve_as_follower(
         bytes_per_entry=_bytes_per_entry(job),
         speculate=_may_speculate(job),
         drafter=_follower_drafter(opening, in_last_stage, group, feed),
+        fused=fused,
     )
     if progress.probe is not None:
         progress.batch.after_step = progress.probe.maybe
@@ -384,16 +409,17 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         if problem:
             raise ExoTpError(problem)
         quantize_kv(driver, serving.kv_bits, serving.kv_group_size, serving.quantized_kv_start)
+    fused = _fused_steps(job, driver, group)
     threading.Thread(target=_beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
     if job.rank == job.conductor_rank:  # only the conductor reads text: the followers get
         # the end tokens from it (EndTokens)
         tokenizer = load_model_tokenizer(model_dir)
         _serve_as_conductor(
-            job, key, driver, tokenizer, group, progress, supervisor, ready, model_dir
+            job, key, driver, tokenizer, group, progress, supervisor, ready, model_dir, fused
         )
     else:
-        _serve_as_follower(job, key, driver, group, progress, supervisor, ready)
+        _serve_as_follower(job, key, driver, group, progress, supervisor, ready, fused)
 
 
 def _peer_lost(error: Exception) -> bool:

@@ -49,10 +49,19 @@ class PartialSum(Wrapper):
         self._group = group
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.inner(*args, **kwargs)
+        out = self.partial(*args, **kwargs)
         if isinstance(out, tuple):  # (output, what the layer hands on: KV, offset): output only
-            return (sum_over_ranks(out[0], self._width, self._group), *out[1:])
-        return sum_over_ranks(out, self._width, self._group)
+            return (self.reduce(out[0]), *out[1:])
+        return self.reduce(out)
+
+    def partial(self, *args: Any, **kwargs: Any) -> Any:
+        """This rank's partial sum, not yet reduced (a fused step joins two before one
+        reduce: exo_tp.shard.fused_step)."""
+        return self.inner(*args, **kwargs)
+
+    def reduce(self, partial: mx.array) -> mx.array:
+        """The whole output from this rank's partial sum (every rank's, all-reduced)."""
+        return sum_over_ranks(partial, self._width, self._group)
 
 
 class GroupedScoresMask(Wrapper):

@@ -30,6 +30,11 @@ class ServingOptions(Frozen):
     # waiting prompts (exo_tp.plan.step_budget). None: the leader sizes it from the plan's
     # prediction when it has one, else every chunk is prefill_step_size.
     step_token_budget: int | None = Field(default=None, ge=16)
+    # A step's decode rows and a prompt chunk in one forward pass (exo_tp.shard.fused_step;
+    # one stage, a float KV cache, a family whose blocks fuse). auto: on a GPU only: on this
+    # project's CPUs a step costs the sum of its work either way, and one pass measured a few
+    # percent slower (docs/benchmarks.md).
+    fused_steps: Literal["auto", "on", "off"] = "auto"
     # Joining prompts prefilled together in one step. 1: each joins alone, shortest first, so
     # its first token does not wait for the others' prefill (on CPUs a step's cost grows with
     # its tokens, so prefilling together saves nothing); more pays off where a batched prefill
