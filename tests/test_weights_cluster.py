@@ -317,7 +317,9 @@ def test_the_conductor_receives_the_draft_model_it_lacks(
     stages, so node-1 is the conductor (the last stage's first rank). node-1 receives its
     stage's layers and the draft model whole into its store, and the answer (drafted by the
     4-bit model, verified through both stages) is single-device mlx-lm's for the float32
-    model."""
+    model. The draft is offered as a draft only: /v1/models lists the float model alone, and
+    a request naming the draft is answered by the float model, not a reason to load the
+    draft as the served model."""
     reference = mlx_lm_reference(default_models[FLOAT], QUESTION, TOKENS)
     lab = NamespaceLab()
     lab.up()
@@ -335,8 +337,19 @@ def test_the_conductor_receives_the_draft_model_it_lacks(
         )
         view = http_json(f"{running.url(0)}/v1/cluster")[1]
         fetched = {f.name: f for f in running.fetches(1)}
+        listed = [m.id for m in running.client(1).models.list()]
+        # offered only as a draft, not as a model of its own: a request naming it does not
+        # make the cluster load it, the one model answers it (as any name, like mlx_lm.server)
+        by_draft_name = running.client(1).chat.completions.create(
+            model=Q4,
+            messages=[{"role": "user", "content": QUESTION}],
+            temperature=0,
+            max_tokens=TOKENS,
+        )
     finally:
         lab.down()
+    assert listed == [FLOAT], listed
+    assert by_draft_name.choices[0].message.content == reference.text
     assert answer.choices[0].message.content == reference.text
     assert view["serving"]["draft_node"] == "node-1", view["serving"]
     details = answer.usage.completion_tokens_details if answer.usage else None

@@ -199,8 +199,8 @@ async def _serve(
     label_logs(config.node_id)
     weights = NodeWeights(config.node_id, secret, folders)
     draft = options.serving.draft_model
-    if draft is not None:  # offered like a model: a conductor without it receives it whole
-        weights.add_folder(draft, resolve_model(draft))
+    if draft is not None:  # offered as a draft: a conductor without it receives it whole
+        weights.add_folder(draft, resolve_model(draft), draft=True)
     node = Node(config, weights, profile.summary() if profile else None)
     try:
         try:

@@ -18,6 +18,7 @@ from exo_tp.node.control import ControlRefused
 from exo_tp.node.control_messages import Accepted, Assign, Ports, PortsRequest, Release, Released
 from exo_tp.node.leader.cluster_model import weights_url
 from exo_tp.node.peers import Peers
+from exo_tp.node.weight_orders import WeightOrder
 from exo_tp.node.weights import NodeWeights
 from exo_tp.node.worker import NodeWorker
 from exo_tp.transport.ports import free_ports
@@ -57,13 +58,10 @@ class ControlHandlers:
             raise ControlRefused("stale epoch")
         self.epoch_seen = max(self.epoch_seen, assignment.epoch)
         await self.stop_loading()
-        order, draft = body.weights, body.draft
-        self.assigned_key = order.key if order else None
-        if not any(o is not None and o.needs_fetch for o in (order, draft)):
-            # order None: every node loads assignment.model from its own files
-            for wanted, field in ((order, "model_dir"), (draft, "draft_dir")):
-                if wanted is None:
-                    continue
+        self.assigned_key = body.weights.key if body.weights else None
+        if not any(order.needs_fetch for order, _ in _orders(body)):
+            # no shard order: every node loads assignment.model from its own files
+            for wanted, field in _orders(body):
                 folder = self.weights.folder(wanted.key)
                 if folder is None:
                     raise ControlRefused(f"{self.config.node_id} has no files of {wanted.name}")
@@ -95,9 +93,7 @@ class ControlHandlers:
         """The shard, then the draft model (the conductor's node), each from this node's
         files or fetched into its store; then the worker."""
         assignment = body.assignment
-        for order, field in ((body.weights, "model_dir"), (body.draft, "draft_dir")):
-            if order is None:
-                continue
+        for order, field in _orders(body):
             try:
                 folder = await self.weights.receive(order, assignment.epoch, self.weight_urls())
             except Exception as error:  # in the status: the leader fails the epoch, re-plans
@@ -134,3 +130,10 @@ class ControlHandlers:
             log.warning("leader %s is gone; stopping worker of epoch %s", leader, self.worker.epoch)
             await self.stop_loading()
             await self.worker.replace(None)
+
+
+def _orders(body: Assign) -> list[tuple[WeightOrder, str]]:
+    """The assignment's weight orders, each with the Assignment field its folder goes in: the
+    shard's (model_dir), then the draft model's (draft_dir, the conductor's node)."""
+    pairs = ((body.weights, "model_dir"), (body.draft, "draft_dir"))
+    return [(order, field) for order, field in pairs if order is not None]

@@ -31,6 +31,7 @@ class OwnFolder:
     key: str
     weight_bytes: int
     manifest: ModelManifest | None = None
+    draft: bool = False  # offered only as a draft model (ModelOffer.draft)
     computing: asyncio.Future[ModelManifest] | None = None
 
 

@@ -25,6 +25,9 @@ class ModelOffer(Frozen):
     identity: ModelIdentity | None = None  # the manifest's, once this node knows it
     held_bytes: int = 0  # weight bytes it holds (all of them with the files)
     total_bytes: int = 0  # 0 until the manifest is known
+    # Offered only as a draft model (`--draft-model`): a conductor's node fetches it, but the
+    # cluster does not serve it as a model of its own.
+    draft: bool = False
 
 
 class FetchSummary(Frozen):

@@ -141,11 +141,13 @@ class NodeWeights:
         for lock in self._locks:
             lock.close()
 
-    def add_folder(self, name: str, folder: Path) -> str:
-        """A model folder this node got while running (a hub download): offered from the next
-        status poll on. Returns its key."""
+    def add_folder(self, name: str, folder: Path, draft: bool = False) -> str:
+        """A model folder this node got while running (a hub download), or a draft model
+        (``draft``: offered for conductors to fetch, not served on its own): offered from the
+        next status poll on. Returns its key."""
         key = folder_key(folder)
-        self.folders.setdefault(key, OwnFolder(name, Path(folder), key, weight_bytes(folder)))
+        own = OwnFolder(name, Path(folder), key, weight_bytes(folder), draft=draft)
+        self.folders.setdefault(key, own)
         return key
 
     # ---- what this node has ---------------------------------------------------------------
@@ -183,6 +185,7 @@ class NodeWeights:
                 identity=own.manifest.identity if own.manifest else None,
                 held_bytes=own.weight_bytes,
                 total_bytes=own.weight_bytes,
+                draft=own.draft,
             )
             for own in self.folders.values()
         ]

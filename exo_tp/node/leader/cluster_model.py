@@ -81,15 +81,18 @@ class ClusterModel:
 
     # ---- what the cluster can serve ----------------------------------------------------------
 
-    def offers(self) -> dict[str, list[tuple[str, ModelOffer]]]:
-        """key -> (node, offer) for every alive member that has the model's files."""
+    def offers(self, drafts: bool = True) -> dict[str, list[tuple[str, ModelOffer]]]:
+        """key -> (node, offer) for every alive member that has the model's files; without
+        ``drafts``, only models some member offers as a model (not only as a draft)."""
         out: dict[str, list[tuple[str, ModelOffer]]] = defaultdict(list)
         for node_id in self.peers.alive_ids():
             status = self.peers.status(node_id)
             for offer in status.weights.offers if status else ():
                 if offer.files:
                     out[offer.key].append((node_id, offer))
-        return out
+        if drafts:
+            return out
+        return {k: hs for k, hs in out.items() if not all(o.draft for _, o in hs)}
 
     def name_of(self, key: str, offers: dict[str, list[tuple[str, ModelOffer]]]) -> str:
         """This node's name for the model if it has one, else the smallest node id's."""
@@ -98,24 +101,25 @@ class ClusterModel:
         holders = sorted(offers.get(key, []), key=lambda h: (h[0] != self.me, h[0]))
         return holders[0][1].name if holders else key[:12]
 
-    def key_of(self, name: str) -> str | None:
-        """The model any member (or this node's current model) calls ``name``."""
+    def key_of(self, name: str, drafts: bool = False) -> str | None:
+        """The model any member (or this node's current model) calls ``name`` (``drafts``:
+        a draft model's too)."""
         if self.current is not None and self.current.name == name:
             return self.current.key
-        for key, holders in self.offers().items():
+        for key, holders in self.offers(drafts).items():
             if any(offer.name == name for _, offer in holders):
                 return key
         return None
 
     def listing(self) -> list[tuple[str, str]]:
         """(name, key) of every model some member can serve, by name."""
-        offers = self.offers()
+        offers = self.offers(drafts=False)
         return sorted((self.name_of(key, offers), key) for key in offers)
 
     def target(self, members: Sequence[str], serving: str | None, wanted: str | None) -> str | None:
         """The model to serve with these members: the one a request asked for (``wanted``),
         the one served now, the members' defaults, else any."""
-        offers = self.offers()
+        offers = self.offers(drafts=False)
         available = {k for k, hs in offers.items() if any(n in members for n, _ in hs)}
         defaults = []
         for node_id in sorted(members, key=lambda n: (n != self.me, n)):
@@ -241,7 +245,7 @@ class ClusterModel:
         its own files, else whole into its store from the members that offer it (as a shard
         of a one-rank plan). None when no member offers it: the conductor then resolves the
         name itself, and drafts by prompt lookup if it cannot (it logs why)."""
-        key = self.key_of(name)
+        key = self.key_of(name, drafts=True)
         if key is None:
             log.warning("no member offers the draft model %s", name)
             return None
