@@ -14,7 +14,6 @@ was running then is failed (its ranks died with it).
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import shutil
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from exo_tp.atomic_file import write_atomically
 from exo_tp.finetune.openai_schema import (
     FINISHED,
     Checkpoint,
@@ -44,10 +44,8 @@ def new_id(prefix: str) -> str:
 
 
 def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)  # made on first use: a node that never
-    tmp = path.with_name(path.name + ".tmp")  # fine-tunes writes nothing under its home
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    # the folder made on first use: a node that never fine-tunes writes nothing under its home
+    write_atomically(path, data)
 
 
 def state_root(node_id: str) -> Path:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from exo_tp.atomic_file import write_atomically
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
 from exo_tp.plan.devices import DeviceProfile, MatmulScore
@@ -83,9 +84,7 @@ def read_factor_file(path: Path) -> float:
 def write_factor_file(path: Path, factor: float) -> None:
     """Atomically (a reader never sees half a number)."""
     check_factor(factor)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{factor:g}\n")
-    tmp.replace(path)
+    write_atomically(path, f"{factor:g}\n")
 
 
 class FactorSource:

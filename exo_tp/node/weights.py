@@ -22,6 +22,7 @@ from typing import IO
 import aiohttp
 from aiohttp import web
 
+from exo_tp.atomic_file import write_atomically
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen, replace
 from exo_tp.node.weight_folders import STORE_INFO, OwnFolder, StoreInfo, claim, weight_bytes
@@ -275,9 +276,8 @@ class NodeWeights:
         if lock is None:
             raise ExoTpError(f"the shard store {root} is in use by another process")
         self._locks.append(lock)
-        tmp = root / f".{STORE_INFO}.{os.getpid()}.tmp"
-        tmp.write_text(StoreInfo(name=name, manifest=manifest).model_dump_json())
-        os.replace(tmp, root / STORE_INFO)
+        info = StoreInfo(name=name, manifest=manifest)
+        write_atomically(root / STORE_INFO, info.model_dump_json())
         return ShardStore(root, manifest)
 
     async def extras(

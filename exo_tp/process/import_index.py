@@ -25,13 +25,13 @@ import importlib.machinery
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from exo_tp.atomic_file import write_atomically
 from exo_tp.paths import user_cache_home
 
 SWITCH_ENV = "EXO_TP_IMPORT_INDEX"
@@ -75,15 +75,7 @@ def _decode(text: str) -> Table:
 
 def _write(path: Path, text: str) -> None:
     """Atomically: processes starting side by side may write the same table at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    finally:  # a failed write (a full disk) leaves no temporary file behind
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+    write_atomically(path, text)
 
 
 def _with_copy(build: Callable[..., Table], builder_file: Path) -> Callable[..., Table]:

@@ -9,9 +9,9 @@ measured again, never a crash.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from exo_tp.atomic_file import write_atomically
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
 from exo_tp.paths import cache_home
@@ -65,10 +65,7 @@ def _stale(cached: DeviceProfile, now: SystemInfo, quick: bool) -> str | None:
 
 def save(profile: DeviceProfile, path: Path) -> None:
     """Write atomically (a crash never leaves half a file); links and node id are per run."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(replace(profile, links=(), node_id="").model_dump_json(indent=2))
-    tmp.replace(path)
+    write_atomically(path, replace(profile, links=(), node_id="").model_dump_json(indent=2))
 
 
 def cached_profile(

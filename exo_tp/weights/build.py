@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from exo_tp.arch import table_for
+from exo_tp.atomic_file import write_atomically
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen, replace
 from exo_tp.paths import cache_home
@@ -216,10 +217,6 @@ def manifest_for(folder: Path, cache: Path | None = None) -> ModelManifest:
     manifest = build_manifest(folder)
     if stamps(folder) != now:
         raise ExoTpError(f"{folder} changed while its manifest was computed; try again")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(
-        CachedManifest(folder=str(folder), stamps=now, manifest=manifest).model_dump_json()
-    )
-    os.replace(tmp, path)
+    cached = CachedManifest(folder=str(folder), stamps=now, manifest=manifest)
+    write_atomically(path, cached.model_dump_json())
     return manifest

@@ -16,13 +16,13 @@ Only recorded boxes are ever served or trusted: a hole reads as zeros, so caller
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from exo_tp.atomic_file import write_atomically
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
 from exo_tp.paths import cache_home
@@ -158,9 +158,7 @@ class ShardStore:
             raise ExoTpError(f"{name} is not a file of this model")
         if len(data) != wanted.size or hashlib.sha256(data).hexdigest() != wanted.digest:
             return False
-        tmp = self.root / f".{name}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, self.root / name)
+        write_atomically(self.root / name, data)
         with self._lock:
             self._record(StoreRecord(kind="file", name=name))
             self._files.add(name)
