@@ -417,7 +417,7 @@ _LANGUAGE_MODEL = dict(
     norm="language_model.model.norm",
     stages=True,
 )
-# (not fused: the language model's forward takes the multimodal positions too)
+# (not fused: its text model sits inside the multimodal wrapper, not tested with one pass)
 QWEN3_VL = replace(LLAMA_LIKE, model_types=("qwen3_vl",), fused=None, **_LANGUAGE_MODEL)
 QWEN3_VL_MOE = replace(QWEN3_MOE, model_types=("qwen3_vl_moe",), **_LANGUAGE_MODEL)
 
