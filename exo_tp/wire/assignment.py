@@ -31,9 +31,9 @@ class ServingOptions(Frozen):
     # prediction when it has one, else every chunk is prefill_step_size.
     step_token_budget: int | None = Field(default=None, ge=16)
     # A step's decode rows and a prompt chunk in one forward pass (exo_tp.shard.fused_step;
-    # one stage, a float KV cache, a family whose blocks fuse). auto: on a GPU only: on this
-    # project's CPUs a step costs the sum of its work either way, and one pass measured a few
-    # percent slower (docs/benchmarks.md).
+    # one stage, a float KV cache, a family whose blocks fuse). auto: on GPUs only: on a CPU
+    # a step costs the sum of its work either way, and one pass measured 7-8% slower on the
+    # 2-core VM (docs/benchmarks.md, run 4).
     fused_steps: Literal["auto", "on", "off"] = "auto"
     # Joining prompts prefilled together in one step. 1: each joins alone, shortest first, so
     # its first token does not wait for the others' prefill (on CPUs a step's cost grows with
