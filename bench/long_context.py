@@ -16,13 +16,14 @@
    (exo_tp.shard.fused_step), and the 8k prompt alone: the streams' inter-token p50 during the
    prefill against alone (target 1.5x) and the prefill's time to its first token against
    alone (target 1.3x). Then one pass with budgets of 16 to 128 tokens: the trade between the
-   two targets that the budget moves along.
+   two targets that the budget moves along. ``--link-delay-ms``: the ranks reach each other
+   through a delaying proxy (bench/_delayed_link.py), collectives made slow.
 4. The price of a quantized KV cache's per-sequence path: 4 streams' decode step on one device
    (the runtime's LockstepBatch), 8-bit KV (one pass per sequence) against float (one batched
    pass), after 1k-token prompts.
 
     python bench/long_context.py [--layers 4] [--prompt 16384] [--joining 8192] [--quick]
-        [--only PART]
+        [--only PART] [--link-delay-ms MS]
 
 ``--quick`` takes every path on a 2-layer 64-wide model with short prompts. The last line of
 stdout is one JSON object.
@@ -39,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, env, launch_report, mlx_lm_alone, resolve
+from _common import BENCH, ROOT, env, launch_report, mlx_lm_alone, resolve
 from shaped_model import QUICK, build
 
 WEIGHTS = [0.6, 0.4]
@@ -208,19 +209,32 @@ barrier(group)
 
 
 def decoding_during_prefill(
-    model: Path, joining: int, decode_steps: int, budgets: list[int]
+    model: Path, joining: int, decode_steps: int, budgets: list[int], link_delay: float = 0.0
 ) -> dict[str, object]:
     """Inter-token p50 of 4 decoding streams during a ``joining``-token prefill, and the
     prefill's time to its first token, against each alone (one ring job, 2 uneven ranks);
-    and with one pass a step at each budget in ``budgets`` (module doc)."""
+    and with one pass a step at each budget in ``budgets`` (module doc). ``link_delay``
+    (seconds): each rank reaches the other through a delaying proxy (bench/_delayed_link.py)."""
     sys.path.insert(0, str(ROOT))
     from exo_tp.process.blas import share_cores
     from exo_tp.transport.ports import free_ports
     from exo_tp.transport.ring import ring_env, write_hostfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        hostfile, out = Path(tmp) / "hosts.json", Path(tmp) / "out.json"
-        write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in free_ports(2)])
+        out, ports = Path(tmp) / "out.json", free_ports(4)
+        real, proxied = ports[:2], ports[2:] if link_delay else ports[:2]
+        links = [
+            subprocess.Popen(
+                [sys.executable, str(BENCH / "_delayed_link.py"), str(proxied[r]), str(real[r])]
+                + [str(link_delay)]
+            )
+            for r in range(2)
+            if link_delay
+        ]
+        hostfiles = [Path(tmp) / f"hosts-{r}.json" for r in range(2)]
+        for r, hostfile in enumerate(hostfiles):  # its own port, the peer's through the link
+            mine = [real[j] if j == r else proxied[j] for j in range(2)]
+            write_hostfile(hostfile, [f"127.0.0.1:{p}" for p in mine])
         args = [
             str(model),
             json.dumps(WEIGHTS),
@@ -234,7 +248,7 @@ def decoding_during_prefill(
                 [sys.executable, "-c", _RING, *args],
                 # each rank its share of the cores for OpenBLAS, as exo-tp's ranks (two
                 # threads each on two cores measured every step 2-3x slower, its cost noise)
-                env={**env(), **share_cores(2, env()), **ring_env(r, hostfile)},
+                env={**env(), **share_cores(2, env()), **ring_env(r, hostfiles[r])},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -251,7 +265,7 @@ def decoding_during_prefill(
             if failed:
                 raise SystemExit(f"a rank failed: {failed[0].stderr.read()[-2000:]}")
         finally:
-            for proc in procs:
+            for proc in procs + links:
                 proc.kill()
         r = json.loads(out.read_text())
     alone, prefill = r["decode_alone"]["itl_p50"], r["prefill_alone"]["first"]
@@ -330,6 +344,13 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=24)
     parser.add_argument("--quick", action="store_true", help="every path, cheaply")
     parser.add_argument(
+        "--link-delay-ms",
+        type=float,
+        default=0.0,
+        help="part 3: each rank reaches the other through a proxy delaying every chunk this "
+        "long (bench/_delayed_link.py: a slow link, where collectives cost about a ms)",
+    )
+    parser.add_argument(
         "--only",
         choices=[
             "kv_bytes_per_1k_tokens_smollm2",
@@ -352,7 +373,11 @@ def main() -> None:
             "kv_bytes_per_1k_tokens_smollm2": lambda: kv_bytes(smollm2),
             "first_token": lambda: first_token(model, args.prompt),
             "decoding_during_prefill": lambda: decoding_during_prefill(
-                model, args.joining, args.decode_steps, [16, 64] if args.quick else FUSED_BUDGETS
+                model,
+                args.joining,
+                args.decode_steps,
+                [16, 64] if args.quick else FUSED_BUDGETS,
+                args.link_delay_ms / 1000,
             ),
             "per_sequence_price": lambda: per_sequence_price(
                 model, 64 if args.quick else 1024, args.decode_steps
