@@ -176,7 +176,8 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="run a step's decode rows and a waiting prompt's chunk in one forward pass "
         "(one stage, float KV cache, llama/Mistral/Qwen 2-3/SmolLM3 blocks): half the "
-        "all-reduces of two passes; auto: on a GPU only (default auto)",
+        "all-reduces of two passes, which pays on GPUs and over slow links; auto: on "
+        "where every rank computes on a GPU (default auto)",
     )
     serving.add_argument(
         "--prefill-batch-size",
