@@ -150,18 +150,19 @@ from exo_tp.wire.runtime import Insert
 folder, weights, out = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[5]
 joining, decode_steps = int(sys.argv[3]), int(sys.argv[4])
 group = init_ring()
-plan = plan_tensor_parallel(load_spec(folder), weights)
+spec = load_spec(folder)
+plan = plan_tensor_parallel(spec, weights)
 model = load_shard(folder, plan, group.rank(), group, mx.float32)
 eos = load_tokenizer(folder).eos_token_ids
 rng = np.random.default_rng(0)
-vocab = load_spec(folder).vocab_size
+vocab = spec.vocab_size
 def greedy(lp):
     return mx.argmax(lp, axis=-1).astype(mx.uint32), 0
 def batch(budget, chunk, fused):
     options = ServingOptions(
         max_concurrency=8, prompt_cache_size=0, step_token_budget=budget, prefill_step_size=chunk
     )
-    one_pass = FusedForward(model, load_spec(folder).model_type) if fused else None
+    one_pass = FusedForward(model, spec.model_type) if fused else None
     return LockstepBatch(model, [], options, greedy, bytes_per_token=0, fused=one_pass)
 def run(budget, streams, long, chunk=512, fused=False):
     b, uid = batch(budget, chunk, fused), 0
@@ -243,12 +244,13 @@ def decoding_during_prefill(
             str(out),
             json.dumps(budgets),
         ]
+        base = env()
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", _RING, *args],
                 # each rank its share of the cores for OpenBLAS, as exo-tp's ranks (two
                 # threads each on two cores measured every step 2-3x slower, its cost noise)
-                env={**env(), **share_cores(2, env()), **ring_env(r, hostfiles[r])},
+                env={**base, **share_cores(2, base), **ring_env(r, hostfiles[r])},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,

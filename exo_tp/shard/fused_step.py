@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,6 +36,20 @@ from exo_tp.shard.tree import get_path
 
 # A block's work in a pass: (input, mask, cache) in, its output out.
 BlockCall = Callable[[mx.array, Any, Any], mx.array]
+
+
+class _Parts(NamedTuple):
+    """A block's modules a fused pass calls (its FusedBlock paths, looked up once)."""
+
+    attention: Any  # PartialSum
+    mlp: Any  # PartialSum
+    attention_norm: nn.Module
+    mlp_norm: nn.Module
+
+    @classmethod
+    def of(cls, block: nn.Module, shape: FusedBlock) -> _Parts:
+        paths = (shape.attention, shape.mlp, shape.attention_norm, shape.mlp_norm)
+        return cls(*(get_path(block, path) for path in paths))
 
 
 class _StandIn:
@@ -76,7 +90,7 @@ class FusedForward:
         self._model = model
         self._stack = get_path(model, table.stack)
         self._layers: list[Any] = get_path(model, table.layers)
-        self._shape: FusedBlock = table.fused
+        self._parts = [_Parts.of(block, table.fused) for block in self._layers]
 
     def __call__(
         self, rows: mx.array, rows_cache: list[Any], chunk: mx.array, chunk_cache: list[Any]
@@ -96,8 +110,8 @@ class FusedForward:
         def fused(index: int) -> BlockCall:
             def call(x: mx.array, mask: Any, cache: Any) -> mx.array:
                 _, chunk_mask, chunk_cache = seen[index]
-                x, hidden[0] = self._block(
-                    self._layers[index], (x, mask, cache), (hidden[0], chunk_mask, chunk_cache)
+                x, hidden[0] = _block(
+                    self._parts[index], (x, mask, cache), (hidden[0], chunk_mask, chunk_cache)
                 )
                 return x
 
@@ -107,20 +121,20 @@ class FusedForward:
         with _standing_in(self._layers, stand_ins):
             return self._model(rows, cache=rows_cache)
 
-    def _block(
-        self, block: nn.Module, mine: tuple[mx.array, Any, Any], chunk: tuple[mx.array, Any, Any]
-    ) -> tuple[mx.array, mx.array]:
-        """``h = x + attention(norm(x))``, ``h + mlp(norm(h))`` for both row sets at once."""
-        shape = self._shape
-        attention, mlp = get_path(block, shape.attention), get_path(block, shape.mlp)
-        (x, mask, cache), (y, y_mask, y_cache) = mine, chunk
-        split = x.shape[0] * x.shape[1]
-        joined = mx.concatenate([_rows(x), _rows(y)])
-        normed = get_path(block, shape.attention_norm)(joined)
-        partials = [
-            attention.partial(normed[:split].reshape(x.shape), mask, cache),
-            attention.partial(normed[split:].reshape(y.shape), y_mask, y_cache),
-        ]
-        h = joined + attention.reduce(mx.concatenate([_rows(p) for p in partials]))
-        h = h + mlp.reduce(mlp.partial(get_path(block, shape.mlp_norm)(h)[None]))[0]
-        return h[:split].reshape(x.shape), h[split:].reshape(y.shape)
+
+def _block(
+    parts: _Parts, mine: tuple[mx.array, Any, Any], chunk: tuple[mx.array, Any, Any]
+) -> tuple[mx.array, mx.array]:
+    """``h = x + attention(norm(x))``, ``h + mlp(norm(h))`` for both row sets at once."""
+    attention, mlp = parts.attention, parts.mlp
+    (x, mask, cache), (y, y_mask, y_cache) = mine, chunk
+    split = x.shape[0] * x.shape[1]
+    joined = mx.concatenate([_rows(x), _rows(y)])
+    normed = parts.attention_norm(joined)
+    partials = [
+        attention.partial(normed[:split].reshape(x.shape), mask, cache),
+        attention.partial(normed[split:].reshape(y.shape), y_mask, y_cache),
+    ]
+    h = joined + attention.reduce(mx.concatenate([_rows(p) for p in partials]))
+    h = h + mlp.reduce(mlp.partial(parts.mlp_norm(h)[None]))[0]
+    return h[:split].reshape(x.shape), h[split:].reshape(y.shape)
