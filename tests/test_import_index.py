@@ -14,7 +14,8 @@ from pathlib import Path
 PROBE = """
 import json, sys
 if sys.argv[1] == "on":
-    import exo_tp  # installs the copy before transformers is imported
+    from exo_tp.process.import_index import install
+    install()  # the copy, before transformers is imported
 import transformers
 import transformers.models
 from transformers import AutoTokenizer  # noqa: F401 (what mlx-lm's tokenizer_utils resolves)

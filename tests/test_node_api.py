@@ -233,3 +233,25 @@ def test_cluster_and_plan_views(cluster: LocalCluster) -> None:
     assert plan.plan.weights == pytest.approx([0.6, 0.4])
     heads = [r.heads.q_heads for r in plan.plan.ranks]
     assert heads[0].stop - heads[0].start == 6 and heads[1].stop - heads[1].start == 3
+
+
+def test_library_client_reads_the_cluster_as_its_routes_do(cluster: LocalCluster) -> None:
+    from exo_tp import Client
+    from exo_tp.errors import ExoTpError
+
+    client = Client(cluster.urls[1])
+    seen, read = client.cluster(), cluster_view(cluster.urls[1])
+    assert (seen.leader, seen.state) == (read.leader, read.state) == ("local-0", "ready")
+    assert sorted(n.node_id for n in seen.nodes) == sorted(n.node_id for n in read.nodes)
+    assert client.plan() == plan_view(cluster.urls[1])
+    assert client.health().node_id == "local-1"
+    listed = http_json(cluster.urls[1] + "/v1/models")[1]["data"]
+    assert [m["id"] for m in client.models()] == [m["id"] for m in listed]
+    answer = client.openai().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4, temperature=0
+    )
+    assert answer.choices[0].message.content
+    with pytest.raises(ExoTpError, match=r"HTTP 4\d\d: "):
+        client.load_model("no-such-model-anywhere")
+    with pytest.raises(ExoTpError, match="cannot reach"):
+        Client("http://127.0.0.1:9", timeout=2).cluster()

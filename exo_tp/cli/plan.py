@@ -205,30 +205,25 @@ def _unsplit(
 
 
 def _choose(args: argparse.Namespace, spec: ModelSpec, draft: DraftCost | None) -> int:
-    from exo_tp.plan.cluster import cluster_from_profiles
-    from exo_tp.plan.cost import LinkCost
+    from exo_tp.library.planning import choose, profiled_cluster
     from exo_tp.plan.devices import read_profile
     from exo_tp.plan.kv_width import KvShape
     from exo_tp.plan.render_choice import render_choice
-    from exo_tp.plan.search import choose_plan
 
-    assumed = LinkCost(
-        latency=args.link_latency * 1e-6, bandwidth=args.link_bandwidth * 1e9, measured=False
-    )
-    profiles = [read_profile(path) for path in args.profile]
     # A profile measured without --peers has no node id: name devices by their files then.
-    names = [p.node_id or path.name for p, path in zip(profiles, args.profile, strict=True)]
-    cluster = cluster_from_profiles(spec, profiles, assumed, names=names)
-    choice = choose_plan(
+    profiles = [(p := read_profile(path), p.node_id or path.name) for path in args.profile]
+    cluster = profiled_cluster(spec, profiles, args.link_latency, args.link_bandwidth)
+    kv = KvShape(bits=args.kv_bits, group_size=args.kv_group_size, streams=args.streams)
+    choice = choose(
         spec,
         cluster,
         args.context,
         args.prompt_tokens,
         args.alternatives,
-        objective=args.objective,
-        queue=args.queue,
-        kv=KvShape(bits=args.kv_bits, group_size=args.kv_group_size, streams=args.streams),
-        draft=draft,
+        args.objective,
+        args.queue,
+        kv,
+        draft,
     )
     print(choice.model_dump_json() if args.json else render_choice(choice, cluster))
     return 0

@@ -57,14 +57,14 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from exo_tp.plan.step_budget import MIN_CHUNK
-from exo_tp.runtime.prompt_cache import PromptCache
+from exo_tp.runtime.admission import Admission
+from exo_tp.runtime.prompt_cache import prompt_cache_for
 from exo_tp.runtime.speculative import (
     Backoff,
     Drafter,
     SpeculativeStep,
     can_speculate,
-    prompt_lookup,
+    lookup_drafter,
 )
 from exo_tp.shard.fused_step import FusedForward
 from exo_tp.wire.assignment import ServingOptions
@@ -116,51 +116,24 @@ class LockstepBatch:
             raise ValueError("a rank samples either now or deferred")
         self.model = model
         self._sample, self._deferred = sample, deferred
-        self._prefill_batch_size = min(options.prefill_batch_size, options.max_concurrency)
-        # Chunked prefill with a token budget (exo_tp.plan.step_budget): while streams decode,
-        # a step carries their tokens and at most the rest of the budget of prompt tokens.
-        self._step_size, self._budget = options.prefill_step_size, options.step_token_budget
-        # A quantized KV cache: mlx-lm quantizes a sequence's cache after the chunk that takes
-        # it past quantized_kv_start, its chunks being prefill_step_size long; until a prompt
-        # has passed that chunk's end its chunks keep that size, so it attends exactly what
-        # mlx-lm's does (after it, quantized keys are the same whatever the chunks).
-        start = max(1, options.quantized_kv_start)
-        self._kv_grid = (
-            None
-            if options.kv_bits is None
-            else -(-start // options.prefill_step_size) * options.prefill_step_size
-        )
+        self.admission = Admission(options)
         self.lanes = [
             BatchGenerator(
                 model,
                 stop_tokens=[[t] for t in eos_tokens],
                 sampler=self._sampler,
                 completion_batch_size=options.max_concurrency,
-                prefill_batch_size=self._prefill_batch_size,
+                prefill_batch_size=self.admission.prefill_batch_size,
                 prefill_step_size=options.prefill_step_size,
             )
             for _ in range(lanes)
         ]
         self.generator = self.lanes[0]
-        self.prompt_cache = (
-            PromptCache(
-                options.prompt_cache_size,
-                options.prompt_cache_bytes,
-                bytes_per_token,
-                bytes_per_entry,
-            )
-            if options.prompt_cache_size > 0
-            else None
-        )
+        self.prompt_cache = prompt_cache_for(options, bytes_per_token, bytes_per_entry)
         self._words: list[Word] = []
         self.applied = 0  # changes applied so far
         self.active: set[int] = set()  # uids in the batch
         self.steps = 0
-        # Admission order: waiting prompts are prefilled shortest first, except that one
-        # which waited more than `patience` steps goes first (oldest first), so a long prompt
-        # is never starved by a stream of short ones. `joined`: the step each uid joined at.
-        self.patience = 4 * options.max_concurrency
-        self._joined: dict[int, int] = {}
         # Prompts kept in the prompt cache once prefilled (an Insert's keep_prompt: n choices
         # of one prompt), by uid, until the uid's first token.
         self._keep: dict[int, list[int]] = {}
@@ -176,16 +149,8 @@ class LockstepBatch:
         self._received: list[dict[int, int]] = [{} for _ in range(lanes)]
         # Speculative decoding: each sequence's draft tokens per step (its Insert's), and
         # the conductor's count of drafted and accepted tokens (uid, drafted, accepted).
-        ngram = options.prompt_lookup_ngram
-        self._speculative = (
-            SpeculativeStep(
-                model,
-                self._sample_now,
-                drafter or (lambda _uid, tokens, most: prompt_lookup(tokens, ngram, most)),
-            )
-            if speculate
-            else None
-        )
+        drafter = drafter or lookup_drafter(options.prompt_lookup_ngram)
+        self._speculative = SpeculativeStep(model, self._sample_now, drafter) if speculate else None
         self._drafts: dict[int, int] = {}
         self._backoff = Backoff()  # streams whose drafts stopped paying decode plainly a while
         self.default_drafts = options.num_draft_tokens if self._speculative else 0
@@ -302,7 +267,7 @@ class LockstepBatch:
         if uid != change.uid:
             raise DivergedError(f"request joined as {uid}, the conductor says {change.uid}")
         self.active.add(uid)
-        self._joined[uid] = self.steps
+        self.admission.joined[uid] = self.steps
         if change.keep_prompt and self.prompt_cache is not None:
             self._keep[uid] = tokens
         self._lane_of[uid] = change.lane
@@ -323,7 +288,7 @@ class LockstepBatch:
         self.active.difference_update(present)
         for uid in present:
             del self._lane_of[uid]
-            self._joined.pop(uid, None)
+            self.admission.joined.pop(uid, None)
             self._keep.pop(uid, None)
             self._drafts.pop(uid, None)
             self._backoff.forget(uid)
@@ -340,9 +305,7 @@ class LockstepBatch:
                 return []
             if self._deferred is not None:
                 self._fill_tokens(lane)
-        self._order_waiting(generator)
-        self._make_room(generator)
-        self._size_chunks(generator)
+        self.admission.prepare(generator, self.steps)
         responses = self._speculate(generator)
         if responses is None and self._fusable(generator):
             responses = self._step_fused(generator)
@@ -358,7 +321,7 @@ class LockstepBatch:
             if response.finish_reason is not None:
                 self.active.discard(response.uid)
                 self._lane_of.pop(response.uid, None)
-                self._joined.pop(response.uid, None)
+                self.admission.joined.pop(response.uid, None)
                 self._drafts.pop(response.uid, None)
                 self._backoff.forget(response.uid)
                 self._remember(response.all_tokens, response.prompt_cache)
@@ -454,62 +417,6 @@ class LockstepBatch:
         if extra > 0:
             trim_prompt_cache(cache, extra)
         self._remember(prompt, cache)
-
-    def _order_waiting(self, generator: BatchGenerator) -> None:
-        """Put the prompts not yet prefilling in admission order: shortest first (the first
-        tokens of many short prompts come sooner than in arrival order), the overdue first of
-        all. Every rank holds the same queue and the same step count, so every rank orders
-        it the same way and the lockstep holds."""
-        waiting = generator._unprocessed_sequences
-        if len(waiting) < 2:
-            return
-
-        def key(sequence: tuple[Any, ...]) -> tuple[int, int, int]:
-            uid, segments = sequence[0], sequence[1]
-            if self.steps - self._joined.get(uid, self.steps) > self.patience:
-                return (0, uid, 0)
-            return (1, sum(len(s) for s in segments), uid)
-
-        ordered = sorted(waiting, key=key)
-        waiting.clear()
-        waiting.extend(ordered)
-
-    def _make_room(self, generator: BatchGenerator) -> None:
-        """Let the next waiting prompt start its prefill in the step where the prompts whose
-        prefill is done (only their last token left) move to decoding. mlx-lm sizes the
-        prompt batch before it moves them, so without this every prefill is followed by a
-        step without one, and the moved prompts' first tokens wait one step more."""
-        done = sum(
-            1
-            for segments, *_ in generator._currently_processing
-            if len(segments) == 1 and len(segments[0]) == 1
-        )
-        generator.prefill_batch_size = self._prefill_batch_size + done
-
-    def _size_chunks(self, generator: BatchGenerator) -> None:
-        """This step's prompt chunk: prefill_step_size when no stream decodes (nothing to
-        hold up), else the token budget less the decoding streams' tokens, shared by the
-        prompts prefilling together. Every rank holds the same batch and queue, so every rank
-        takes the same chunks."""
-        chunk = self._step_size
-        decoding = len(generator._generation_batch)
-        if self._budget is not None and decoding and not self._before_quantized(generator):
-            prefilling = len(generator._currently_processing)
-            prefilling += len(generator._unprocessed_sequences)
-            prefilling = max(1, min(generator.prefill_batch_size, prefilling))
-            share = (self._budget - decoding) // prefilling
-            chunk = max(MIN_CHUNK, min(self._step_size, share))
-        generator.prefill_step_size = chunk
-        generator._prompt_batch.prefill_step_size = chunk
-
-    def _before_quantized(self, generator: BatchGenerator) -> bool:
-        """Whether a prompt that may prefill this step has not yet passed the chunk after
-        which mlx-lm quantizes its cache (see __init__)."""
-        if self._kv_grid is None:
-            return False
-        if generator._unprocessed_sequences:
-            return True
-        return any(done < self._kv_grid for _, done, _ in generator._currently_processing)
 
     def _fill_tokens(self, lane: int) -> None:
         """Replace the lane's placeholder tokens with the conductor's (read by `agreed`)."""

@@ -23,6 +23,8 @@ from typing import Any
 
 from mlx_lm.models.cache import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
+from exo_tp.wire.assignment import ServingOptions
+
 _MODEL = "model"  # one model per epoch: the trie's model key
 
 
@@ -92,3 +94,14 @@ class PromptCache:
         ):
             oldest, _ = self._order.popitem(last=False)
             self._trie.pop(_MODEL, list(oldest))
+
+
+def prompt_cache_for(
+    options: ServingOptions, bytes_per_token: int, bytes_per_entry: int
+) -> PromptCache | None:
+    """The serving options' prompt cache (None where they keep none)."""
+    if options.prompt_cache_size <= 0:
+        return None
+    return PromptCache(
+        options.prompt_cache_size, options.prompt_cache_bytes, bytes_per_token, bytes_per_entry
+    )

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 
@@ -43,6 +43,7 @@ from exo_tp.runtime.conductor import Conductor
 from exo_tp.runtime.draft_model import ModelDrafter, fed_drafts, received_drafts
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
 from exo_tp.runtime.pipeline import HopChannel, StageModel
+from exo_tp.runtime.rank_progress import Progress, beat, exit_when_closed
 from exo_tp.runtime.speculative import Drafter
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.collectives import sum_over_ranks
@@ -60,61 +61,17 @@ from exo_tp.wire.runtime import (
     SOURCE_MESSAGES,
     STAGE_CONTROL,
     EndTokens,
-    Heartbeat,
     Hello,
     Joining,
     Loading,
     RankFailed,
-    RankMemory,
     Ready,
 )
-
-if TYPE_CHECKING:
-    from exo_tp.runtime.speed_probe import SpeedProbe
 
 log = logging.getLogger("exo_tp.rank")
 
 PEER_TIMEOUT = 120.0  # for the other ranks of the epoch to come up
-HEARTBEAT_SECONDS = 1.0
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "auto": None}
-
-
-class Progress:
-    """What the heartbeat reports: read by its thread, written by the serving loop."""
-
-    def __init__(self) -> None:
-        self.batch: LockstepBatch | None = None
-        self.load_peak = 0
-        self.probe: SpeedProbe | None = None
-
-    def memory(self) -> RankMemory:
-        return RankMemory(
-            load_peak=self.load_peak, peak=mx.get_peak_memory(), active=mx.get_active_memory()
-        )
-
-    def heartbeat(self) -> Heartbeat:
-        batch = self.batch
-        return Heartbeat(
-            steps=batch.steps if batch else 0,
-            busy=bool(batch and not batch.idle),
-            memory=self.memory(),
-            speed=self.probe.last if self.probe else None,
-        )
-
-
-def _beat(supervisor: Channel[Any], progress: Progress) -> None:
-    while True:
-        time.sleep(HEARTBEAT_SECONDS)
-        try:
-            supervisor.send(progress.heartbeat())
-        except OSError:
-            os._exit(0)
-
-
-def _exit_when_closed(supervisor: Channel[Any]) -> None:
-    """The supervisor never writes: its link closing means stop (it replaced this rank)."""
-    supervisor.recv_raw()
-    os._exit(0)
 
 
 def _most_bytes(job: Assignment, measure: Callable[..., int]) -> int:
@@ -347,7 +304,7 @@ def _serve_as_follower(
 def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> None:
     stage = job.plan.stages[job.stage_index]
     supervisor.send(Joining(child=child, epoch=job.epoch, rank=job.rank))
-    threading.Thread(target=_exit_when_closed, args=(supervisor,), daemon=True).start()
+    threading.Thread(target=exit_when_closed, args=(supervisor,), daemon=True).start()
     group = init_group()  # before loading: a peer that never comes must not cost a load first
     links = ()
     if job.measure_links and group.size() > 1:  # every rank of the stage, in step
@@ -410,7 +367,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
             raise ExoTpError(problem)
         quantize_kv(driver, serving.kv_bits, serving.kv_group_size, serving.quantized_kv_start)
     fused = _fused_steps(job, driver, group)
-    threading.Thread(target=_beat, args=(supervisor, progress), daemon=True).start()
+    threading.Thread(target=beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
     if job.rank == job.conductor_rank:  # only the conductor reads text: the followers get
         # the end tokens from it (EndTokens)

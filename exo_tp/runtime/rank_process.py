@@ -28,10 +28,13 @@ from exo_tp.wire.runtime import Heartbeat, RankMemory, Ready
 FOLDER_PREFIX = "exo-tp-rank-"
 
 
-def rank_environment(job: Assignment, folder: Path, key: bytes) -> dict[str, str]:
-    """The rank's environment: `clean_environment` plus its link key, its part of the host's
-    cores for OpenBLAS, and its stage's group (none for a stage of one rank)."""
-    env = clean_environment()
+def rank_environment(
+    job: Assignment, folder: Path, key: bytes, extra_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The rank's environment: `clean_environment` and ``extra_env``, plus its link key, its
+    part of the host's cores for OpenBLAS (a BLAS preloaded by ``extra_env`` included), and its
+    stage's group (none for a stage of one rank)."""
+    env = {**clean_environment(), **(extra_env or {})}
     env[LINK_KEY_ENV] = key.hex()
     env.update(group_threads(job.hostfile, job.rank, env))
     stage = job.plan.stages[job.stage_index]
@@ -65,7 +68,7 @@ def rank_job(
         name=f"rank {job.rank}",
         module="exo_tp.runtime.rank",
         argv=(str(jobfile),),
-        env={**rank_environment(job, folder, key), **(extra_env or {})},
+        env=rank_environment(job, folder, key, extra_env),
         stall_timeout=stall_timeout,
         folder=str(folder),
         stdout="stderr",

@@ -200,3 +200,8 @@ class SpeculativeStep:
             batch.filter([])
             break
         return responses
+
+
+def lookup_drafter(ngram: int) -> Drafter:
+    """Drafts by prompt lookup: the drafter where no draft model is given."""
+    return lambda _uid, tokens, most: prompt_lookup(tokens, ngram, most)
