@@ -119,8 +119,10 @@ def test_the_loop_survives_an_unexpected_error_in_a_round() -> None:
         model.release.set()  # this round fails on the unexpected error
         await started(model)  # and a later round forms again
         assert not loop.done()
-        assert first is not None and first.state == "failed" and lead.led is not first
-        assert "AttributeError" in (first.reason or "")
+        failed = lead.state.previous  # the epoch the new round replaced
+        assert first is not None and failed is not None and failed.number == first.number
+        assert failed.state == "failed" and lead.led is not None and lead.led is not failed
+        assert "AttributeError" in failed.reason
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
 

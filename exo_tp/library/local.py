@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exo_tp.errors import ExoTpError
+from exo_tp.wire.ids import RequestId
 from exo_tp.wire.runtime import Delta, Done, RequestFailed
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ class LoadedModel:
             logprobs=logprobs,
         )
         request = GenerateRequest(
-            id=f"library-{next(self._ids)}",
+            id=RequestId(f"library-{next(self._ids)}"),
             tokens=self._prompt(prompt),
             sampling=sampling,
             stop=tuple(stop),

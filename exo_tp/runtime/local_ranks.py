@@ -28,6 +28,7 @@ from exo_tp.runtime.rank_process import rank_job
 from exo_tp.transport.channel import Channel, Listener
 from exo_tp.transport.ports import free_ports
 from exo_tp.wire.assignment import Assignment, DType, ServingOptions
+from exo_tp.wire.ids import Epoch, Rank, RequestId
 from exo_tp.wire.runtime import (
     CONDUCTOR_EVENTS,
     RANK_EVENTS,
@@ -77,10 +78,10 @@ def _jobs(
     conductor, *hops = free_ports(1 + (plan.size if len(plan.stages) > 1 else 0))
     return [
         Assignment(
-            epoch=0,
+            epoch=Epoch(0),
             model=model,
             plan=plan,
-            rank=rank,
+            rank=Rank(rank),
             hostfile=tuple(hostfile),
             conductor=f"{ADDRESS}:{conductor}",
             requests_at=f"{ADDRESS}:{source_port}",
@@ -138,11 +139,13 @@ class LocalRanks:
             for job in jobs
         ]
         self._joined = threading.Event()
-        self._timer = threading.Timer(
-            join_timeout, lambda: self._joined.is_set() or self.events.put(JoinDeadline())
-        )
+        self._timer = threading.Timer(join_timeout, self._join_deadline)
         self._timer.daemon = True
         self._timer.start()
+
+    def _join_deadline(self) -> None:
+        if not self._joined.is_set():
+            self.events.put(JoinDeadline())
 
     def _on_rank(self, child: Child, event: ProcessEvent) -> None:
         self.events.put(RankNews(child, event))
@@ -190,7 +193,7 @@ class LocalRanks:
 
     def cancel(self, request_id: str) -> None:
         if self.conductor is not None:
-            self.conductor.send(Cancel(id=request_id))
+            self.conductor.send(Cancel(id=RequestId(request_id)))
 
     def close(self, graceful: bool = True) -> None:
         """Stop the ranks: gracefully, they see the conductor's link close and leave together;

@@ -8,9 +8,11 @@ from exo_tp.node.config import NodeConfig
 from exo_tp.node.control_messages import Ports
 from exo_tp.node.leader.backend_choice import BackendChoice
 from exo_tp.node.leader.placement import Placement
+from exo_tp.plan.cluster import MEMORY_HEADROOM
+from exo_tp.plan.kv_width import kv_token_capacity
 from exo_tp.plan.step_budget import step_token_budget
 from exo_tp.wire.announcement import Announcement
-from exo_tp.wire.assignment import Assignment
+from exo_tp.wire.assignment import DTYPE_BYTES, Assignment
 from exo_tp.wire.ids import Epoch
 
 
@@ -61,3 +63,24 @@ def assignments_of(
         )
         for rank in ranks
     ]
+
+
+def kv_tokens(placement: Placement, eligible: list[Announcement], config: NodeConfig) -> int | None:
+    """Tokens of context the plan's KV memory holds (exo_tp.plan.kv_width), all streams
+    together, from each rank's node's available memory (as the planner counts it) less the
+    recurrent state of a full batch."""
+    serving, by_id = config.serving, {m.node_id: m for m in eligible}
+    free = [
+        int(by_id[n].memory_available * MEMORY_HEADROOM) if by_id[n].memory_available else 2**62
+        for n in placement.rank_order
+    ]
+    return kv_token_capacity(
+        placement.plan,
+        free,
+        DTYPE_BYTES[config.dtype],
+        serving.kv_bits,
+        serving.kv_group_size,
+        serving.kv_cache_bytes,
+        # every stream the batch may run keeps its recurrent state (hybrid families)
+        streams=serving.max_concurrency,
+    )

@@ -109,7 +109,7 @@ class Dispatcher:
         # Speculative decoding since the node started: tokens drafted, and accepted by the
         # model (the status's serving counters; Done carries each request's).
         self.drafted_tokens = self.accepted_tokens = 0
-        self.on_conductor_lost: Callable[[int], None] | None = None  # set by the leader
+        self.on_conductor_lost: Callable[[Epoch], None] | None = None  # set by the leader
         # Cleared during a planned re-plan (rebalancing): new requests wait, not 503.
         self._open = asyncio.Event()
         self._open.set()

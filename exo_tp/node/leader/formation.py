@@ -33,32 +33,51 @@ from exo_tp.errors import ExoTpError, PlanError
 from exo_tp.node.config import NodeConfig
 from exo_tp.node.control import ControlClient, ControlRefused
 from exo_tp.node.control_messages import NodeStatus
-from exo_tp.node.leader.assignments import Where, assignments_of
+from exo_tp.node.leader.assignments import Where, assignments_of, kv_tokens
 from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
+from exo_tp.node.leader.decide import LOAD_TIMEOUT, Round, next_step, track
 from exo_tp.node.leader.dispatch import Dispatcher
-from exo_tp.node.leader.led_epoch import LedEpoch, rank_name
 from exo_tp.node.leader.links import LINK_WAIT, measured_links, unmeasured_pairs
 from exo_tp.node.leader.members import gather_members, node_weights
 from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.leader.placement import Members, Placement, place, plan_of, serving_draft
 from exo_tp.node.leader.rebalance import LiveBalance
+from exo_tp.node.leader.state import (
+    AssignmentsSent,
+    ConductorLost,
+    Detach,
+    EpochFailed,
+    EpochPlanned,
+    EpochReady,
+    EpochStarted,
+    ForgetBalance,
+    LeaderEvent,
+    LeadershipLost,
+    LeaderState,
+    LedEpoch,
+    LetGo,
+    ModelAsked,
+    Paused,
+    Release,
+    Replanning,
+    Resume,
+    Resumed,
+    effects,
+    eligible,
+    reduce,
+)
 from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.plan import ModelSpec
-from exo_tp.plan.cluster import MEMORY_HEADROOM
-from exo_tp.plan.kv_width import kv_quantization_problem, kv_token_capacity
+from exo_tp.plan.kv_width import kv_quantization_problem
 from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
 from exo_tp.plan.render import describe
 from exo_tp.wire.announcement import Announcement
-from exo_tp.wire.assignment import DTYPE_BYTES, Assignment
+from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import ProfileSummary
 
 log = logging.getLogger(__name__)
-
-LOAD_TIMEOUT = 240.0
-QUARANTINE_MIN = 60.0
-CONDUCTOR_GRACE = 4.0  # seconds to learn which rank broke the conductor's link, from statuses
 
 
 class Leader:
@@ -75,18 +94,12 @@ class Leader:
     ):
         self.config, self.models, self.peers = config, models, peers
         self._requests = requests
-        self._wanted: str | None = None  # the model key a request asked for last
-        self._wanted_adapter: str | None = None  # and the fine-tuning job's adapter it named
         self._control, self._dispatcher = control, dispatcher
         self._requests_port = requests_port
         self._highest_epoch = highest_epoch
-        self.led: LedEpoch | None = None
-        self._retry_at = 0.0  # no new epoch before this (after failures)
-        self._failures = 0
-        self._quarantine: dict[NodeId, float] = {}  # node id -> until (monotonic)
+        # Everything the leader decides from, changed only by `_apply` (exo_tp.node.leader.state)
+        self.state = LeaderState()
         dispatcher.on_conductor_lost = self._conductor_lost
-        # A fine-tuning job holds the cluster (exo_tp.node.finetune.jobs): no epoch forms.
-        self.paused: str | None = None
         # One round of the loop (which may form an epoch across many awaits) or one pause at a
         # time: a pause that let go of the epoch mid-round would leave the round forming over
         # ranks the job is about to take.
@@ -102,28 +115,61 @@ class Leader:
     def leads(self) -> bool:
         return self.peers.leader_id() == self.me
 
+    @property
+    def led(self) -> LedEpoch | None:
+        """The epoch this node formed (and leads), if any."""
+        return self.state.epoch
+
+    @property
+    def paused(self) -> str | None:
+        """Why no epoch forms: a fine-tuning job holds the cluster (exo_tp.node.finetune.jobs)."""
+        return self.state.paused
+
     def forming(self) -> bool:
         """This node leads an epoch whose workers are not all ready yet."""
-        led = self.led
-        return self.leads() and led is not None and led.state == "loading"
+        return self.leads() and self.state.forming()
+
+    # ---- the one place where state changes and their effects happen ------------------------
+
+    def _apply(self, *events: LeaderEvent) -> list[Release]:
+        """Apply ``events`` in order and carry out what each change asks of the node; the
+        releases (a network call each) are returned for the caller to await."""
+        releases: list[Release] = []
+        for event in events:
+            before, self.state = self.state, reduce(self.state, event)
+            led = self.state.epoch
+            if isinstance(event, EpochFailed) and led is not None and before.epoch is not led:
+                log.warning("epoch %d failed: %s", led.number, event.reason)
+            for effect in effects(before, self.state, event):
+                if isinstance(effect, Detach):
+                    self._dispatcher.detach(effect.reason)
+                elif isinstance(effect, Replanning):
+                    self._dispatcher.detach("the cluster is re-planning")
+                    self._dispatcher.expected_epoch = effect.epoch
+                elif isinstance(effect, Resume):
+                    self._dispatcher.resume()
+                elif isinstance(effect, ForgetBalance):
+                    self.balance.draining_since = None
+                else:
+                    releases.append(effect)
+        return releases
+
+    async def _release_all(self, releases: list[Release]) -> None:
+        peers = [(self.peers.get(n), r.epoch) for r in releases for n in r.nodes]
+        await asyncio.gather(*(self._release(p, epoch) for p, epoch in peers if p))
 
     # ---- a fine-tuning job holds the cluster -----------------------------------------------
 
     async def pause(self, reason: str) -> None:
         """Stop serving and let every serving rank go; no epoch forms until `resume`. Waits
         for a formation round in progress to end first (it then releases that epoch)."""
-        self.paused = reason
+        self._apply(Paused(reason=reason))
         async with self._round:
-            self._dispatcher.detach(reason)
-            self._dispatcher.resume()
-            led, self.led = self.led, None
-            if led is not None:
-                peers = [self.peers.get(n) for n in set(led.nodes)]
-                await asyncio.gather(*(self._release(p, led.number) for p in peers if p))
+            await self._release_all(self._apply(LetGo(reason=reason)))
 
     def resume(self) -> None:
         """Serve again: the next round forms a new epoch."""
-        self.paused = None
+        self._apply(Resumed())
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -162,66 +208,59 @@ class Leader:
         return str(error) or type(error).__name__
 
     def _eligible(self) -> list[Announcement]:
-        now = time.monotonic()
-        self._quarantine = {n: t for n, t in self._quarantine.items() if t > now}
-        return [m for m in self.peers.alive() if m.node_id not in self._quarantine]
+        alive = self.peers.alive()
+        allowed = set(eligible(self.state, tuple(m.node_id for m in alive), time.monotonic()))
+        return [m for m in alive if m.node_id in allowed]
 
     async def _lead_once(self) -> None:
         if not self.leads():
-            if self.led is not None:
-                self._dispatcher.detach("leadership moved")
-                self.led = None
+            self._apply(LeadershipLost())
             return
         if self.paused is not None:
             return
         if (asked := self._requests.latest()) is not None:
-            self._wanted, self._wanted_adapter = asked.key, asked.adapter_job
+            self._apply(ModelAsked(key=asked.key, adapter_job=asked.adapter_job))
         members = self._eligible()
         nodes = tuple(sorted(m.node_id for m in members))
-        led = self.led
-        model = self.models.target(nodes, led.model if led else None, self._wanted)
-        adapter = self._wanted_adapter if model == self._wanted else None
-        same = (
-            led is not None
-            and led.members == nodes
-            and led.model == model
-            and led.adapter_job == adapter
-        )
-        if same and led.state != "failed":
-            self._track(led)
-            if led.state == "ready" and model is not None:
-                await self._rebalance(led, members, model)
-            return
+        led, wanted = self.led, self.state.wanted
+        model = self.models.target(nodes, led.model if led else None, wanted)
         complete = 0 < self.config.members <= len(nodes)
-        if not complete and time.monotonic() - self.peers.joined_at < self.config.settle:
-            return
-        if same and time.monotonic() < self._retry_at:
-            return
-        if not members or not self._agreed(members):
-            return
-        if model is None:
+        joined = time.monotonic() - self.peers.joined_at >= self.config.settle
+        seen = Round(
+            nodes=nodes,
+            model=model,
+            adapter_job=self.state.wanted_adapter if model == wanted else None,
+            settled=complete or joined,
+            agreed=bool(members) and self._agreed(members),
+            links_ready=bool(members) and self._links_ready(nodes),
+        )
+        step = next_step(self.state, seen, time.monotonic())
+        if step == "track" and led is not None:
+            self._track(led)
+            if self.state.epoch is not None and self.state.epoch.state == "ready" and model:
+                await self._rebalance(self.state.epoch, members, model)
+        elif step == "no_model":
             self._dispatcher.detach("no member has a model: start a node with --model")
-            return
-        if not self._links_ready(nodes):
-            return
-        await self._form(members, model, adapter)
+        elif step == "form" and model is not None:
+            self._log_unmeasured(nodes)
+            await self._form(members, model, seen.adapter_job)
 
     def _links_ready(self, nodes: tuple[NodeId, ...]) -> bool:
         """Every pair's link measured (the members probe each other as they join), or
         LINK_WAIT past the settle: the pairs still missing are then planned with the default
-        link, and the log says which."""
+        link (`_form` logs which)."""
         missing = unmeasured_pairs(measured_links(self.peers, nodes), nodes)
-        if not missing:
-            return True
         waited = time.monotonic() - self.peers.changed_at - self.config.settle
-        if waited < LINK_WAIT:
-            return False
-        log.warning(
-            "links not measured after %.0f s, planned as the default link: %s",
-            waited,
-            ", ".join(f"{a}-{b}" for a, b in missing),
-        )
-        return True
+        return not missing or waited >= LINK_WAIT
+
+    def _log_unmeasured(self, nodes: tuple[NodeId, ...]) -> None:
+        missing = unmeasured_pairs(measured_links(self.peers, nodes), nodes)
+        if missing:
+            log.warning(
+                "links not measured after %.0f s, planned as the default link: %s",
+                time.monotonic() - self.peers.changed_at - self.config.settle,
+                ", ".join(f"{a}-{b}" for a, b in missing),
+            )
 
     def _agreed(self, members: list[Announcement]) -> bool:
         for member in members:
@@ -231,87 +270,24 @@ class Leader:
         return True
 
     def _fail(self, reason: str) -> None:
-        led = self.led
-        if led is not None and led.state != "failed":
-            log.warning("epoch %d failed: %s", led.number, reason)
-            led.state, led.reason = "failed", reason
-            # back off 1, 2, 4 ... 30 s so a persistent problem does not spin
-            self._retry_at = time.monotonic() + min(30.0, 2.0**self._failures)
-            self._failures += 1
-        self._dispatcher.detach(reason)
-        self.balance.draining_since = None
-        self._dispatcher.resume()  # requests held for a planned re-plan get the 503 now
+        self._apply(EpochFailed(reason=reason, at=time.monotonic()))
 
     def _conductor_lost(self, epoch: Epoch) -> None:
         """The conductor's link dropped: a rank died or stalled. Its node's status names it
         within a poll or two (`_track` fails the epoch then, naming node, rank and what
         happened); only if none does within CONDUCTOR_GRACE the conductor itself is named."""
-        led = self.led
-        if led is not None and led.number == epoch and led.conductor_lost is None:
-            led.conductor_lost = time.monotonic()
+        self._apply(ConductorLost(epoch=epoch, at=time.monotonic()))
 
     def _track(self, led: LedEpoch) -> None:
-        """Follow an epoch's workers: ready once all are, failed when one exits or stalls, or
-        when a node could not fetch its shard."""
+        """Follow an epoch's workers (exo_tp.node.leader.decide.track)."""
         statuses: dict[NodeId, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
-        failures: list[tuple[int, str]] = []  # (how telling, reason): the culprit first
-        for node_id, status in statuses.items():
-            fetch = status.weights.fetch if status else None
-            if fetch is not None and fetch.epoch == led.number:
-                if fetch.state == "failed":
-                    self._fail(f"{node_id} could not fetch its weights: {fetch.error}")
-                    return
-                if fetch.state == "fetching":  # the load timeout starts once bytes stop moving
-                    led.started = time.monotonic()
-            if status is None or status.worker_epoch != led.number:
-                continue
-            who = rank_name(led, node_id)
-            if status.worker_stalled is not None:
-                if status.worker_stalled == "frozen":  # re-plan without it for a while
-                    self._quarantine[node_id] = time.monotonic() + max(
-                        QUARANTINE_MIN, 4 * self.config.stall_timeout
-                    )
-                telling = 2 if status.worker_stalled == "frozen" else 0
-                failures.append((telling, f"{who} {status.worker_error}"))
-            elif status.worker_state == "exited":
-                error = status.worker_error or "stopped"
-                # a killed rank is the cause; its peers then exit on the broken link
-                telling = 3 if "signal" in error else 1
-                failures.append((telling, f"{who} stopped: {error}"))
-        if failures:
-            telling, reason = max(failures)
-            # A rank that exited on a broken link is a symptom: the rank that broke it (killed,
-            # frozen) usually reports a poll later, from another node. Name the cause when it
-            # comes; fall back to the symptom after the grace.
-            if telling == 1 and len(failures) < len(statuses):
-                if led.symptom_seen is None:
-                    led.symptom_seen = time.monotonic()
-                if time.monotonic() - led.symptom_seen < CONDUCTOR_GRACE:
-                    return
-            self._fail(reason)
-            return
-        lost = led.conductor_lost
-        if lost is not None and time.monotonic() - lost > CONDUCTOR_GRACE:
-            conductor = led.conductor_rank()
-            self._fail(
-                f"the conductor ({rank_name(led, led.nodes[conductor])}, the last stage's "
-                f"first rank) lost its link to the leader; no rank reported why within "
-                f"{CONDUCTOR_GRACE:g} s"
-                if conductor is not None
-                else "the conductor lost its link to the leader"
-            )
-            return
-        if led.state != "loading":
-            return
-        ready = all(
-            s is not None and s.worker_epoch == led.number and s.worker_state == "ready"
-            for s in statuses.values()
-        )
-        if ready and self._dispatcher.attach(led.number):
-            led.state, self._failures = "ready", 0
-            self._dispatcher.resume()  # requests held during a planned re-plan go now
+        now = time.monotonic()
+        tracked = track(led, statuses, now, self.config.stall_timeout)
+        self._apply(*tracked.events)
+        if tracked.ready and self._dispatcher.attach(led.number):
+            self._apply(EpochReady())
             log.info("epoch %d ready: %d ranks", led.number, len(led.nodes))
-        elif time.monotonic() - led.started > LOAD_TIMEOUT:
+        elif tracked.overdue:
             self._fail(f"workers not ready after {LOAD_TIMEOUT:.0f}s")
 
     # ---- planning and forming --------------------------------------------------------------
@@ -332,19 +308,13 @@ class Leader:
     async def _form(
         self, eligible: list[Announcement], key: str, adapter_job: str | None = None
     ) -> None:
-        number = self._next_number()
-        previous = self.led
+        number = Epoch(self._next_number())
         eligible_ids = tuple(sorted(m.node_id for m in eligible))
-        self.led = LedEpoch(
-            number=number,
-            nodes=(),
-            plan=None,
-            members=eligible_ids,
-            model=key,
-            adapter_job=adapter_job,
+        now = time.monotonic()
+        started = EpochStarted(
+            number=number, members=eligible_ids, model=key, adapter_job=adapter_job, at=now
         )
-        self._dispatcher.detach("the cluster is re-planning")
-        self._dispatcher.expected_epoch = number
+        self._apply(started)
         try:
             model = await self.models.prepare(key, eligible_ids)
             me = self.peers.status(self.me)
@@ -368,9 +338,8 @@ class Leader:
             log.info("%s", note)
         orders = self.models.orders(model, placement)
         nodes = placement.rank_order
-        self.led.nodes, self.led.plan = nodes, placement.plan
-        self.led.prediction = placement.prediction
-        self._dispatcher.kv_tokens = self._kv_tokens(placement, eligible)
+        self._apply(EpochPlanned(nodes=nodes, plan=placement.plan, prediction=placement.prediction))
+        self._dispatcher.kv_tokens = kv_tokens(placement, eligible, self.config)
         statuses = {n: self.peers.status(n) for n in nodes}
         try:
             backend = choose_backend(
@@ -393,7 +362,7 @@ class Leader:
         members = [by_id[n] for n in nodes]
         conductor = members[placement.plan.stages[-1].ranks[0]]
         try:
-            draft = (
+            draft_order = (
                 await self.models.draft_order(serving.draft_model, conductor)
                 if serving.draft_model is not None and serving.loads_draft()
                 else None
@@ -409,32 +378,9 @@ class Leader:
                 self.me,
                 orders[member.node_id],
                 adapter_job,
-                draft if member is conductor else None,
+                draft_order if member is conductor else None,
             )
-        self.led.started = time.monotonic()
-        if previous is not None:  # members dropped from the cluster let their workers go
-            dropped = [self.peers.get(n) for n in set(previous.nodes) - set(nodes)]
-            await asyncio.gather(*(self._release(p, number - 1) for p in dropped if p))
-
-    def _kv_tokens(self, placement: Placement, eligible: list[Announcement]) -> int | None:
-        """Tokens of context the plan's KV memory holds (exo_tp.plan.kv_width), all streams
-        together, from each rank's node's available memory (as the planner counts it) less the
-        recurrent state of a full batch."""
-        serving, by_id = self.config.serving, {m.node_id: m for m in eligible}
-        free = [
-            int(by_id[n].memory_available * MEMORY_HEADROOM) if by_id[n].memory_available else 2**62
-            for n in placement.rank_order
-        ]
-        return kv_token_capacity(
-            placement.plan,
-            free,
-            DTYPE_BYTES[self.config.dtype],
-            serving.kv_bits,
-            serving.kv_group_size,
-            serving.kv_cache_bytes,
-            # every stream the batch may run keeps its recurrent state (hybrid families)
-            streams=serving.max_concurrency,
-        )
+        await self._release_all(self._apply(AssignmentsSent(at=time.monotonic())))
 
     async def _assignments(
         self,

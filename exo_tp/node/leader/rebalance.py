@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exo_tp.node.control_messages import NodeStatus
-from exo_tp.node.leader.led_epoch import LedEpoch
+from exo_tp.node.leader.state import LedEpoch
 from exo_tp.plan.rebalance import (
     RankSpeed,
     RebalancePolicy,
@@ -63,7 +63,9 @@ class LiveBalance:
         self._nodes: tuple[NodeId, ...] = ()
         self.skipped = ""  # why the last due re-plan was not done
 
-    def observe(self, led: LedEpoch, statuses: Mapping[str, NodeStatus | None], now: float) -> bool:
+    def observe(
+        self, led: LedEpoch, statuses: Mapping[NodeId, NodeStatus | None], now: float
+    ) -> bool:
         """Take the new samples of ``led``'s ranks; True when a re-plan is due."""
         if led.number != self.epoch:  # new shares: earlier samples describe another split
             self.epoch, self.latest, self.verdict = led.number, {}, None
@@ -86,7 +88,7 @@ class LiveBalance:
         return self.enabled and self.verdict.replan
 
     def begin(
-        self, led: LedEpoch, members: Sequence[str], profile_weights: Mapping[str, float]
+        self, led: LedEpoch, members: Sequence[str], profile_weights: Mapping[NodeId, float]
     ) -> None:
         """Start a planned re-plan: remember the weights the next plan uses."""
         assert self.verdict is not None and self.verdict.speeds is not None
