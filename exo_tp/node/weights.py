@@ -24,7 +24,8 @@ from aiohttp import web
 
 from exo_tp.atomic_file import write_atomically
 from exo_tp.errors import ExoTpError
-from exo_tp.frozen import Frozen, replace
+from exo_tp.frozen import replace
+from exo_tp.node.peer_manifests import ManifestOf
 from exo_tp.node.weight_folders import STORE_INFO, OwnFolder, StoreInfo, claim, weight_bytes
 from exo_tp.node.weight_orders import (
     FetchState,
@@ -42,8 +43,8 @@ from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import ServedModel, ServeOptions, WeightServer
 from exo_tp.weights.store import ShardStore, store_root
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
-from exo_tp.wire.errors import PeerRefused, UnsignedReply
-from exo_tp.wire.http import SignedClient, post, signed_app
+from exo_tp.wire.errors import PeerRefused
+from exo_tp.wire.http import post, signed_app
 from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.weights import TransferProgress
 
@@ -55,16 +56,6 @@ MANIFEST_WAIT_S = 20.0  # a peer asking for a manifest waits this long, then ret
 # Test-only: "1" enables /weights/test-options (flip bytes, slow down what this node serves).
 TEST_FAULTS_ENV = "EXO_TP_TEST_FAULTS"
 TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=30)
-
-
-class ManifestPending(TransferError):
-    """The holder is still computing the manifest (the first time for that folder)."""
-
-
-class ManifestOf(Frozen):
-    """Body of /weights/manifest-of: the manifest of this node's folder with that key."""
-
-    key: str
 
 
 def source_nodes(transfer: NodeTransfer) -> list[str]:
@@ -430,23 +421,3 @@ class NodeWeights:
         self.server.configure(options)
         log.warning("weights: test options %s", options.model_dump_json())
         return options
-
-
-async def manifest_of(
-    session: aiohttp.ClientSession, weights_url: str, secret: str, key: str
-) -> ModelManifest:
-    """A peer's manifest of its folder with ``key`` (the peer computes it the first time);
-    accepted only if signed with the cluster secret and of that key."""
-    client = SignedClient(secret, session)
-    try:
-        manifest = await client.call(
-            weights_url, "/manifest-of", ManifestOf(key=key), ModelManifest, signed_reply=True
-        )
-    except PeerRefused as refused:
-        error = ManifestPending if refused.status == 503 else TransferError
-        raise error(f"{weights_url}: {refused.error}") from None
-    except UnsignedReply:
-        raise TransferError(f"{weights_url}: the manifest is not signed with the secret") from None
-    if manifest_key(manifest) != key:
-        raise TransferError(f"{weights_url} sent the manifest of another model")
-    return manifest

@@ -26,9 +26,10 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
 from exo_tp.node.leader.placement import Holdings, Placement
+from exo_tp.node.peer_manifests import ManifestPending, manifest_of
 from exo_tp.node.peers import Peers
 from exo_tp.node.weight_orders import ModelOffer, WeightOrder
-from exo_tp.node.weights import ManifestPending, NodeWeights, manifest_of
+from exo_tp.node.weights import NodeWeights
 from exo_tp.plan import ModelSpec, load_spec
 from exo_tp.weights.boxes import whole
 from exo_tp.weights.client import fetch_holding
