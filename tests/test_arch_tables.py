@@ -20,7 +20,7 @@ from exo_tp.arch import (
     supported_model_types,
     table_for,
 )
-from exo_tp.arch.tables import QWEN3_MOE
+from exo_tp.arch.families.qwen3_moe import QWEN3_MOE
 from exo_tp.errors import ExoTpError
 
 
@@ -30,6 +30,22 @@ def test_every_supported_type_is_an_mlx_lm_model_with_a_tiny_test_config() -> No
     for model_type in supported_model_types():
         importlib.import_module(f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}")
         assert model_type in ARCHS, f"{model_type} has no tiny config in tests/arch_configs.py"
+
+
+def test_a_misspelt_or_misplaced_split_dimension_fails_when_built() -> None:
+    from exo_tp.arch import CountRule, Dim
+    from exo_tp.plan.spec import ModelSpec, spec_from_config
+
+    with pytest.raises(ValidationError, match="fnn"):
+        LinearRule(path="mlp.down_proj", style="row", parts=("fnn",))
+    with pytest.raises(ValidationError, match="no counted dimension"):
+        CountRule(path="self_attn.n_heads", dim=Dim.FFN)
+    spec = spec_from_config(tiny_config("qwen3_moe"))
+    with pytest.raises(ValidationError, match="no feed-forward kind"):
+        ModelSpec.model_validate({**spec.model_dump(), "ffn_sizes": {"q_heads": 64}})
+    # the members are their old strings: plans and manifests keep their bytes
+    assert Dim.EXPERT_FFN == "expert_ffn" and f"{Dim.KV_HEADS}" == "kv_heads"
+    assert '"ffn_sizes":{"ffn":200,"expert_ffn":104}' in spec.model_dump_json()
 
 
 def test_a_split_outside_every_reducing_branch_is_refused() -> None:

@@ -1,6 +1,8 @@
 """Per-architecture tensor-parallel tables (pure data)."""
 
+from exo_tp.arch.dims import Dim
 from exo_tp.arch.generic import generic_table
+from exo_tp.arch.registry import TABLES
 from exo_tp.arch.table import (
     ArchTable,
     BranchRule,
@@ -10,7 +12,6 @@ from exo_tp.arch.table import (
     NormRule,
     SumRule,
 )
-from exo_tp.arch.tables import TABLES
 from exo_tp.errors import UnsupportedArchitectureError
 
 
@@ -49,10 +50,12 @@ __all__ = [
     "ArchTable",
     "BranchRule",
     "CountRule",
+    "Dim",
     "GroupedOutputRule",
     "LinearRule",
     "NormRule",
     "SumRule",
+    "TABLES",
     "pipeline_model_types",
     "generic_table",
     "mode_reason",

@@ -24,6 +24,7 @@ import ast
 import importlib.util
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from exo_tp.arch.table import ArchTable
 
@@ -189,7 +190,8 @@ class _Stack:
         )
         if not plain:
             raise _Refused(f"its layers are run by index or with per-layer inputs ({_code(it)})")
-        layer, own_cache = (ast.unparse(e) for e in loop.target.elts)  # type: ignore[union-attr]
+        assert isinstance(loop.target, ast.Tuple)  # checked in `plain` above
+        layer, own_cache = (ast.unparse(e) for e in loop.target.elts)
         call = loop.body[0].value if len(loop.body) == 1 else None  # type: ignore[attr-defined]
         if not (
             isinstance(loop.body[0], ast.Assign)
@@ -239,7 +241,7 @@ def _tie_default(classes: dict[str, ast.ClassDef], has_head: bool) -> bool:
     return not has_head
 
 
-def _head(classes: dict[str, ast.ClassDef]) -> dict[str, object]:
+def _head(classes: dict[str, ast.ClassDef]) -> dict[str, Any]:
     """The LM head (a Linear of Model, e.g. InternLM 2's ``output``) and the tie default."""
     built = _assigned(_method(classes["Model"], "__init__"))
     heads = [a for a, v in built.items() if _called_name(v) in ("nn.Linear", "Linear")]
@@ -249,7 +251,7 @@ def _head(classes: dict[str, ast.ClassDef]) -> dict[str, object]:
     }
 
 
-def _describe(classes: dict[str, ast.ClassDef], model_type: str) -> dict[str, object]:
+def _describe(classes: dict[str, ast.ClassDef], model_type: str) -> dict[str, Any]:
     """The stack's paths where stages of whole layers are safe (else `_Refused`, why not)."""
     model = classes["Model"]
     built = _assigned(_method(model, "__init__"))
@@ -317,7 +319,13 @@ def generic_table(model_type: str) -> ArchTable | None:
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     if "Model" not in classes:
         return None  # a helper module (cache, switch_layers ...), not a model type
-    common = {"model_types": (model_type,), "linears": (), "branches": (), "counts": ()}
+    # ArchTable's keyword arguments, of mixed types (pydantic checks them when it is built)
+    common: dict[str, Any] = {
+        "model_types": (model_type,),
+        "linears": (),
+        "branches": (),
+        "counts": (),
+    }
     common |= {"split": False, **_head(classes)}
     try:
         return ArchTable(**common, **_describe(classes, model_type))

@@ -29,13 +29,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from exo_tp.arch.dims import HEAD_DIMS, AttentionHeadDim, CountDim, SplitDim
 from exo_tp.frozen import Frozen
 
-# Split dimensions: query heads, KV heads (as held per rank, possibly replicated), the heads of
-# a recurrent linear-attention layer (ModelSpec.linear_attention: their own count, split on
-# their own), or an FFN kind named in ModelSpec.ffn_sizes ("ffn", "expert_ffn", ...).
-ATTENTION_HEAD_DIMS = ("q_heads", "kv_heads")
-HEAD_DIMS = (*ATTENTION_HEAD_DIMS, "linear_heads")
+# How a weight is split (LinearRule).
+Style = Literal["column", "row", "stacked"]
 
 
 class Rule(Frozen):
@@ -63,9 +61,9 @@ class LinearRule(Rule):
       depthwise conv's channels, a per-channel bias of a linear-attention head).
     """
 
-    style: Literal["column", "row", "stacked"]
+    style: Style
     # Split dimension of each packed part along the split axis, in packed order.
-    parts: tuple[str, ...] = Field(min_length=1)
+    parts: tuple[SplitDim, ...] = Field(min_length=1)
     # Elements per head along the split axis (of head dims): a head width of the ModelSpec
     # ("head_dim", or a name in ModelSpec.head_widths such as "v_head_dim"). None: head_dim,
     # or one entry per head for a stacked weight.
@@ -126,7 +124,7 @@ class CountRule(Rule):
     """An attribute holding a head count, set to the rank's local count (times ``width``
     elements per head, times ``times``: a projection's width, a depthwise conv's groups)."""
 
-    dim: Literal["q_heads", "kv_heads", "repeats", "linear_heads"]  # repeats: q heads per KV slot
+    dim: CountDim
     width: str | None = None
     times: int = Field(default=1, gt=0)
 
@@ -142,7 +140,7 @@ class NormRule(Rule):
     cached (keys), so the stand-in ties it to its cache as the real layer does.
     """
 
-    dim: Literal["q_heads", "kv_heads"]
+    dim: AttentionHeadDim
     width: str = "head_dim"
 
 

@@ -1,9 +1,9 @@
 """What a Mamba-2 layer (Nemotron-H) or a short-conv layer (LFM2) of a rank holds, reads and
 keeps per stream (pure).
 
-Mamba-2's split unit is a group (exo_tp.arch.tables.NEMOTRON_H): ``groups`` of them on a rank,
-each ``linear.head_dim`` channels of z and of x (its heads_per_group heads), ``state_size``
-channels of B and of C, and one dt per head. A short conv's unit is a channel.
+Mamba-2's split unit is a group (exo_tp.arch.families.nemotron_h.NEMOTRON_H): ``groups`` of
+them on a rank, each ``linear.head_dim`` channels of z and of x (its heads_per_group heads),
+``state_size`` channels of B and of C, and one dt per head. A short conv's unit is a channel.
 """
 
 from __future__ import annotations

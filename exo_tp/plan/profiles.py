@@ -16,6 +16,8 @@ from pydantic import Field
 from exo_tp.frozen import Frozen
 
 ENGINE_DTYPE = "float32"  # exo-tp computes in float32 unless told otherwise (launch --dtype)
+FLOAT_BYTES = 4  # float32, the engine's compute dtype for float weights and activations
+TOKEN_BYTES = 4  # a token id on the wire (int32)
 
 
 class ShapeSeconds(Frozen):

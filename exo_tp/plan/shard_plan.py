@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from exo_tp.arch.dims import Dim, FfnDim
 from exo_tp.plan.spec import Frozen, ModelSpec
 
 
@@ -50,19 +51,19 @@ class RankShard(Frozen):
     weight: float = Field(ge=0)
     heads: HeadShard
     # Feed-forward rows (column-parallel outputs, row-parallel inputs) per FFN kind.
-    ffn: dict[str, Span]
+    ffn: dict[FfnDim, Span]
     vocab: Span
     # Heads of the linear-attention layers (ModelSpec.linear_attention), split on their own.
     linear_heads: Span = Span(start=0, stop=0)
 
-    def span(self, dim: str) -> Span:
-        """The span of a named split dimension ("q_heads", "linear_heads", "vocab", or an FFN
-        kind)."""
-        if dim == "q_heads":
+    def span(self, dim: Dim) -> Span:
+        """The span of a split dimension (query heads, linear-attention heads, the vocabulary,
+        or an FFN kind)."""
+        if dim == Dim.Q_HEADS:
             return self.heads.q_heads
-        if dim == "linear_heads":
+        if dim == Dim.LINEAR_HEADS:
             return self.linear_heads
-        if dim == "vocab":
+        if dim == Dim.VOCAB:
             return self.vocab
         return self.ffn[dim]
 

@@ -7,7 +7,7 @@ import copy
 from collections.abc import Sequence
 
 from exo_tp.arch import LinearRule
-from exo_tp.arch.table import HEAD_DIMS
+from exo_tp.arch.dims import HEAD_DIMS, Dim
 from exo_tp.plan.shard_plan import RankShard, ShardPlan, Span
 from exo_tp.plan.tensor_parallel import layer_view
 
@@ -28,35 +28,35 @@ class RankSelector:
         view.__dict__ = {"spec": spec, "shard": shard}  # no cached rule ranges of another view
         return view
 
-    def count(self, dim: str) -> int:
+    def count(self, dim: Dim) -> int:
         """Local size of a dimension: heads, KV slots, query heads per KV slot, or rows."""
-        if dim == "kv_heads":
+        if dim == Dim.KV_HEADS:
             return len(self.shard.heads.kv_heads)
-        if dim == "repeats":
+        if dim == Dim.REPEATS:
             return self.shard.heads.repeats
         return self.shard.span(dim).size
 
-    def _total(self, dim: str, per_head: int) -> int:
+    def _total(self, dim: Dim, per_head: int) -> int:
         spec = self.spec
-        if dim == "q_heads":
+        if dim == Dim.Q_HEADS:
             return spec.num_heads * per_head
-        if dim == "kv_heads":
+        if dim == Dim.KV_HEADS:
             return spec.num_kv_heads * per_head
-        if dim == "linear_heads" and spec.linear_attention is not None:
+        if dim == Dim.LINEAR_HEADS and spec.linear_attention is not None:
             return spec.linear_attention.num_heads * per_head
-        if dim == "vocab":
+        if dim == Dim.VOCAB:
             return spec.vocab_size
         return spec.ffn_sizes[dim]
 
-    def ranges(self, dim: str, per_head: int = 1) -> Ranges:
+    def ranges(self, dim: Dim, per_head: int = 1) -> Ranges:
         """This rank's ranges of ``dim``; a head is ``per_head`` elements wide."""
-        if dim == "kv_heads":  # one range per local slot: replicated KV heads repeat
+        if dim == Dim.KV_HEADS:  # one range per local slot: replicated KV heads repeat
             return [(k * per_head, (k + 1) * per_head) for k in self.shard.heads.kv_heads]
         span = self.shard.span(dim)
         scale = per_head if dim in HEAD_DIMS else 1
         return [(span.start * scale, span.stop * scale)] if span.size else []
 
-    def packed(self, parts: Sequence[str], per_head: int | Sequence[int]) -> tuple[Ranges, int]:
+    def packed(self, parts: Sequence[Dim], per_head: int | Sequence[int]) -> tuple[Ranges, int]:
         """Ranges along an axis packing several parts back to back (e.g. q|k|v), and the
         axis length the plan expects; ``per_head``: one width for all parts, or one each."""
         widths = [per_head] * len(parts) if isinstance(per_head, int) else list(per_head)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 
 from exo_tp.arch import table_for
-from exo_tp.arch.table import ATTENTION_HEAD_DIMS
+from exo_tp.arch.dims import ATTENTION_HEAD_DIMS, Dim
 from exo_tp.errors import PlanError
 from exo_tp.plan.apportion import contiguous_spans, largest_remainder, normalize
 from exo_tp.plan.shard_plan import Collective, HeadShard, RankShard, ShardPlan, Span
@@ -22,7 +22,7 @@ FLOAT_FFN_ALIGN = 32
 VOCAB_ALIGN = 64
 
 
-def _row_head_widths(spec: ModelSpec, dims: tuple[str, ...] = ATTENTION_HEAD_DIMS) -> set[int]:
+def _row_head_widths(spec: ModelSpec, dims: tuple[Dim, ...] = ATTENTION_HEAD_DIMS) -> set[int]:
     """Columns per head of every weight the architecture splits along its input by heads of
     ``dims`` (o_proj: head_dim, or v_head_dim under MLA), in every layer view."""
     table = table_for(spec.model_type)
@@ -41,7 +41,7 @@ def _linear_head_unit(spec: ModelSpec) -> int:
     cut (``unit * head width``) lands on a quantization group."""
     if spec.linear_attention is None:
         return 1
-    widths = _row_head_widths(spec, ("linear_heads",))
+    widths = _row_head_widths(spec, (Dim.LINEAR_HEADS,))
     return math.lcm(1, *(math.lcm(w, spec.input_align) // w for w in widths))
 
 
@@ -122,7 +122,7 @@ def _ffn_unit(spec: ModelSpec) -> int:
     return math.lcm(FLOAT_FFN_ALIGN if spec.quantization is None else 1, spec.input_align)
 
 
-def split_grains(spec: ModelSpec) -> dict[str, int]:
+def split_grains(spec: ModelSpec) -> dict[Dim, int]:
     """The finest unit of every split dimension over all plans of ``spec``, any rank count:
     every span a plan gives starts at a multiple of it (query heads, KV heads, rows, tokens)
     or at the dimension's end.
@@ -131,10 +131,10 @@ def split_grains(spec: ModelSpec) -> dict[str, int]:
     (A GQA-group head unit is a multiple of the single-head one: see _head_unit.)
     """
     return {
-        "q_heads": _head_unit(spec, by_group=False),
-        "kv_heads": 1,
-        "linear_heads": _linear_head_unit(spec),
-        "vocab": VOCAB_ALIGN,
+        Dim.Q_HEADS: _head_unit(spec, by_group=False),
+        Dim.KV_HEADS: 1,
+        Dim.LINEAR_HEADS: _linear_head_unit(spec),
+        Dim.VOCAB: VOCAB_ALIGN,
         **{kind: _ffn_unit(spec) for kind in spec.ffn_sizes},
     }
 
@@ -144,41 +144,11 @@ def _split(total: int, unit: int, weights: Sequence[float]) -> tuple[Span, ...]:
     return contiguous_spans(counts, unit, total)
 
 
-def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan:
-    """One TP group over ``len(weights)`` ranks; rank r's share tracks ``weights[r]``."""
-    shares = normalize(weights)
-    n = len(shares)
-    table = table_for(spec.model_type)
-    if n > 1 and not table.split:
-        raise PlanError(f"{n} ranks in one stage: {table.why}")
-    by_group = n <= min(v.num_kv_heads for v in spec.layer_specs())
-    head_unit = _head_unit(spec, by_group)
-    q_spans = _split(spec.num_heads, head_unit, shares)
-    ffn_unit = _ffn_unit(spec)
-    ffn_spans = {kind: _split(size, ffn_unit, shares) for kind, size in spec.ffn_sizes.items()}
-    vocab_spans = _split(spec.vocab_size, VOCAB_ALIGN, shares)
-    # Linear-attention heads: whole units proportional to the shares, apart from the
-    # attention heads (their own count); more ranks than units leave some without any.
-    linear = spec.linear_attention
-    linear_unit = _linear_head_unit(spec)
-    linear_spans = (
-        _split(linear.num_heads, linear_unit, shares)
-        if linear is not None
-        else (Span(start=0, stop=0),) * n
-    )
-    ranks = tuple(
-        RankShard(
-            rank=r,
-            weight=shares[r],
-            heads=HeadShard(q_heads=q_spans[r], kv_heads=kv_heads_for(q_spans[r], spec.group_size)),
-            ffn={kind: spans[r] for kind, spans in ffn_spans.items()},
-            vocab=vocab_spans[r],
-            linear_heads=linear_spans[r],
-        )
-        for r in range(n)
-    )
-    vocab_sizes = tuple(s.size for s in vocab_spans)
-    collectives = (
+def _collectives(spec: ModelSpec, vocab_sizes: tuple[int, ...]) -> tuple[Collective, ...]:
+    """The collectives a TP group over ``len(vocab_sizes)`` ranks runs (``vocab_sizes``: each
+    rank's share of the vocabulary)."""
+    n = len(vocab_sizes)
+    collectives: tuple[Collective, ...] = (
         # Row-parallel outputs are full hidden vectors on every rank: equal shapes, no padding.
         Collective(
             name="attention_out",
@@ -219,6 +189,43 @@ def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan
         collectives += (
             Collective(name="qk_norm", op="all_sum", sizes=(1,) * n, padded=1, per_layer=norms),
         )
+    return collectives
+
+
+def plan_tensor_parallel(spec: ModelSpec, weights: Sequence[float]) -> ShardPlan:
+    """One TP group over ``len(weights)`` ranks; rank r's share tracks ``weights[r]``."""
+    shares = normalize(weights)
+    n = len(shares)
+    table = table_for(spec.model_type)
+    if n > 1 and not table.split:
+        raise PlanError(f"{n} ranks in one stage: {table.why}")
+    by_group = n <= min(v.num_kv_heads for v in spec.layer_specs())
+    head_unit = _head_unit(spec, by_group)
+    q_spans = _split(spec.num_heads, head_unit, shares)
+    ffn_unit = _ffn_unit(spec)
+    ffn_spans = {kind: _split(size, ffn_unit, shares) for kind, size in spec.ffn_sizes.items()}
+    vocab_spans = _split(spec.vocab_size, VOCAB_ALIGN, shares)
+    # Linear-attention heads: whole units proportional to the shares, apart from the
+    # attention heads (their own count); more ranks than units leave some without any.
+    linear = spec.linear_attention
+    linear_unit = _linear_head_unit(spec)
+    linear_spans = (
+        _split(linear.num_heads, linear_unit, shares)
+        if linear is not None
+        else (Span(start=0, stop=0),) * n
+    )
+    ranks = tuple(
+        RankShard(
+            rank=r,
+            weight=shares[r],
+            heads=HeadShard(q_heads=q_spans[r], kv_heads=kv_heads_for(q_spans[r], spec.group_size)),
+            ffn={kind: spans[r] for kind, spans in ffn_spans.items()},
+            vocab=vocab_spans[r],
+            linear_heads=linear_spans[r],
+        )
+        for r in range(n)
+    )
+    collectives = _collectives(spec, tuple(s.size for s in vocab_spans))
     return ShardPlan(
         spec=spec,
         weights=shares,

@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map_with_path
 
-from exo_tp.arch import ArchTable, table_for
+from exo_tp.arch import ArchTable, Dim, table_for
 from exo_tp.plan import ShardPlan, Span
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.adapters import apply_to_block, check_layers, read_adapter
@@ -156,7 +156,7 @@ def _shard_vocab(
     # The model's own structure says whether the head is tied (gemma3 decides by the weights).
     tied = not has_path(model, table.lm_head)
     sizes = [r.vocab.size for r in plan.ranks]
-    rows = RankSelector(plan, rank).ranges("vocab")
+    rows = RankSelector(plan, rank).ranges(Dim.VOCAB)
     if first or (last and tied):
         embedding = get_path(model, table.embedding)
         if dtype is not None:
@@ -218,7 +218,7 @@ def _vocab_table(
     probe = table(mx.zeros((1,), dtype=mx.int32))  # graph only: width and lookup dtype
     if table["weight"].shape[0] != plan.spec.vocab_size:
         return
-    rows = RankSelector(plan, rank).ranges("vocab")
+    rows = RankSelector(plan, rank).ranges(Dim.VOCAB)
     slicer.slice_rows(path, table, rows, plan.spec.vocab_size)
     sizes = [r.vocab.size for r in plan.ranks]
     start = plan.ranks[rank].vocab.start

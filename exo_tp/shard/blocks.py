@@ -17,7 +17,8 @@ from exo_tp.arch import (
     NormRule,
     SumRule,
 )
-from exo_tp.arch.table import HEAD_DIMS, is_under
+from exo_tp.arch.dims import HEAD_DIMS, Dim
+from exo_tp.arch.table import is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.slices import RankSelector
 from exo_tp.shard.layers import (
@@ -131,7 +132,7 @@ class BlockSharder:
     def _check_dims(self, rule: LinearRule, prefix: str) -> None:
         spec = self.mine.spec
         for dim in rule.parts:
-            known = dim in HEAD_DIMS and (dim != "linear_heads" or spec.linear_attention)
+            known = dim in HEAD_DIMS and (dim != Dim.LINEAR_HEADS or spec.linear_attention)
             if not known and dim not in spec.ffn_sizes:
                 raise ExoTpError(
                     f"{prefix}.{rule.path} is split by {dim!r}, "
@@ -217,7 +218,7 @@ class BlockSharder:
         _check_norm(name, norm, full)
         weight = self.slicer.take(f"{name}.weight", norm["weight"], -1, ranges)
         counted = None
-        if rule.dim == "kv_heads":  # replicated KV heads: only the first holder counts them
+        if rule.dim == Dim.KV_HEADS:  # replicated KV heads: only the first holder counts them
             me = self.ranks.index(self.mine)
             earlier = {k for s in self.ranks[:me] for k in s.shard.heads.kv_heads}
             counted = counted_mask(self.mine.shard.heads.kv_heads, earlier, width)
@@ -241,7 +242,7 @@ class BlockSharder:
         set_path(layer, rule.once, KeptByOne(once, self.width, keep=holder is self.mine))
 
     def _stand_in(
-        self, branch: BranchRule, joins: tuple[str, ...] = (), sums: tuple[int, ...] = ()
+        self, branch: BranchRule, joins: tuple[Dim, ...] = (), sums: tuple[int, ...] = ()
     ) -> nn.Module:
         if branch.kind == "attention" and branch.shares_kv:
             return ZeroSharingAttention(self.width, self.mine.spec.head_dim)

@@ -14,6 +14,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from exo_tp.arch.dims import Dim
 from exo_tp.shard.collectives import gather_padded, sum_over_ranks, zeros_after
 from exo_tp.shard.sharded_norm import join_norm_sum
 
@@ -184,7 +185,7 @@ class ZeroAttention(ZeroMLP):
         self,
         width: int,
         head_dim: int,
-        joins: tuple[str, ...] = (),
+        joins: tuple[Dim, ...] = (),
         group: mx.distributed.Group | None = None,
     ):
         super().__init__(width)
@@ -196,7 +197,7 @@ class ZeroAttention(ZeroMLP):
         cache = _cache_argument(args, kwargs)
         sums = [join_norm_sum(x, self._group) for _ in self._joins] if self._group else []
         if cache is not None:
-            keyed = [s for s, dim in zip(sums, self._joins, strict=True) if dim == "kv_heads"]
+            keyed = [s for s, dim in zip(sums, self._joins, strict=True) if dim == Dim.KV_HEADS]
             self._cache_stand_in(x, cache, keyed)
         out = super().__call__(x)
         return mx.depends(out, sums) if sums else out

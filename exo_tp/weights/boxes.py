@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from exo_tp.arch import ArchTable, LinearRule, table_for
+from exo_tp.arch import ArchTable, Dim, LinearRule, table_for
 from exo_tp.arch.table import is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
@@ -222,7 +222,7 @@ def rank_boxes(manifest: ModelManifest, plan: PipelinePlan, rank: int) -> Boxes:
         _layer(reads, table, selectors, local, layer)
 
     tied = not manifest.has(table.lm_head)
-    vocab = selectors[local].ranges("vocab")
+    vocab = selectors[local].ranges(Dim.VOCAB)
     numbered = {
         f"{head}.{i}.{p}"
         for (head, i), paths in manifest.numbered.items()

@@ -18,7 +18,8 @@ from fractions import Fraction
 from typing import Literal
 
 from exo_tp.arch import ArchTable, GroupedOutputRule, LinearRule, NormRule
-from exo_tp.arch.table import HEAD_DIMS, is_under
+from exo_tp.arch.dims import HEAD_DIMS, Dim
+from exo_tp.arch.table import is_under
 from exo_tp.plan.spec import ModelSpec
 from exo_tp.plan.tensor_parallel import split_grains
 
@@ -96,12 +97,12 @@ def norm_rule(norm: NormRule) -> LinearRule:
     return LinearRule(path=norm.path, style="column", parts=(norm.dim,), width=norm.width)
 
 
-def _dim_total(spec: ModelSpec, dim: str, width: int) -> int:
-    if dim == "q_heads":
+def _dim_total(spec: ModelSpec, dim: Dim, width: int) -> int:
+    if dim == Dim.Q_HEADS:
         return spec.num_heads * width
-    if dim == "kv_heads":
+    if dim == Dim.KV_HEADS:
         return spec.num_kv_heads * width
-    if dim == "linear_heads" and spec.linear_attention is not None:
+    if dim == Dim.LINEAR_HEADS and spec.linear_attention is not None:
         return spec.linear_attention.num_heads * width
     return spec.ffn_sizes[dim]
 
@@ -144,7 +145,7 @@ def split_of(place: Place, shape: tuple[int, ...], spec: ModelSpec) -> Split | N
     if place.kind in ("embedding", "lm_head", "vocab_table"):
         if len(shape) < 2 or shape[-2] != spec.vocab_size:
             return None
-        grain = split_grains(spec)["vocab"]
+        grain = split_grains(spec)[Dim.VOCAB]
         points = (*range(0, spec.vocab_size, grain), spec.vocab_size)
         return Split(axis=len(shape) - 2, total=spec.vocab_size, ratio=Fraction(1), points=points)
     if place.kind == "grouped":
