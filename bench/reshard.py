@@ -43,9 +43,9 @@ from _common import MODEL_HELP, ROOT, env, model_arg, resolve
 sys.path.insert(0, str(ROOT))
 
 from exo_tp.cli.run import options_from_flags  # noqa: E402
+from exo_tp.node.cluster.views import ClusterView, HealthView, PlanView  # noqa: E402
+from exo_tp.node.cluster.weight_orders import WeightsStatus
 from exo_tp.node.local_cluster import LocalCluster, node_job  # noqa: E402
-from exo_tp.node.views import ClusterView, HealthView, PlanView  # noqa: E402
-from exo_tp.node.weight_orders import WeightsStatus
 from exo_tp.plan import plan_tensor_parallel  # noqa: E402
 from exo_tp.plan.pipeline import PipelinePlan, single_stage  # noqa: E402
 from exo_tp.transport.ports import port_is_free  # noqa: E402

@@ -26,9 +26,9 @@ from openai import APIError, OpenAI
 from pydantic import ValidationError
 
 from exo_tp.cli.run import options_from_flags
+from exo_tp.node.cluster.views import ClusterView, HealthView, PlanView
 from exo_tp.node.local_cluster import LocalCluster as SupervisedNodes
 from exo_tp.node.local_cluster import node_job
-from exo_tp.node.views import ClusterView, HealthView, PlanView
 from exo_tp.transport.ports import port_is_free
 from exo_tp.transport.ring_wait import WAIT_ENV
 

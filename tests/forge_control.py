@@ -20,7 +20,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exo_tp import __version__  # noqa: E402
-from exo_tp.node.discovery import Discovery  # noqa: E402
+from exo_tp.node.cluster.discovery import Discovery  # noqa: E402
 from exo_tp.security.signing import control_headers  # noqa: E402
 from exo_tp.wire.announcement import Announcement
 

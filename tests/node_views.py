@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cluster_helpers import http_json
 
-from exo_tp.node.views import ClusterView, HealthView, PlanView
+from exo_tp.node.cluster.views import ClusterView, HealthView, PlanView
 
 
 def health(url: str, timeout: float = 5) -> HealthView:

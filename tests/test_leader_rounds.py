@@ -16,14 +16,14 @@ from collections.abc import Sequence
 
 from exo_tp import __version__
 from exo_tp.errors import ExoTpError
-from exo_tp.node.config import NodeConfig
-from exo_tp.node.control import ControlClient
-from exo_tp.node.control_messages import NodeStatus
+from exo_tp.node.cluster.config import NodeConfig
+from exo_tp.node.cluster.control import ControlClient
+from exo_tp.node.cluster.control_messages import NodeStatus
+from exo_tp.node.cluster.peers import Peers
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.dispatch import Dispatcher
 from exo_tp.node.leader.formation import Leader
 from exo_tp.node.leader.model_requests import ModelRequests
-from exo_tp.node.peers import Peers
 from exo_tp.wire.announcement import Announcement
 
 ME = "node-0"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exo_tp.node.control_messages import NodeStatus
+from exo_tp.node.cluster.control_messages import NodeStatus
 from exo_tp.node.leader.decide import CONDUCTOR_GRACE, LOAD_TIMEOUT, Round, next_step, track
 from exo_tp.node.leader.state import (
     AssignmentsSent,

@@ -1,11 +1,11 @@
-"""Who leads and who is alive (exo_tp.node.membership, pure logic with time passed in): the
+"""Who leads and who is alive (exo_tp.node.cluster.membership, pure logic with time passed in): the
 rules that decide how fast a cluster recovers from its leader's death (issue #45)."""
 
 from __future__ import annotations
 
 from lab_profiles import lab_announcement
 
-from exo_tp.node.membership import MISSED_PINGS_DEAD, SAME_START_S, Membership
+from exo_tp.node.cluster.membership import MISSED_PINGS_DEAD, SAME_START_S, Membership
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.ids import NodeId
 

@@ -12,8 +12,8 @@ from helpers import assert_latency_in_seconds, tcp_loopback_reference
 from lab_profiles import lab_announcement
 from node_views import cluster_view, plan_view
 
+from exo_tp.node.cluster.views import ClusterView
 from exo_tp.node.leader.members import node_weights
-from exo_tp.node.views import ClusterView
 from exo_tp.plan.devices import DeviceProfile, MatmulScore, read_profile
 from exo_tp.plan.spec import ModelSpec, Quantization, load_spec
 from exo_tp.profile.shapes import model_shapes

@@ -27,7 +27,7 @@ from helpers import mlx_lm_reference
 from node_views import plan_view
 from openai import AuthenticationError, OpenAI
 
-from exo_tp.node.views import ClusterView
+from exo_tp.node.cluster.views import ClusterView
 
 pytestmark = pytest.mark.skipif(
     can_make_namespaces() is not None, reason=str(can_make_namespaces())

@@ -25,7 +25,7 @@ import psutil
 import pytest
 from cluster_helpers import LocalCluster, LongStream, http_json, local_cluster, wait_ready
 
-from exo_tp.node.views import plan_view
+from exo_tp.node.cluster.views import plan_view
 from exo_tp.plan import load_spec
 from exo_tp.plan.cluster import Cluster, DeviceCost
 from exo_tp.plan.pipeline import plan_pipeline

@@ -36,8 +36,8 @@ from helpers import mlx_lm_reference
 from openai import OpenAI
 from safetensors import safe_open
 
-from exo_tp.node.views import ClusterView, NodeWeightsView, PlanView
-from exo_tp.node.weight_orders import FetchSummary
+from exo_tp.node.cluster.views import ClusterView, NodeWeightsView, PlanView
+from exo_tp.node.cluster.weight_orders import FetchSummary
 from exo_tp.plan import plan_tensor_parallel
 from exo_tp.plan.pipeline import PipelinePlan, single_stage
 from exo_tp.security.signing import control_headers

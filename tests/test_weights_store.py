@@ -19,8 +19,8 @@ from safetensors import safe_open
 from tiny_models import write_tiny_model
 
 from exo_tp.errors import ExoTpError
-from exo_tp.node.weight_folders import STORE_INFO, StoreInfo
-from exo_tp.node.weights import NodeWeights
+from exo_tp.node.member.weight_folders import STORE_INFO, StoreInfo
+from exo_tp.node.member.weights import NodeWeights
 from exo_tp.plan import load_spec, plan_tensor_parallel
 from exo_tp.plan.pipeline import PipelinePlan, single_stage
 from exo_tp.shard.apply import load_shard

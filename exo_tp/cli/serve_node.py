@@ -21,7 +21,7 @@ from exo_tp.frozen import replace
 from exo_tp.security.addresses import is_loopback
 
 if TYPE_CHECKING:
-    from exo_tp.node.config import NodeConfig
+    from exo_tp.node.cluster.config import NodeConfig
     from exo_tp.node.options import NodeOptions
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.security.access import ApiAccess
@@ -133,7 +133,7 @@ def _node_config(
 
     from exo_tp.cli.launch import adapter_folder
     from exo_tp.errors import ExoTpError
-    from exo_tp.node.config import NodeConfig
+    from exo_tp.node.cluster.config import NodeConfig
 
     api_limits, cluster_limits = connection_limits(options.connections)
     rdma = {}
@@ -189,7 +189,7 @@ async def _serve(
     from exo_tp.errors import ExoTpError
     from exo_tp.models.registry import resolve_model
     from exo_tp.node.node import Node
-    from exo_tp.node.weights import NodeWeights
+    from exo_tp.node.member.weights import NodeWeights
 
     folders = [(name, resolve_model(name)) for name in options.models]
     if not folders:

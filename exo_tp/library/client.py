@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
-    from exo_tp.node.views import ClusterView, HealthView, PlanView
+    from exo_tp.node.cluster.views import ClusterView, HealthView, PlanView
 
 View = TypeVar("View", bound=BaseModel)
 
@@ -52,19 +52,19 @@ class Client:
         return kind.model_validate(self._call(path))
 
     def health(self) -> HealthView:
-        from exo_tp.node.views import HealthView
+        from exo_tp.node.cluster.views import HealthView
 
         return self._view("/health", HealthView)
 
     def cluster(self) -> ClusterView:
         """Members, devices, the served model and what each rank holds (`/v1/cluster`)."""
-        from exo_tp.node.views import ClusterView
+        from exo_tp.node.cluster.views import ClusterView
 
         return self._view("/v1/cluster", ClusterView)
 
     def plan(self) -> PlanView:
         """The plan the cluster serves with, and its prediction (`/v1/plan`)."""
-        from exo_tp.node.views import PlanView
+        from exo_tp.node.cluster.views import PlanView
 
         return self._view("/v1/plan", PlanView)
 

@@ -244,7 +244,7 @@ def load(
     """Split ``model`` (a prepared name, an mlx-lm folder or a hub id) over ``ranks`` local
     ranks with shares ``weights`` (default equal), as ``stages`` tensor-parallel groups chained
     as pipeline stages (default one), start them and wait until they serve."""
-    from exo_tp.library.planning import split
+    from exo_tp.plan.of_model import split
     from exo_tp.models.registry import resolve_model
     from exo_tp.models.tokenizer import load_model_tokenizer
     from exo_tp.plan import load_spec

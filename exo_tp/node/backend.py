@@ -9,16 +9,16 @@ from typing import Literal
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo_tp.api.defaults import GenerationDefaults
-from exo_tp.api.errors import FORWARD_PREFIX, ApiError, not_ready
-from exo_tp.api.openai_shapes import ModelObject
+from exo_tp.api.core.defaults import GenerationDefaults
+from exo_tp.api.core.errors import FORWARD_PREFIX, ApiError, not_ready
+from exo_tp.api.model_list import ModelObject
 from exo_tp.api.proxy import Upstream
 from exo_tp.frozen import Frozen
 from exo_tp.models.catalog import local_models
 from exo_tp.models.hub import HubError, HubRef, hub_ref
+from exo_tp.node.cluster.views import ClusterView, HealthView, PlanView
 from exo_tp.node.finetune.jobs import FineTuning
 from exo_tp.node.finetune.records import FT_PREFIX
-from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.leader.cluster_model import Prepared
 from exo_tp.node.leader.dispatch import (
     ClusterLost,
@@ -30,9 +30,9 @@ from exo_tp.node.leader.dispatch import (
     QueueFull,
 )
 from exo_tp.node.leader.model_requests import ModelRequests
+from exo_tp.node.member.hub_downloads import HubDownloads
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.status_views import StatusViews
-from exo_tp.node.views import ClusterView, HealthView, PlanView
 from exo_tp.security.signing import control_headers
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exo_tp.node.cluster.peers import Peers
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.formation import Leader
-from exo_tp.node.peers import Peers
 
 
 @dataclass(frozen=True)

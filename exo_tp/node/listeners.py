@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exo_tp.api.errors import FORWARD_PREFIX, error_shape
+from exo_tp.api.core.errors import FORWARD_PREFIX, error_shape
 from exo_tp.api.server_limits import (
     LimitedSite,
     Limits,

@@ -23,26 +23,26 @@ from exo_tp import __version__
 from exo_tp.api.routes import build_public_app
 from exo_tp.finetune.state import FineTuneState, state_root
 from exo_tp.node.backend import NodeBackend
-from exo_tp.node.config import NodeConfig
-from exo_tp.node.control import ControlClient, control_app
-from exo_tp.node.control_handlers import ControlHandlers
-from exo_tp.node.control_messages import NodeStatus
+from exo_tp.node.cluster.config import NodeConfig
+from exo_tp.node.cluster.control import ControlClient, control_app
+from exo_tp.node.cluster.control_messages import NodeStatus
+from exo_tp.node.cluster.memory import memory_now
+from exo_tp.node.cluster.peers import Peers
 from exo_tp.node.finetune.jobs import FineTuning
 from exo_tp.node.finetune.ranks import FINETUNE_MOUNT, FinetuneRanks, finetune_app
-from exo_tp.node.hub_downloads import HubDownloads
 from exo_tp.node.joined import Joined
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.dispatch import Dispatcher
 from exo_tp.node.leader.formation import Leader
 from exo_tp.node.leader.model_requests import ModelRequests
-from exo_tp.node.link_probes import LinkProbes
 from exo_tp.node.listeners import Listeners, guard_cluster_app, mount_forwarded_api
-from exo_tp.node.memory import memory_now
+from exo_tp.node.member.control_handlers import ControlHandlers
+from exo_tp.node.member.hub_downloads import HubDownloads
+from exo_tp.node.member.link_probes import LinkProbes
+from exo_tp.node.member.weights import NodeWeights
+from exo_tp.node.member.worker import NodeWorker
 from exo_tp.node.model_catalog import ModelCatalog
-from exo_tp.node.peers import Peers
 from exo_tp.node.status_views import StatusViews
-from exo_tp.node.weights import NodeWeights
-from exo_tp.node.worker import NodeWorker
 from exo_tp.weights.server import MOUNT
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.profiles import ProfileSummary

@@ -4,9 +4,9 @@ in it: they reach the node through its environment."""
 
 from __future__ import annotations
 
-from exo_tp.api.defaults import GenerationDefaults
+from exo_tp.api.core.defaults import GenerationDefaults
 from exo_tp.frozen import Frozen
-from exo_tp.node.leader.backend_choice import Requested
+from exo_tp.node.cluster.config import Requested
 from exo_tp.wire.assignment import DType, ServingOptions
 
 # The child that runs one node from these options (`python -m exo_tp.cli.node_child`) finds

@@ -1,5 +1,5 @@
 """Builds what a node shows: its status for its peers and its views for the public API
-(/health, /v1/cluster, /v1/plan; the models are in exo_tp.node.views)."""
+(/health, /v1/cluster, /v1/plan; the models are in exo_tp.node.cluster.views)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,12 @@ import time
 import aiohttp
 from pydantic import ValidationError
 
-from exo_tp.api.errors import FORWARD_PREFIX
+from exo_tp.api.core.errors import FORWARD_PREFIX
 from exo_tp.frozen import replace
-from exo_tp.node.config import NodeConfig
-from exo_tp.node.control_handlers import ControlHandlers
-from exo_tp.node.control_messages import NodeStatus
-from exo_tp.node.finetune.messages import FineTunedModel
-from exo_tp.node.finetune.ranks import FinetuneRanks
-from exo_tp.node.hub_downloads import HubDownloads
-from exo_tp.node.joined import Joined
-from exo_tp.node.leader.dispatch import Dispatcher
-from exo_tp.node.leader.links import measured_links
-from exo_tp.node.link_probes import LinkProbes
-from exo_tp.node.listeners import Listeners
-from exo_tp.node.views import (
+from exo_tp.node.cluster.config import NodeConfig
+from exo_tp.node.cluster.control_messages import NodeStatus
+from exo_tp.node.cluster.finetune_messages import FineTunedModel
+from exo_tp.node.cluster.views import (
     ClusterView,
     HealthView,
     ModelView,
@@ -34,8 +26,16 @@ from exo_tp.node.views import (
     assignment_plan_view,
     links_of,
 )
-from exo_tp.node.weights import NodeWeights
-from exo_tp.node.worker import NodeWorker
+from exo_tp.node.finetune.ranks import FinetuneRanks
+from exo_tp.node.joined import Joined
+from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.links import measured_links
+from exo_tp.node.listeners import Listeners
+from exo_tp.node.member.control_handlers import ControlHandlers
+from exo_tp.node.member.hub_downloads import HubDownloads
+from exo_tp.node.member.link_probes import LinkProbes
+from exo_tp.node.member.weights import NodeWeights
+from exo_tp.node.member.worker import NodeWorker
 from exo_tp.security.signing import control_headers
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.balance import BalanceView

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from exo_tp.api.errors import ApiError
+from exo_tp.api.core.errors import ApiError
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.data import DataError, check_jsonl
 from exo_tp.finetune.openai_schema import (
@@ -47,8 +47,8 @@ from exo_tp.finetune.openai_schema import (
     Progress,
 )
 from exo_tp.finetune.state import FineTuneState
-from exo_tp.node.control import ControlClient
-from exo_tp.node.finetune.messages import (
+from exo_tp.node.cluster.control import ControlClient
+from exo_tp.node.cluster.finetune_messages import (
     FinetuneAccepted,
     FinetuneAssign,
     FinetuneStop,
@@ -57,7 +57,7 @@ from exo_tp.node.finetune.messages import (
 from exo_tp.node.finetune.orders import base_orders
 from exo_tp.node.finetune.ranks import FinetuneRanks
 from exo_tp.node.finetune.records import FT_PREFIX, add_event, record_report, record_results
-from exo_tp.node.finetune.requests import new_job
+from exo_tp.node.finetune.requests import JoinedSource, new_job
 from exo_tp.node.finetune.settings import job_settings
 from exo_tp.node.leader.members import node_weights
 from exo_tp.plan.finetune import plan_finetune
@@ -69,7 +69,6 @@ from exo_tp.wire.profiles import ProfileSummary
 
 if TYPE_CHECKING:
     from exo_tp.node.joined import Joined
-    from exo_tp.node.status_views import StatusViews
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,7 @@ class FineTuning:
         secret: str,
         state: FineTuneState,
         ranks: FinetuneRanks,
-        views: StatusViews,
+        views: JoinedSource,
         control: ControlClient,
     ):
         self.node_id, self.state, self.ranks, self._views = node_id, state, ranks, views

@@ -8,9 +8,9 @@ import logging
 import time
 
 from exo_tp.finetune.boxes import finetune_boxes
+from exo_tp.node.cluster.weight_orders import WeightOrder
 from exo_tp.node.leader.cluster_model import ClusterModel, Prepared, transfer_orders
-from exo_tp.node.peer_manifests import ManifestPending
-from exo_tp.node.weight_orders import WeightOrder
+from exo_tp.node.member.peer_manifests import ManifestPending
 from exo_tp.plan.finetune import FinetunePlan
 from exo_tp.weights.transfer import plan_shares
 from exo_tp.wire.announcement import Announcement

@@ -18,9 +18,8 @@ from exo_tp.api.http_io import MAX_BODY
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.state import FineTuneState
 from exo_tp.frozen import replace
-from exo_tp.node.control import ControlRefused
-from exo_tp.node.control_handlers import EXPECTED_FETCH_ERRORS
-from exo_tp.node.finetune.messages import (
+from exo_tp.node.cluster.control import ControlRefused
+from exo_tp.node.cluster.finetune_messages import (
     FinetuneAccepted,
     FinetuneAssign,
     FineTunedModel,
@@ -29,8 +28,9 @@ from exo_tp.node.finetune.messages import (
     FinetuneStopped,
     RankState,
 )
-from exo_tp.node.weights import NodeWeights
-from exo_tp.node.worker import NodeWorker
+from exo_tp.node.member.control_handlers import EXPECTED_FETCH_ERRORS
+from exo_tp.node.member.weights import NodeWeights
+from exo_tp.node.member.worker import NodeWorker
 from exo_tp.process.blas import group_threads
 from exo_tp.process.events import Exited, Failed, Heartbeat, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, clean_environment

@@ -11,11 +11,11 @@ layers than the model has.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
-from exo_tp.api.errors import ApiError
+from exo_tp.api.core.errors import ApiError
 from exo_tp.errors import ExoTpError
 from exo_tp.finetune.data import epoch_steps
 from exo_tp.finetune.openai_schema import (
@@ -33,7 +33,7 @@ from exo_tp.finetune.state import FineTuneState, new_id
 from exo_tp.frozen import replace
 
 if TYPE_CHECKING:
-    from exo_tp.node.status_views import StatusViews
+    from exo_tp.node.joined import Joined
 
 DEFAULT_EPOCHS = 3
 DEFAULT_BATCH = 4
@@ -52,7 +52,14 @@ def training_file(state: FineTuneState, file_id: str, param: str) -> FileObject:
     return file
 
 
-async def new_job(body: CreateJob, state: FineTuneState, views: StatusViews) -> Job:
+class JoinedSource(Protocol):
+    """Whatever knows this node's parts once it joined its cluster (the node's views)."""
+
+    @property
+    def joined(self) -> Joined | None: ...
+
+
+async def new_job(body: CreateJob, state: FineTuneState, views: JoinedSource) -> Job:
     """The queued job ``body`` asks for, OpenAI's "auto" values resolved; a 4xx (or a 503
     while the node has no cluster) for anything that cannot run, before anything starts."""
     train = training_file(state, body.training_file, "training_file")
@@ -134,7 +141,7 @@ async def new_job(body: CreateJob, state: FineTuneState, views: StatusViews) -> 
     )
 
 
-async def check_model(views: StatusViews, name: str) -> tuple[str, int]:
+async def check_model(views: JoinedSource, name: str) -> tuple[str, int]:
     """The base model's name and its number of layers; 4xx for one that cannot be
     fine-tuned here."""
     joined = views.joined

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from exo_tp.frozen import Frozen, replace
-from exo_tp.node.config import NodeConfig
-from exo_tp.node.control_messages import Ports
+from exo_tp.node.cluster.config import NodeConfig
+from exo_tp.node.cluster.control_messages import Ports
 from exo_tp.node.leader.backend_choice import BackendChoice
 from exo_tp.node.leader.placement import Placement
 from exo_tp.plan.cluster import MEMORY_HEADROOM

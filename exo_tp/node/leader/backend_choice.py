@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from exo_tp.errors import PlanError
+from exo_tp.node.cluster.config import Requested
 
 Backend = Literal["ring", "jaccl"]
-Requested = Literal["auto", "ring", "jaccl"]
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,15 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
+from exo_tp.node.cluster.peers import Peers
+from exo_tp.node.cluster.weight_orders import ModelOffer, WeightOrder
 from exo_tp.node.leader.placement import Holdings, Placement
-from exo_tp.node.peer_manifests import ManifestPending, manifest_of
-from exo_tp.node.peers import Peers
-from exo_tp.node.weight_orders import ModelOffer, WeightOrder
-from exo_tp.node.weights import NodeWeights
+from exo_tp.node.member.peer_manifests import ManifestPending, manifest_of, weights_url
+from exo_tp.node.member.weights import NodeWeights
 from exo_tp.plan import ModelSpec, load_spec
 from exo_tp.weights.boxes import whole
 from exo_tp.weights.client import fetch_holding
 from exo_tp.weights.manifest import ModelManifest
-from exo_tp.weights.server import MOUNT
 from exo_tp.weights.transfer import Holding, TransferError, TransferPlan, plan_shares
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
@@ -62,10 +61,6 @@ def transfer_orders(model: Prepared, transfer: TransferPlan) -> dict[NodeId, Wei
         )
         for n in transfer.order
     }
-
-
-def weights_url(member: Announcement) -> str:
-    return member.control_url + MOUNT
 
 
 def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper]:

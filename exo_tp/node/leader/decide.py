@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from exo_tp.frozen import Frozen
-from exo_tp.node.control_messages import NodeStatus
+from exo_tp.node.cluster.control_messages import NodeStatus
 from exo_tp.node.leader.state import (
     QUARANTINE_MIN,
     EpochFailed,

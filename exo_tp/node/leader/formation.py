@@ -30,9 +30,10 @@ from collections.abc import Callable
 import aiohttp
 
 from exo_tp.errors import ExoTpError, PlanError
-from exo_tp.node.config import NodeConfig
-from exo_tp.node.control import ControlClient, ControlRefused
-from exo_tp.node.control_messages import NodeStatus
+from exo_tp.node.cluster.config import NodeConfig
+from exo_tp.node.cluster.control import ControlClient, ControlRefused
+from exo_tp.node.cluster.control_messages import NodeStatus
+from exo_tp.node.cluster.peers import POLL_SECONDS, Peers
 from exo_tp.node.leader.assignments import Where, assignments_of, kv_tokens
 from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
@@ -67,7 +68,6 @@ from exo_tp.node.leader.state import (
     eligible,
     reduce,
 )
-from exo_tp.node.peers import POLL_SECONDS, Peers
 from exo_tp.plan import ModelSpec
 from exo_tp.plan.kv_width import kv_quantization_problem
 from exo_tp.plan.rebalance import RebalancePolicy, replan_gain

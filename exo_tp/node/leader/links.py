@@ -1,14 +1,14 @@
 """The links the members measured to each other, as the leader plans with them (and every
 node's page shows them): the links in a member's profile to devices benched with it
 (`exo-tp bench --peers`, relabelled to node ids), and each member's latest probe round
-(exo_tp.node.link_probes). exo_tp.plan.cluster prefers the former where both exist."""
+(exo_tp.node.member.link_probes). exo_tp.plan.cluster prefers the former where both exist."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import combinations
 
-from exo_tp.node.peers import Peers
+from exo_tp.node.cluster.peers import Peers
 from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import LinkProfile
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 
+from exo_tp.node.cluster.peers import Peers
 from exo_tp.node.leader.links import measured_links
 from exo_tp.node.leader.placement import Member, Members
 from exo_tp.node.leader.rebalance import LiveBalance
-from exo_tp.node.peers import Peers
 from exo_tp.plan import ModelSpec
 from exo_tp.plan.cluster import profile_read_speed
 from exo_tp.wire.announcement import Announcement

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exo_tp.node.control_messages import NodeStatus
+from exo_tp.node.cluster.control_messages import NodeStatus
 from exo_tp.node.leader.state import LedEpoch
 from exo_tp.plan.rebalance import (
     RankSpeed,

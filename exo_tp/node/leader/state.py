@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from exo_tp.frozen import Frozen
-from exo_tp.node.control_messages import EpochState
+from exo_tp.node.cluster.control_messages import EpochState
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
 from exo_tp.wire.ids import Epoch, NodeId

@@ -1,4 +1,5 @@
-"""`exo_tp.plan(...)`: the plan `exo-tp plan` prints, as a value (the CLI calls this too).
+"""`exo_tp.plan(...)`, the library's planner: the plan `exo-tp plan` prints, as a value (the CLI
+calls this too).
 
 With ``weights``: one uneven tensor-parallel group with those shares (`ShardPlan`,
 what `exo-tp plan --weights ... --json` prints). With ``profiles`` (device profiles written by

@@ -1,6 +1,6 @@
 """The control plane's bodies: what a node tells its peers every poll (NodeStatus), and the
 leader's requests to form an epoch (ports, assign, release) with their replies. The routes and
-the client are exo_tp.node.control's."""
+the client are exo_tp.node.cluster.control's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pydantic import Field
 
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
-from exo_tp.node.finetune.messages import FineTunedModel, FinetuneRankStatus
-from exo_tp.node.weight_orders import WeightOrder, WeightsStatus
+from exo_tp.node.cluster.finetune_messages import FineTunedModel, FinetuneRankStatus
+from exo_tp.node.cluster.weight_orders import WeightOrder, WeightsStatus
 from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.balance import BalanceView
@@ -54,7 +54,7 @@ class NodeStatus(Frozen):
     memory: MachineMemory = MachineMemory()
     rank_memory: RankMemory | None = None
     links: tuple[LinkProfile, ...] = ()  # its worker's stage links, timed as the group formed
-    # its links to the peers it knew at its last probe round (exo_tp.node.link_probes)
+    # its links to the peers it knew at its last probe round (exo_tp.node.member.link_probes)
     probes: tuple[LinkProfile, ...] = ()
     weights: WeightsStatus = WeightsStatus()  # models it offers, its fetch, bytes it served
     speed: RankSpeed | None = None  # its worker's latest live speed sample (rebalancing)
@@ -65,7 +65,7 @@ class NodeStatus(Frozen):
 
 
 class Echo(Frozen):
-    """A link probe's request: ``size`` zero bytes back (exo_tp.node.link_probes)."""
+    """A link probe's request: ``size`` zero bytes back (exo_tp.node.member.link_probes)."""
 
     size: int = Field(default=0, ge=0, le=ECHO_MAX)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from exo_tp.node.control_messages import MachineMemory, Stall, WorkerState
-from exo_tp.node.memory import memory_now
+from exo_tp.node.cluster.control_messages import MachineMemory, Stall, WorkerState
+from exo_tp.node.cluster.memory import memory_now
 from exo_tp.plan.rebalance import RankSpeed
 from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, OnEvent, Supervisor

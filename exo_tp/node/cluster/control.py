@@ -3,8 +3,8 @@ secret (HMAC of time, path and body; the secret itself never travels).
 
 Routes: status (liveness and what a node knows), ports (fresh ports for a new epoch), assign
 (start a worker for an epoch, with the weights it loads), release (stop the worker of an old
-epoch), echo (bytes back, for a link probe). The bodies are in exo_tp.node.control_messages;
-the weight routes (exo_tp.node.weights) are mounted beside them.
+epoch), echo (bytes back, for a link probe). The bodies are in exo_tp.node.cluster.control_messages;
+the weight routes (exo_tp.node.member.weights) are mounted beside them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from exo_tp.node.control_messages import (
+from exo_tp.node.cluster.control_messages import (
     Accepted,
     Assign,
     Echo,
@@ -24,7 +24,7 @@ from exo_tp.node.control_messages import (
     Release,
     Released,
 )
-from exo_tp.node.weight_orders import WeightOrder
+from exo_tp.node.cluster.weight_orders import WeightOrder
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.errors import PeerRefused

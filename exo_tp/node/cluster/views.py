@@ -12,8 +12,8 @@ from exo_tp.api.server_limits import ListenerStats
 from exo_tp.arch import mode_reason
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
-from exo_tp.node.control_messages import MachineMemory, NodeStatus, Stall, WorkerState
-from exo_tp.node.weight_orders import FetchSummary, WeightsStatus
+from exo_tp.node.cluster.control_messages import MachineMemory, NodeStatus, Stall, WorkerState
+from exo_tp.node.cluster.weight_orders import FetchSummary, WeightsStatus
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.shard_plan import ShardPlan, Span

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from exo_tp.node.control import ControlClient
+from exo_tp.node.cluster.control import ControlClient
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.ids import NodeId

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field
 
 from exo_tp.frozen import Frozen
-from exo_tp.node.weight_orders import WeightOrder
+from exo_tp.node.cluster.weight_orders import WeightOrder
 from exo_tp.wire.finetune_job import FinetuneJob
 
 RankState = Literal["fetching", "starting", "training", "done", "failed", "stopped"]

@@ -25,15 +25,15 @@ from aiohttp import web
 from exo_tp.atomic_file import write_atomically
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
-from exo_tp.node.peer_manifests import ManifestOf
-from exo_tp.node.weight_folders import STORE_INFO, OwnFolder, StoreInfo, claim, weight_bytes
-from exo_tp.node.weight_orders import (
+from exo_tp.node.cluster.weight_orders import (
     FetchState,
     FetchSummary,
     ModelOffer,
     WeightOrder,
     WeightsStatus,
 )
+from exo_tp.node.member.peer_manifests import ManifestOf
+from exo_tp.node.member.weight_folders import STORE_INFO, OwnFolder, StoreInfo, claim, weight_bytes
 from exo_tp.paths import cache_home
 from exo_tp.weights.boxes import Boxes
 from exo_tp.weights.build import manifest_for

@@ -9,9 +9,16 @@ import aiohttp
 from exo_tp.frozen import Frozen
 from exo_tp.weights.key import manifest_key
 from exo_tp.weights.manifest import ModelManifest
+from exo_tp.weights.server import MOUNT
 from exo_tp.weights.transfer import TransferError
+from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused, UnsignedReply
 from exo_tp.wire.http import SignedClient
+
+
+def weights_url(member: Announcement) -> str:
+    """Where a member serves its weights (and their manifests) to its peers."""
+    return member.control_url + MOUNT
 
 
 class ManifestPending(TransferError):

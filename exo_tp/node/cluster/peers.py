@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import aiohttp
 
-from exo_tp.node.control import ControlClient, ControlRefused
-from exo_tp.node.control_messages import NodeStatus
-from exo_tp.node.discovery import Discovery
-from exo_tp.node.membership import Membership
+from exo_tp.node.cluster.control import ControlClient, ControlRefused
+from exo_tp.node.cluster.control_messages import NodeStatus
+from exo_tp.node.cluster.discovery import Discovery
+from exo_tp.node.cluster.membership import Membership
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.ids import NodeId
 

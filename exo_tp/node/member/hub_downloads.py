@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from exo_tp.models.hub import DownloadProgress, HubError, HubRef, download
-from exo_tp.node.weights import NodeWeights
+from exo_tp.node.member.weights import NodeWeights
 
 log = logging.getLogger(__name__)
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from exo_tp.api.defaults import GenerationDefaults
+from exo_tp.api.core.defaults import GenerationDefaults
 from exo_tp.api.server_limits import Limits
-from exo_tp.node.leader.backend_choice import Requested
 from exo_tp.security.access import ApiAccess
 from exo_tp.wire.assignment import DType, ServingOptions
 from exo_tp.wire.ids import NodeId
+
+# The MLX backend asked for (exo_tp.node.leader.backend_choice chooses one per epoch).
+Requested = Literal["auto", "ring", "jaccl"]
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,21 @@ import aiohttp
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
-from exo_tp.node.config import NodeConfig
-from exo_tp.node.control import ControlRefused
-from exo_tp.node.control_messages import Accepted, Assign, Ports, PortsRequest, Release, Released
-from exo_tp.node.leader.cluster_model import weights_url
-from exo_tp.node.peers import Peers
-from exo_tp.node.weight_orders import WeightOrder
-from exo_tp.node.weights import NodeWeights
-from exo_tp.node.worker import NodeWorker
+from exo_tp.node.cluster.config import NodeConfig
+from exo_tp.node.cluster.control import ControlRefused
+from exo_tp.node.cluster.control_messages import (
+    Accepted,
+    Assign,
+    Ports,
+    PortsRequest,
+    Release,
+    Released,
+)
+from exo_tp.node.cluster.peers import Peers
+from exo_tp.node.cluster.weight_orders import WeightOrder
+from exo_tp.node.member.peer_manifests import weights_url
+from exo_tp.node.member.weights import NodeWeights
+from exo_tp.node.member.worker import NodeWorker
 from exo_tp.transport.ports import free_ports
 from exo_tp.wire.errors import PeerRefused
 
