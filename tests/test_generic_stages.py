@@ -11,6 +11,7 @@ machines are the runtime's, tested on tabled families (tests/test_pipeline.py).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -155,12 +156,32 @@ def test_plan_says_the_mode_and_refuses_a_split_in_one_line(models: Any) -> None
     assert out.startswith("mode: whole on one node") and "(the fastest) holds it" in out
     # (gemma's refused stages are the same PlanError, see test_refused_stages_run_whole...)
     result = run_cli(
-        "launch", "--ranks", "2", "--model", str(models("internlm2")), "--prompt", "hi",
-        check=False,
+        "launch", "--ranks", "2", "--stages", "2", "--model", str(models("internlm2")),
+        "--prompt", "hi", check=False,
     )  # fmt: skip
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert lines[-1].startswith("exo-tp: error: 2 ranks in one stage: no tensor-parallel table")
+
+
+def test_launch_plans_an_untabled_model_as_plan_shows_it(tmp_path: Path, models: Any) -> None:
+    """`exo-tp launch --weights` of a model without a table runs the stages of whole layers
+    that `exo-tp plan --weights` shows (layers by weight, one log line saying so), or the whole
+    model on the heaviest rank where its layers cannot be staged; each equal to mlx-lm."""
+    folder = models("internlm2")
+    shown = run_cli("plan", "--model", str(folder), "--weights", "3,1", "--json").stdout
+    layers = [(s["layers"]["start"], s["layers"]["stop"]) for s in json.loads(shown)["stages"]]
+    reference = mlx_lm_reference(folder, PROMPT, TOKENS)
+    ours = launch(tmp_path, folder, [3, 1], PROMPT, TOKENS)
+    assert list(ours.report.tokens) == reference.tokens
+    assert len(ours.report.memory_by_rank) == len(layers) == 2
+    assert "pipeline stages only (no tensor-parallel table for internlm2" in ours.stderr
+    assert f"layers {layers[0][0]}-{layers[0][1]} on ranks 0" in ours.stderr
+    gemma = models("gemma")
+    (tmp_path / "gemma").mkdir()
+    whole = launch(tmp_path / "gemma", gemma, [1, 3], PROMPT, TOKENS)
+    assert list(whole.report.tokens) == mlx_lm_reference(gemma, PROMPT, TOKENS).tokens
+    assert len(whole.report.memory_by_rank) == 1 and "whole on one node" in whole.stderr
 
 
 def test_stages_apply_an_mlx_lm_adapter(tmp_path: Path, models: Any) -> None:

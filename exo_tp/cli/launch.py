@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,8 @@ from exo_tp.cli.speculative_args import (
     speculative_options,
 )
 from exo_tp.errors import ExoTpError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -182,13 +185,16 @@ def adapter_folder(path: str | None) -> str | None:
 def _plan(
     spec: ModelSpec, weights: list[float], stages: str | None, stage_layers: str | None
 ) -> PipelinePlan:
-    from exo_tp.plan import plan_tensor_parallel
-    from exo_tp.plan.pipeline import plan_pipeline, single_stage
+    from exo_tp.plan.of_model import weighted_plan
+    from exo_tp.plan.pipeline import plan_pipeline
 
     if stages is None:
         if stage_layers is not None:
             raise ExoTpError("--stage-layers needs --stages")
-        return single_stage(plan_tensor_parallel(spec, weights))
+        plan, note = weighted_plan(spec, weights)
+        if note is not None:  # planned as `exo-tp plan --weights` shows it
+            log.info("%s", note)
+        return plan
     sizes = int_list(stages, "--stages")
     if sum(sizes) != len(weights):
         raise ExoTpError(f"--stages {stages} adds up to {sum(sizes)} ranks, not {len(weights)}")

@@ -244,11 +244,11 @@ def load(
     """Split ``model`` (a prepared name, an mlx-lm folder or a hub id) over ``ranks`` local
     ranks with shares ``weights`` (default equal), as ``stages`` tensor-parallel groups chained
     as pipeline stages (default one), start them and wait until they serve."""
-    from exo_tp.plan.of_model import split
     from exo_tp.models.registry import resolve_model
     from exo_tp.models.tokenizer import load_model_tokenizer
     from exo_tp.plan import load_spec
-    from exo_tp.plan.pipeline import plan_pipeline, single_stage
+    from exo_tp.plan.of_model import weighted_plan
+    from exo_tp.plan.pipeline import plan_pipeline
     from exo_tp.runtime.local_ranks import LocalRanks
     from exo_tp.wire.assignment import ServingOptions
 
@@ -257,8 +257,8 @@ def load(
         raise ExoTpError(f"{len(shares)} weights for {ranks} ranks")
     model_dir = resolve_model(model)
     spec = load_spec(model_dir)
-    if stages is None:
-        plan = single_stage(split(spec, shares))
+    if stages is None:  # a model without a table: stages of whole layers, as `exo-tp plan`
+        plan, _ = weighted_plan(spec, shares)
     else:
         if sum(stages) != ranks:
             raise ExoTpError(f"stages {list(stages)} add up to {sum(stages)} ranks, not {ranks}")

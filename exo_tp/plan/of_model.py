@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from exo_tp.plan.devices import DeviceProfile
     from exo_tp.plan.draft import DraftCost
     from exo_tp.plan.kv_width import KvShape
+    from exo_tp.plan.pipeline import PipelinePlan
     from exo_tp.plan.search import Choice, ObjectiveChoice
     from exo_tp.plan.shard_plan import ShardPlan
     from exo_tp.plan.spec import ModelSpec
@@ -126,3 +127,19 @@ def choose(
         kv=kv,
         draft=draft,
     )
+
+
+def weighted_plan(spec: ModelSpec, weights: Sequence[float]) -> tuple[PipelinePlan, str | None]:
+    """The plan `exo-tp launch` and `exo_tp.load` run over ranks of these share weights: one
+    uneven TP group where the model has a table; else what `exo-tp plan --weights` shows for
+    it (stages of whole layers by the weights, or the whole model on the heaviest rank), with
+    a line saying so (None for a TP group)."""
+    from exo_tp.arch import mode_reason
+    from exo_tp.plan.pipeline import plan_unsplit, single_stage
+    from exo_tp.plan.render import describe
+
+    mode, why = mode_reason(spec.model_type)
+    if mode == "tensor-parallel":
+        return single_stage(split(spec, weights)), None
+    plan, _ = plan_unsplit(spec, list(weights))
+    return plan, f"{mode} ({why}): {describe(plan)}"

@@ -17,8 +17,9 @@ Nothing here imports the domain packages (they import it).
   defined in exo_tp.plan.profiles, below the planner that reads them).
 - ``balance``: the leader's live balance, as NodeStatus carries it.
 
-The control plane's bodies (exo_tp.node.control_messages: NodeStatus, Assign, ...), the weight
-orders (exo_tp.node.weight_orders) and the fine-tuning jobs' (exo_tp.node.finetune.messages)
-stay in the node: they carry the weights package's transfer plans, and the weights package
-uses this one's client and ids, so a package cycle would follow (tests/test_layout.py).
+The control plane's bodies (exo_tp.node.cluster.control_messages: NodeStatus, Assign, ...),
+the weight orders (exo_tp.node.cluster.weight_orders) and the fine-tuning jobs'
+(exo_tp.node.cluster.finetune_messages) stay in the node: they carry the weights package's
+transfer plans, and the weights package uses this one's client and ids, so a package cycle
+would follow (tests/test_layout.py).
 """
