@@ -6,6 +6,7 @@ template refusing the client's conversation, a parser refusing the model's text,
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -18,12 +19,13 @@ from mlx_lm.server import _format_top_logprobs
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tool_model import write_tool_model
 
-from exo_tp.api import answer_stream
-from exo_tp.api.answer_stream import AnswerStream
-from exo_tp.api.chat_prompt import Prompt, ToolUse, render_chat
-from exo_tp.api.errors import ApiError
-from exo_tp.api.json_body import MAX_DEPTH, parse_json
-from exo_tp.api.token_text import TokenText
+from exo_tp.api.core import answer_stream
+from exo_tp.api.core.answer_stream import AnswerStream
+from exo_tp.api.core.chat_prompt import Prompt, ToolUse, render_chat
+from exo_tp.api.core.conversation import Message, TextPart
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.json_body import MAX_DEPTH, parse_json
+from exo_tp.api.core.token_text import TokenText
 from exo_tp.runtime.sampling import token_logprob
 
 
@@ -165,7 +167,7 @@ def test_a_call_the_parser_cannot_read_is_dropped_and_a_bug_logged_as_one(
 
 def test_a_template_refusal_is_the_clients_400_and_our_bug_is_no_400(tool_tokenizer) -> None:
     with pytest.raises(ApiError) as caught:  # the template adds a str and the client's None
-        render_chat(tool_tokenizer, HELLO, ToolUse(), {"system_note": None})
+        render_chat(tool_tokenizer, HELLO_CHAT, ToolUse(), {"system_note": None})
     assert (caught.value.status, caught.value.param) == (400, "messages")
     assert "can only concatenate str" in caught.value.message
 
@@ -174,7 +176,7 @@ def test_a_template_refusal_is_the_clients_400_and_our_bug_is_no_400(tool_tokeni
 
     ours = SimpleNamespace(has_chat_template=True, apply_chat_template=broken)
     with pytest.raises(RuntimeError, match="a bug of ours"):  # the routes' logged 500
-        render_chat(ours, HELLO, ToolUse(), {})  # type: ignore[arg-type]
+        render_chat(ours, HELLO_CHAT, ToolUse(), {})  # type: ignore[arg-type]
 
 
 def test_token_logprob_matches_mlx_lm_server() -> None:
@@ -203,15 +205,13 @@ def test_token_bytes_spell_the_text(tool_tokenizer) -> None:
 
 
 HELLO = [{"role": "user", "content": "Hi"}]
+HELLO_CHAT = [Message(role="user", parts=[TextPart(text="Hi")])]
 
 
 def _chat_request(body: dict) -> object:
     from exo_tp.api.http_io import validate
-    from exo_tp.api.openai_schema import (
-        ChatCompletionRequest,
-        refuse_unsupported,
-        without_harmless,
-    )
+    from exo_tp.api.openai.schema import ChatCompletionRequest
+    from exo_tp.api.openai.unsupported import refuse_unsupported, without_harmless
 
     refuse_unsupported(body)
     return validate(ChatCompletionRequest, without_harmless(body))
@@ -267,4 +267,134 @@ def test_empty_unsupported_fields_mean_nothing() -> None:
             "parallel_tool_calls": True,
         }
     )
-    assert parsed.messages[0].text() == "Hi"  # type: ignore[attr-defined]
+    assert parsed.chat().messages[0].text() == "Hi"  # type: ignore[attr-defined]
+
+
+CALL = {"city": "Paris"}
+
+
+def _call(arguments: object, call_id: str | None = None) -> dict:
+    """A tool call of f as a template takes it."""
+    ids = {} if call_id is None else {"id": call_id}
+    return {**ids, "type": "function", "function": {"name": "f", "arguments": arguments}}
+
+
+@pytest.mark.parametrize(
+    ("module", "schema", "body", "template"),
+    [
+        (  # OpenAI's messages as the client sent them: developer is system, parts joined, a
+            # null kept, an unknown field passed on, content left out comes last
+            "exo_tp.api.openai.schema",
+            "ChatCompletionRequest",
+            {
+                "messages": [
+                    {"role": "developer", "content": "Be brief."},
+                    {"role": "user", "content": [{"type": "text", "text": "Hi "}] * 2},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"function": {"name": "f", "arguments": '{"a": 1}'}}],
+                        "reasoning_content": "hm",
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "ok", "name": None},
+                ]
+            },
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi Hi "},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"function": {"name": "f", "arguments": '{"a": 1}'}}],
+                    "reasoning_content": "hm",
+                    "content": "",
+                },
+                {"role": "tool", "content": "ok", "name": None, "tool_call_id": "c1"},
+            ],
+        ),
+        (  # Anthropic's tool results before the user's text, its tool uses as calls
+            "exo_tp.api.anthropic.schema",
+            "CountTokensRequest",
+            {
+                "system": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}],
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "thinking", "thinking": "hm", "signature": "s"},
+                            {"type": "tool_use", "id": "t1", "name": "f", "input": CALL},
+                        ],
+                    },
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+                            {"type": "text", "text": "Next?"},
+                        ],
+                    },
+                ],
+            },
+            [
+                {"role": "system", "content": "Be\nbrief."},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [_call(CALL, "t1")],
+                },
+                {"role": "tool", "content": "ok", "tool_call_id": "t1"},
+                {"role": "user", "content": "Next?"},
+            ],
+        ),
+        (  # Ollama's thinking is not shown again; a tool result names its tool
+            "exo_tp.api.ollama.schema",
+            "ChatRequest",
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "thinking": "hm",
+                        "tool_calls": [{"function": {"name": "f", "arguments": CALL}}],
+                    },
+                    {"role": "tool", "content": "ok", "tool_name": "f"},
+                ]
+            },
+            [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [_call(CALL)],
+                },
+                {"role": "tool", "content": "ok", "name": "f"},
+            ],
+        ),
+        (  # Responses' calls join the assistant message before them
+            "exo_tp.api.responses.schema",
+            "ResponsesRequest",
+            {
+                "instructions": "Be brief.",
+                "input": [
+                    {"role": "assistant", "content": [{"type": "output_text", "text": "Let me"}]},
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+                ],
+            },
+            [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "assistant",
+                    "content": "Let me",
+                    "tool_calls": [_call("{}", "c1")],
+                },
+                {"role": "tool", "content": "ok", "name": "f", "tool_call_id": "c1"},
+            ],
+        ),
+    ],
+)
+def test_each_dialects_conversation_reaches_the_template_as_text_parts(
+    module: str, schema: str, body: dict, template: list[dict]
+) -> None:
+    from exo_tp.api.http_io import validate
+
+    parsed = validate(getattr(importlib.import_module(module), schema), body)
+    messages = parsed.chat().messages
+    assert all(isinstance(part, TextPart) for m in messages for part in m.parts)
+    # key order too: a template may write a whole message out
+    assert [list(m.for_template().items()) for m in messages] == [list(m.items()) for m in template]

@@ -81,9 +81,10 @@ def test_drafting_pauses_where_it_stops_paying_and_tries_again() -> None:
 def test_the_api_takes_num_draft_tokens_refuses_draft_model_and_reports_predictions() -> None:
     from pydantic import ValidationError
 
-    from exo_tp.api.errors import ApiError
-    from exo_tp.api.openai_schema import ChatCompletionRequest, refuse_unsupported
-    from exo_tp.api.openai_shapes import usage
+    from exo_tp.api.core.errors import ApiError
+    from exo_tp.api.openai.schema import ChatCompletionRequest
+    from exo_tp.api.openai.shapes import usage
+    from exo_tp.api.openai.unsupported import refuse_unsupported
     from exo_tp.wire.runtime import Done
 
     body = {"messages": [{"role": "user", "content": "x"}], "num_draft_tokens": 5}

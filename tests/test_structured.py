@@ -27,8 +27,8 @@ from openai import BadRequestError, OpenAI
 from random_schemas import max_bytes, random_schema
 from tool_model import write_tool_model
 
-from exo_tp.api.errors import ApiError
-from exo_tp.api.structured import tool_call
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.structured import tool_call
 
 SCHEMAS = 200
 PROMPT = [{"role": "user", "content": "Reply with a JSON object."}]  # one prompt: cached

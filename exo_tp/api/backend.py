@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from pydantic import BaseModel
 
-from exo_tp.api.defaults import GenerationDefaults
+from exo_tp.api.core.defaults import GenerationDefaults
 from exo_tp.api.finetune_api import FineTuningService
-from exo_tp.api.openai_shapes import ModelObject
+from exo_tp.api.model_list import ModelObject
 from exo_tp.api.proxy import Upstream
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
@@ -36,7 +36,7 @@ class Backend(Protocol):
 
     def generation_upstream(self) -> Upstream | None:
         """Where requests go when another node runs generation: that node's id and cluster
-        listener, under `exo_tp.api.errors.FORWARD_PREFIX` (requests are passed through to
+        listener, under `exo_tp.api.core.errors.FORWARD_PREFIX` (requests are passed through to
         it, signed by `forward_headers`); None when this node runs it."""
 
     def forward_headers(self, path: str, body: bytes) -> dict[str, str]:
@@ -64,6 +64,6 @@ class Backend(Protocol):
         """Serve ``name`` next (what a request naming it does; a hub id is downloaded first);
         raises `ApiError` for a model that cannot be had."""
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta | Done, None]:
         """The events of one generation; raises `ApiError` (503 while the cluster is not
         ready, 429 when the queue is full); closing the iterator early cancels it."""

@@ -17,7 +17,7 @@ from aiohttp import web
 from pydantic import BaseModel
 from yarl import URL
 
-from exo_tp.api.errors import ApiError, api_path
+from exo_tp.api.core.errors import ApiError, api_path
 from exo_tp.api.http_io import MAX_BODY, read_body, validate
 from exo_tp.api.proxy import Upstream, pass_through
 from exo_tp.finetune.openai_schema import (

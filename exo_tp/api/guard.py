@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from exo_tp.api.errors import ApiError, api_path, shaped_body
-from exo_tp.api.refusals import REFUSAL
+from exo_tp.api.core.errors import ApiError, api_path, shaped_body
+from exo_tp.api.core.refusals import REFUSAL
 from exo_tp.security.access import ANY_ORIGIN, ApiAccess
 
 # Routes anyone may read: liveness, and the UI's page and files (the page asks for the key).

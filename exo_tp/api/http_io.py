@@ -12,9 +12,9 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from exo_tp.api.errors import ApiError
-from exo_tp.api.json_body import parse_json
-from exo_tp.api.openai_schema import validation_error
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.json_body import parse_json
+from exo_tp.api.core.validation import validation_error
 
 MAX_BODY = 4 * 1024 * 1024
 T = TypeVar("T")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from exo_tp.api.errors import ApiError, not_ready
-from exo_tp.api.refusals import CLIENT_HEADER, PASSED_ON
+from exo_tp.api.core.errors import ApiError, not_ready
+from exo_tp.api.core.refusals import CLIENT_HEADER, PASSED_ON
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,20 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
-from exo_tp.api import anthropic_api, finetune_api, ollama_api, openai_api, responses_api
+from exo_tp.api import finetune_api
+from exo_tp.api.anthropic import api as anthropic_api
 from exo_tp.api.backend import Backend
-from exo_tp.api.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
-from exo_tp.api.generation_request import DEFAULT_MODEL_ALIAS
+from exo_tp.api.core.errors import ANTHROPIC_PATHS, ApiError, api_path, shaped_body
+from exo_tp.api.core.generation_request import DEFAULT_MODEL_ALIAS
+from exo_tp.api.core.left_out import tag as tag_left_out
+from exo_tp.api.core.refusals import REFUSAL, log_refusal
 from exo_tp.api.guard import install_guard
 from exo_tp.api.http_io import MAX_BODY, json_view, off_loop, read_body, validate
-from exo_tp.api.left_out import tag as tag_left_out
-from exo_tp.api.openai_shapes import ModelList
+from exo_tp.api.model_list import ModelList
+from exo_tp.api.ollama import api as ollama_api
+from exo_tp.api.openai import api as openai_api
 from exo_tp.api.proxy import Upstream, pass_through
-from exo_tp.api.refusals import REFUSAL, log_refusal
+from exo_tp.api.responses import api as responses_api
 from exo_tp.api.server_limits import body_deadline
 from exo_tp.security.access import ApiAccess
 
@@ -41,7 +45,7 @@ _USABLE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 def error_response(error: ApiError, request: web.Request | None = None) -> web.Response:
     if request is not None:
-        request[REFUSAL] = error  # for the refusal's log line (exo_tp.api.refusals)
+        request[REFUSAL] = error  # for the refusal's log line (exo_tp.api.core.refusals)
     if request is not None and api_path(request.path).startswith(ollama_api.OLLAMA_PREFIX):
         return ollama_api.ollama_error(error)
     body = shaped_body(request.path, error) if request is not None else error.body()

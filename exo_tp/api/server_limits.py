@@ -39,7 +39,7 @@ from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from pydantic import BaseModel, ConfigDict
 
-from exo_tp.api.errors import ApiError
+from exo_tp.api.core.errors import ApiError
 from exo_tp.wire.errors import WireError
 
 log = logging.getLogger(__name__)
@@ -280,7 +280,9 @@ class _Guard(asyncio.Protocol):
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._inner is not None else None
+        if self._inner is not None:
+            self._inner.eof_received()  # aiohttp's handler closes on EOF (returns None)
+        return None
 
     def pause_writing(self) -> None:
         if self._inner is not None:
@@ -394,9 +396,9 @@ def body_deadline(
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.can_read_body:
             try:
-                async with asyncio.timeout(timeout if timeout > 0 else None):
-                    await request.read()
-            except TimeoutError:
+                # wait_for, not asyncio.timeout: Python 3.10 has no asyncio.timeout
+                await asyncio.wait_for(request.read(), timeout if timeout > 0 else None)
+            except asyncio.TimeoutError:  # TimeoutError from 3.11 on; its own class on 3.10
                 raise web.HTTPRequestTimeout(
                     reason=f"the request body did not arrive within {timeout:g} s"
                 ) from None

@@ -15,7 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 import exo_tp
-from exo_tp.api.errors import ApiError
+from exo_tp.api.core.errors import ApiError
 
 # Explicit types: ES modules must be served as JavaScript whatever the system's mimetypes say.
 CONTENT_TYPES = {

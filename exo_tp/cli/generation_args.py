@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from exo_tp.cli.args import json_object, non_negative_float, non_negative_int, positive_int
 
 if TYPE_CHECKING:
-    from exo_tp.api.defaults import GenerationDefaults
+    from exo_tp.api.core.defaults import GenerationDefaults
 
 
 # GenerationDefaults' fields and the `exo-tp run` flags that set them (mlx_lm.server's names)
@@ -25,7 +25,7 @@ _FLAGS = {
 
 def add_generation_defaults(p: argparse.ArgumentParser) -> None:
     """What a request that omits a field gets: mlx_lm.server's flags, names and defaults."""
-    from exo_tp.api.defaults import GenerationDefaults
+    from exo_tp.api.core.defaults import GenerationDefaults
 
     default = GenerationDefaults()
     group = p.add_argument_group("generation defaults (for requests that omit the field)")
@@ -78,7 +78,7 @@ def _flag_values(args: argparse.Namespace) -> dict[str, object]:
 def generation_defaults(args: argparse.Namespace) -> GenerationDefaults:
     from pydantic import ValidationError
 
-    from exo_tp.api.defaults import GenerationDefaults
+    from exo_tp.api.core.defaults import GenerationDefaults
     from exo_tp.errors import ExoTpError
 
     try:

@@ -4,7 +4,7 @@ node's states and failures become HTTP errors (`ApiError`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Literal
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -286,7 +286,7 @@ class NodeBackend:
     def forward_headers(self, path: str, body: bytes) -> dict[str, str]:
         return control_headers(self._views.config.secret, path, body)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta | Done, None]:
         if (busy := self.fine_tuning.busy_error()) is not None:
             raise busy
         events = self._dispatcher.generate(request)

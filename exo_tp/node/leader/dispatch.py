@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from exo_tp.frozen import replace
@@ -226,7 +226,7 @@ class Dispatcher:
 
     # ---- requests --------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta | Done, None]:
         """Events of one generation; closing the iterator early cancels it on every rank.
         Raises `NotReady`, `QueueFull`, `GenerationFailed` or `ClusterLost`."""
         await self._wait_open()

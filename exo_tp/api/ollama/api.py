@@ -12,15 +12,16 @@ from typing import Any
 from aiohttp import web
 
 from exo_tp import __version__
-from exo_tp.api.answer_stream import AnswerPiece
 from exo_tp.api.backend import Backend
-from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, render_chat
-from exo_tp.api.errors import ApiError
-from exo_tp.api.generation import WholeAnswer, finish, respond
-from exo_tp.api.generation_request import Ask, check_model, request_id
+from exo_tp.api.core.answer_stream import AnswerPiece
+from exo_tp.api.core.chat_prompt import Prompt, chat_prompt, completion_prompt
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.generation import WholeAnswer, finish, respond
+from exo_tp.api.core.generation_request import Ask, check_model, request_id
+from exo_tp.api.core.structured import ANY_OBJECT, json_schema
 from exo_tp.api.http_io import NdjsonStream, off_loop, read_body, validate
-from exo_tp.api.ollama_schema import ChatRequest, GenerateRequest, OllamaRequest, ShowRequest
-from exo_tp.api.ollama_shapes import (
+from exo_tp.api.ollama.schema import ChatRequest, GenerateRequest, OllamaRequest, ShowRequest
+from exo_tp.api.ollama.shapes import (
     CallFunction,
     ChatLine,
     Error,
@@ -36,7 +37,6 @@ from exo_tp.api.ollama_shapes import (
     Version,
     timestamp,
 )
-from exo_tp.api.structured import ANY_OBJECT, json_schema
 from exo_tp.wire.runtime import Constraint, Delta, Done
 
 OLLAMA_PREFIX = "/api/"
@@ -104,18 +104,10 @@ async def show(node: Backend, request: web.Request) -> web.Response:
 # ---- generation ------------------------------------------------------------------------
 
 
-def _chat_prompt(
-    node: Backend, messages: list[dict[str, Any]], parsed: OllamaRequest, tools: Any
-) -> Prompt:
-    use = choose_tools(tools, None, node.tokenizer)
-    args = {**node.defaults.chat_template_args, **parsed.template_args()}
-    return render_chat(node.tokenizer, messages, use, args)
-
-
 def _generate_prompt(node: Backend, parsed: GenerateRequest) -> Prompt:
     if parsed.raw:
         return Prompt(tokens=completion_prompt(node.tokenizer, parsed.prompt))
-    return _chat_prompt(node, parsed.chat_messages(), parsed, None)
+    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args)
 
 
 def _stats(done: Done, started: float) -> Statistics:
@@ -168,7 +160,8 @@ async def chat(node: Backend, request: web.Request) -> web.StreamResponse:
     check_model(node, parsed.served_name())
     if not parsed.messages:
         return _loaded(node, chat=True)
-    prompt = await off_loop(_chat_prompt, node, parsed.chat_messages(), parsed, parsed.chat_tools())
+    args = node.defaults.chat_template_args
+    prompt = await off_loop(chat_prompt, node.tokenizer, parsed.chat(), args)
     return await _answer(node, request, parsed, prompt, chat=True)
 
 

@@ -1,10 +1,10 @@
-"""Prompts as mlx_lm.server builds them: a conversation (with its tools) through the model's chat
-template, or a plain completion prompt, into token ids; plus where the answer starts (normal
-text, reasoning, or inside a forced tool call)."""
+"""Prompts as mlx_lm.server builds them: a conversation (a `Chat`, with its tools) through the
+model's chat template, or a plain completion prompt, into token ids; plus where the answer starts
+(normal text, reasoning, or inside a forced tool call)."""
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,8 +12,9 @@ from jinja2 import TemplateError
 from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo_tp.api.errors import ApiError
-from exo_tp.api.structured import tool_call
+from exo_tp.api.core.conversation import Chat, Message
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.structured import tool_call
 from exo_tp.wire.runtime import Constraint
 
 # What rendering a client's conversation through the model's template raises when the template
@@ -77,16 +78,24 @@ def choose_tools(
     return ToolUse(tools, forced=choice == "required")
 
 
+def chat_prompt(tokenizer: TokenizerWrapper, chat: Chat, server_args: dict[str, Any]) -> Prompt:
+    """``chat``'s prompt: its tools as its tool choice offers them, rendered with the server's
+    template variables (--chat-template-args) under the request's own."""
+    use = choose_tools(chat.tools, chat.tool_choice, tokenizer)
+    args = {**server_args, **chat.template_args}
+    return render_chat(tokenizer, chat.messages, use, args, chat.role_mapping)
+
+
 def render_chat(
     tokenizer: TokenizerWrapper,
-    messages: list[dict[str, Any]],
+    conversation: Sequence[Message],
     use: ToolUse,
     template_args: dict[str, Any],
     role_mapping: dict[str, str] | None = None,
 ) -> Prompt:
     """Token ids of the conversation, rendered exactly as mlx_lm.server renders it."""
-    messages = copy.deepcopy(messages)
-    process_message_content(messages)  # text parts joined, tool-call arguments as objects
+    messages = [message.for_template() for message in conversation]
+    process_message_content(messages)  # tool-call arguments as objects, as mlx_lm.server has
     if not tokenizer.has_chat_template:
         tokens = tokenizer.encode(convert_chat(messages, role_mapping))
         return Prompt(tokens=_token_list(tokens))

@@ -20,7 +20,8 @@ class _Reply(BaseModel):
 def timestamp(unix: float | None = None) -> str:
     """RFC 3339 in UTC, as Ollama writes ``created_at``."""
     moment = datetime.datetime.fromtimestamp(
-        datetime.datetime.now(datetime.UTC).timestamp() if unix is None else unix, datetime.UTC
+        datetime.datetime.now(datetime.timezone.utc).timestamp() if unix is None else unix,
+        datetime.timezone.utc,  # datetime.UTC is Python 3.11's
     )
     return moment.isoformat().replace("+00:00", "Z")
 

@@ -4,25 +4,23 @@ generation (other nodes pass these requests through to it: see routes.py): each 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 from aiohttp import web
 
-from exo_tp.api.answer_stream import AnswerPiece
 from exo_tp.api.backend import Backend
-from exo_tp.api.chat_prompt import Prompt, choose_tools, completion_prompt, render_chat
-from exo_tp.api.choices import choice_asks, respond_choices, summed
-from exo_tp.api.errors import ApiError
-from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
-from exo_tp.api.generation_request import Ask, check_model, request_id
+from exo_tp.api.core.answer_stream import AnswerPiece
+from exo_tp.api.core.chat_prompt import Prompt, chat_prompt, completion_prompt
+from exo_tp.api.core.choices import choice_asks, respond_choices, summed
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.generation import SseRenderer, WholeAnswer, respond
+from exo_tp.api.core.generation_request import Ask, check_model, request_id
+from exo_tp.api.core.structured import response_format
+from exo_tp.api.core.token_text import TokenText
 from exo_tp.api.http_io import json_view, off_loop, read_body, validate
-from exo_tp.api.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    refuse_unsupported,
-    without_harmless,
-)
-from exo_tp.api.openai_shapes import (
+from exo_tp.api.openai.schema import ChatCompletionRequest, CompletionRequest
+from exo_tp.api.openai.shapes import (
     ChatCompletion,
     ChatLogprobs,
     ChatShape,
@@ -31,8 +29,7 @@ from exo_tp.api.openai_shapes import (
     CompletionShape,
     usage,
 )
-from exo_tp.api.structured import response_format
-from exo_tp.api.token_text import TokenText
+from exo_tp.api.openai.unsupported import refuse_unsupported, without_harmless
 from exo_tp.frozen import replace
 from exo_tp.wire.runtime import Constraint, Delta, Done
 
@@ -71,17 +68,6 @@ class _OpenAIStream(SseRenderer):
 # ---- chat ---------------------------------------------------------------------------------
 
 
-def _chat_prompt(node: Backend, parsed: ChatCompletionRequest) -> Prompt:
-    tools = [t.model_dump(exclude_unset=True) for t in parsed.tools] if parsed.tools else None
-    choice = parsed.tool_choice
-    use = choose_tools(
-        tools, choice if isinstance(choice, str | None) else choice.model_dump(), node.tokenizer
-    )
-    args = {**node.defaults.chat_template_args, **(parsed.chat_template_kwargs or {})}
-    messages = [m.for_template() for m in parsed.messages]
-    return render_chat(node.tokenizer, messages, use, args, parsed.role_mapping)
-
-
 def _response_format(parsed: ChatCompletionRequest) -> Constraint | None:
     form = parsed.response_format
     if form is None:
@@ -93,6 +79,8 @@ def _response_format(parsed: ChatCompletionRequest) -> Constraint | None:
 class _Chat(_OpenAIStream):
     """A chat completion (or its choice ``index`` of the answer ``answer_id``): whole, or as
     chunks (the first names the role)."""
+
+    _shape: ChatShape
 
     def __init__(
         self, node: Backend, ask: Ask, include_usage: bool, index: int = 0, answer_id: str = ""
@@ -131,7 +119,9 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
         parsed = replace(parsed, logprobs=True)  # mlx_lm.server reads either
     ask = Ask(
         id=request_id("chatcmpl"),
-        prompt=await off_loop(_chat_prompt, node, parsed),
+        prompt=await off_loop(
+            chat_prompt, node.tokenizer, parsed.chat(), node.defaults.chat_template_args
+        ),
         sampling=parsed,
         max_tokens=parsed.requested_max_tokens(),
         stream=parsed.stream,
@@ -151,12 +141,24 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
     return await respond_choices(node, request, asks, chats, _Choices(chats))
 
 
-class _Choices:
+View = TypeVar("View", ChatCompletion, Completion)
+ViewOut = TypeVar("ViewOut", ChatCompletion, Completion, covariant=True)
+
+
+class _Viewed(Protocol[ViewOut]):
+    """A choice's renderer, as `_Choices` reads it: its whole answer, the stream's end."""
+
+    async def view(self, answer: WholeAnswer) -> ViewOut: ...
+
+    async def close_stream(self, done: Done) -> None: ...
+
+
+class _Choices(Generic[View]):
     """n choices in one answer: every choice's, the usage summed (the prompt counted once);
     streamed, one usage chunk and ``[DONE]`` after every choice's end."""
 
-    def __init__(self, renderers: list[_Chat] | list[_Completion]):
-        self._renderers = renderers
+    def __init__(self, renderers: Sequence[_Viewed[View]]):
+        self._renderers: Sequence[_Viewed[View]] = renderers
 
     async def end(self, dones: list[Done]) -> None:
         await self._renderers[0].close_stream(summed(dones))
@@ -174,6 +176,8 @@ class _Choices:
 
 class _Completion(_OpenAIStream):
     """A completion: its text as it came, after the prompt's when ``echo`` asks for it."""
+
+    _shape: CompletionShape
 
     def __init__(
         self,

@@ -5,20 +5,20 @@ as answer pieces, and those streamed or collected into a whole answer. Each dial
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from aiohttp import web
 
-from exo_tp.api.answer_stream import AnswerPiece, AnswerStream, PlainText
 from exo_tp.api.backend import Backend
-from exo_tp.api.errors import ApiError, api_path
-from exo_tp.api.generation_request import Ask, fitted
+from exo_tp.api.core.answer_stream import AnswerPiece, AnswerStream, PlainText
+from exo_tp.api.core.errors import ApiError, api_path
+from exo_tp.api.core.generation_request import Ask, fitted
+from exo_tp.api.core.refusals import client_of
+from exo_tp.api.core.structured import check
+from exo_tp.api.core.thinking_budget import within_budget
 from exo_tp.api.http_io import EventStream, off_loop
-from exo_tp.api.refusals import client_of
-from exo_tp.api.structured import check
-from exo_tp.api.thinking_budget import within_budget
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ class WholeAnswer:
 
 class Output(Protocol):
     """A streamed response (SSE or NDJSON): prepared once the first event is in, ended last."""
+
+    response: web.StreamResponse
 
     async def open(self) -> None: ...
 
@@ -134,7 +136,7 @@ def whole_answer(deltas: list[Delta], done: Done, text: AnswerStream | PlainText
 
 async def _stream(
     request: web.Request,
-    events: AsyncIterator[Delta | Done],
+    events: AsyncGenerator[Delta | Done, None],
     text: AnswerStream | PlainText,
     renderer: Renderer,
 ) -> web.StreamResponse:
@@ -164,7 +166,7 @@ def client_left(request: web.Request, response: web.StreamResponse) -> web.Strea
 
 async def play(
     event: Delta | Done,
-    events: AsyncIterator[Delta | Done],
+    events: AsyncGenerator[Delta | Done, None],
     text: AnswerStream | PlainText,
     renderer: Renderer,
 ) -> Done:
@@ -177,14 +179,14 @@ async def play(
     return event
 
 
-async def first_event(events: AsyncIterator[Delta | Done]) -> Delta | Done:
+async def first_event(events: AsyncGenerator[Delta | Done, None]) -> Delta | Done:
     """The first event, awaited before a stream opens: a failure before it (queue full,
     cluster not ready) is still a plain JSON error rather than a broken stream."""
     return await anext(events)
 
 
 async def collect(
-    events: AsyncIterator[Delta | Done], first: Delta | None = None
+    events: AsyncGenerator[Delta | Done, None], first: Delta | None = None
 ) -> tuple[list[Delta], Done]:
     """A whole answer (for a request that is not streamed): its deltas (after ``first``, when
     it was read already) and its end."""

@@ -1,36 +1,22 @@
 """Ollama API request bodies (https://github.com/ollama/ollama/blob/main/docs/api.md), strictly
-typed, and their translation into the chat messages, tools and sampling fields the OpenAI path
-takes. What this cluster cannot honour is refused with a 400 naming it, never ignored."""
+typed, and their translation into the shared `Chat` (exo_tp.api.core.conversation) and sampling
+fields. What this cluster cannot honour is refused with a 400 naming it, never ignored."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from exo_tp.api.openai_schema import (
-    MAX_STOP_CHARS,
-    MAX_STOPS,
-    PENALTY_LIMIT,
-    SEED_RANGE,
-    FunctionSpec,
-    SamplingFields,
-)
+from exo_tp.api.core.conversation import Chat, FunctionSpec, text_parts, tool_call
+from exo_tp.api.core.conversation import Message as ChatMessage
+from exo_tp.api.core.sampling import PENALTY_LIMIT, SEED_RANGE, SamplingFields, check_stops
+from exo_tp.api.core.strict import Passed, Strict
 
 LATEST = ":latest"  # Ollama's default tag: "name" and "name:latest" are the same model
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-
-
-class _Passed(BaseModel):
-    """Known fields checked; others reach the chat template unchanged."""
-
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
-
-
-class Options(_Strict):
+class Options(Strict):
     """The runner options Ollama takes, with the sampling ones mapped onto mlx-lm's sampler."""
 
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -79,10 +65,7 @@ class Options(_Strict):
     @field_validator("stop")
     @classmethod
     def _stops(cls, stops: list[str] | None) -> list[str] | None:
-        if stops and len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop sequences")
-        if stops and any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"stop sequences are at most {MAX_STOP_CHARS} characters")
+        check_stops(stops or [])
         return stops
 
     def sampling(self, context_length: int) -> SamplingFields:
@@ -116,16 +99,16 @@ class Options(_Strict):
         return wanted
 
 
-class ToolFunction(_Passed):
+class ToolFunction(Passed):
     name: str = Field(min_length=1)
     arguments: dict[str, Any]
 
 
-class ToolCall(_Passed):
+class ToolCall(Passed):
     function: ToolFunction
 
 
-class Message(_Passed):
+class Message(Passed):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     thinking: str | None = None
@@ -140,27 +123,22 @@ class Message(_Passed):
             raise ValueError("images are not supported: this cluster serves a text-only model")
         return images
 
-    def for_template(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
+    def message(self) -> ChatMessage:
+        """The message without its thinking (not shown again); a tool result names its tool."""
+        fields: dict[str, Any] = {"name": self.tool_name} if self.tool_name else {}
         if self.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "type": "function",
-                    "function": {"name": c.function.name, "arguments": c.function.arguments},
-                }
-                for c in self.tool_calls
+            fields["tool_calls"] = [
+                tool_call(c.function.name, c.function.arguments) for c in self.tool_calls
             ]
-        if self.tool_name:
-            out["name"] = self.tool_name
-        return out
+        return ChatMessage(role=self.role, parts=text_parts(self.content), **fields)
 
 
-class Tool(_Passed):
+class Tool(Passed):
     type: Literal["function"] = "function"
     function: FunctionSpec
 
 
-class OllamaRequest(_Strict):
+class OllamaRequest(Strict):
     model: str | None = None
     stream: bool = True  # Ollama streams unless told not to
     options: Options | None = None
@@ -192,7 +170,7 @@ class OllamaRequest(_Strict):
     def opts(self) -> Options:
         return self.options or Options()
 
-    def template_args(self) -> dict[str, Any]:
+    def _template_args(self) -> dict[str, Any]:
         """``think`` as the chat-template switch thinking models take."""
         if self.think is None:
             return {}
@@ -203,16 +181,17 @@ class ChatRequest(OllamaRequest):
     messages: list[Message] = Field(default_factory=list)
     tools: list[Tool] | None = None
 
-    def chat_messages(self) -> list[dict[str, Any]]:
-        return [m.for_template() for m in self.messages]
-
-    def chat_tools(self) -> list[dict[str, Any]] | None:
-        if not self.tools:
-            return None
-        return [
+    def chat(self) -> Chat:
+        """The conversation and its tools, and the thinking switch."""
+        tools = [
             {"type": "function", "function": t.function.model_dump(exclude_unset=True)}
-            for t in self.tools
+            for t in self.tools or []
         ]
+        return Chat(
+            messages=[m.message() for m in self.messages],
+            tools=tools or None,
+            template_args=self._template_args(),
+        )
 
 
 class GenerateRequest(OllamaRequest):
@@ -257,12 +236,14 @@ class GenerateRequest(OllamaRequest):
             raise ValueError("images are not supported: this cluster serves a text-only model")
         return images
 
-    def chat_messages(self) -> list[dict[str, Any]]:
-        out = [{"role": "system", "content": self.system}] if self.system else []
-        return [*out, {"role": "user", "content": self.prompt}]
+    def chat(self) -> Chat:
+        """The prompt as a user message, after the system prompt, and the thinking switch."""
+        system = [ChatMessage(role="system", parts=text_parts(self.system))] if self.system else []
+        user = ChatMessage(role="user", parts=text_parts(self.prompt))
+        return Chat(messages=[*system, user], template_args=self._template_args())
 
 
-class ShowRequest(_Strict):
+class ShowRequest(Strict):
     model: str | None = None
     name: str | None = None  # the older spelling of "model"
     verbose: bool | None = None

@@ -9,9 +9,8 @@ import uuid
 
 from aiohttp import web
 
-from exo_tp.api.answer_stream import AnswerPiece
-from exo_tp.api.anthropic_schema import CountTokensRequest, MessagesRequest
-from exo_tp.api.anthropic_shapes import (
+from exo_tp.api.anthropic.schema import CountTokensRequest, MessagesRequest
+from exo_tp.api.anthropic.shapes import (
     Block,
     ContentBlockDelta,
     ContentBlockStart,
@@ -34,25 +33,20 @@ from exo_tp.api.anthropic_shapes import (
     usage,
 )
 from exo_tp.api.backend import Backend
-from exo_tp.api.chat_prompt import Prompt, choose_tools, render_chat
-from exo_tp.api.errors import ApiError
-from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
-from exo_tp.api.generation_request import Ask, check_model, request_id
+from exo_tp.api.core.answer_stream import AnswerPiece
+from exo_tp.api.core.chat_prompt import Prompt, chat_prompt
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.generation import SseRenderer, WholeAnswer, respond
+from exo_tp.api.core.generation_request import Ask, check_model, request_id
+from exo_tp.api.core.left_out import leave_out
+from exo_tp.api.core.sampling import SamplingFields
 from exo_tp.api.http_io import json_view, off_loop, read_body, validate
-from exo_tp.api.left_out import leave_out
-from exo_tp.api.openai_schema import SamplingFields
 from exo_tp.frozen import replace
 from exo_tp.wire.runtime import Delta, Done
 
 
 def _prompt(node: Backend, parsed: CountTokensRequest | MessagesRequest) -> Prompt:
-    use = choose_tools(parsed.chat_tools(), parsed.chat_tool_choice(), node.tokenizer)
-    return render_chat(
-        node.tokenizer,
-        parsed.chat_messages(),
-        use,
-        parsed.template_args(node.defaults.chat_template_args),
-    )
+    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args)
 
 
 async def count_tokens(node: Backend, request: web.Request) -> web.Response:

@@ -12,7 +12,7 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.server import ToolCallFormatter
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo_tp.api.chat_prompt import Prompt
+from exo_tp.api.core.chat_prompt import Prompt
 
 log = logging.getLogger(__name__)
 

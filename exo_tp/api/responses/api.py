@@ -12,16 +12,17 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from exo_tp.api.answer_stream import AnswerPiece
 from exo_tp.api.backend import Backend
-from exo_tp.api.chat_prompt import Prompt, choose_tools, render_chat
-from exo_tp.api.errors import ApiError
-from exo_tp.api.generation import SseRenderer, WholeAnswer, respond
-from exo_tp.api.generation_request import Ask, check_model, request_id
+from exo_tp.api.core.answer_stream import AnswerPiece
+from exo_tp.api.core.chat_prompt import Prompt, chat_prompt
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.generation import SseRenderer, WholeAnswer, respond
+from exo_tp.api.core.generation_request import Ask, check_model, request_id
+from exo_tp.api.core.left_out import leave_out
+from exo_tp.api.core.structured import response_format
 from exo_tp.api.http_io import off_loop, read_body, validate
-from exo_tp.api.left_out import leave_out
-from exo_tp.api.responses_schema import REFUSED, ResponsesRequest
-from exo_tp.api.responses_shapes import (
+from exo_tp.api.responses.schema import REFUSED, ResponsesRequest
+from exo_tp.api.responses.shapes import (
     ArgumentsDelta,
     ArgumentsDone,
     ErrorEvent,
@@ -45,7 +46,6 @@ from exo_tp.api.responses_shapes import (
     StreamEvent,
     Usage,
 )
-from exo_tp.api.structured import response_format
 from exo_tp.frozen import replace
 from exo_tp.wire.runtime import Constraint, Delta, Done
 
@@ -65,13 +65,7 @@ def _refuse_unsupported(body: Any) -> None:
 
 
 def _prompt(node: Backend, parsed: ResponsesRequest) -> Prompt:
-    use = choose_tools(parsed.chat_tools(), parsed.chat_tool_choice(), node.tokenizer)
-    return render_chat(
-        node.tokenizer,
-        parsed.chat_messages(),
-        use,
-        parsed.template_args(node.defaults.chat_template_args),
-    )
+    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args)
 
 
 def _id(prefix: str) -> str:

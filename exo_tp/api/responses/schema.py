@@ -1,6 +1,7 @@
 """OpenAI Responses API request bodies (`POST /v1/responses`), strictly typed, and their
-translation into the chat messages and tools (chat completions' shape) that chat templates
-take. Nothing is stored: a conversation is sent whole, as input items."""
+translation into the shared `Chat` (exo_tp.api.core.conversation): messages of content parts,
+and tools in the shape chat templates take. Nothing is stored: a conversation is sent whole, as
+input items."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -16,30 +16,35 @@ from pydantic import (
     field_validator,
 )
 
-from exo_tp.api.openai_schema import (
-    KV_FIELDS,
-    KV_WIDTH_PER_NODE,
-    SamplingFields,
+from exo_tp.api.core.conversation import (
+    Chat,
+    Message,
+    Part,
+    TextPart,
+    ToolCall,
     template_tool,
+    text_parts,
+    tool_call,
 )
+from exo_tp.api.core.sampling import KV_FIELDS, KV_WIDTH_PER_NODE, SamplingFields
+from exo_tp.api.core.strict import Passed, Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+class _Item(Passed):
+    """Items a client sends back may carry ids, statuses and annotations: they change nothing."""
 
 
-class _Item(BaseModel):
-    # items a client sends back may carry ids, statuses and annotations: they change nothing
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
-
-
-class TextPart(_Item):
+class ContentPart(_Item):
     type: Literal["input_text", "output_text", "text", "refusal"]
     text: str | None = None
     refusal: str | None = None
 
-    def plain(self) -> str:
-        return self.text or self.refusal or ""
+
+def _parts(content: str | list[ContentPart]) -> list[Part]:
+    """A message's or an output's content as text parts (a refusal is its text)."""
+    if isinstance(content, str):
+        return text_parts(content)
+    return [TextPart(text=part.text or part.refusal or "") for part in content]
 
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -48,7 +53,7 @@ _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 class MessageItem(_Item):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart]
+    content: str | list[ContentPart]
 
     @field_validator("content", mode="before")
     @classmethod
@@ -63,10 +68,9 @@ class MessageItem(_Item):
                     )
         return content
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.plain() for part in self.content)
+    def message(self) -> Message:
+        role = "system" if self.role == "developer" else self.role
+        return Message(role=role, parts=_parts(self.content))
 
 
 class FunctionCallItem(_Item):
@@ -79,12 +83,7 @@ class FunctionCallItem(_Item):
 class FunctionCallOutputItem(_Item):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
-    output: str | list[TextPart]
-
-    def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.plain() for part in self.output)
+    output: str | list[ContentPart]
 
 
 class ReasoningItem(_Item):
@@ -140,14 +139,14 @@ AnyTool = Annotated[
 ]
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Strict):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     """The answer's format: plain text, any JSON object, or JSON under ``schema`` (decoded
-    under it, exo_tp.api.structured; ``strict`` or not, decoding is constrained)."""
+    under it, exo_tp.api.core.structured; ``strict`` or not, decoding is constrained)."""
 
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(default=None, min_length=1, max_length=64)
@@ -156,12 +155,12 @@ class TextFormat(_Strict):
     strict: bool | None = None
 
 
-class TextConfig(_Strict):
+class TextConfig(Strict):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # a hint; the answer is the same
 
 
-class Reasoning(_Strict):
+class Reasoning(Strict):
     """``effort`` switches the chat template's ``enable_thinking``: off at "none", on at any
     other effort; left out, the server's --chat-template-args decide. ``summary`` is accepted:
     the reasoning item carries the whole reasoning text, no summary of it."""
@@ -171,7 +170,7 @@ class Reasoning(_Strict):
     generate_summary: str | None = None
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_obfuscation: bool | None = None  # no obfuscation padding is ever added
 
 
@@ -181,7 +180,7 @@ _NOT_STORED = (
 )
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(Strict):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
@@ -247,42 +246,42 @@ class ResponsesRequest(_Strict):
     def sampling(self) -> SamplingFields:
         return SamplingFields(temperature=self.temperature, top_p=self.top_p)
 
-    def chat_messages(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if self.instructions:
-            out.append({"role": "system", "content": self.instructions})
+    def chat(self) -> Chat:
+        """The conversation, its function tools and their choice, and the thinking switch."""
+        return Chat(
+            messages=self._messages(),
+            tools=self._tools(),
+            tool_choice=self._tool_choice(),
+            template_args=self._template_args(),
+        )
+
+    def _messages(self) -> list[Message]:
+        """The instructions as a system message, then the input items: function calls join
+        the assistant message before them, outputs answer their call by its function's name."""
+        instructions = self.instructions
+        out = [Message(role="system", parts=text_parts(instructions))] if instructions else []
         if isinstance(self.input, str):
-            return [*out, {"role": "user", "content": self.input}]
-        names: dict[str, str] = {}
+            return [*out, Message(role="user", parts=text_parts(self.input))]
+        names: dict[str, str] = {}  # call id -> function
         for item in self.input:
             if isinstance(item, MessageItem):
-                role = "system" if item.role == "developer" else item.role
-                out.append({"role": role, "content": item.text()})
+                out.append(item.message())
             elif isinstance(item, FunctionCallItem):
                 names[item.call_id] = item.name
-                call = {
-                    "id": item.call_id,
-                    "type": "function",
-                    "function": {"name": item.name, "arguments": item.arguments},
-                }
-                last = out[-1] if out else None
-                if last is not None and last["role"] == "assistant":
-                    last.setdefault("tool_calls", []).append(call)
-                else:
-                    out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                _add_call(out, tool_call(item.name, item.arguments, item.call_id))
             elif isinstance(item, FunctionCallOutputItem):
-                message = {"role": "tool", "tool_call_id": item.call_id, "content": item.text()}
+                named: dict[str, Any] = {}  # no name for a call not in the input
                 if item.call_id in names:
-                    message["name"] = names[item.call_id]
-                out.append(message)
+                    named["name"] = names[item.call_id]
+                parts = _parts(item.output)
+                out.append(Message(role="tool", parts=parts, tool_call_id=item.call_id, **named))
         return out
 
-    def template_args(self, defaults: dict[str, Any]) -> dict[str, Any]:
-        """The server's chat template arguments, with thinking switched by the effort."""
-        args = dict(defaults)
-        if self.reasoning is not None and self.reasoning.effort is not None:
-            args["enable_thinking"] = self.reasoning.effort != "none"
-        return args
+    def _template_args(self) -> dict[str, Any]:
+        """The chat template's thinking switch, by the effort (none: the server's)."""
+        if self.reasoning is None or self.reasoning.effort is None:
+            return {}
+        return {"enable_thinking": self.reasoning.effort != "none"}
 
     def functions(self) -> list[FunctionTool]:
         """The function tools the model is offered: namespaces' functions included."""
@@ -297,7 +296,7 @@ class ResponsesRequest(_Strict):
     def left_out(self) -> list[str]:
         return [t.type for t in self.tools or [] if isinstance(t, HostedTool)]
 
-    def chat_tools(self) -> list[dict[str, Any]] | None:
+    def _tools(self) -> list[dict[str, Any]] | None:
         functions = self.functions()
         if not functions:
             return None
@@ -308,7 +307,7 @@ class ResponsesRequest(_Strict):
             for t in functions
         ]
 
-    def chat_tool_choice(self) -> str | dict[str, Any] | None:
+    def _tool_choice(self) -> str | dict[str, Any] | None:
         choice = self.tool_choice
         if isinstance(choice, NamedFunction):
             return {"type": "function", "function": {"name": choice.name}}
@@ -318,6 +317,16 @@ class ResponsesRequest(_Strict):
         if self.parallel_tool_calls is False:
             return 1
         return self.max_tool_calls
+
+
+def _add_call(messages: list[Message], call: ToolCall) -> None:
+    """``call`` joins the assistant message that ends ``messages``, or starts one."""
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant":
+        calls = [*(last.tool_calls or []), call]
+        messages[-1] = Message(role="assistant", parts=last.parts, tool_calls=calls)
+    else:
+        messages.append(Message(role="assistant", tool_calls=[call]))
 
 
 # fields whose only accepted values say "not used": a 400 that names what is missing

@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from exo_tp.api.errors import ApiError
+from exo_tp.api.core.errors import ApiError
 
 MAX_DEPTH = 64  # the deepest real requests (tool parameter schemas) stay far below this
 

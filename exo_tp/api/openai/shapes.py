@@ -14,14 +14,15 @@ import mlx_lm
 from pydantic import ConfigDict
 
 from exo_tp import __version__
-from exo_tp.api.answer_stream import AnswerPiece
+from exo_tp.api.core.answer_stream import AnswerPiece
+from exo_tp.api.core.token_text import TokenText
 from exo_tp.api.http_io import ApiView
-from exo_tp.api.token_text import TokenText
 from exo_tp.wire.runtime import Done, TokenLogprob
 
-# What OpenAI calls the backend configuration (mlx_lm.server: its versions and platform).
+# What OpenAI calls the backend configuration (mlx_lm.server: its versions and platform; mlx's
+# stubs leave out its __version__).
 SYSTEM_FINGERPRINT = (
-    f"exo-tp-{__version__}-mlx-{mx.__version__}-mlx_lm-"
+    f"exo-tp-{__version__}-mlx-{mx.__version__}-mlx_lm-"  # type: ignore[attr-defined]
     f"{mlx_lm.__version__}-{platform.system().lower()}-{platform.machine()}"
 )
 
@@ -141,30 +142,6 @@ class ChatCompletionChunk(_Answer):
     object: Literal["chat.completion.chunk"]
     choices: list[ChatChunkChoice]
     usage: Usage | None = None  # only the usage chunk (after the last) has it
-
-
-class ModelObject(ApiView):
-    """One entry of /v1/models (OpenAI's model object, and whether the cluster serves it now);
-    a fine-tuned model also names its ``parent``."""
-
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-    loaded: bool
-    parent: str | None = None  # left out of a base model's entry (unset)
-
-    @classmethod
-    def of(cls, name: str, created: int, loaded: bool, parent: str | None = None) -> ModelObject:
-        card = cls(id=name, object="model", created=created, owned_by="exo-tp", loaded=loaded)
-        if parent is not None:
-            card.parent = parent  # set, so the JSON has it
-        return card
-
-
-class ModelList(ApiView):
-    object: Literal["list"]
-    data: list[ModelObject]
 
 
 class CompletionChoice(ApiView):

@@ -1,13 +1,14 @@
-"""Anthropic Messages API request bodies, and their translation into the chat messages and tools
-(OpenAI's shape) that chat templates take."""
+"""Anthropic Messages API request bodies, and their translation into the shared `Chat`
+(exo_tp.api.core.conversation): messages of content parts, and tools in the shape chat
+templates take."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -16,18 +17,23 @@ from pydantic import (
     model_validator,
 )
 
-from exo_tp.api.openai_schema import MAX_STOP_CHARS, template_tool
+from exo_tp.api.core.conversation import (
+    Chat,
+    Part,
+    TextPart,
+    template_tool,
+    text_parts,
+    tool_call,
+)
+from exo_tp.api.core.conversation import Message as ChatMessage
+from exo_tp.api.core.sampling import check_stops
+from exo_tp.api.core.strict import Passed, Strict
 
 MAX_STOP_SEQUENCES = 16
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-
-
-class _Block(BaseModel):
-    # blocks may carry hints such as cache_control or citations: they change no answer here
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+class _Block(Passed):
+    """Blocks may carry hints such as cache_control or citations: they change no answer here."""
 
 
 class TextBlock(_Block):
@@ -48,12 +54,11 @@ class ToolResultBlock(_Block):
     content: str | list[TextBlock] | None = None
     is_error: bool | None = None
 
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(block.text for block in self.content)
+    def message(self) -> ChatMessage:
+        """The result as a ``tool`` message answering its call."""
+        content = self.content
+        parts = _texts(content) if isinstance(content, list) else text_parts(content)
+        return ChatMessage(role="tool", parts=parts, tool_call_id=self.tool_use_id)
 
 
 class ThinkingBlock(_Block):
@@ -63,6 +68,13 @@ class ThinkingBlock(_Block):
 
 
 Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+
+
+def _texts(blocks: Sequence[Block]) -> list[Part]:
+    """The text blocks among ``blocks``, as text parts."""
+    return [TextPart(text=b.text) for b in blocks if isinstance(b, TextBlock)]
+
+
 _BLOCKS: dict[str, type[BaseModel]] = {
     "text": TextBlock,
     "tool_use": ToolUseBlock,
@@ -72,12 +84,12 @@ _BLOCKS: dict[str, type[BaseModel]] = {
 }
 
 
-class OutputConfig(_Strict):
+class OutputConfig(Strict):
     effort: str | None = None  # a hint for thinking models; this cluster's answer is the same
     format: None = None  # structured (JSON schema) output needs constrained decoding: not here
 
 
-class Message(_Strict):
+class Message(Strict):
     # Claude Code sends reminders as system messages inside the conversation: each is a
     # system message of the chat template where it stands
     role: Literal["user", "assistant", "system"]
@@ -109,10 +121,25 @@ class Message(_Strict):
                 raise ValueError(f"content block {i}: {where}: {first['msg']}") from None
         return blocks
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+    def converted(self) -> list[ChatMessage]:
+        """The message as the shared messages: its text blocks as text parts (thinking is not
+        shown again), tool results as ``tool`` messages before it, tool uses as its calls."""
+        content = self.content
+        said = ChatMessage(
+            role=self.role,
+            parts=text_parts(content) if isinstance(content, str) else _texts(content),
+        )
+        if self.role == "system":  # Claude Code sends empty ones, which say nothing
+            return [said] if said.text() else []
+        if isinstance(content, str):
+            return [said]
+        if self.role == "user":
+            results = [b.message() for b in content if isinstance(b, ToolResultBlock)]
+            return [*results, said] if said.text() or not results else results
+        calls = [tool_call(b.name, b.input, b.id) for b in content if isinstance(b, ToolUseBlock)]
+        if calls:
+            return [ChatMessage(role="assistant", parts=said.parts, tool_calls=calls)]
+        return [said]
 
 
 class CustomTool(_Block):
@@ -145,7 +172,7 @@ AnyTool = Annotated[
 ]
 
 
-class ToolChoice(_Strict):
+class ToolChoice(Strict):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
@@ -157,7 +184,7 @@ class ToolChoice(_Strict):
         return self
 
 
-class Thinking(_Strict):
+class Thinking(Strict):
     """``enabled`` turns the chat template's ``enable_thinking`` on, ``disabled`` off;
     ``adaptive`` (the model decides) leaves the server's --chat-template-args as they are. A
     model whose template cannot think simply answers. ``budget_tokens`` caps the thinking
@@ -173,18 +200,18 @@ class ContextEdit(_Block):
     type: str
 
 
-class ContextManagement(_Strict):
+class ContextManagement(Strict):
     """Accepted; nothing is edited: earlier thinking is never shown to the model again (what
     clear_thinking asks), and tool results are kept (the conversation is rendered whole)."""
 
     edits: list[ContextEdit] = []
 
 
-class Metadata(_Strict):
+class Metadata(Strict):
     user_id: str | None = None
 
 
-class _Conversation(_Strict):
+class _Conversation(Strict):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
@@ -197,12 +224,11 @@ class _Conversation(_Strict):
         """The built-in tools the model will not see (their names, else their types)."""
         return [t.name or t.type for t in self.tools or [] if isinstance(t, ServerTool)]
 
-    def template_args(self, defaults: dict[str, Any]) -> dict[str, Any]:
-        """The server's chat template arguments, with thinking switched as ``thinking`` asks."""
-        args = dict(defaults)
-        if self.thinking is not None and self.thinking.type != "adaptive":
-            args["enable_thinking"] = self.thinking.type == "enabled"
-        return args
+    def _template_args(self) -> dict[str, Any]:
+        """The chat template's thinking switch, as ``thinking`` asks (none: the server's)."""
+        if self.thinking is None or self.thinking.type == "adaptive":
+            return {}
+        return {"enable_thinking": self.thinking.type == "enabled"}
 
     def thinking_budget(self) -> int | None:
         if self.thinking is None or self.thinking.type != "enabled":
@@ -212,53 +238,32 @@ class _Conversation(_Strict):
     def shows_thinking(self) -> bool:
         return self.thinking is None or self.thinking.display != "omitted"
 
-    def chat_messages(self) -> list[dict[str, Any]]:
-        """The conversation as chat-template messages: tool results become ``tool``
-        messages, tool uses the assistant's ``tool_calls``."""
-        out: list[dict[str, Any]] = []
+    def chat(self) -> Chat:
+        """The conversation, its tools and their choice, and the thinking switch."""
+        return Chat(
+            messages=self._messages(),
+            tools=self._tools(),
+            tool_choice=self._tool_choice(),
+            template_args=self._template_args(),
+        )
+
+    def _messages(self) -> list[ChatMessage]:
+        out: list[ChatMessage] = []
         if self.system:
-            system = (
-                self.system
-                if isinstance(self.system, str)
-                else "\n".join(b.text for b in self.system)
-            )
-            out.append({"role": "system", "content": system})
+            system = self.system
+            text = system if isinstance(system, str) else "\n".join(b.text for b in system)
+            out.append(ChatMessage(role="system", parts=text_parts(text)))
         for message in self.messages:
-            text = message.text()
-            if message.role == "system":
-                if text:  # Claude Code sends empty ones, which say nothing
-                    out.append({"role": "system", "content": text})
-                continue
-            if isinstance(message.content, str):
-                out.append({"role": message.role, "content": text})
-                continue
-            if message.role == "user":
-                out += [
-                    {"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
-                    for b in message.content
-                    if isinstance(b, ToolResultBlock)
-                ]
-                if text or not any(isinstance(b, ToolResultBlock) for b in message.content):
-                    out.append({"role": "user", "content": text})
-                continue
-            calls = [
-                {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
-                for b in message.content
-                if isinstance(b, ToolUseBlock)
-            ]
-            reply: dict[str, Any] = {"role": "assistant", "content": text}
-            if calls:
-                reply["tool_calls"] = calls
-            out.append(reply)
+            out += message.converted()
         return out
 
-    def chat_tools(self) -> list[dict[str, Any]] | None:
+    def _tools(self) -> list[dict[str, Any]] | None:
         shown = [t for t in self.tools or [] if isinstance(t, CustomTool) and not t.defer_loading]
         if not shown:
             return None
         return [template_tool(t.name, t.description, t.input_schema) for t in shown]
 
-    def chat_tool_choice(self) -> str | dict[str, Any] | None:
+    def _tool_choice(self) -> str | dict[str, Any] | None:
         choice = self.tool_choice
         if choice is None:
             return None
@@ -307,8 +312,5 @@ class MessagesRequest(_Conversation):
     @field_validator("stop_sequences")
     @classmethod
     def _stops(cls, stops: list[str] | None) -> list[str] | None:
-        if stops and len(stops) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-        if stops and any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"stop sequences are at most {MAX_STOP_CHARS} characters")
+        check_stops(stops or [], MAX_STOP_SEQUENCES)
         return stops

@@ -7,7 +7,7 @@ stream of events comes out, ending with one `Done` that counts both parts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -29,7 +29,7 @@ def still_thinking(tokenizer: TokenizerWrapper, text: str, opened: bool) -> bool
 
 async def within_budget(
     node: Backend, request: GenerateRequest, budget: int, opened: bool
-) -> AsyncIterator[Delta | Done]:
+) -> AsyncGenerator[Delta | Done, None]:
     """``request``'s events, its thinking cut after ``budget`` tokens (``opened``: the prompt
     opened the thinking block)."""
     tokenizer = node.tokenizer

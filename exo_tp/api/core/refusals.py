@@ -10,7 +10,7 @@ import logging
 
 from aiohttp import web
 
-from exo_tp.api.errors import FORWARD_PREFIX, ApiError, api_path
+from exo_tp.api.core.errors import FORWARD_PREFIX, ApiError, api_path
 
 log = logging.getLogger("exo_tp.api.refused")
 

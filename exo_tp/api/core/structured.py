@@ -11,7 +11,7 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo_tp.api.errors import ApiError
+from exo_tp.api.core.errors import ApiError
 from exo_tp.grammar.compiler import GrammarError, grammars_for
 from exo_tp.wire.runtime import Constraint
 

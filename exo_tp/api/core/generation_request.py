@@ -1,4 +1,5 @@
-"""`Ask`, the one request every dialect parses into, and `fitted`, which makes it the runtime's
+"""`Ask`, the one request every dialect parses into (a chat's conversation, until its prompt is
+rendered, is the shared `Chat` of conversation.py), and `fitted`, which makes it the runtime's
 `GenerateRequest`: server defaults for what the client left out, and every value checked
 against this model (vocabulary, context) so that nothing a worker could choke on ever leaves
 the API."""
@@ -10,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exo_tp.api.backend import Backend
-from exo_tp.api.chat_prompt import Prompt
-from exo_tp.api.errors import ApiError
-from exo_tp.api.openai_schema import SamplingFields
+from exo_tp.api.core.chat_prompt import Prompt
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.sampling import SamplingFields
 from exo_tp.frozen import replace
 from exo_tp.wire.ids import RequestId
 from exo_tp.wire.runtime import Constraint, GenerateRequest, OutOfVocabulary, SamplingParams
@@ -57,7 +58,7 @@ class Ask:
     split: bool = True
     max_calls: int | None = None  # tool calls kept (1 when parallel calls are off)
     call_indexes: bool = False  # each tool call numbered, as OpenAI's stream chunks carry them
-    # structured output (exo_tp.api.structured), and the field that asked for it (in errors);
+    # structured output (exo_tp.api.core.structured), and the field that asked for it (in errors);
     # a forced tool call's own (the prompt's) comes before it
     constraint: Constraint | None = None
     constraint_param: str = "response_format"  # the schema's field, as the dialect names it

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from exo_tp.api.responses_schema import FunctionTool, NamedFunction
+from exo_tp.api.responses.schema import FunctionTool, NamedFunction
 
 Status = Literal["in_progress", "completed", "incomplete"]
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 from aiohttp import web
 
 from exo_tp.api.backend import Backend
-from exo_tp.api.errors import ApiError
-from exo_tp.api.generation import (
+from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.generation import (
     Renderer,
     WholeAnswer,
     answer_text,
@@ -26,7 +26,7 @@ from exo_tp.api.generation import (
     prepared,
     whole_answer,
 )
-from exo_tp.api.generation_request import Ask
+from exo_tp.api.core.generation_request import Ask
 from exo_tp.api.http_io import EventStream
 from exo_tp.frozen import replace
 from exo_tp.wire.ids import RequestId
@@ -34,11 +34,13 @@ from exo_tp.wire.runtime import Delta, Done
 
 SEEDS = 2**64  # mx.random.seed takes a uint64 (the API accepts int64 too)
 
-Events = AsyncIterator[Delta | Done]
+Events = AsyncGenerator[Delta | Done, None]
 
 
 class ChoiceRenderer(Renderer, Protocol):
     """A renderer of one choice whose stream is shared with the other choices'."""
+
+    def output(self, request: web.Request) -> EventStream: ...
 
     def attach(self, out: EventStream) -> None: ...
 
