@@ -2,7 +2,7 @@
 
     nice python bench/finetune_adam_noise.py [--steps 10] [--lr 0.05] [--exo-tp]
 
-The tiny llama and data of tests/test_finetune.py (random weights, hidden 384, 2 layers, 16
+The tiny llama and data of tests/ranks/test_finetune.py (random weights, hidden 384, 2 layers, 16
 sentences, batch 4, LoRA rank 8 on every linear, learning rate ``--lr``), trained in this
 process with mlx-lm's own pieces (load, linear_to_lora_layers, iterate_batches, default_loss,
 mlx.optimizers), twice per optimizer:
@@ -14,11 +14,11 @@ mlx.optimizers), twice per optimizer:
   compute).
 
 It prints, after every step, the largest |A - B| over all LoRA weights, for SGD and for Adam.
-``--chat``: the chat data of tests/test_finetune_cluster.py instead (with ``--rows 1,1,1``, its
-cluster's cut). ``--exo-tp`` also trains with Adam on local ranks (`exo-tp finetune`, batch
-rows ``--rows``) and with `mlx_lm.lora`'s train_model for 1, 3 and ``--steps`` steps and
-prints the largest difference of their adapters: exo-tp's drift beside the drift of a mere
-change of summation order. The last stdout line is one JSON object.
+``--chat``: the chat data of tests/cluster/test_finetune_cluster.py instead (with ``--rows
+1,1,1``, its cluster's cut). ``--exo-tp`` also trains with Adam on local ranks (`exo-tp
+finetune`, batch rows ``--rows``) and with `mlx_lm.lora`'s train_model for 1, 3 and
+``--steps`` steps and prints the largest difference of their adapters: exo-tp's drift beside
+the drift of a mere change of summation order. The last stdout line is one JSON object.
 
 ``--quick``: a smoke run: 1 step, and ``--exo-tp`` for that step only; the work folder is
 removed at the end.
@@ -42,7 +42,7 @@ WORDS = "the sea is blue and the sky is wide a ship sails over the waves under t
 
 
 def write_data(folder: Path) -> Path:
-    """tests/test_finetune.py's data: 16 training and 4 validation sentences."""
+    """tests/ranks/test_finetune.py's data: 16 training and 4 validation sentences."""
     rng = random.Random(0)
     folder.mkdir(parents=True, exist_ok=True)
     for name, count in (("train", 16), ("valid", 4)):
@@ -110,7 +110,7 @@ def worst(a: dict[str, Any], b: dict[str, Any]) -> float:
 def mlx_lm_adam(
     model: Path, data: Path, out: Path, lr: float, iters: int, batch: int
 ) -> dict[str, Any]:
-    """`mlx_lm.lora --train` with Adam (train_model, as tests/test_finetune.py runs it)."""
+    """`mlx_lm.lora --train` with Adam (train_model, as tests/ranks/test_finetune.py runs it)."""
     import mlx.core as mx
     import numpy as np
     from mlx_lm import load
@@ -166,14 +166,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate (test_finetune's)")
     parser.add_argument("--rows", default="3,1", help="each rank's rows of a batch")
     parser.add_argument(
-        "--chat", action="store_true", help="tests/test_finetune_cluster.py's chat data instead"
+        "--chat", action="store_true", help="tests/cluster/test_finetune_cluster.py's chat data"
     )
     parser.add_argument("--exo-tp", action="store_true", help="also exo-tp against mlx-lm")
     parser.add_argument("--quick", action="store_true", help="a smoke run (tiny settings)")
     args = parser.parse_args()
     if args.quick:  # one step takes every path: each step's drift, and adapters to compare
         args.steps, args.exo_tp = 1, True
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "cluster")]
     from arch_configs import tiny_config
     from tiny_models import write_tiny_model
 

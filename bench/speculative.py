@@ -21,7 +21,7 @@ request, 8 concurrent streaming clients (--streams) on distinct prompts: aggrega
 ``--quick``: 1 round, a 12-line file, 16 tokens, on a tiny random model with SmolLM2's tokenizer
 (bench/_common.py's ``tiny_model``), drafting for itself, unless --model is given (its random
 answers seldom repeat the prompt: drafts are looked up and verified, few accepted;
-tests/test_speculative.py holds accepted drafts exact).
+tests/cluster/test_speculative.py holds accepted drafts exact).
 
 The last line of stdout is one JSON object.
 """

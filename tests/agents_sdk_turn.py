@@ -1,5 +1,5 @@
 """One OpenAI Agents SDK turn with a function tool, then one with a structured `output_type`,
-run by tests/test_agent_clis.py under the agents' own Python (where .ci/install puts
+run by tests/cluster/test_agent_clis.py under the agents' own Python (where .ci/install puts
 openai-agents, apart from exo-tp's environment). Arguments: the cluster's /v1 URL, "chat" or
 "responses" (the SDK's two OpenAI models), the prompt. Prints one JSON line: the calls the model
 made, what the tool returned, the final output, and the structured turn's output as the SDK

@@ -937,7 +937,7 @@ def tiny_config(arch: str, quantized: bool = False) -> dict[str, Any]:
 
 # mlx-lm architectures without a tensor-parallel table (exo_tp.arch.generic): run as pipeline
 # stages of whole layers, or whole on one node where their layer stack does not allow stages
-# (tests/test_generic_stages.py). Awkward layer counts, so stage shares are uneven.
+# (tests/ranks/test_generic_stages.py). Awkward layer counts, so stage shares are uneven.
 GENERIC_ARCHS: dict[str, dict[str, Any]] = {
     # LayerNorms with biases, biased attention and MLP, tied head.
     "starcoder2": dict(

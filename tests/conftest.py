@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+# The shared helpers (tests/*.py) and every tier's modules, which import each other by name
+# (tests/unit: pure; tests/ranks: MLX in-process and ring jobs; tests/cluster: nodes, clients,
+# browsers; docs/testing.md).
+TIERS = ("unit", "ranks", "cluster")
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), *(str(ROOT / "tests" / tier) for tier in TIERS)]
 # Workers are started with `python -m exo_tp...` from this checkout.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
@@ -86,7 +90,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--full-matrix",
         action="store_true",
         help="run the whole architecture x ranks x quantization matrix "
-        "(tests/test_arch_matrix.py), not only its default sample",
+        "(tests/ranks/test_arch_matrix.py), not only its default sample",
     )
 
 

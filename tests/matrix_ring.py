@@ -7,7 +7,7 @@ tiny models, and the matrix grows with every family. Here each rank loads its sh
 case's checkpoint with the engine's own loader (`load_shard`, the plan the launcher makes for
 those shares), runs the prompt and greedy decoding, and rank 0 writes the prompt's logits and
 the tokens for the test to compare with single-device mlx-lm. The launcher's own path is tested
-on the default model (tests/test_tp_exact.py) and through every serving test.
+on the default model (tests/ranks/test_tp_exact.py) and through every serving test.
 
 A case whose shard fails to load on any rank is skipped by every rank together (the ranks agree
 by one all-reduce of a flag before the first collective of the forward pass), so one broken

@@ -303,7 +303,7 @@ class RingJobs:
         )
         (job / "cases.json").write_text(ring_cases.model_dump_json())
         script = (
-            f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
             "from matrix_ring import run_cases\n"
             f"run_cases(group, {str(job / 'cases.json')!r}, OUT)\n"
         )

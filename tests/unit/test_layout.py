@@ -7,7 +7,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "exo_tp"
+ROOT = Path(__file__).resolve().parents[2] / "exo_tp"
 
 
 def _module_name(path: Path) -> str:

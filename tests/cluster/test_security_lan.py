@@ -38,7 +38,7 @@ QUESTION = "What is the capital of France?"
 KEY = f"sk-lan-{secrets.token_hex(12)}"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 GOOD_ORIGIN = "http://good.example"
-FORGE = Path(__file__).resolve().parent / "forge_control.py"
+FORGE = Path(__file__).resolve().parents[1] / "forge_control.py"
 
 
 class Lab:

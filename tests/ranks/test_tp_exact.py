@@ -23,7 +23,7 @@ def _random_weights(n: int, seed: int) -> list[float]:
     return [round(rng.uniform(0.1, 1.0), 3) for _ in range(n)]
 
 
-# Float 5/3/2 runs below (the capital of France) and in tests/test_serving.py (8 prompts,
+# Float 5/3/2 runs below (the capital of France) and in tests/cluster/test_serving.py (8 prompts,
 # exact texts, on SmolLM2's head groups with tiny weights); here 2 ranks and 4 and 5 random
 # shares.
 FLOAT_CASES = [[0.7, 0.3], _random_weights(4, 1), _random_weights(5, 2)]
@@ -55,7 +55,7 @@ def test_smollm2_float_matches_single_device(
         assert ours.text.strip() == float_reference.text.strip()
 
 
-# 3 uneven ranks; 2 ranks of 4-bit run in tests/test_pipeline.py's TP stage.
+# 3 uneven ranks; 2 ranks of 4-bit run in tests/cluster/test_pipeline.py's TP stage.
 @pytest.mark.parametrize("weights", [[5, 3, 2]], ids=["w5-3-2"])
 def test_smollm2_q4_greedy_identical(
     tmp_path: Path, q4_reference: Reference, weights: list[float]
@@ -103,7 +103,7 @@ TINY = {
         max_position_embeddings=512,
     ),
 }
-# Awkward head counts on 1..6 ranks of every architecture run in tests/test_arch_matrix.py;
+# Awkward head counts on 1..6 ranks of every architecture run in tests/ranks/test_arch_matrix.py;
 # here the qwen configs of the core issue keep the zero-weight cases.
 TINY_CASES = [
     ("qwen2", [0.4, 0.3, 0.2, 0.1]),  # 5 KV groups over 4 ranks

@@ -98,7 +98,8 @@ def test_a_model_without_a_table_gets_a_node_per_stage_or_the_heaviest_node() ->
 
 def test_measured_speeds_leave_a_slow_node_out() -> None:
     """Twenty times slower than the others: the planner's prediction says it costs more than it
-    brings, so the epoch runs on the two fast nodes (as tests/test_node_planner.py runs it)."""
+    brings, so the epoch runs on the two fast nodes (as tests/cluster/test_node_planner.py runs
+    it)."""
     spec = llama_spec(9, 3, 64, 576, 1536, 49152, 30, True, None)  # smollm2-135m's shape
     cluster = members(3e9, 3e9, 0.15e9, measured=True)
     placed = place(spec, cluster, Holdings(files=frozenset("abc")))

@@ -9,7 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UI_FILES = sorted(p.name for p in (ROOT / "web").iterdir() if p.is_file())
 
 # Runs with only the installed copy on the path: serves the UI's routes, fetches every file.

@@ -318,7 +318,7 @@ def _flood(url: str, count: int, seconds: float) -> subprocess.Popen[str]:
     """tests/stall_flood.py against ``url``, in its own process: this one imported mlx_lm,
     whose import capped its open files at 4096."""
     port = url.rsplit(":", 1)[1]
-    script = Path(__file__).with_name("stall_flood.py")
+    script = Path(__file__).resolve().parents[1] / "stall_flood.py"
     return subprocess.Popen(
         [sys.executable, str(script), port, str(count), str(seconds), str(TIMEOUT)]
         + [str(PER_ADDRESS)],

@@ -5,7 +5,7 @@ The nodes serve SmolLM2's tokenizer and head groups on tiny random weights (the
 ``tiny_smollm2`` fixture, a folder every namespace reads): what is under test is discovery,
 formation and failure over a bridged network, with answers equal to mlx-lm's. Three ranks on
 two cores took ~0.7 s a token of SmolLM2's 30 layers here; SmolLM2's own answers on uneven
-ranks are tests/test_tp_exact.py's and tests/test_node_api.py's."""
+ranks are tests/ranks/test_tp_exact.py's and tests/cluster/test_node_api.py's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every family's caches under the runtime's continuous batching and prompt cache.
 
-Tensor parallelism is checked by the matrix (tests/test_arch_matrix.py); what a family adds to
+Tensor parallelism is checked by the matrix (tests/ranks/test_arch_matrix.py); what a family adds to
 serving is its caches: rotating windows, MLA's latent cache, DeepSeek Sparse Attention's
 CacheList, Gemma 4's shared KV, chunked attention. Here each family's tiny checkpoint runs whole
 in this process, loaded by the engine's own loader on one rank, through the runtime's
@@ -149,7 +149,7 @@ def test_a_cancelled_stream_leaves_no_stale_recurrent_state(
 _RING_BATCH = """
 import json
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]  # the shared helpers, and this module
 from pathlib import Path
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from helpers import greedy_batch
@@ -202,7 +202,8 @@ def test_recurrent_families_batch_on_uneven_ranks_one_holding_no_linear_attentio
     ]
     follow_up = tokenizer.encode(FOLLOW_UP, add_special_tokens=False)
     script = _RING_BATCH.format(
-        tests=str(Path(__file__).parent),
+        tests=str(Path(__file__).resolve().parents[1]),
+        here=str(Path(__file__).resolve().parent),
         folders=folders,
         weights=weights,
         prompts=ids,

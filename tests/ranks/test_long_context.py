@@ -174,7 +174,7 @@ def test_long_prompts_and_a_quantized_kv_cache_on_uneven_ranks_equal_mlx_lm(
     six = [prompt(n) for n in (1900, 240, 1300, 600, 1600, 420)]
     cases.append(("float six", None, six, None, 6, False))
     script = _RING.format(
-        tests=str(Path(__file__).parent),
+        tests=str(Path(__file__).resolve().parents[1]),
         folder=str(folder),
         weights=WEIGHTS,
         cases=cases,

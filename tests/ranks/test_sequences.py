@@ -1,6 +1,6 @@
 """A model whose caches cannot be batched, batched one sequence at a time (DeepSeek V4.1).
 
-tests/test_family_batching.py runs it through the runtime's whole batch; here the pieces the
+tests/ranks/test_family_batching.py runs it through the runtime's whole batch; here the pieces the
 batch relies on: right-padded prompts of different lengths in one pass, a cache extracted for
 the prompt cache that stays as it was while its sequence goes on, and such a batch through two
 pipeline stages (exo_tp.shard.streams), against mlx-lm on each prompt alone.

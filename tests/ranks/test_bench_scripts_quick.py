@@ -30,7 +30,7 @@ from exo_tp.transport.ring_wait import WAIT_ENV
 
 pytestmark = pytest.mark.alone  # under pytest-xdist: it runs two scripts at a time
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"))
 # Every process a case starts carries this variable, whatever session or parent it ends up
 # with: the bench scripts start nodes in sessions of their own, which a timeout does not reach.

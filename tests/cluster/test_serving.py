@@ -60,7 +60,7 @@ def hybrid_cluster(tiny_smollm2: Path) -> Iterator[LocalCluster]:
     """A single-rank stage, then a tensor-parallel last stage of 2 ranks, overlapped (the
     default): both last-stage ranks sample and must agree on every lane's tokens. The other
     hybrid shape, a tensor-parallel first stage ("2,1"), serves concurrent requests in
-    tests/test_pipeline.py."""
+    tests/cluster/test_pipeline.py."""
     with local_cluster(
         3,
         weights=[1, 1, 1],

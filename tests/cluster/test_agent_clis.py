@@ -409,7 +409,7 @@ def test_openai_agents_sdk_turn_with_a_tool(
     python = AGENTS / "py/bin/python"
     if not python.exists() or subprocess.run([python, "-c", "import agents"]).returncode:
         pytest.skip(f"openai-agents is not installed (.ci/install puts it in {AGENTS}/py)")
-    script = Path(__file__).with_name("agents_sdk_turn.py")
+    script = Path(__file__).resolve().parents[1] / "agents_sdk_turn.py"
     prompt = _tool_call("shout", {"text": "hi"})
     done = _run([str(python), str(script), f"{cluster.urls[1]}/v1", api, prompt], tmp_path, {})
     turn = json.loads(done.stdout.splitlines()[-1])

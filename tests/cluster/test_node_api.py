@@ -23,7 +23,7 @@ QUESTION = "What is the capital of France?"
 @pytest.fixture(scope="module")
 def cluster(default_models: dict[str, Path]) -> Iterator[LocalCluster]:
     # strict names: "unknown model" below is a 404 (by default one model serves any name, as
-    # mlx_lm.server does: tests/test_harden.py)
+    # mlx_lm.server does: tests/cluster/test_harden.py)
     with local_cluster(2, weights=[0.6, 0.4], extra=("--strict-model-names",)) as running:
         yield running
 

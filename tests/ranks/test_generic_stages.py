@@ -6,7 +6,7 @@ stages, whole on one node; each against single-device mlx-lm on the same tiny ch
 The stages run in this one process, chained as the runtime chains them (each stage loaded by
 the engine's loader for its layer slice, a later stage fed the previous stage's hidden state
 through its embedding's `HiddenFeed`): no process is started per case. The hops between
-machines are the runtime's, tested on tabled families (tests/test_pipeline.py).
+machines are the runtime's, tested on tabled families (tests/cluster/test_pipeline.py).
 """
 
 from __future__ import annotations

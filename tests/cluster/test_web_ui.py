@@ -48,7 +48,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs Debian's chromium and chromium-driver (.ci/install installs them)",
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("EXO_TP_ARTIFACTS", ROOT / "artifacts"))
 MODEL = "smollm2-135m"
 QUESTION = "What is the capital of France?"

@@ -32,7 +32,7 @@ from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.server import MOUNT, ServedStats, ServeOptions
 from exo_tp.weights.transfer import Holding, bytes_to_move, choose_rank_order, plan_transfer
 
-HARNESS = Path(__file__).with_name("weights_harness.py")
+HARNESS = Path(__file__).resolve().parents[1] / "weights_harness.py"
 SECRET = "weights-test-secret"
 SPEEDS = {"A": 5.0, "B": 3.0, "C": 2.0, "D": 2.0}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "exo_tp"
+PACKAGE = Path(__file__).resolve().parents[2] / "exo_tp"
 MODULE_LINES = 450
 FUNCTION_LINES = 80
 
