@@ -39,6 +39,7 @@ from exo_tp.node.member.worker import NodeWorker
 from exo_tp.security.signing import control_headers
 from exo_tp.wire.assignment import Assignment
 from exo_tp.wire.balance import BalanceView
+from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import ProfileSummary
 
 
@@ -65,7 +66,7 @@ class StatusViews:
 
     # ---- the cluster as this node sees it --------------------------------------------------
 
-    def leader_id(self) -> str | None:
+    def leader_id(self) -> NodeId | None:
         return self.joined.peers.leader_id() if self.joined else None
 
     def leads(self) -> bool:
@@ -211,7 +212,7 @@ class StatusViews:
             links=links_of(assignment, {n: peers.status(n) for n in assignment.nodes})
             if assignment
             else (),
-            measured_links=measured_links(peers, peers.alive_ids()),
+            measured_links=measured_links({n: peers.status(n) for n in peers.alive_ids()}),
             serving=ServingView(
                 max_concurrency=self.config.serving.max_concurrency,
                 in_flight=self.dispatcher.in_flight,

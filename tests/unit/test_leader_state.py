@@ -9,10 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from exo_tp import __version__
 from exo_tp.node.cluster.control_messages import NodeStatus
-from exo_tp.node.leader.decide import CONDUCTOR_GRACE, LOAD_TIMEOUT, Round, next_step, track
+from exo_tp.node.leader.decide import (
+    CONDUCTOR_GRACE,
+    LOAD_TIMEOUT,
+    Round,
+    next_step,
+    round_of,
+    track,
+)
+from exo_tp.node.leader.links import LINK_WAIT
 from exo_tp.node.leader.state import (
     AssignmentsSent,
+    ClusterSeen,
     ConductorLost,
     Detach,
     EpochFailed,
@@ -26,6 +36,7 @@ from exo_tp.node.leader.state import (
     LeaderState,
     LetGo,
     ModelAsked,
+    Observed,
     Paused,
     Quarantined,
     Release,
@@ -39,6 +50,8 @@ from exo_tp.node.leader.state import (
 )
 from exo_tp.plan import load_spec, plan_tensor_parallel
 from exo_tp.plan.pipeline import single_stage
+from exo_tp.plan.profiles import LinkProfile
+from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.ids import Epoch, NodeId
 
 A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
@@ -222,3 +235,49 @@ def test_a_rebalance_forms_a_new_epoch_over_the_same_members(plan) -> None:
     )
     assert done == [Replanning(epoch=Epoch(2))]  # no member dropped: no release
     assert state.epoch.plan == uneven and state.previous.plan == plan
+
+
+def member(node: NodeId) -> Announcement:
+    return Announcement(
+        node_id=node, version=__version__, cluster="t", host="127.0.0.1", api_port=1, control_port=2
+    )
+
+
+def observed(nodes, leader=A, probes=(), joined_at=0.0, stale=()):  # noqa: ANN001, ANN201
+    """The state after a round saw ``nodes``, each naming ``leader`` (``stale``: not lately)."""
+    statuses = {
+        n: NodeStatus(node_id=n, leader=leader, epoch=0, probes=probes if n == A else ())
+        for n in nodes
+    }
+    seen = ClusterSeen(
+        members=tuple(member(n) for n in nodes),
+        statuses=statuses,
+        fresh=frozenset(n for n in nodes if n not in stale),
+        joined_at=joined_at,
+        changed_at=joined_at,
+    )
+    return reduce(LeaderState(), Observed(seen=seen))
+
+
+def test_the_round_reads_members_statuses_and_links_from_the_state() -> None:
+    link = [LinkProfile(a=A, b=B, up=True, all_sum_latency=1e-4)]
+    state = observed((A, B), probes=link, joined_at=10.0)
+    assert state.cluster.ids() == (A, B)
+
+    def round_at(now: float, expected: int = 0, state: LeaderState = state) -> Round:
+        return round_of(state, A, MODEL, None, 1.5, expected, now)
+
+    assert not round_at(10.5).settled  # a member joined half a second ago: more may come
+    assert round_at(10.5, expected=2).settled  # all the members asked for are here
+    ready = round_at(12.0)
+    assert ready.settled and ready.agreed and ready.links_ready and ready.nodes == (A, B)
+    assert next_step(state, ready, 12.0) == "form"
+    assert not round_at(12.0, state=observed((A, B), leader=B, probes=link)).agreed
+    assert not round_at(12.0, state=observed((A, B), probes=link, stale=(B,))).agreed
+    unmeasured = observed((A, B), joined_at=10.0)  # no probe of a-b yet
+    assert not round_at(12.0, state=unmeasured).links_ready
+    assert round_at(11.5 + LINK_WAIT, state=unmeasured).links_ready  # then the default link
+    left_out, _ = apply(state, Quarantined(node=B, at=0.0, until=20.0))
+    assert round_at(12.0, state=left_out).nodes == (A,)
+    three = observed((A, B, C), probes=link, joined_at=10.0)
+    assert round_at(12.0, state=three).nodes == (A, B, C)  # a member joined: a new round plans it

@@ -13,7 +13,7 @@ from exo_tp.plan.kv_width import kv_token_capacity
 from exo_tp.plan.step_budget import step_token_budget
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import DTYPE_BYTES, Assignment
-from exo_tp.wire.ids import Epoch
+from exo_tp.wire.ids import Epoch, Rank
 
 
 class Where(Frozen):
@@ -47,7 +47,7 @@ def assignments_of(
             epoch=number,
             model=model,
             plan=plan,
-            rank=rank,
+            rank=Rank(rank),
             hostfile=tuple(f"{members[r].host}:{ports[r].ring}" for r in ranks),
             conductor=f"{members[conductor].host}:{ports[conductor].conductor}",
             requests_at=where.requests_at,

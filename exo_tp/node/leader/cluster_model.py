@@ -37,7 +37,7 @@ from exo_tp.weights.manifest import ModelManifest
 from exo_tp.weights.transfer import Holding, TransferError, TransferPlan, plan_shares
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
-from exo_tp.wire.ids import NodeId
+from exo_tp.wire.ids import ModelKey, NodeId
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class Prepared:
     """A model ready to plan and tokenize for on this node."""
 
-    key: str
+    key: ModelKey
     name: str
     folder: Path  # its config.json and tokenizer files on this node
     spec: ModelSpec
@@ -77,10 +77,10 @@ class ClusterModel:
 
     # ---- what the cluster can serve ----------------------------------------------------------
 
-    def offers(self, drafts: bool = True) -> dict[str, list[tuple[str, ModelOffer]]]:
+    def offers(self, drafts: bool = True) -> dict[str, list[tuple[NodeId, ModelOffer]]]:
         """key -> (node, offer) for every alive member that has the model's files; without
         ``drafts``, only models some member offers as a model (not only as a draft)."""
-        out: dict[str, list[tuple[str, ModelOffer]]] = defaultdict(list)
+        out: dict[str, list[tuple[NodeId, ModelOffer]]] = defaultdict(list)
         for node_id in self.peers.alive_ids():
             status = self.peers.status(node_id)
             for offer in status.weights.offers if status else ():
@@ -90,7 +90,7 @@ class ClusterModel:
             return out
         return {k: hs for k, hs in out.items() if not all(o.draft for _, o in hs)}
 
-    def name_of(self, key: str, offers: dict[str, list[tuple[str, ModelOffer]]]) -> str:
+    def name_of(self, key: str, offers: dict[str, list[tuple[NodeId, ModelOffer]]]) -> str:
         """This node's name for the model if it has one, else the smallest node id's."""
         if self.current is not None and self.current.key == key:
             return self.current.name
@@ -112,7 +112,9 @@ class ClusterModel:
         offers = self.offers(drafts=False)
         return sorted((self.name_of(key, offers), key) for key in offers)
 
-    def target(self, members: Sequence[str], serving: str | None, wanted: str | None) -> str | None:
+    def target(
+        self, members: Sequence[NodeId], serving: str | None, wanted: str | None
+    ) -> str | None:
         """The model to serve with these members: the one a request asked for (``wanted``),
         the one served now, the members' defaults, else any."""
         offers = self.offers(drafts=False)
@@ -146,7 +148,7 @@ class ClusterModel:
             raise TransferError(f"{node_id} is gone")
         return await manifest_of(self.weights.session, weights_url(member), self.secret, key)
 
-    async def prepare(self, key: str, members: Sequence[str]) -> Prepared:
+    async def prepare(self, key: str, members: Sequence[NodeId]) -> Prepared:
         """Config and tokenizer of the model on this node (fetched from a holder if needed)."""
         offers = self.offers()
         name = self.name_of(key, offers)
@@ -160,12 +162,14 @@ class ClusterModel:
         prepared = self._prepared.get(key)
         if prepared is None or prepared.folder != folder:
             spec, tokenizer = await asyncio.to_thread(_load, folder)
-            prepared = Prepared(key=key, name=name, folder=folder, spec=spec, tokenizer=tokenizer)
+            prepared = Prepared(
+                key=ModelKey(key), name=name, folder=folder, spec=spec, tokenizer=tokenizer
+            )
             self._prepared[key] = prepared
         self.current = prepared
         return prepared
 
-    async def _first_manifest(self, holders: Sequence[str], key: str) -> ModelManifest:
+    async def _first_manifest(self, holders: Sequence[NodeId], key: str) -> ModelManifest:
         failures = []
         for node_id in holders:
             try:
@@ -217,7 +221,7 @@ class ClusterModel:
         held += await asyncio.gather(*(self._holding(m, manifest) for m in others))
         return Holdings(files=files, manifest=manifest, held=tuple(held))
 
-    def orders(self, model: Prepared, placement: Placement) -> dict[str, WeightOrder]:
+    def orders(self, model: Prepared, placement: Placement) -> dict[NodeId, WeightOrder]:
         """Each chosen member's WeightOrder: the model, and its part of the transfers."""
         transfer = placement.transfers
         if transfer is None:  # every chosen member loads from its own files
@@ -247,7 +251,7 @@ class ClusterModel:
             return None
         holders = sorted(n for n, _ in self.offers().get(key, []))
         if conductor.node_id in holders:
-            return WeightOrder(key=key, name=name)
+            return WeightOrder(key=ModelKey(key), name=name)
         manifest = await self._first_manifest(holders, key)
         held = [Holding(node=n, files=True, extras=True) for n in holders]
         held.append(await self._holding(conductor, manifest))
@@ -259,7 +263,7 @@ class ClusterModel:
             conductor.node_id,
         )
         return WeightOrder(
-            key=key,
+            key=ModelKey(key),
             name=name,
             identity=transfer.model,
             transfer=transfer.node(conductor.node_id),

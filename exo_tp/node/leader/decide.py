@@ -1,5 +1,5 @@
-"""What the leader does next, decided from its state (exo_tp.node.leader.state) and what it sees
-of its cluster this round: pure functions, the time passed in."""
+"""What the leader does next, decided from its state (exo_tp.node.leader.state), including what
+its latest round saw of the cluster: pure functions, the time passed in."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Literal
 
 from exo_tp.frozen import Frozen
 from exo_tp.node.cluster.control_messages import NodeStatus
+from exo_tp.node.leader.links import LINK_WAIT, measured_links, unmeasured_pairs
 from exo_tp.node.leader.state import (
     QUARANTINE_MIN,
     EpochFailed,
@@ -17,6 +18,7 @@ from exo_tp.node.leader.state import (
     LedEpoch,
     Quarantined,
     SymptomSeen,
+    eligible,
     rank_name,
 )
 from exo_tp.wire.ids import NodeId
@@ -34,6 +36,36 @@ class Round(Frozen):
     settled: bool  # the membership is complete, or joins stopped for the settle time
     agreed: bool  # every member names this node leader
     links_ready: bool  # every pair's link measured, or waited for long enough
+
+
+def round_of(
+    state: LeaderState,
+    me: NodeId,
+    model: str | None,
+    adapter_job: str | None,
+    settle: float,
+    expected: int,
+    now: float,
+) -> Round:
+    """The round as the state's view of the cluster shows it to leader ``me``: the eligible
+    members; settled once ``expected`` members (0: unknown) are there or no member joined for
+    ``settle`` seconds; agreed when each names ``me`` leader in a recent status; links ready
+    when each pair's link was measured, or LINK_WAIT after the settle (the missing pairs then
+    planned with the default link)."""
+    cluster = state.cluster
+    nodes = eligible(state, cluster.ids(), now)
+    statuses = cluster.statuses
+    agreed = all(n in cluster.fresh and statuses[n].leader == me for n in nodes)
+    missing = unmeasured_pairs(measured_links({n: statuses.get(n) for n in nodes}), nodes)
+    waited = now - cluster.changed_at - settle
+    return Round(
+        nodes=nodes,
+        model=model,
+        adapter_job=adapter_job,
+        settled=0 < expected <= len(nodes) or now - cluster.joined_at >= settle,
+        agreed=bool(nodes) and agreed,
+        links_ready=bool(nodes) and (not missing or waited >= LINK_WAIT),
+    )
 
 
 Step = Literal["wait", "track", "form", "no_model"]

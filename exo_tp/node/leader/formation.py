@@ -37,15 +37,16 @@ from exo_tp.node.cluster.peers import POLL_SECONDS, Peers
 from exo_tp.node.leader.assignments import Where, assignments_of, kv_tokens
 from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
-from exo_tp.node.leader.decide import LOAD_TIMEOUT, Round, next_step, track
+from exo_tp.node.leader.decide import LOAD_TIMEOUT, next_step, round_of, track
 from exo_tp.node.leader.dispatch import Dispatcher
-from exo_tp.node.leader.links import LINK_WAIT, measured_links, unmeasured_pairs
+from exo_tp.node.leader.links import measured_links, unmeasured_pairs
 from exo_tp.node.leader.members import gather_members, node_weights
 from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.leader.placement import Members, Placement, place, plan_of, serving_draft
 from exo_tp.node.leader.rebalance import LiveBalance
 from exo_tp.node.leader.state import (
     AssignmentsSent,
+    ClusterSeen,
     ConductorLost,
     Detach,
     EpochFailed,
@@ -59,6 +60,7 @@ from exo_tp.node.leader.state import (
     LedEpoch,
     LetGo,
     ModelAsked,
+    Observed,
     Paused,
     Release,
     Replanning,
@@ -207,10 +209,24 @@ class Leader:
             return f"a member did not answer ({type(error).__name__})"
         return str(error) or type(error).__name__
 
-    def _eligible(self) -> list[Announcement]:
+    def _observe(self) -> None:
+        """The round's view of the cluster into the state: the membership and statuses from
+        the peers' poll, the load from the dispatcher."""
         alive = self.peers.alive()
-        allowed = set(eligible(self.state, tuple(m.node_id for m in alive), time.monotonic()))
-        return [m for m in alive if m.node_id in allowed]
+        statuses = {m.node_id: s for m in alive if (s := self.peers.status(m.node_id))}
+        recent = (
+            m.node_id for m in alive if self.peers.status(m.node_id, max_age=3 * POLL_SECONDS)
+        )
+        seen = ClusterSeen(
+            members=tuple(alive),
+            statuses=statuses,
+            fresh=frozenset(recent),
+            joined_at=self.peers.joined_at,
+            changed_at=self.peers.changed_at,
+            in_flight=self._dispatcher.in_flight,
+            waiting=self._dispatcher.waiting,
+        )
+        self._apply(Observed(seen=seen))
 
     async def _lead_once(self) -> None:
         if not self.leads():
@@ -220,21 +236,16 @@ class Leader:
             return
         if (asked := self._requests.latest()) is not None:
             self._apply(ModelAsked(key=asked.key, adapter_job=asked.adapter_job))
-        members = self._eligible()
-        nodes = tuple(sorted(m.node_id for m in members))
-        led, wanted = self.led, self.state.wanted
+        self._observe()
+        now, state = time.monotonic(), self.state
+        nodes = eligible(state, state.cluster.ids(), now)
+        led, wanted = state.epoch, state.wanted
         model = self.models.target(nodes, led.model if led else None, wanted)
-        complete = 0 < self.config.members <= len(nodes)
-        joined = time.monotonic() - self.peers.joined_at >= self.config.settle
-        seen = Round(
-            nodes=nodes,
-            model=model,
-            adapter_job=self.state.wanted_adapter if model == wanted else None,
-            settled=complete or joined,
-            agreed=bool(members) and self._agreed(members),
-            links_ready=bool(members) and self._links_ready(nodes),
-        )
-        step = next_step(self.state, seen, time.monotonic())
+        adapter = state.wanted_adapter if model == wanted else None
+        config = self.config
+        seen = round_of(state, self.me, model, adapter, config.settle, config.members, now)
+        step = next_step(state, seen, now)
+        members = [m for m in state.cluster.members if m.node_id in nodes]
         if step == "track" and led is not None:
             self._track(led)
             if self.state.epoch is not None and self.state.epoch.state == "ready" and model:
@@ -245,29 +256,15 @@ class Leader:
             self._log_unmeasured(nodes)
             await self._form(members, model, seen.adapter_job)
 
-    def _links_ready(self, nodes: tuple[NodeId, ...]) -> bool:
-        """Every pair's link measured (the members probe each other as they join), or
-        LINK_WAIT past the settle: the pairs still missing are then planned with the default
-        link (`_form` logs which)."""
-        missing = unmeasured_pairs(measured_links(self.peers, nodes), nodes)
-        waited = time.monotonic() - self.peers.changed_at - self.config.settle
-        return not missing or waited >= LINK_WAIT
-
     def _log_unmeasured(self, nodes: tuple[NodeId, ...]) -> None:
-        missing = unmeasured_pairs(measured_links(self.peers, nodes), nodes)
+        statuses = self.state.cluster.statuses
+        missing = unmeasured_pairs(measured_links({n: statuses.get(n) for n in nodes}), nodes)
         if missing:
             log.warning(
                 "links not measured after %.0f s, planned as the default link: %s",
                 time.monotonic() - self.peers.changed_at - self.config.settle,
                 ", ".join(f"{a}-{b}" for a, b in missing),
             )
-
-    def _agreed(self, members: list[Announcement]) -> bool:
-        for member in members:
-            status = self.peers.status(member.node_id, max_age=3 * POLL_SECONDS)
-            if status is None or status.leader != self.me:
-                return False
-        return True
 
     def _fail(self, reason: str) -> None:
         self._apply(EpochFailed(reason=reason, at=time.monotonic()))

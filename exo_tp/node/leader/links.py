@@ -5,10 +5,10 @@ node's page shows them): the links in a member's profile to devices benched with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import combinations
 
-from exo_tp.node.cluster.peers import Peers
+from exo_tp.node.cluster.control_messages import NodeStatus
 from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import LinkProfile
 
@@ -17,11 +17,11 @@ from exo_tp.wire.profiles import LinkProfile
 LINK_WAIT = 10.0
 
 
-def measured_links(peers: Peers, members: Sequence[NodeId]) -> tuple[LinkProfile, ...]:
-    """Every link measured between two of ``members``, labelled by node id."""
-    ids = set(members)
+def measured_links(statuses: Mapping[NodeId, NodeStatus | None]) -> tuple[LinkProfile, ...]:
+    """Every link measured between two of the members whose ``statuses`` these are (None: a
+    member not heard from), labelled by node id."""
+    ids = set(statuses)
     node_of: dict[str, NodeId] = {}
-    statuses = {n: peers.status(n) for n in members}
     for node_id, status in statuses.items():
         if status is not None and status.profile is not None and status.profile.profile_id:
             node_of[status.profile.profile_id] = node_id

@@ -85,5 +85,5 @@ def gather_members(
         ),
         measured=measured,  # weights are then decode speeds for the model's weight format
         stages=stages,
-        links=measured_links(peers, [a.node_id for a in members]),
+        links=measured_links({a.node_id: peers.status(a.node_id) for a in members}),
     )

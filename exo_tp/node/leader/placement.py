@@ -126,7 +126,7 @@ def plan_of(
     objective: ObjectiveChoice = "latency",
     queue: int = 0,
     draft: DraftCost | None = None,
-) -> tuple[PipelinePlan, tuple[str, ...], Prediction | None, tuple[str, ...]]:
+) -> tuple[PipelinePlan, tuple[NodeId, ...], Prediction | None, tuple[str, ...]]:
     """The plan, the member at each rank, the prediction and the planner's notes (``draft``:
     a draft model beside the conductor, in the measured planner's memory)."""
     names = tuple(m.node_id for m in cluster.members)
@@ -182,7 +182,7 @@ def place(
         weight_of = dict(zip(order, plan.stages[0].tp.weights, strict=True))
         planned = plan
 
-        def plan_for(candidate: tuple[str, ...]) -> PipelinePlan:
+        def plan_for(candidate: tuple[NodeId, ...]) -> PipelinePlan:
             if candidate == order:
                 return planned
             return single_stage(plan_tensor_parallel(spec, [weight_of[n] for n in candidate]))

@@ -43,7 +43,7 @@ class Rebalanced:
 
     from_epoch: Epoch
     imbalance: float
-    speeds: dict[str, float]
+    speeds: dict[NodeId, float]
     at: float = field(default_factory=time.time)
     drained_seconds: float = 0.0
 
@@ -53,12 +53,12 @@ class LiveBalance:
         self.policy, self.enabled = policy, enabled
         self.state = RebalanceState()
         self.epoch: Epoch | None = None
-        self.latest: dict[str, RankSpeed] = {}  # node id -> its rank's latest sample
+        self.latest: dict[NodeId, RankSpeed] = {}  # node id -> its rank's latest sample
         self.verdict: Verdict | None = None
         self.draining_since: float | None = None
         self.history: list[Rebalanced] = []
         # the live share weights the next plan uses, and the members they were measured for
-        self.weights: dict[str, float] = {}
+        self.weights: dict[NodeId, float] = {}
         self.weights_members: tuple[NodeId, ...] = ()
         self._nodes: tuple[NodeId, ...] = ()
         self.skipped = ""  # why the last due re-plan was not done
@@ -88,7 +88,7 @@ class LiveBalance:
         return self.enabled and self.verdict.replan
 
     def begin(
-        self, led: LedEpoch, members: Sequence[str], profile_weights: Mapping[NodeId, float]
+        self, led: LedEpoch, members: Sequence[NodeId], profile_weights: Mapping[NodeId, float]
     ) -> None:
         """Start a planned re-plan: remember the weights the next plan uses."""
         assert self.verdict is not None and self.verdict.speeds is not None
@@ -112,7 +112,7 @@ class LiveBalance:
             ", ".join(f"{n} {v / 1e6:.0f} MB/s" for n, v in speeds.items()),
         )
 
-    def speeds(self) -> dict[str, float]:
+    def speeds(self) -> dict[NodeId, float]:
         """The smoothed live speed of each rank's node (bytes/s) behind the last verdict."""
         if self.verdict is None or self.verdict.speeds is None or self.epoch is None:
             return {}
@@ -137,7 +137,7 @@ class LiveBalance:
         self.draining_since = None
         return True
 
-    def live_weights(self, members: Sequence[str]) -> dict[str, float]:
+    def live_weights(self, members: Sequence[NodeId]) -> dict[NodeId, float]:
         """The measured weights, while the members are those they were measured for."""
         return self.weights if tuple(sorted(members)) == self.weights_members else {}
 

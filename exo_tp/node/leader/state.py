@@ -19,9 +19,10 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from exo_tp.frozen import Frozen
-from exo_tp.node.cluster.control_messages import EpochState
+from exo_tp.node.cluster.control_messages import EpochState, NodeStatus
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.predict import Prediction
+from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.ids import Epoch, NodeId
 
 QUARANTINE_MIN = 60.0
@@ -57,7 +58,25 @@ def rank_name(led: LedEpoch, node_id: NodeId) -> str:
     return f"{which} on node {node_id}"
 
 
+class ClusterSeen(Frozen):
+    """What the leader saw of its cluster at its latest round: the membership and every
+    member's status (its profile, the links it measured, its worker, its fetch) from the peers'
+    poll, and the load from the request source."""
+
+    members: tuple[Announcement, ...] = ()  # the alive members, this node included
+    statuses: dict[NodeId, NodeStatus] = {}  # each member's latest status
+    fresh: frozenset[NodeId] = frozenset()  # members whose status is recent (3 polls)
+    joined_at: float = 0.0  # monotonic: when the alive set last gained a member
+    changed_at: float = 0.0  # monotonic: when the alive set last changed
+    in_flight: int = 0  # requests generating on the epoch
+    waiting: int = 0  # requests queued for it
+
+    def ids(self) -> tuple[NodeId, ...]:
+        return tuple(sorted(m.node_id for m in self.members))
+
+
 class LeaderState(Frozen):
+    cluster: ClusterSeen = ClusterSeen()  # what its latest round saw
     epoch: LedEpoch | None = None
     previous: LedEpoch | None = None  # the epoch the current one replaced
     failures: int = 0  # epochs failed in a row
@@ -72,6 +91,14 @@ class LeaderState(Frozen):
 
 
 # ---- events ---------------------------------------------------------------------------------
+
+
+class Observed(Frozen):
+    """A round's view of the cluster (members joining or leaving, statuses, links measured,
+    loads): the leader decides from it (exo_tp.node.leader.decide)."""
+
+    kind: Literal["observed"] = "observed"
+    seen: ClusterSeen
 
 
 class ModelAsked(Frozen):
@@ -167,7 +194,8 @@ class EpochReady(Frozen):
 
 
 LeaderEvent = Annotated[
-    ModelAsked
+    Observed
+    | ModelAsked
     | Paused
     | Resumed
     | LeadershipLost
@@ -195,7 +223,9 @@ def _epoch(leader: LeaderState, **changes: object) -> LeaderState:
 def reduce(state: LeaderState, event: LeaderEvent) -> LeaderState:
     """The state after ``event`` (pure)."""
     update: dict[str, object]
-    if isinstance(event, ModelAsked):
+    if isinstance(event, Observed):
+        update = {"cluster": event.seen}
+    elif isinstance(event, ModelAsked):
         update = {"wanted": event.key, "wanted_adapter": event.adapter_job}
     elif isinstance(event, Paused):
         update = {"paused": event.reason}
