@@ -4,14 +4,23 @@ tokens it samples, so tensor and pipeline parallelism stay exact by construction
 
 from __future__ import annotations
 
-import logging
+from typing import cast
 
 import llguidance
 import llguidance.numpy as llnp
 import mlx.core as mx
 import numpy as np
 
-log = logging.getLogger(__name__)
+from exo_tp.grammar.compiler import short
+
+# How a grammar's failure while decoding starts the request's failure message: the API reads
+# it to answer the client (exo_tp.api.core.structured.decoding_failure).
+GRAMMAR_FAILED = "the schema's grammar failed while decoding"
+
+
+def _last_token(tokens: mx.array) -> int:
+    """The last of the sequence's token ids (an integer array: item() gives an int)."""
+    return int(cast(int, tokens.reshape(-1)[-1].item()))
 
 
 class GrammarMask:
@@ -26,20 +35,31 @@ class GrammarMask:
         self._eos = [t for t in eos if 0 <= t < vocab_size]
         self._bitmask = llnp.allocate_token_bitmask(1, vocab_size)
         self._started = False
-        self._failed = False
+        self._consumed = 0
+        self.failure: str | None = None  # why llguidance failed, once it has
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         matcher = self._matcher
-        if self._started and not matcher.consume_token(int(tokens.reshape(-1)[-1].item())):
-            if not self._failed:  # the sampler only picks allowed tokens: a bug, not the client
-                log.error("grammar matcher failed: %s", matcher.get_error())
-            self._failed = True
+        if self.failure is None and self._started:
+            if matcher.consume_token(_last_token(tokens)):
+                self._consumed += 1
+            else:
+                self._fail()
         self._started = True
-        if self._failed:  # end the text (only end-of-sequence is left) rather than the batch
+        if self.failure is None:
+            llnp.fill_next_token_bitmask(matcher, self._bitmask, 0)
+            if matcher.is_error():
+                self._fail()
+        if self.failure is not None:  # end the text (only end-of-sequence is left), not the batch
             allowed = np.zeros(self._vocab_size, dtype=bool)
             allowed[self._eos] = True
         else:
-            llnp.fill_next_token_bitmask(matcher, self._bitmask, 0)
             bits = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")
             allowed = bits[: self._vocab_size].astype(bool)
         return mx.where(mx.array(allowed)[None], logits, -mx.inf)
+
+    def _fail(self) -> None:
+        """Why, without the grammar (llguidance's short error: `LIMITS`); the conductor logs
+        it once, with the request's id."""
+        error = short(self._matcher.get_error())
+        self.failure = f"{GRAMMAR_FAILED} after {self._consumed} tokens: {error}"

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -26,6 +26,7 @@ from exo_tp.runtime.stop_strings import StopMatcher
 from exo_tp.shard.collectives import broadcast_from_first
 from exo_tp.transport.channel import Channel
 from exo_tp.transport.ring import leave
+from exo_tp.wire.ids import BatchUid
 from exo_tp.wire.runtime import (
     Cancel,
     Delta,
@@ -45,8 +46,13 @@ log = logging.getLogger(__name__)
 def _restore_random_state(key: mx.array) -> None:
     """Make ``key`` MLX's global random key: `mx.random.seed(n)` sets the key (n >> 32,
     n & 0xffffffff), so every key is some seed."""
-    high, low = key.tolist()
+    high, low = cast(list[int], key.tolist())  # a key is two uint32s
     mx.random.seed((high << 32) | low)
+
+
+def _random_key() -> mx.array:
+    """MLX's global random key (the first of `mx.random.state`)."""
+    return mx.random.state[0]  # type: ignore[index]  # mlx's stubs leave out random.state
 
 
 @dataclass
@@ -54,7 +60,7 @@ class _Request:
     """A request the conductor committed, until it leaves the batch."""
 
     request: GenerateRequest
-    uid: int
+    uid: BatchUid
     sampler: Callable[[mx.array], mx.array]
     processors: list[Any]
     detokenizer: Any
@@ -67,14 +73,15 @@ class _Request:
     finished: bool = False  # done for the client (it may still be in the batch for a step)
     drafted: int = 0  # speculative decoding: tokens drafted, and accepted by the target
     accepted: int = 0
+    grammar: GrammarMask | None = None  # a constrained request's mask
 
     def sample(self, logprobs: mx.array) -> mx.array:
         if self.key is None:
             return self.sampler(logprobs)
-        outside = mx.random.state[0]
+        outside = _random_key()
         _restore_random_state(self.key)
         token = self.sampler(logprobs)
-        self.key = mx.random.state[0]
+        self.key = _random_key()
         _restore_random_state(outside)
         return token
 
@@ -99,9 +106,9 @@ class Conductor:
         self._incoming: queue.Queue[Generate | Cancel | None] = queue.Queue()
         self._committed: list[Insert | Remove] = []
         self._requests: dict[str, _Request] = {}  # by request id, until done for the client
-        self._by_uid: dict[int, _Request] = {}  # until the uid leaves the batch
-        self._next_uid = 0
-        self._marked: list[int] = []  # uids of the rows of the step being sampled, in order
+        self._by_uid: dict[BatchUid, _Request] = {}  # until the uid leaves the batch
+        self._next_uid = BatchUid(0)
+        self._marked: list[BatchUid] = []  # uids of the rows of the step being sampled, in order
 
     # ---- requests in ---------------------------------------------------------------------
 
@@ -160,7 +167,7 @@ class Conductor:
         wanted = request.num_draft_tokens
         return self.batch.default_drafts if wanted is None else wanted
 
-    def _count_drafts(self, uid: int, drafted: int, accepted: int) -> None:
+    def _count_drafts(self, uid: BatchUid, drafted: int, accepted: int) -> None:
         entry = self._by_uid.get(uid)
         if entry is not None:
             entry.drafted += drafted
@@ -186,17 +193,19 @@ class Conductor:
         params = request.sampling
         sampler = request_sampler(params, self.tokenizer)
         processors = request_processors(params)
+        grammar = None
         if request.constraint is not None:  # last: no penalty or bias can lift its -inf
             matcher = self._grammars().matcher(request.constraint)  # GrammarError: ValueError
             eos = sorted(self.tokenizer.eos_token_ids)
-            processors = [*processors, GrammarMask(matcher, self.vocab_size, eos)]
+            grammar = GrammarMask(matcher, self.vocab_size, eos)
+            processors = [*processors, grammar]
         key = None
         if params.seed is not None:
-            outside = mx.random.state[0]
+            outside = _random_key()
             mx.random.seed(params.seed)
-            key = mx.random.state[0]
+            key = _random_key()
             _restore_random_state(outside)
-        uid, self._next_uid = self._next_uid, self._next_uid + 1
+        uid, self._next_uid = self._next_uid, BatchUid(self._next_uid + 1)
         return _Request(
             request,
             uid,
@@ -205,6 +214,7 @@ class Conductor:
             self._detokenizers.new(request.continuation),
             StopMatcher(request.stop),
             key=key,
+            grammar=grammar,
         )
 
     def _grammars(self) -> Grammars:
@@ -252,7 +262,9 @@ class Conductor:
         agreed = broadcast_from_first(mx.concatenate([tokens, mx.array([float(word)])]), self.group)
         sampled = agreed[:-1].astype(mx.uint32)
         if self.earlier:  # earlier pipeline stages follow the same tokens
-            message = Tokens(tokens=tuple(sampled.tolist()), committed=word, uids=tuple(rows))
+            message = Tokens(
+                tokens=tuple(cast(list[int], sampled.tolist())), committed=word, uids=tuple(rows)
+            )
             for channel in self.earlier:
                 channel.send(message)
         return sampled, word
@@ -296,12 +308,16 @@ class Conductor:
     # ---- events out ------------------------------------------------------------------------
 
     def _on_token(self, response: Response) -> None:
-        entry = self._by_uid.get(response.uid)
+        uid = BatchUid(response.uid)  # mlx-lm's uid: the one the Insert named
+        entry = self._by_uid.get(uid)
         if entry is None:
             return
         if response.finish_reason is not None:
-            del self._by_uid[response.uid]
+            del self._by_uid[uid]
         if entry.finished:
+            return
+        if entry.grammar is not None and entry.grammar.failure is not None:
+            self._fail(entry, entry.grammar.failure, leaving=response.finish_reason is not None)
             return
         if entry.generated == 0:
             entry.first_token = time.perf_counter()
@@ -330,6 +346,16 @@ class Conductor:
                 self._commit(Remove(uids=(entry.uid,)))
         elif response.finish_reason is not None:
             self._finish(entry, "stop" if response.finish_reason == "stop" else "length")
+
+    def _fail(self, entry: _Request, message: str, leaving: bool) -> None:
+        """The request fails for the client (its grammar failed: the text so far is no value);
+        it leaves the batch, now unless it is ``leaving`` already. One log line."""
+        log.warning("request %s: %s", entry.request.id, message)
+        entry.finished = True
+        self._requests.pop(entry.request.id, None)
+        self.source.send(RequestFailed(id=entry.request.id, message=message))
+        if not leaving:
+            self._commit(Remove(uids=(entry.uid,)))
 
     def _finish(self, entry: _Request, reason: FinishReason) -> None:
         entry.finished = True

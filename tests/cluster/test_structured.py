@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 import test_api_clients
 from cluster_helpers import LocalCluster, http_json, local_cluster
 from helpers import mlx_lm_reference
-from openai import BadRequestError, OpenAI
+from openai import APIError, BadRequestError, OpenAI
 from random_schemas import max_bytes, random_schema
 from tool_model import write_tool_model
 
@@ -309,3 +310,121 @@ def test_n_seeded_choices_differ_and_stream_as_they_answer(cluster: LocalCluster
     )
     for choice in shaped.choices:
         jsonschema.validate(json.loads(choice.message.content or ""), schema)
+
+
+# Valid but hostile schemas (issue #60): each a 400 before any token, or an answer that parses
+# and validates; never a 200 with text that is no value. The property names mark the schema's
+# text, which the node's log must not hold.
+WIDE = {"type": "object", "properties": {f"hostile_{i}": {"type": "string"} for i in range(2000)}}
+HOSTILE: dict[str, dict[str, Any]] = {
+    "ref_loop": {
+        "$defs": {
+            "hostile_a": {"$ref": "#/$defs/hostile_b"},
+            "hostile_b": {"$ref": "#/$defs/hostile_a"},
+        },
+        "$ref": "#/$defs/hostile_a",
+    },
+    "required_self": {
+        "type": "object",
+        "properties": {"hostile_self": {"$ref": "#"}},
+        "required": ["hostile_self"],
+    },
+    "wide": WIDE,
+}
+# Past the compile-time probe (26 first keys to pick from), every path then meets the wide
+# object, which llguidance cannot decode: the grammar fails while decoding.
+LATE = {
+    "$defs": {"wide": WIDE},
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {f"{key}_hostile": {"$ref": "#/$defs/wide"}},
+            "required": [f"{key}_hostile"],
+            "additionalProperties": False,
+        }
+        for key in "abcdefghijklmnopqrstuvwxyz"
+    ],
+}
+CHAT_PARAM = "response_format.json_schema.schema"
+
+
+@pytest.fixture(scope="module")
+def bias(model_dir: Path) -> dict[str, int]:
+    """OpenAI's logit_bias that keeps the tiny model from its favourite first token, "{}"
+    (valid under any object schema): the answer must then go inside the object."""
+    from tokenizers import Tokenizer
+
+    empty = Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id("{}")
+    return {str(empty): -100}
+
+
+def _hostile(
+    cluster: LocalCluster, how: str, schema: dict[str, Any], bias: dict[str, int]
+) -> tuple[int, Any]:
+    """(400, the error) or (200, the answer's text), through OpenAI's chat (streamed or not)
+    or Ollama's; a streamed error after the first token is (200, the error event's error)."""
+    if how == "ollama":
+        status, body = http_json(
+            f"{cluster.urls[0]}/api/chat",
+            {"messages": PROMPT, "stream": False, "format": schema, "options": {"num_predict": 40}},
+            timeout=600,
+        )
+        return status, body if status != 200 else body["message"]["content"]
+    fields: dict[str, Any] = {
+        "model": "default_model",
+        "messages": PROMPT,
+        "max_tokens": 40,
+        "temperature": 0,
+        "logit_bias": bias,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}},
+    }
+    try:
+        if how == "chat":
+            reply = _client(cluster).chat.completions.create(**fields)
+            assert reply.choices[0].finish_reason == "stop", reply
+            return 200, reply.choices[0].message.content or ""
+        text = ""
+        for chunk in _client(cluster).chat.completions.create(**fields, stream=True):
+            text += "".join(c.delta.content or "" for c in chunk.choices)
+        return 200, text
+    except BadRequestError as refused:
+        return 400, refused.body
+    except APIError as failed:  # an error event in the open stream
+        return 200, {"error": failed.body}
+
+
+@pytest.mark.parametrize("how", ["chat", "chat_stream", "ollama"])
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_schema_is_refused_or_answers_a_valid_value(
+    cluster: LocalCluster, bias: dict[str, int], name: str, how: str
+) -> None:
+    schema = HOSTILE[name]
+    status, answer = _hostile(cluster, how, schema, bias)
+    if status == 400:  # before any token, naming the field
+        assert answer["param"] == CHAT_PARAM if how != "ollama" else "format" in answer["error"]
+        return
+    assert status == 200 and isinstance(answer, str), answer
+    jsonschema.validate(json.loads(answer), schema)
+
+
+@pytest.mark.parametrize("how", ["chat", "chat_stream", "ollama"])
+def test_a_grammar_that_fails_while_decoding_is_an_error_the_client_sees(
+    cluster: LocalCluster, bias: dict[str, int], how: str
+) -> None:
+    status, answer = _hostile(cluster, how, LATE, bias)
+    assert not isinstance(answer, str), (status, answer)  # never a "stop" after no value
+    assert "grammar failed" in json.dumps(answer), answer
+    # the schema's fault, not the server's: no 5xx (streamed: an error event in the 200)
+    assert status == 400 or (how == "chat_stream" and status == 200), (status, answer)
+
+
+@pytest.mark.parametrize("schema", [HOSTILE["required_self"], LATE])
+def test_a_hostile_schema_leaves_one_short_line_in_the_log(
+    cluster: LocalCluster, bias: dict[str, int], schema: dict[str, Any]
+) -> None:
+    start = cluster.log.stat().st_size
+    status, _ = _hostile(cluster, "chat", schema, bias)
+    time.sleep(1)  # the conductor's process writes its own lines
+    lines = cluster.log.read_bytes()[start:].decode(errors="replace").splitlines()
+    assert status == 400 and len(lines) <= 2, lines
+    assert not any("hostile_" in line or "Traceback" in line for line in lines), lines

@@ -16,7 +16,7 @@ from exo_tp.api.core.answer_stream import AnswerPiece, AnswerStream, PlainText
 from exo_tp.api.core.errors import ApiError, api_path
 from exo_tp.api.core.generation_request import Ask, fitted
 from exo_tp.api.core.refusals import client_of
-from exo_tp.api.core.structured import check
+from exo_tp.api.core.structured import check, decoding_failure
 from exo_tp.api.core.thinking_budget import within_budget
 from exo_tp.api.http_io import EventStream, off_loop
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest, TokenLogprob
@@ -106,6 +106,8 @@ async def respond(
             node, generation, ask.thinking_budget, ask.prompt.initial_state == "reasoning"
         )
     )
+    if generation.constraint is not None:
+        events = _schema_named(events, ask.structure()[1])
     if ask.stream:
         return await _stream(request, events, text, renderer)
     deltas, done = await collect(events)
@@ -119,6 +121,19 @@ async def prepared(node: Backend, ask: Ask) -> GenerateRequest:
     if constraint is not None:
         await off_loop(check, node.tokenizer, node.vocab_size, constraint, param)
     return fitted(node, ask)
+
+
+async def _schema_named(
+    events: AsyncGenerator[Delta | Done, None], param: str
+) -> AsyncGenerator[Delta | Done, None]:
+    """``events``, a grammar's failure while decoding an error naming ``param``."""
+    try:
+        async for event in events:
+            yield event
+    except ApiError as error:
+        raise decoding_failure(error, param) from None
+    finally:
+        await events.aclose()
 
 
 def answer_text(node: Backend, ask: Ask) -> AnswerStream | PlainText:
@@ -174,7 +189,7 @@ async def play(
     await renderer.start()
     while isinstance(event, Delta):
         await renderer.delta(text.feed(event.text), event)
-        event = await anext(events)
+        event = await _next(events)
     await renderer.end(text.finish(finish(event)), event, text.finish_reason(finish(event)))
     return event
 
@@ -182,7 +197,15 @@ async def play(
 async def first_event(events: AsyncGenerator[Delta | Done, None]) -> Delta | Done:
     """The first event, awaited before a stream opens: a failure before it (queue full,
     cluster not ready) is still a plain JSON error rather than a broken stream."""
-    return await anext(events)
+    return await _next(events)
+
+
+async def _next(events: AsyncGenerator[Delta | Done, None]) -> Delta | Done:
+    """The next event; a grammar's failure while decoding is the schema's error."""
+    try:
+        return await anext(events)
+    except ApiError as error:
+        raise decoding_failure(error) from None
 
 
 async def collect(
@@ -197,6 +220,8 @@ async def collect(
                 deltas.append(event)
             else:
                 return deltas, event
+    except ApiError as error:
+        raise decoding_failure(error) from None
     finally:
         await events.aclose()
     raise RuntimeError("the generation ended without a Done event")  # Backend.generate ends so

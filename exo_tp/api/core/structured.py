@@ -1,8 +1,10 @@
 """Structured outputs as the dialects ask for them, made `Constraint`s: OpenAI's
 ``response_format``, the Responses API's ``text.format``, Ollama's ``format``, and a forced
 tool call (``tool_choice`` "required" or named) in the template's call syntax. Each is
-compiled here first (`exo_tp.grammar.compiler`), so a schema llguidance cannot compile is a
-400 naming its field before any work."""
+compiled here first (`exo_tp.grammar.compiler`), so a schema llguidance cannot compile (or
+cannot decode from its start) is a 400 naming its field before any work; one whose grammar
+fails later, while decoding, fails the answer with an error the client sees
+(`decoding_failure`), never a "stop" after text that is no value."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.core.errors import ApiError
 from exo_tp.grammar.compiler import GrammarError, grammars_for
+from exo_tp.grammar.mask import GRAMMAR_FAILED
 from exo_tp.wire.runtime import Constraint
 
 # OpenAI's json_object and Ollama's "json": any JSON object (OpenAI's mode answers objects).
@@ -86,3 +89,18 @@ def check(tokenizer: TokenizerWrapper, vocab_size: int, constraint: Constraint, 
             param=param,
             code="invalid_json_schema",
         ) from None
+
+
+def decoding_failure(error: ApiError, param: str | None = None) -> ApiError:
+    """``error`` as the client gets it: the conductor's failure of a request whose grammar
+    failed while decoding is the schema's (a 400 naming ``param`` where it is known, or an
+    error event once a stream is open), not the server's 500; any other error is itself."""
+    if error.code != "generation_failed" or GRAMMAR_FAILED not in error.message:
+        return error
+    reason = error.message[error.message.index(GRAMMAR_FAILED) :]
+    return ApiError(
+        400,
+        f"Invalid schema{f' for {param!r}' if param else ''}: {reason}; simplify the schema",
+        param=param,
+        code="invalid_json_schema",
+    )
