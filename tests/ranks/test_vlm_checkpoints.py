@@ -1,0 +1,83 @@
+"""The tiny vision-language checkpoints (tests/vlm_models.py) on one device, through mlx-vlm alone.
+
+The reference a cluster serving images (issue #58) is compared with: ``mlx_vlm.load``, a prompt
+rendered by mlx-vlm's own ``apply_chat_template`` and greedy ``mlx_vlm.stream_generate`` with a
+small generated image give at least 16 tokens, the same on every run, and another image gives
+other tokens (the vision tower and the merged embeddings are really in play).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (.ci/install installs it)")
+from PIL import Image  # noqa: E402 (mlx-vlm's dependency: present whenever it is)
+from vlm_models import FAMILIES, write_tiny_vlm  # noqa: E402
+
+TOKENS = 16
+# Gemma 4's processor builds its audio feature extractor whatever the checkpoint holds.
+pytestmark = pytest.mark.filterwarnings("ignore:At least one mel filter:UserWarning")
+
+
+def gradient(shade: int) -> Image.Image:
+    """A 96x64 RGB image: horizontal and vertical ramps, a third channel set by ``shade``."""
+    y, x = np.mgrid[0:64, 0:96]
+    pixels = np.stack([x * 255 // 95, y * 255 // 63, (x + y) * shade % 256], axis=-1)
+    return Image.fromarray(pixels.astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(
+    default_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Path]]:
+    """Both families, written once (well under a second each here)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_HUB_OFFLINE", "1")  # everything from the folders, never the hub
+        root = tmp_path_factory.mktemp("vlm")
+        smollm2 = default_models["smollm2-135m"]
+        yield {f: write_tiny_vlm(root / f, f, smollm2) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoints: dict[str, Path]) -> dict[str, tuple[Any, Any]]:
+    from mlx_vlm import load
+
+    return {family: load(str(folder)) for family, folder in checkpoints.items()}
+
+
+def greedy(model: Any, processor: Any, image: Image.Image) -> list[int]:
+    from mlx_vlm import stream_generate
+    from mlx_vlm.prompt_utils import apply_chat_template
+
+    prompt = apply_chat_template(processor, model.config, "Describe the image.", num_images=1)
+    tokens: dict[int, int] = {}  # by position: the last response repeats the last token
+    for response in stream_generate(
+        model, processor, prompt, image=[image], max_tokens=TOKENS, temperature=0.0
+    ):
+        tokens[response.generation_tokens] = response.token
+    return [tokens[i] for i in sorted(tokens)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checkpoint_layout(family: str, checkpoints: dict[str, Path]) -> None:
+    import json
+
+    folder = checkpoints[family]
+    config = json.loads((folder / "config.json").read_text())
+    assert {"vision_config", "text_config"} <= set(config)
+    assert config["text_config"]["model_type"] == f"{family}_text"
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 16e6
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_image_prompt_greedy_reference(family: str, loaded: dict[str, tuple[Any, Any]]) -> None:
+    model, processor = loaded[family]
+    first = greedy(model, processor, gradient(1))
+    assert len(first) == TOKENS
+    assert greedy(model, processor, gradient(1)) == first  # deterministic
+    assert greedy(model, processor, gradient(7)) != first  # the image reaches the tokens
