@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def train(link: SupervisorLink, rank: int) -> None:
 
 def main() -> None:
     die_with_parent()
+    # Ctrl-C reaches the whole process group; the job's supervisor stops its ranks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     rank = int(os.environ.get(RANK_ENV, "0"))
     logging.basicConfig(
         level=logging.INFO,

@@ -34,6 +34,7 @@ from exo_tp.models.registry import resolve_model
 from exo_tp.models.tokenizer import load_model_tokenizer
 from exo_tp.plan.cost import stage_kv_bytes_per_token, stage_state_bytes
 from exo_tp.plan.kv_width import kv_bytes_at_width, kv_quantization_problem
+from exo_tp.plan.profiles import LinkProfile
 from exo_tp.process.blas import active_blas
 from exo_tp.process.child import connect_supervisor
 from exo_tp.process.lifecycle import die_with_parent
@@ -306,7 +307,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
     supervisor.send(Joining(child=child, epoch=job.epoch, rank=job.rank))
     threading.Thread(target=exit_when_closed, args=(supervisor,), daemon=True).start()
     group = init_group()  # before loading: a peer that never comes must not cost a load first
-    links = ()
+    links: tuple[LinkProfile, ...] = ()
     if job.measure_links and group.size() > 1:  # every rank of the stage, in step
         names = [job.nodes[r] if job.nodes else str(r) for r in stage.ranks]
         links = tuple(group_links(group, names))
@@ -361,11 +362,11 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
     driver = _open_hops(job, key, model)
     if job.serving.kv_bits is not None:  # mlx-lm's QuantizedKVCache, a sequence at a time:
         # the stage model, so that a pipeline's hops carry one sequence per call too
-        serving = job.serving
-        problem = kv_quantization_problem(stage.tp.spec, serving.kv_bits, serving.kv_group_size)
+        serving, bits = job.serving, job.serving.kv_bits  # (bits: narrowed by the check above)
+        problem = kv_quantization_problem(stage.tp.spec, bits, serving.kv_group_size)
         if problem:
             raise ExoTpError(problem)
-        quantize_kv(driver, serving.kv_bits, serving.kv_group_size, serving.quantized_kv_start)
+        quantize_kv(driver, bits, serving.kv_group_size, serving.quantized_kv_start)
     fused = _fused_steps(job, driver, group)
     threading.Thread(target=beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
@@ -386,6 +387,10 @@ def _peer_lost(error: Exception) -> bool:
 
 def main() -> None:
     die_with_parent()
+    # A terminal's Ctrl-C reaches the whole process group: a rank leaves when its supervisor
+    # closes their link (or with its parent), so a stopped `exo-tp run` or `launch` prints no
+    # rank's traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     pin_from_env()  # the lab: one core per rank (nothing unless EXO_TP_CPUS is set)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack on stderr
     job = Assignment.model_validate_json(Path(sys.argv[1]).read_text())

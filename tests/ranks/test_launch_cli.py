@@ -160,3 +160,27 @@ def test_dead_rank_stops_the_job_with_a_clear_error(default_models: dict[str, Pa
     assert "exo-tp: error: rank 1 exited" in stderr
     # The ranks die with the launcher (PR_SET_PDEATHSIG): wait for exactly that, a bounded time.
     assert not wait_gone(workers, timeout=10), "ranks outlived the launcher"
+
+
+def test_ctrl_c_stops_a_launch_without_a_rank_traceback(default_models: dict[str, Path]) -> None:
+    """A terminal's Ctrl-C reaches the whole process group: the ranks leave when the launcher
+    stops them (they printed a KeyboardInterrupt traceback each), and no rank is left."""
+    launcher = subprocess.Popen(
+        [*CLI, "launch", "--ranks", "2", "--weights", "3,2", "--max-tokens", "2000"]
+        + ["--prompt", "Write a very long story about a lighthouse keeper."],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    try:
+        assert launcher.stdout is not None
+        assert launcher.stdout.read(1)  # generation has started on every rank
+        ranks = _children(launcher.pid)
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert "Traceback" not in stderr, stderr
+    assert wait_gone(ranks, 15) == []
