@@ -16,14 +16,33 @@ from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 
 class Backend(Protocol):
-    node_id: str
-    model: str  # the model id this cluster serves now
-    tokenizer: TokenizerWrapper
-    context_length: int
-    vocab_size: int  # the model's logits width: valid token ids are below it
-    defaults: GenerationDefaults  # what a request that omits a field gets
-    started: float  # unix time the node started
-    fine_tuning: FineTuningService  # OpenAI's files and fine-tuning jobs (exo_tp.api.finetune_api)
+    # Read-only for the API (properties here: the node may hold them as attributes or compute
+    # them, and its narrower types, such as a NodeId for the str, still fit).
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def model(self) -> str:
+        """The model id this cluster serves now."""
+
+    @property
+    def tokenizer(self) -> TokenizerWrapper: ...
+    @property
+    def context_length(self) -> int: ...
+    @property
+    def vocab_size(self) -> int:
+        """The model's logits width: valid token ids are below it."""
+
+    @property
+    def defaults(self) -> GenerationDefaults:
+        """What a request that omits a field gets."""
+
+    @property
+    def started(self) -> float:
+        """Unix time the node started."""
+
+    @property
+    def fine_tuning(self) -> FineTuningService:
+        """OpenAI's files and fine-tuning jobs (exo_tp.api.finetune_api)."""
 
     def health(self) -> BaseModel:
         """/health: this node's state and its worker's (incl. a stall), as a typed view (the

@@ -4,6 +4,7 @@ node (exo_tp.api.server_limits). The public API and the cluster listener have th
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import non_negative_float, positive_int
@@ -107,21 +108,21 @@ def connection_limits(flags: ConnectionOptions) -> tuple[Limits, Limits]:
     )
 
     raise_fd_limit()
-    common = {
-        "header_timeout": flags.header_timeout,
-        "body_timeout": flags.body_timeout,
-        "keepalive_timeout": flags.keepalive_timeout,
-        "max_field_size": flags.max_header_size,
-        "max_line_size": flags.max_header_size,
-    }
-    api = Limits(
+    common = Limits(  # the caps below replaced
+        header_timeout=flags.header_timeout,
+        body_timeout=flags.body_timeout,
+        keepalive_timeout=flags.keepalive_timeout,
+        max_field_size=flags.max_header_size,
+        max_line_size=flags.max_header_size,
+    )
+    api = replace(
+        common,
         max_connections=flags.max_connections or default_api_connections(),
         max_per_address=flags.max_connections_per_address,
-        **common,
     )
-    cluster = Limits(
+    cluster = replace(
+        common,
         max_connections=flags.cluster_max_connections or default_cluster_connections(),
         max_per_address=flags.cluster_max_connections_per_address,
-        **common,
     )
     return api, cluster

@@ -70,6 +70,10 @@ def _lists(args: argparse.Namespace, count: int) -> tuple[list[float | None], li
     return factors, files
 
 
+def _resolved(file: str | None) -> str | None:
+    return str(Path(file).resolve()) if file else None
+
+
 def lab_on(args: argparse.Namespace) -> bool:
     return bool(args.work_factor or args.work_factor_file)
 
@@ -113,7 +117,7 @@ def local_node_labs(args: argparse.Namespace, count: int) -> list[NodeLab] | Non
     return [
         NodeLab(
             work_factor=factors[i],
-            work_factor_file=str(Path(files[i]).resolve()) if files[i] else None,
+            work_factor_file=_resolved(files[i]),
             cpus=tuple(core_for(i)),
         )
         for i in range(count)
@@ -143,8 +147,9 @@ def node_factor(args: argparse.Namespace, index: int = 0, count: int = 1) -> flo
     from exo_tp.lab.factor import read_factor_file
 
     factors, files = _lists(args, count)
-    if files[index]:
-        return read_factor_file(Path(files[index]))
+    file = files[index]
+    if file:
+        return read_factor_file(Path(file))
     return factors[index] or 1.0
 
 

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from exo_tp.plan import load_spec
     from exo_tp.runtime.launcher import launch_local
     from exo_tp.wire.assignment import ServingOptions
+    from exo_tp.wire.ids import RequestId
     from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
 
     weights = args.weights or [1.0] * args.ranks
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             f"{spec.context_length} tokens"
         )
     request = GenerateRequest(
-        id="launch",
+        id=RequestId("launch"),
         tokens=tuple(tokens),
         sampling=SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, seed=args.seed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from exo_tp import __version__
 from exo_tp.api.server_limits import remember_fd_limit
@@ -17,7 +18,7 @@ COMMANDS = (run, launch, finetune, plan, bench, model)
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one readable line, not a usage dump
+    def error(self, message: str) -> NoReturn:  # one readable line, not a usage dump
         self.exit(2, f"exo-tp: error: {message} (see --help)\n")
 
 

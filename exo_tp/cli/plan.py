@@ -205,9 +205,9 @@ def _unsplit(
 
 
 def _choose(args: argparse.Namespace, spec: ModelSpec, draft: DraftCost | None) -> int:
-    from exo_tp.plan.of_model import choose, profiled_cluster
     from exo_tp.plan.devices import read_profile
     from exo_tp.plan.kv_width import KvShape
+    from exo_tp.plan.of_model import choose, profiled_cluster
     from exo_tp.plan.render_choice import render_choice
 
     # A profile measured without --peers has no node id: name devices by their files then.

@@ -134,6 +134,7 @@ def _node_config(
     from exo_tp.cli.launch import adapter_folder
     from exo_tp.errors import ExoTpError
     from exo_tp.node.cluster.config import NodeConfig
+    from exo_tp.wire.ids import NodeId
 
     api_limits, cluster_limits = connection_limits(options.connections)
     rdma = {}
@@ -143,7 +144,7 @@ def _node_config(
             raise ExoTpError(f"--rdma {item!r}: expected PEER=DEVICE")
         rdma[peer] = device
     return NodeConfig(
-        node_id=options.node_id or default_node_id(),
+        node_id=NodeId(options.node_id or default_node_id()),
         models=options.models,
         host=host,
         bind=bind,
@@ -188,8 +189,8 @@ async def _serve(
     from exo_tp.api.web import web_routes
     from exo_tp.errors import ExoTpError
     from exo_tp.models.registry import resolve_model
-    from exo_tp.node.node import Node
     from exo_tp.node.member.weights import NodeWeights
+    from exo_tp.node.node import Node
 
     folders = [(name, resolve_model(name)) for name in options.models]
     if not folders:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
+from exo_tp.arch.dims import Dim
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
 from exo_tp.plan.cost import LinkCost, all_gather_seconds, all_sum_seconds, bytes_per_weight
@@ -85,7 +86,7 @@ def chain_steps(spec: ModelSpec, float_bytes: int = 2) -> tuple[GatherStep, ...]
     if spec.num_experts:
         raise ExoTpError(f"{spec.model_type}: the fine-tuning cost model covers dense models")
     per = bytes_per_weight(spec, float_bytes)
-    h, ffn = spec.hidden_size, spec.ffn_sizes["ffn"]
+    h, ffn = spec.hidden_size, spec.ffn_sizes[Dim.FFN]
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     layer = [
         ("q_proj", q, h),
@@ -110,7 +111,7 @@ def base_bytes(spec: ModelSpec, float_bytes: int = 2) -> float:
 
 
 def activation_bytes_per_token(spec: ModelSpec, act_bytes: int) -> int:
-    h, ffn = spec.hidden_size, spec.ffn_sizes["ffn"]
+    h, ffn = spec.hidden_size, spec.ffn_sizes[Dim.FFN]
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     return act_bytes * spec.num_layers * (6 * h + 4 * ffn + 2 * (q + 2 * kv))
 

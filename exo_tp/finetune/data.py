@@ -76,8 +76,8 @@ def check_jsonl(raw: bytes) -> tuple[Format, int]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise DataError("not UTF-8 text", line) from None
+        bad_line = raw[: error.start].count(b"\n") + 1
+        raise DataError("not UTF-8 text", bad_line) from None
     fmt: Format | None = None
     count = 0
     for number, line in enumerate(text.split("\n"), start=1):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from exo_tp.arch import ArchTable, table_for
@@ -32,7 +31,7 @@ from exo_tp.finetune.sharded import (
 from exo_tp.plan.finetune import FinetunePlan
 from exo_tp.plan.spec import ModelSpec, load_spec
 from exo_tp.shard.slicing import WeightSlicer, load_lazily
-from exo_tp.shard.tree import set_path
+from exo_tp.shard.tree import flat_items, set_path
 from exo_tp.weights.layout import locate, split_of
 from exo_tp.wire.finetune_job import LoraSettings
 
@@ -63,7 +62,7 @@ def build_model(
 ) -> tuple[nn.Module, Footprint]:
     model, _, slicer = load_lazily(Path(model_dir))
     stored = {id(m): path for path, m in model.named_modules() if isinstance(m, BASES)}
-    base_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    base_bytes = sum(v.nbytes for _, v in flat_items(model.parameters()))
     layers = len(model.layers)
     if lora.num_layers > layers:
         raise ExoTpError(f"--num-layers {lora.num_layers} is more than the model's {layers} layers")
@@ -78,8 +77,8 @@ def build_model(
         set_path(model, path, _shard(module, name, slicer, plan, rank, chain, cut))
     _refuse_unsharded(model)
     mx.eval(model.parameters())
-    held = sum(v.nbytes for p, v in tree_flatten(model.parameters()) if ".lora_" not in p)
-    lora_bytes = sum(v.nbytes for _, v in tree_flatten(model.trainable_parameters()))
+    held = sum(v.nbytes for p, v in flat_items(model.parameters()) if ".lora_" not in p)
+    lora_bytes = sum(v.nbytes for _, v in flat_items(model.trainable_parameters()))
     return model, Footprint(base_bytes=base_bytes, held_bytes=held, lora_bytes=lora_bytes)
 
 
@@ -155,7 +154,9 @@ def _shard_columns(
 ) -> ShardedBase:
     """This rank's input columns of a linear's parts, held transposed, and its bias whole."""
     units = plan.units(cut.units)
-    parts, sizes, shapes = {}, {}, {}
+    parts: dict[str, mx.array] = {}
+    sizes: dict[str, tuple[int, ...]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for key in cut.points:
         value = module[key]
         start, stop = cut.span(key, units.spans[rank])

@@ -170,11 +170,14 @@ class EventData(Frozen):
     tokens_per_second: float | None = None
 
 
+EventLevel = Literal["info", "warn", "error"]
+
+
 class JobEvent(Frozen):
     id: str
     object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
     created_at: int
-    level: Literal["info", "warn", "error"] = "info"
+    level: EventLevel = "info"
     message: str
     type: Literal["message", "metrics"] = "message"
     data: EventData | None = None

@@ -25,6 +25,7 @@ from exo_tp.atomic_file import write_atomically
 from exo_tp.finetune.openai_schema import (
     FINISHED,
     Checkpoint,
+    EventLevel,
     FileObject,
     FilePurpose,
     Job,
@@ -141,7 +142,7 @@ class FineTuneState:
 
     def finish(self, job_id: str, status: str, error: JobError | None = None) -> Job:
         job = self.update(job_id, status=status, error=error, finished_at=int(time.time()))
-        level = "error" if status == "failed" else "info"
+        level: EventLevel = "error" if status == "failed" else "info"
         text = {
             "succeeded": "The job has successfully completed",
             "cancelled": "The job was cancelled",

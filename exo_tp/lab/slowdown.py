@@ -20,11 +20,11 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_map
 
 from exo_tp.lab.factor import FactorSource, source_from_env, split_factor
 from exo_tp.shard.layers import VocabParallelEmbedding, VocabParallelHead, Wrapper
-from exo_tp.shard.tree import set_path
+from exo_tp.shard.tree import flat_items, set_path
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,8 @@ class SlowHeadRows(nn.Module):
 
 
 def _targets(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    found = []
-    for path, module in tree_flatten(
+    found: list[tuple[str, nn.Module]] = []
+    for path, module in flat_items(
         model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)
     ):
         if isinstance(module, _LINEARS):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -102,7 +102,9 @@ def _bits_of(packed_cols: int, in_features: int) -> int:
 
 def convert(gguf_path: Path, out_float: Path, out_quantized: Path) -> None:
     """Write both model folders (config, safetensors, tokenizer) from ``gguf_path``."""
-    arrays, metadata = mx.load(str(gguf_path), return_metadata=True)
+    loaded = mx.load(str(gguf_path), return_metadata=True)
+    # (mlx's load returns one of several shapes: with return_metadata, this pair)
+    arrays, metadata = cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
     config = llama_config(metadata)
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     if "output.weight" in arrays or "output.scales" in arrays:

@@ -129,7 +129,8 @@ def check(ref: HubRef) -> int:
             "(convert it with mlx_lm.convert, or pick an mlx-community repo)",
             status=400,
         )
-    return sum(f.file_size for f in files if f.will_download)
+    # (a size the hub does not know, None, counts as nothing)
+    return sum(f.file_size or 0 for f in files if f.will_download)
 
 
 def download(ref: HubRef, progress: Callable[[DownloadProgress], None] | None = None) -> Path:

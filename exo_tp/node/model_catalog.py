@@ -42,7 +42,7 @@ class CatalogView(Frozen):
 class ModelCatalog:
     def __init__(self, models_dirs: tuple[Path, ...] = ()) -> None:
         self.models_dirs = models_dirs
-        self._fits: dict[tuple[str, tuple[str, ...]], tuple[float, bool, float | None]] = {}
+        self._fits: dict[tuple[str, tuple[str, ...]], tuple[float, bool | None, float | None]] = {}
 
     def view(
         self,

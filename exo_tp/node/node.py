@@ -45,6 +45,7 @@ from exo_tp.node.model_catalog import ModelCatalog
 from exo_tp.node.status_views import StatusViews
 from exo_tp.weights.server import MOUNT
 from exo_tp.wire.announcement import Announcement
+from exo_tp.wire.ids import NodeId
 from exo_tp.wire.profiles import ProfileSummary
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class Node:
         self._session: aiohttp.ClientSession | None = None
 
     @property
-    def node_id(self) -> str:
+    def node_id(self) -> NodeId:
         return self.config.node_id
 
     async def start(self, public_routes: web.RouteTableDef) -> None:

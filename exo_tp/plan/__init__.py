@@ -26,10 +26,10 @@ class _PlanPackage(types.ModuleType):
     """`exo_tp.plan` is this package and the library's `exo_tp.plan(model, ...)` at once: Python
     binds a package's attribute to a subpackage once it is imported, so a function named `plan`
     in `exo_tp` would be replaced by this module the first time anything imported
-    `exo_tp.plan.*`. Calling the package calls the function (exo_tp.library.planning)."""
+    `exo_tp.plan.*`. Calling the package calls the function (exo_tp.plan.of_model)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from exo_tp.library.planning import plan
+        from exo_tp.plan.of_model import plan
 
         return plan(*args, **kwargs)
 

@@ -28,12 +28,17 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from pydantic import Field
 
 from exo_tp.frozen import Frozen
 from exo_tp.plan.cost import rank_load
 from exo_tp.plan.pipeline import PipelinePlan
+
+# A node's name: plain str here, exo_tp.wire.ids.NodeId where the node reads these (the
+# planner does not import the wire package)
+Node = TypeVar("Node", bound=str)
 
 
 class RankSpeed(Frozen):
@@ -134,7 +139,7 @@ def balanced_weights(speeds: Sequence[float], scale_to: Sequence[float]) -> list
 
 
 def token_seconds(
-    plan: PipelinePlan, nodes: Sequence[str], speeds: Mapping[str, float]
+    plan: PipelinePlan, nodes: Sequence[Node], speeds: Mapping[Node, float]
 ) -> float | None:
     """Seconds of weight reading per token under ``plan`` at the ranks' live ``speeds``
     (bytes/s by node; ``nodes``: the node of each global rank): the slowest rank of each
@@ -155,10 +160,10 @@ def token_seconds(
 
 def replan_gain(
     current: PipelinePlan,
-    current_nodes: Sequence[str],
+    current_nodes: Sequence[Node],
     candidate: PipelinePlan,
-    candidate_nodes: Sequence[str],
-    speeds: Mapping[str, float],
+    candidate_nodes: Sequence[Node],
+    speeds: Mapping[Node, float],
 ) -> float | None:
     """How much faster the candidate split reads a token than the current one at the live
     speeds (0.2: 20% faster). Heads and quantization groups split in steps, so the best

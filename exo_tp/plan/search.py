@@ -353,6 +353,7 @@ class _Layouts:
             if counts[stage] == 1:
                 break
             caps[stage] = counts[stage] - 1
+        assert over is not None  # every pass that fits returns: the loop ends on an overflow
         return Rejected(
             groups=groups,
             reason=(
@@ -419,7 +420,10 @@ def choose_plan(
                 continue
             seen.add(groups)
             result = layouts.layout(groups, dropped)
-            (candidates if isinstance(result, Candidate) else rejected).append(result)
+            if isinstance(result, Candidate):
+                candidates.append(result)
+            else:
+                rejected.append(result)
     if not candidates:
         reasons = sorted({r.reason for r in rejected}, key=len)
         raise PlanError("no plan fits: " + "; ".join(reasons[:3]))

@@ -109,7 +109,12 @@ class _Finder(importlib.abc.MetaPathFinder):
         sys.meta_path.remove(self)  # one module, once
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = spec.loader if spec is not None else None
-        if spec is None or spec.origin is None or not hasattr(loader, "exec_module"):
+        if (
+            spec is None
+            or spec.origin is None
+            or loader is None
+            or not hasattr(loader, "exec_module")
+        ):
             return spec
         run = loader.exec_module
         origin = Path(spec.origin)
@@ -120,7 +125,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             if callable(build):
                 setattr(module, FUNCTION, _with_copy(build, origin))
 
-        loader.exec_module = exec_module  # type: ignore[method-assign, union-attr]
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 

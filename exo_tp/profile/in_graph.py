@@ -10,6 +10,8 @@ over the slower rank's own chain, is the in-graph cost the planner prices a coll
 
 from __future__ import annotations
 
+from typing import cast
+
 import mlx.core as mx
 
 from exo_tp.profile.collective_speed import median_seconds
@@ -39,5 +41,6 @@ def all_sum_in_graph(group: mx.distributed.Group, quick: bool = False) -> float:
     mx.eval(weights, x)
     alone = median_seconds(lambda: _chain(weights, x, group, steps, False), repeats)
     together = median_seconds(lambda: _chain(weights, x, group, steps, True), repeats)
-    slowest_alone = mx.distributed.all_gather(mx.array([alone]), group=group).max().item()
+    gathered = mx.distributed.all_gather(mx.array([alone]), group=group)
+    slowest_alone = cast(float, gathered.max().item())  # (a float32 array)
     return max(0.0, (together - slowest_alone) / steps)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import mlx.core as mx
 
@@ -46,7 +47,7 @@ _QUANT = {"q4g32": (4, 32), "q4g64": (4, 64)}
 
 @dataclass(frozen=True)
 class KernelCase:
-    kind: str  # "matvec" or "matmul"
+    kind: Literal["matvec", "matmul"]
     dtype: str
     m: int
     k: int
@@ -96,7 +97,8 @@ class WeightSource:
         bits, group = _QUANT[dtype]
         # Packed words reuse the random float bits (any bit pattern is a valid 4-bit weight).
         packed_size, scale_size = n * k * bits // 32, n * k // group
-        words, bits32, out, at = self.words, self.words.view(mx.uint32), [], 0
+        words, bits32, at = self.words, self.words.view(mx.uint32), 0
+        out: list[Weight] = []
         for _ in range(count):
             packed = bits32[at : at + packed_size].reshape(n, -1)
             at += packed_size
@@ -121,7 +123,14 @@ def _product(dtype: str) -> Callable[[mx.array, Weight], mx.array]:
         pieces = pieces_wanted()
         return lambda x, w: product(x, w[0], piece_rows(w[0]) if pieces else None)
     bits, group = _QUANT[dtype]
-    return lambda x, w: mx.quantized_matmul(x, *w, transpose=True, group_size=group, bits=bits)
+
+    def quantized(x: mx.array, w: Weight) -> mx.array:
+        packed, scales, biases = w
+        return mx.quantized_matmul(
+            x, packed, scales, biases, transpose=True, group_size=group, bits=bits
+        )
+
+    return quantized
 
 
 def measure_kernel(

@@ -60,7 +60,7 @@ def system_info() -> SystemInfo:
         hostname=socket.gethostname(),
         chip=_chip(),
         cores=usable_cores(),
-        mlx_version=mx.__version__,
+        mlx_version=mx.__version__,  # type: ignore[attr-defined]  # (not in mlx's stubs)
         mlx_device=mx.default_device().type.name,
         memory_total=total,
         memory_available=available,

@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -68,6 +68,7 @@ from exo_tp.runtime.speculative import (
 )
 from exo_tp.shard.fused_step import FusedForward
 from exo_tp.wire.assignment import ServingOptions
+from exo_tp.wire.ids import BatchUid
 from exo_tp.wire.runtime import Insert, Remove, Tokens
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ class DivergedError(RuntimeError):
 
 
 def _word_value(word: Word) -> int:
-    return int(word.item()) if isinstance(word, mx.array) else word
+    # (the array: the count's float32 slot of a peer's token broadcast)
+    return int(cast(float, word.item())) if isinstance(word, mx.array) else word
 
 
 class LockstepBatch:
@@ -154,7 +156,7 @@ class LockstepBatch:
         self._drafts: dict[int, int] = {}
         self._backoff = Backoff()  # streams whose drafts stopped paying decode plainly a while
         self.default_drafts = options.num_draft_tokens if self._speculative else 0
-        self.on_drafts: Callable[[int, int, int], None] | None = None
+        self.on_drafts: Callable[[BatchUid, int, int], None] | None = None
         self._fused = fused
         self.fused_steps = 0  # steps that ran their decode rows and a chunk in one pass
 
@@ -350,7 +352,7 @@ class LockstepBatch:
             self._received[self._lane_of[uid]] = {uid: int(batch._next_tokens[0].item())}
         self._backoff.record(uid, self.steps, accepted)
         if self.on_drafts is not None:
-            self.on_drafts(uid, len(drafts), accepted)
+            self.on_drafts(BatchUid(uid), len(drafts), accepted)
         return responses
 
     def _fusable(self, generator: BatchGenerator) -> bool:

@@ -22,7 +22,7 @@ minutes is taken for stalled.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -78,7 +78,7 @@ class ModelDrafter:
         logits = self.model(mx.array(rest)[None], self._cache)
         drafts: list[int] = []
         while True:
-            token = mx.argmax(logits[0, -1]).item()
+            token = cast(int, mx.argmax(logits[0, -1]).item())
             drafts.append(int(token))
             if len(drafts) == most:
                 break
@@ -112,5 +112,6 @@ def fed_drafts(feed: ControlFeed) -> Drafter:
 def _agreed(mine: mx.array, group: mx.distributed.Group) -> list[int]:
     """The conductor's drafts from its broadcast: their count, then the drafts (padded to
     the step's most, the same shape on every rank)."""
-    count, *drafts = (int(t) for t in broadcast_from_first(mine, group).tolist())
+    agreed = cast(list[float], broadcast_from_first(mine, group).tolist())  # a float32 row
+    count, *drafts = (int(t) for t in agreed)
     return drafts[:count]

@@ -4,6 +4,7 @@ log-probabilities it reports (the same calls and arguments as mlx_lm.server)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
@@ -48,11 +49,11 @@ def token_logprob(logprobs: mx.array, token: int, top: int) -> TokenLogprob:
     most likely first, from one step's log-probabilities over the full vocabulary (what
     mlx-lm's generation loop returns: after the logits processors)."""
     row = logprobs.reshape(-1).astype(mx.float32)
-    chosen = row[token].item()
+    chosen = cast(float, row[token].item())  # a float32 row
     if top <= 0:
         return TokenLogprob(token=token, logprob=chosen)
     best = mx.argpartition(-row, kth=top - 1)[:top]
     values = row[best]
     order = mx.argsort(-values)
-    ids, scores = best[order].tolist(), values[order].tolist()
+    ids, scores = cast(list[int], best[order].tolist()), cast(list[float], values[order].tolist())
     return TokenLogprob(token=token, logprob=chosen, top=tuple(zip(ids, scores, strict=True)))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -162,7 +163,7 @@ class SpeculativeStep:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             targets_array = self._sample(logprobs)
             mx.eval(targets_array, logprobs, batch._next_logprobs)
-        targets = targets_array.tolist()
+        targets = cast(list[int], targets_array.tolist())  # one token id per position
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
             accepted += 1

@@ -33,11 +33,11 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 
 from exo_tp.lab.slowdown import SlowLinear
 from exo_tp.plan.rebalance import RankSpeed
+from exo_tp.shard.tree import flat_items
 
 PROBE_SECONDS = 2.0
 # One typical decode-shaped product (SmolLM2's FFN projection, float32: 3.5 MB) over 16
@@ -48,14 +48,14 @@ PROBE_MATRICES = 16
 
 def _linear_leaves(model: nn.Module) -> list[nn.Module]:
     found: list[nn.Module] = []
-    for _, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
+    for _, module in flat_items(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
         if isinstance(module, nn.Linear | nn.QuantizedLinear):
             found.append(module)
     return found
 
 
 def _bytes(module: nn.Module) -> int:
-    return sum(p.nbytes for _, p in tree_flatten(module.parameters()))
+    return sum(p.nbytes for _, p in flat_items(module.parameters()))
 
 
 def _probe_calls(model: nn.Module) -> list[tuple[nn.Module, mx.array]]:

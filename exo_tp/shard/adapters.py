@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -70,7 +70,7 @@ def read_adapter(path: Path) -> Adapter:
         raise ExoTpError(f"{config_file}: not an mlx-lm LoRA adapter config ({error})") from None
     if kind != "lora":
         raise ExoTpError(f"{path}: fine_tune_type {kind!r} adapters are not supported (LoRA only)")
-    weights = mx.load(str(weights_file))
+    weights = cast(dict[str, mx.array], mx.load(str(weights_file)))  # safetensors: a dict
     odd = [k for k in weights if not k.endswith(SUFFIXES)]
     if odd:
         raise ExoTpError(f"{weights_file}: {odd[0]} is not a LoRA weight (lora_a / lora_b)")

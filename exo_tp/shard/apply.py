@@ -49,14 +49,19 @@ def _finish(
     mx.eval(module.parameters())
 
 
+def _kept_under(keep: Callable[[str], bool], prefix: str) -> Callable[[str], bool]:
+    """``keep`` for the paths inside the module at ``prefix``."""
+    return lambda path: keep(f"{prefix}.{path}")
+
+
 # The model attributes naming the first layer of each kind, whose cache makes that kind's mask
 # (llama's fa_idx/swa_idx, gpt-oss' and EXAONE MoE's ga_idx/swa_idx, EXAONE 4's full_idx,
 # Step 3.5's _full_idx/_swa_idx).
-_FIRST_FULL = ("fa_idx", "ga_idx", "full_idx", "_full_idx")
-_FIRST_SLIDING = ("swa_idx", "_swa_idx")
+_FIRST_FULL: tuple[str, ...] = ("fa_idx", "ga_idx", "full_idx", "_full_idx")
+_FIRST_SLIDING: tuple[str, ...] = ("swa_idx", "_swa_idx")
 # Hybrids of linear and full attention (Qwen 3.5, Qwen3-Next): the first linear layer's
 # ArraysCache makes the recurrent layers' mask; their blocks say which kind they are.
-_FIRST_LINEAR = ("ssm_idx",)
+_FIRST_LINEAR: tuple[str, ...] = ("ssm_idx",)
 
 
 def _is_sliding(block: nn.Module) -> bool | None:
@@ -117,6 +122,8 @@ class _OneMoreCache:
     """A layer stack handed one more cache slot than its layers keep, holding None: where a
     stage lacks a kind of layer, the model's mask of that kind is made from it (as without a
     cache) and never used, instead of from another kind's cache, whose make_mask differs."""
+
+    layers: list[nn.Module]  # the model's own: this class is mixed into the model's class
 
     def __call__(self, inputs: mx.array, cache: list | None = None, **kwargs: object) -> mx.array:
         padded = [*(cache if cache is not None else [None] * len(self.layers)), None]
@@ -297,7 +304,7 @@ def load_shard(
         sharder.shard(blocks[i], prefix, i)
         if adapter:
             apply_to_block(adapter, blocks[i], prefix, table, ranks[rank].layer(i))
-        _finish(blocks[i], dtype, lambda path, prefix=prefix: keep(f"{prefix}.{path}"))
+        _finish(blocks[i], dtype, _kept_under(keep, prefix))
     _keep_layers(model, table, layers)
     if not last:
         set_path(model, table.norm, nn.Identity())

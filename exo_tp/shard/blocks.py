@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from exo_tp.arch import (
     ArchTable,
@@ -35,7 +34,7 @@ from exo_tp.shard.layers import (
 )
 from exo_tp.shard.sharded_norm import ShardedRMSNorm, counted_mask
 from exo_tp.shard.slicing import ShardError, WeightSlicer, sliced_keys
-from exo_tp.shard.tree import get_path, has_path, set_path
+from exo_tp.shard.tree import flat_items, get_path, has_path, set_path
 
 
 class BlockSharder:
@@ -111,9 +110,9 @@ class BlockSharder:
                 per_head = self.mine.spec.head_width(count.width) if count.width else 1
                 set_path(layer, count.path, self.mine.count(count.dim) * per_head * count.times)
         sums = [r for r in self.table.sums if r.applies(has)]
-        for rule in sums:
-            if not any(is_under(rule.path, path) for path in gone):
-                self._sum_first(layer, rule, rules, branches)
+        for summed in sums:
+            if not any(is_under(summed.path, path) for path in gone):
+                self._sum_first(layer, summed, rules, branches)
         for branch in stand_ins:
             joins = tuple(n.dim for n in norms if is_under(n.path, branch.path))
             widths = tuple(
@@ -155,7 +154,7 @@ class BlockSharder:
                 f"{prefix}.{branch.path}: the {self.table.model_types[0]} table "
                 f"splits nothing inside it"
             )
-        params = tree_flatten(get_path(layer, branch.path).parameters())
+        params = flat_items(get_path(layer, branch.path).parameters())
         for name, _ in params:
             path = f"{branch.path}.{name}"
             if not any(is_under(path, k) for k in known):

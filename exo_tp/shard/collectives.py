@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import mlx.core as mx
 
@@ -86,10 +87,10 @@ def gather_rows_padded(
     """
     rank, n = group.rank(), group.size()
     per_tensor = bool(sizes) and isinstance(sizes[0], Sequence)
-    cuts = (
-        [tuple(s) for s in sizes]  # type: ignore[union-attr]
+    cuts: list[tuple[int, ...]] = (  # (the casts: which of the union `per_tensor` tells)
+        [tuple(s) for s in cast(Sequence[Sequence[int]], sizes)]
         if per_tensor
-        else [tuple(sizes)] * len(xs)  # type: ignore[arg-type]
+        else [tuple(cast(Sequence[int], sizes))] * len(xs)
     )
     for x, shape, cut in zip(xs, shapes, cuts, strict=True):
         planned = (cut[rank], *shape[1:])

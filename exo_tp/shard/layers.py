@@ -395,7 +395,3 @@ class HiddenFeed(nn.Module):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return self.embedding.as_linear(x)
-
-
-def _no_logits(x: mx.array) -> mx.array:
-    return zeros_after((*x.shape[:-1], 0), x.dtype, x)

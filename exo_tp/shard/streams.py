@@ -28,7 +28,7 @@ from exo_tp.arch import ArchTable
 from exo_tp.errors import ExoTpError
 from exo_tp.plan import ShardPlan, Span
 from exo_tp.shard.layers import HiddenFeed, Wrapper
-from exo_tp.shard.tree import get_path, set_path
+from exo_tp.shard.tree import flat_items, get_path, set_path
 
 
 class StageLink:
@@ -199,10 +199,8 @@ def link_stages(
 def _compute_dtype(model: nn.Module) -> mx.Dtype:
     """The activations' dtype where the shard keeps its checkpoint's: that of the parameters
     the model's cast_predicate lets follow the compute dtype."""
-    from mlx.utils import tree_flatten
-
     keep = getattr(model, "cast_predicate", lambda _: True)
-    for name, value in tree_flatten(model.parameters()):
+    for name, value in flat_items(model.parameters()):
         if mx.issubdtype(value.dtype, mx.floating) and keep(name):
             return value.dtype
     return mx.float32

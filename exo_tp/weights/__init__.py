@@ -23,7 +23,7 @@ With I/O:
 - ``key``: ``folder_key(folder)`` / ``manifest_key(manifest)``, the cheap fingerprint (config
   and safetensors headers) that names a model on every node.
 
-In a node (exo_tp.node.weights: its folders, stores, routes and fetches; exo_tp.node.
+In a node (exo_tp.node.member.weights: its folders, stores, routes and fetches; exo_tp.node.
 cluster_model: the leader's choice of model, holdings, rank order and transfer plan):
 
 1. Every node mounts ``NodeWeights.app()`` (the WeightServer's routes plus ``/manifest-of``) at

@@ -251,7 +251,7 @@ def rank_boxes(manifest: ModelManifest, plan: PipelinePlan, rank: int) -> Boxes:
     for entry in manifest.tensors:
         if entry.sliceable or not entry.length:
             continue
-        layer = locate(entry.name, table).layer
-        if layer is None or layer in stage.layers:
+        held_in = locate(entry.name, table).layer
+        if held_in is None or held_in in stage.layers:
             extra.append((entry.name, [(0, entry.length)]))
     return reads.boxes().union(Boxes.of(extra))

@@ -36,6 +36,7 @@ from exo_tp.weights.manifest import (
     digest,
     module_paths,
 )
+from exo_tp.wire.ids import ModelIdentity
 
 log = logging.getLogger(__name__)
 
@@ -174,15 +175,17 @@ def build_manifest(folder: Path, threads: int | None = None) -> ModelManifest:
             for p, d in zip(extras, extra_digests, strict=True)
         ]
     config = folder / "config.json"
-    identity = hashlib.sha256(
-        json.dumps(
-            {
-                "config": file_digest(config),
-                "tensors": [[e.name, e.dtype, list(e.shape)] for e in entries],
-                "files": [[f.name, f.digest] for f in files],
-            }
-        ).encode()
-    ).hexdigest()
+    identity = ModelIdentity(
+        hashlib.sha256(
+            json.dumps(
+                {
+                    "config": file_digest(config),
+                    "tensors": [[e.name, e.dtype, list(e.shape)] for e in entries],
+                    "files": [[f.name, f.digest] for f in files],
+                }
+            ).encode()
+        ).hexdigest()
+    )
     return ModelManifest(
         identity=identity,
         model_type=load_spec(folder).model_type,

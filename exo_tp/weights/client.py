@@ -29,6 +29,7 @@ from exo_tp.weights.store import ShardStore
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
 from exo_tp.wire.errors import PeerRefused, UnsignedReply
 from exo_tp.wire.http import SignedClient
+from exo_tp.wire.ids import ModelIdentity, NodeId
 from exo_tp.wire.weights import FileRequest, ModelRequest, Piece, ReadRequest, TransferProgress
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,13 @@ PROGRESS_EVERY_S = 0.25
 
 
 class FetchReport(Frozen):
-    node: str
-    model: str
+    node: NodeId
+    model: ModelIdentity
     bytes_fetched: int  # verified and written into the store
-    bytes_by_source: dict[str, int]  # of those, from each peer
+    bytes_by_source: dict[NodeId, int]  # of those, from each peer
     bytes_refetched: int
     corrupt_pieces: int
-    failed_sources: tuple[str, ...]
+    failed_sources: tuple[NodeId, ...]
     file_bytes: int  # extra files (config.json, tokenizer files)
     seconds: float
 
@@ -63,12 +64,12 @@ class _Piece:
     stop: int
     nbytes: int
     sources: tuple[Source, ...]
-    tried: set[str] = field(default_factory=set)
+    tried: set[NodeId] = field(default_factory=set)
     attempts: int = 0
 
 
 async def fetch_manifest(
-    session: aiohttp.ClientSession, base_url: str, secret: str, model: str
+    session: aiohttp.ClientSession, base_url: str, secret: str, model: ModelIdentity
 ) -> ModelManifest:
     """A peer's manifest of ``model``, accepted only if signed with the cluster secret."""
     client = SignedClient(secret, session)
@@ -90,7 +91,7 @@ async def fetch_manifest(
 
 
 async def fetch_holding(
-    session: aiohttp.ClientSession, base_url: str, secret: str, model: str
+    session: aiohttp.ClientSession, base_url: str, secret: str, model: ModelIdentity
 ) -> Holding:
     """What a peer holds of ``model`` (PeerRefused if it answers with an error)."""
     return await SignedClient(secret, session).call(
@@ -135,13 +136,13 @@ class _Fetcher:
         )
         self.queues: dict[Source, deque[_Piece]] = defaultdict(deque)
         self.workers: dict[Source, list[asyncio.Task[None]]] = {}
-        self.dead: set[str] = set()
+        self.dead: set[NodeId] = set()
         self.failed: list[_Piece] = []
         self.cond = asyncio.Condition()
         self.outstanding = 0
         self.error: Exception | None = None
         self.total = self.done = self.refetched = self.corrupt = 0
-        self.by_source: dict[str, int] = defaultdict(int)
+        self.by_source: dict[NodeId, int] = defaultdict(int)
         self.started = time.monotonic()
         self.samples: deque[tuple[float, int]] = deque([(self.started, 0)])
         self.last_report = 0.0
@@ -165,7 +166,7 @@ class _Fetcher:
                 ]
         self.cond.notify_all()
 
-    def _drop(self, node: str, batch: list[_Piece]) -> None:
+    def _drop(self, node: NodeId, batch: list[_Piece]) -> None:
         if node not in self.dead:
             log.warning("weights: source %s failed; its pieces go to other peers", node)
         self.dead.add(node)
@@ -197,7 +198,8 @@ class _Fetcher:
                     or (not queue and self.outstanding == 0)
                 ):
                     return
-                batch, size = [], 0
+                batch: list[_Piece] = []
+                size = 0
                 while queue and (not batch or size + queue[0].nbytes <= self.request_bytes):
                     piece = queue.popleft()
                     batch.append(piece)

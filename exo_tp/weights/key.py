@@ -18,16 +18,17 @@ from pathlib import Path
 from exo_tp.errors import ExoTpError
 from exo_tp.weights.build import WEIGHT_SUFFIX, file_digest, read_header
 from exo_tp.weights.manifest import ModelManifest
+from exo_tp.wire.ids import ModelKey
 
 CONFIG = "config.json"
 
 
-def _key(config_digest: str, files: list[tuple[str, int, str]]) -> str:
+def _key(config_digest: str, files: list[tuple[str, int, str]]) -> ModelKey:
     text = json.dumps({"config": config_digest, "files": sorted(files)})
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return ModelKey(hashlib.sha256(text.encode()).hexdigest()[:32])
 
 
-def folder_key(folder: Path) -> str:
+def folder_key(folder: Path) -> ModelKey:
     folder = Path(folder)
     config = folder / CONFIG
     if not config.is_file():
@@ -39,7 +40,7 @@ def folder_key(folder: Path) -> str:
     return _key(file_digest(config), files)
 
 
-def manifest_key(manifest: ModelManifest) -> str:
+def manifest_key(manifest: ModelManifest) -> ModelKey:
     config = next((f for f in manifest.extra_files if f.name == CONFIG), None)
     if config is None:
         raise ExoTpError(f"the manifest of {manifest.identity[:12]} lists no {CONFIG}")

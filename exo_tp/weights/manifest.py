@@ -21,6 +21,7 @@ from pydantic import Field
 
 from exo_tp.frozen import Frozen
 from exo_tp.weights.ranges import Ranges
+from exo_tp.wire.ids import ModelIdentity
 
 MANIFEST_VERSION = 1
 DIGEST_BYTES = 16  # truncated SHA-256: hardware-accelerated on x86 (SHA-NI) and Apple silicon
@@ -139,7 +140,7 @@ def module_paths(parameters: Iterable[str]) -> frozenset[str]:
 class ModelManifest(Frozen):
     version: int = MANIFEST_VERSION
     # SHA-256 over config.json, every tensor's name, dtype and shape, and every file's digest.
-    identity: str
+    identity: ModelIdentity
     model_type: str
     weight_files: tuple[WeightFile, ...]
     extra_files: tuple[ExtraFile, ...]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -21,7 +22,7 @@ def piece_bytes(entry: TensorEntry, start: int, stop: int) -> int:
     return (stop - start) * entry.unit_bytes
 
 
-def _runs(entry: TensorEntry, path: Path, mode: str) -> np.ndarray:
+def _runs(entry: TensorEntry, path: Path, mode: Literal["r", "r+"]) -> np.memmap:
     """The tensor's bytes as (outer, length * run_unit), memory-mapped."""
     return np.memmap(
         path,

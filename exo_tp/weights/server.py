@@ -24,6 +24,7 @@ from exo_tp.weights.store import ShardStore
 from exo_tp.weights.transfer import Holding
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.http import Route, Stream, post, signed_app
+from exo_tp.wire.ids import ModelIdentity, NodeId
 from exo_tp.wire.weights import FileRequest, ModelRequest, ReadRequest, ServedStats
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class ServedModel:
         self.folder = Path(folder) if folder is not None else None
         self.store = store
 
-    def holding(self, node: str) -> Holding:
+    def holding(self, node: NodeId) -> Holding:
         if self.folder is not None:
             return Holding(node=node, files=True, extras=True)
         if self.store is not None:
@@ -58,13 +59,13 @@ class ServeOptions(Frozen):
 
 
 class WeightServer:
-    def __init__(self, node: str, secret: str, options: ServeOptions | None = None):
+    def __init__(self, node: NodeId, secret: str, options: ServeOptions | None = None):
         self.node = node
         self.secret = secret
         self.options = options or ServeOptions()
-        self.models: dict[str, ServedModel] = {}
+        self.models: dict[ModelIdentity, ServedModel] = {}
         self._by_source: dict[str, int] = defaultdict(int)
-        self._by_requester: dict[str, int] = defaultdict(int)
+        self._by_requester: dict[NodeId, int] = defaultdict(int)
         self._file_bytes = 0
         self._corrupt_left = self.options.corrupt_chunks
         self._corrupted = 0
@@ -96,7 +97,7 @@ class WeightServer:
     def app(self) -> web.Application:
         return signed_app(self.secret, self.routes())
 
-    def _model(self, identity: str) -> ServedModel:
+    def _model(self, identity: ModelIdentity) -> ServedModel:
         model = self.models.get(identity)
         if model is None:
             raise PeerRefused(f"no model {identity[:12]} here", 404)

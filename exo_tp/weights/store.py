@@ -32,6 +32,7 @@ from exo_tp.weights.manifest import ModelManifest, digest
 from exo_tp.weights.pieces import bad_blocks, iter_piece, write_piece
 from exo_tp.weights.ranges import Ranges
 from exo_tp.weights.transfer import Holding
+from exo_tp.wire.ids import NodeId
 
 JOURNAL = ".exo-tp-store.jsonl"
 IDENTITY = ".exo-tp-store-identity"
@@ -127,7 +128,7 @@ class ShardStore:
                 + ("" if self.extra_files_complete else " and model files")
             )
 
-    def holding(self, node: str) -> Holding:
+    def holding(self, node: NodeId) -> Holding:
         return Holding(node=node, store=self._held, extras=self.extra_files_complete)
 
     # ---- writing --------------------------------------------------------------------------

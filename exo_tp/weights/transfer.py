@@ -85,9 +85,9 @@ class TransferPlan(Frozen):
     nodes: tuple[NodeTransfer, ...]
     moved_bytes: int
     retained_bytes: int
-    source_bytes: dict[str, int]  # planned bytes each node serves
+    source_bytes: dict[NodeId, int]  # planned bytes each node serves
 
-    def node(self, node: str) -> NodeTransfer:
+    def node(self, node: NodeId) -> NodeTransfer:
         return next(n for n in self.nodes if n.node == node)
 
 
@@ -105,7 +105,7 @@ def _chunks(entry: TensorEntry, start: int, stop: int, limit: int) -> Iterable[t
 
 
 def _holders(
-    entry: TensorEntry, start: int, stop: int, receiver: str, holdings: Sequence[Holding]
+    entry: TensorEntry, start: int, stop: int, receiver: NodeId, holdings: Sequence[Holding]
 ) -> list[Source]:
     out = []
     for h in holdings:
@@ -120,10 +120,10 @@ def _holders(
 
 def _fetches(
     manifest: ModelManifest,
-    receiver: str,
+    receiver: NodeId,
     missing: Boxes,
     holdings: Sequence[Holding],
-    load: dict[str, int],
+    load: dict[NodeId, int],
     chunk: int,
 ) -> list[Fetch]:
     out: list[Fetch] = []
@@ -171,7 +171,7 @@ def _held(holding: Holding, share: Boxes) -> Boxes:
 def plan_transfer(
     manifest: ModelManifest,
     plan: PipelinePlan,
-    order: Sequence[str],
+    order: Sequence[NodeId],
     holdings: Iterable[Holding],
     chunk: int = CHUNK_BYTES,
 ) -> TransferPlan:
@@ -185,7 +185,7 @@ def plan_transfer(
 def plan_shares(
     manifest: ModelManifest,
     shares: Sequence[Boxes],
-    order: Sequence[str],
+    order: Sequence[NodeId],
     holdings: Iterable[Holding],
     chunk: int = CHUNK_BYTES,
 ) -> TransferPlan:
@@ -193,7 +193,7 @@ def plan_shares(
     shards, or a fine-tuning job's rows)."""
     by_node = {h.node: h for h in holdings}
     everyone = [by_node.get(n, Holding(node=n)) for n in dict.fromkeys([*by_node, *order])]
-    load: dict[str, int] = defaultdict(int)
+    load: dict[NodeId, int] = defaultdict(int)
     nodes, moved, retained = [], 0, 0
     for rank, node in enumerate(order):
         share = shares[rank]
@@ -216,7 +216,7 @@ def plan_shares(
         )
         transfer = NodeTransfer(
             node=node,
-            rank=rank,
+            rank=Rank(rank),
             load_from="files" if mine.files else "store",
             share=share,
             retained=kept,
@@ -239,8 +239,8 @@ def plan_shares(
 def bytes_to_move(
     manifest: ModelManifest,
     plan: PipelinePlan,
-    order: Sequence[str],
-    holdings: Mapping[str, Holding],
+    order: Sequence[NodeId],
+    holdings: Mapping[NodeId, Holding],
 ) -> int:
     """The least bytes any transfer for this order moves: every node's share minus what it
     holds."""
@@ -252,7 +252,7 @@ def bytes_to_move(
     return total
 
 
-def _swaps(order: tuple[str, ...]) -> Iterable[tuple[str, ...]]:
+def _swaps(order: tuple[NodeId, ...]) -> Iterable[tuple[NodeId, ...]]:
     for i, j in itertools.combinations(range(len(order)), 2):
         swapped = list(order)
         swapped[i], swapped[j] = swapped[j], swapped[i]
@@ -261,11 +261,11 @@ def _swaps(order: tuple[str, ...]) -> Iterable[tuple[str, ...]]:
 
 def choose_rank_order(
     manifest: ModelManifest,
-    nodes: Sequence[str],
-    plan_for: Callable[[tuple[str, ...]], PipelinePlan],
+    nodes: Sequence[NodeId],
+    plan_for: Callable[[tuple[NodeId, ...]], PipelinePlan],
     holdings: Iterable[Holding],
     exhaustive: int = EXHAUSTIVE_ORDERS,
-) -> tuple[tuple[str, ...], PipelinePlan]:
+) -> tuple[tuple[NodeId, ...], PipelinePlan]:
     """The order of ``nodes`` over ranks (and its plan: ``plan_for(order)``, which lets shares
     follow the nodes) that moves the fewest bytes; ties keep the given order.
 
@@ -274,9 +274,9 @@ def choose_rank_order(
     """
     by_node = {h.node: h for h in holdings}
     start = tuple(nodes)
-    scored: dict[tuple[str, ...], tuple[int, PipelinePlan]] = {}
+    scored: dict[tuple[NodeId, ...], tuple[int, PipelinePlan]] = {}
 
-    def score(order: tuple[str, ...]) -> int:
+    def score(order: tuple[NodeId, ...]) -> int:
         if order not in scored:
             plan = plan_for(order)
             scored[order] = (bytes_to_move(manifest, plan, order, by_node), plan)

@@ -21,5 +21,5 @@ The control plane's bodies (exo_tp.node.cluster.control_messages: NodeStatus, As
 the weight orders (exo_tp.node.cluster.weight_orders) and the fine-tuning jobs'
 (exo_tp.node.cluster.finetune_messages) stay in the node: they carry the weights package's
 transfer plans, and the weights package uses this one's client and ids, so a package cycle
-would follow (tests/test_layout.py).
+would follow (tests/unit/test_layout.py).
 """

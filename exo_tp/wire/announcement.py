@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import Field, ValidationError
 
 from exo_tp.plan.spec import Frozen
@@ -37,7 +39,7 @@ class Announcement(Frozen):
 
     @classmethod
     def from_txt(
-        cls, txt: dict[bytes | str, bytes | str | None], secret: str
+        cls, txt: Mapping[bytes, bytes | None] | Mapping[str, str | None], secret: str
     ) -> tuple[Announcement | None, str]:
         """The announcement if its signature checks out, else (None, why)."""
         fields = {

@@ -1,13 +1,13 @@
 """The leader's live balance as every node shows it (`/v1/cluster`, `/v1/plan`, the web UI):
 each rank's measured speed and share, the imbalance, and past re-plans. It rides in the
-leader's status to the other nodes (`exo_tp.node.control.NodeStatus`)."""
+leader's status to the other nodes (`exo_tp.node.cluster.control.NodeStatus`)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from exo_tp.frozen import Frozen
-from exo_tp.wire.ids import Epoch
+from exo_tp.wire.ids import Epoch, NodeId
 
 
 class RankBalanceView(Frozen):
@@ -24,7 +24,7 @@ class RankBalanceView(Frozen):
 class RebalanceView(Frozen):
     from_epoch: Epoch
     imbalance: float
-    speeds: dict[str, float]  # bytes/s per node when it re-planned
+    speeds: dict[NodeId, float]  # bytes/s per node when it re-planned
     at: float
     drained_seconds: float
 

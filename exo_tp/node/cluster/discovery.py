@@ -12,6 +12,7 @@ from zeroconf import DNSQuestionType, IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from exo_tp.wire.announcement import SERVICE_TYPE, Announcement
+from exo_tp.wire.ids import NodeId
 
 log = logging.getLogger(__name__)
 RESOLVE_ATTEMPTS = 8
@@ -26,13 +27,13 @@ class Discovery:
         secret: str,
         interface: str,
         on_peer: Callable[[Announcement], None],
-        on_gone: Callable[[str], None],
+        on_gone: Callable[[NodeId], None],
     ):
         self.me, self.secret, self.interface = me, secret, interface
         self.on_peer, self.on_gone = on_peer, on_gone
         self._zc: AsyncZeroconf | None = None
         self._browser: AsyncServiceBrowser | None = None
-        self._names: dict[str, str] = {}  # service name -> node id
+        self._names: dict[str, NodeId] = {}  # service name -> node id
         self._strangers: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._token = secrets.token_hex(4)

@@ -114,7 +114,7 @@ class Peers:
         now = time.monotonic()
         for peer, result in zip(known, results, strict=True):
             ok = isinstance(result, NodeStatus)
-            if ok:
+            if isinstance(result, NodeStatus):
                 self.statuses[peer.node_id], self._seen[peer.node_id] = result, now
             elif not isinstance(
                 result, aiohttp.ClientError | TimeoutError | ControlRefused | OSError | ValueError

@@ -64,7 +64,7 @@ from exo_tp.plan.finetune import plan_finetune
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.http import SignedClient
-from exo_tp.wire.ids import NodeId
+from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import ProfileSummary
 
 if TYPE_CHECKING:
@@ -293,7 +293,7 @@ class FineTuning:
         speeds = node_weights(members, profiles, model.spec)
         plan = plan_finetune(memory, speeds, job.hyperparameters.batch_size)
         orders = await base_orders(joined.models, model, members, plan)
-        ports = await asyncio.gather(*(self._control.ports(m, 0) for m in members))
+        ports = await asyncio.gather(*(self._control.ports(m, Epoch(0)) for m in members))
         hostfile = tuple(f"{m.host}:{p.ring}" for m, p in zip(members, ports, strict=True))
         settings = job_settings(job, plan)
         train = self.state.data_path(job.training_file).read_text()

@@ -37,12 +37,12 @@ from exo_tp.process.supervisor import Child, Job, clean_environment
 from exo_tp.transport.ring import ring_env, write_hostfile
 from exo_tp.wire.finetune_job import RANK_ENV, RankDone, RankProgress, StepReport, ValReport
 from exo_tp.wire.http import post, signed_app
-from exo_tp.wire.ids import NodeId
+from exo_tp.wire.ids import Epoch, NodeId
 
 log = logging.getLogger(__name__)
 
 FINETUNE_MOUNT = "/finetune"
-FETCH_EPOCH = 0  # the weights status names a fetch by epoch; a job's fetch is no epoch's
+FETCH_EPOCH = Epoch(0)  # the weights status names a fetch by epoch; a job's fetch is no epoch's
 
 
 class FinetuneRanks:

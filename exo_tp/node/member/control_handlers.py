@@ -30,6 +30,7 @@ from exo_tp.node.member.weights import NodeWeights
 from exo_tp.node.member.worker import NodeWorker
 from exo_tp.transport.ports import free_ports
 from exo_tp.wire.errors import PeerRefused
+from exo_tp.wire.ids import Epoch
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class ControlHandlers:
     def __init__(self, config: NodeConfig, worker: NodeWorker, weights: NodeWeights):
         self.config, self.worker, self.weights = config, worker, weights
         self.peers: Peers | None = None  # once the node announced itself
-        self.epoch_seen = 0  # the highest epoch a leader assigned
+        self.epoch_seen = Epoch(0)  # the highest epoch a leader assigned
         self.assigned_key: str | None = None  # the model of the latest assignment
         self._loading: asyncio.Task[None] | None = None  # fetch, then start the worker
         self.adapters: Callable[[str], Path] | None = None  # a fine-tuning job's adapter folder

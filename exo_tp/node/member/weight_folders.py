@@ -12,6 +12,7 @@ from typing import IO
 from exo_tp.frozen import Frozen
 from exo_tp.weights.build import WEIGHT_SUFFIX, read_header
 from exo_tp.weights.manifest import ModelManifest
+from exo_tp.wire.ids import ModelKey
 
 STORE_INFO = ".exo-tp-store-info.json"
 STORE_LOCK = ".exo-tp-store.lock"
@@ -28,7 +29,7 @@ class StoreInfo(Frozen):
 class OwnFolder:
     name: str
     folder: Path
-    key: str
+    key: ModelKey
     weight_bytes: int
     manifest: ModelManifest | None = None
     draft: bool = False  # offered only as a draft model (ModelOffer.draft)

@@ -45,7 +45,7 @@ from exo_tp.weights.store import ShardStore, store_root
 from exo_tp.weights.transfer import Holding, NodeTransfer, Source, TransferError
 from exo_tp.wire.errors import PeerRefused
 from exo_tp.wire.http import post, signed_app
-from exo_tp.wire.ids import Epoch, NodeId
+from exo_tp.wire.ids import Epoch, ModelIdentity, ModelKey, NodeId, Rank
 from exo_tp.wire.weights import TransferProgress
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ TEST_FAULTS_ENV = "EXO_TP_TEST_FAULTS"
 TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=30)
 
 
-def source_nodes(transfer: NodeTransfer) -> list[str]:
+def source_nodes(transfer: NodeTransfer) -> list[NodeId]:
     """The peers a transfer names, the extra files' sources first (they have the manifest)."""
     named: list[Source] = [*transfer.file_sources]
     named += [s for f in transfer.fetches for s in f.sources]
@@ -79,7 +79,7 @@ class NodeWeights:
         self.recent: deque[FetchSummary] = deque(maxlen=RECENT_FETCHES)
         self._session: aiohttp.ClientSession | None = None
         self._logged = 0.0
-        self._keys: dict[str, str] = {}  # identity of a store's manifest -> its key
+        self._keys: dict[str, ModelKey] = {}  # identity of a store's manifest -> its key
         self._locks: list[IO[str]] = []
         self._creating = asyncio.Lock()
         self._open_stores()
@@ -232,7 +232,7 @@ class NodeWeights:
         return None
 
     async def manifest_from(
-        self, identity: str, sources: Sequence[str], peers: Mapping[str, str]
+        self, identity: ModelIdentity, sources: Sequence[NodeId], peers: Mapping[str, str]
     ) -> ModelManifest:
         """The manifest of ``identity``: known here, else from the first peer that sends it."""
         if (known := self._known_manifest(identity)) is not None:
@@ -272,14 +272,18 @@ class NodeWeights:
         return ShardStore(root, manifest)
 
     async def extras(
-        self, manifest: ModelManifest, name: str, sources: Sequence[str], peers: Mapping[str, str]
+        self,
+        manifest: ModelManifest,
+        name: str,
+        sources: Sequence[NodeId],
+        peers: Mapping[str, str],
     ) -> Path:
         """A store holding the model's config and tokenizer files (the leader tokenizes)."""
         store = await self._store(manifest, name)
         if not store.extra_files_complete:
             files_only = NodeTransfer(
                 node=self.node_id,
-                rank=0,
+                rank=Rank(0),
                 load_from="store",
                 share=Boxes(),
                 retained=Boxes(),

@@ -13,7 +13,7 @@ from exo_tp.process.events import Exited, Failed, ProcessEvent
 from exo_tp.process.supervisor import Child, Job, OnEvent, Supervisor
 from exo_tp.runtime.rank_process import rank_job, rank_memory, rank_ready, rank_speed
 from exo_tp.wire.assignment import Assignment
-from exo_tp.wire.ids import NodeId
+from exo_tp.wire.ids import Epoch, NodeId
 from exo_tp.wire.profiles import LinkProfile
 from exo_tp.wire.runtime import RANK_EVENTS, RankMemory
 
@@ -96,7 +96,7 @@ class NodeWorker:
         return self._assignment
 
     @property
-    def epoch(self) -> int | None:
+    def epoch(self) -> Epoch | None:
         return self._assignment.epoch if self._assignment else None
 
     @property
