@@ -252,11 +252,15 @@ def test_lora_equals_single_device_mlx_lm(
 # 1 to 10 Adam steps at 1e-4; exo-tp on 2 ranks (3:1) against mlx_lm.lora by 2.4e-7 after 1 step
 # and 2.0e-6 after 3 and 10. A wrong gradient (a batch share, a weighting) moves weights by
 # O(lr) = 1e-4 per step; Adam hides a wrongly scaled one, which the SGD cases above catch.
-# The floor holds for one BLAS: OpenBLAS's kernels (chosen by CPU model) sum in another order
-# than MLX's bundled BLAS, and a CI machine measured 1.1e-5 with the two mixed. Both run on the
-# same library here: exo-tp preloads OpenBLAS, and so does pytest (tests/conftest.py).
+# The floor holds for one BLAS and one CPU: OpenBLAS's kernels (chosen by CPU model) sum in
+# another order than MLX's bundled BLAS, and a CI machine measured 1.1e-5 with the two mixed.
+# Both run on OpenBLAS here (exo-tp preloads it, and so does pytest: tests/conftest.py), yet an
+# AMD EPYC VM measured 1.09e-5 (2026-12-07, at this session's base commit too): pytest's
+# reference multiplies on OpenBLAS's threads, each rank on one, and this CPU's kernels sum the
+# threads' parts in another order. 2.5e-5 stays 4x below one wrong step.
 ADAM_LR = 1e-4
-ADAM_ATOL = 1e-5
+ADAM_ATOL = 2.5e-5
+ADAM_MOVED = 1e-4  # every lora_b (zero at first) moved by at least one Adam step of ~lr
 
 
 def test_adam_agrees_with_mlx_lm_within_summation_noise(
@@ -279,7 +283,7 @@ def test_adam_agrees_with_mlx_lm_within_summation_noise(
     worst = max((float(mx.abs(adapters[k] - ref.adapters[k]).max()), k) for k in ref.adapters)
     assert worst[0] <= ADAM_ATOL, f"LoRA weight {worst[1]} differs by {worst[0]:.3g}"
     moved = min(float(mx.abs(ref.adapters[k]).max()) for k in ref.adapters if "lora_b" in k)
-    assert moved > 10 * ADAM_ATOL  # every lora_b (zero at first) took Adam steps of ~lr
+    assert moved > ADAM_MOVED
     losses = [s.train_loss for s in ours.ranks[0].steps]
     np.testing.assert_allclose(losses, ref.losses, rtol=0, atol=LOSS_ATOL)
 
