@@ -122,3 +122,16 @@ def test_a_rank_dying_fails_the_request_in_one_error(default_models: dict[str, P
             model.generate(PROMPT, max_tokens=200)
     finally:
         model.close()
+
+
+def test_bad_input_is_one_readable_error_and_the_ranks_keep_serving(
+    loaded: exo_tp.LoadedModel, default_models: dict[str, Path]
+) -> None:
+    with pytest.raises(ExoTpError, match="1 weights for 2 ranks"):
+        exo_tp.load("smollm2-135m", ranks=2, weights=[1])
+    with pytest.raises(ExoTpError, match=r"stages \[2, 2\] add up to 4 ranks, not 3"):
+        exo_tp.load("smollm2-135m", ranks=3, stages=[2, 2])
+    with pytest.raises(ExoTpError, match="does not fit the model"):
+        list(loaded.stream_generate([10**9], max_tokens=4))
+    reference = mlx_lm_reference(default_models["smollm2-135m"], PROMPT, 4, chat_template=False)
+    assert loaded.generate(PROMPT, max_tokens=4) == reference.text

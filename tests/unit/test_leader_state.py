@@ -276,6 +276,7 @@ def test_the_round_reads_members_statuses_and_links_from_the_state() -> None:
     assert not round_at(12.0, state=observed((A, B), probes=link, stale=(B,))).agreed
     unmeasured = observed((A, B), joined_at=10.0)  # no probe of a-b yet
     assert not round_at(12.0, state=unmeasured).links_ready
+    assert round_at(12.0, state=unmeasured).unmeasured == ((A, B),)  # what the log names
     assert round_at(11.5 + LINK_WAIT, state=unmeasured).links_ready  # then the default link
     left_out, _ = apply(state, Quarantined(node=B, at=0.0, until=20.0))
     assert round_at(12.0, state=left_out).nodes == (A,)

@@ -36,6 +36,7 @@ class Round(Frozen):
     settled: bool  # the membership is complete, or joins stopped for the settle time
     agreed: bool  # every member names this node leader
     links_ready: bool  # every pair's link measured, or waited for long enough
+    unmeasured: tuple[tuple[NodeId, NodeId], ...] = ()  # the pairs no link measured yet
 
 
 def round_of(
@@ -65,6 +66,7 @@ def round_of(
         settled=0 < expected <= len(nodes) or now - cluster.joined_at >= settle,
         agreed=bool(nodes) and agreed,
         links_ready=bool(nodes) and (not missing or waited >= LINK_WAIT),
+        unmeasured=tuple(missing),
     )
 
 

@@ -39,7 +39,6 @@ from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.decide import LOAD_TIMEOUT, next_step, round_of, track
 from exo_tp.node.leader.dispatch import Dispatcher
-from exo_tp.node.leader.links import measured_links, unmeasured_pairs
 from exo_tp.node.leader.members import gather_members, node_weights
 from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.leader.placement import Members, Placement, place, plan_of, serving_draft
@@ -253,18 +252,13 @@ class Leader:
         elif step == "no_model":
             self._dispatcher.detach("no member has a model: start a node with --model")
         elif step == "form" and model is not None:
-            self._log_unmeasured(nodes)
+            if seen.unmeasured:  # links_ready: waited long enough for them
+                log.warning(
+                    "links not measured after %.0f s, planned as the default link: %s",
+                    now - state.cluster.changed_at - config.settle,
+                    ", ".join(f"{a}-{b}" for a, b in seen.unmeasured),
+                )
             await self._form(members, model, seen.adapter_job)
-
-    def _log_unmeasured(self, nodes: tuple[NodeId, ...]) -> None:
-        statuses = self.state.cluster.statuses
-        missing = unmeasured_pairs(measured_links({n: statuses.get(n) for n in nodes}), nodes)
-        if missing:
-            log.warning(
-                "links not measured after %.0f s, planned as the default link: %s",
-                time.monotonic() - self.peers.changed_at - self.config.settle,
-                ", ".join(f"{a}-{b}" for a, b in missing),
-            )
 
     def _fail(self, reason: str) -> None:
         self._apply(EpochFailed(reason=reason, at=time.monotonic()))
