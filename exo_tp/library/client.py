@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from exo_tp.errors import ExoTpError
 
 if TYPE_CHECKING:
+    from exo_tp.api.model_list import ModelObject
     from exo_tp.node.cluster.views import ClusterView, HealthView, PlanView
 
 View = TypeVar("View", bound=BaseModel)
@@ -68,9 +69,11 @@ class Client:
 
         return self._view("/v1/plan", PlanView)
 
-    def models(self) -> list[dict[str, Any]]:
-        """`/v1/models`' cards (OpenAI's shape, with exo-tp's fields)."""
-        return list(self._call("/v1/models")["data"])
+    def models(self) -> list[ModelObject]:
+        """`/v1/models`' cards (OpenAI's shape, with exo-tp's fields: loaded, parent)."""
+        from exo_tp.api.model_list import ModelList
+
+        return ModelList.model_validate(self._call("/v1/models")).data
 
     def load_model(self, model: str) -> dict[str, Any]:
         """Load ``model`` as a request naming it would (`/v1/models/load`)."""

@@ -247,7 +247,7 @@ def test_library_client_reads_the_cluster_as_its_routes_do(cluster: LocalCluster
     assert (seen_plan.nodes, seen_plan.plan) == (read_plan.nodes, read_plan.plan)
     assert client.health().node_id == "local-1"
     listed = http_json(cluster.urls[1] + "/v1/models")[1]["data"]
-    assert [m["id"] for m in client.models()] == [m["id"] for m in listed]
+    assert [m.body() for m in client.models()] == listed
     answer = client.openai().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=4, temperature=0
     )
