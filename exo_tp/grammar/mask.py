@@ -13,10 +13,6 @@ import numpy as np
 
 from exo_tp.grammar.compiler import short
 
-# How a grammar's failure while decoding starts the request's failure message: the API reads
-# it to answer the client (exo_tp.api.core.structured.decoding_failure).
-GRAMMAR_FAILED = "the schema's grammar failed while decoding"
-
 
 def _last_token(tokens: mx.array) -> int:
     """The last of the sequence's token ids (an integer array: item() gives an int)."""
@@ -62,4 +58,5 @@ class GrammarMask:
         """Why, without the grammar (llguidance's short error: `LIMITS`); the conductor logs
         it once, with the request's id."""
         error = short(self._matcher.get_error())
-        self.failure = f"{GRAMMAR_FAILED} after {self._consumed} tokens: {error}"
+        tokens = self._consumed
+        self.failure = f"the schema's grammar failed while decoding after {tokens} tokens: {error}"

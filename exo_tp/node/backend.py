@@ -61,9 +61,10 @@ def api_error(error: DispatchError) -> ApiError:
     if isinstance(error, GenerationFailed):
         return ApiError(
             500,
-            f"generation failed: {error.message}",
+            # the grammar's reason alone: the API words it as the schema's error
+            error.message if error.grammar else f"generation failed: {error.message}",
             kind="server_error",
-            code="generation_failed",
+            code="grammar_failed" if error.grammar else "generation_failed",
         )
     if isinstance(error, ClusterLost):
         return ApiError(

@@ -317,7 +317,8 @@ class Conductor:
         if entry.finished:
             return
         if entry.grammar is not None and entry.grammar.failure is not None:
-            self._fail(entry, entry.grammar.failure, leaving=response.finish_reason is not None)
+            leaving = response.finish_reason is not None
+            self._fail_grammar(entry, entry.grammar.failure, leaving)
             return
         if entry.generated == 0:
             entry.first_token = time.perf_counter()
@@ -347,13 +348,13 @@ class Conductor:
         elif response.finish_reason is not None:
             self._finish(entry, "stop" if response.finish_reason == "stop" else "length")
 
-    def _fail(self, entry: _Request, message: str, leaving: bool) -> None:
+    def _fail_grammar(self, entry: _Request, message: str, leaving: bool) -> None:
         """The request fails for the client (its grammar failed: the text so far is no value);
         it leaves the batch, now unless it is ``leaving`` already. One log line."""
         log.warning("request %s: %s", entry.request.id, message)
         entry.finished = True
         self._requests.pop(entry.request.id, None)
-        self.source.send(RequestFailed(id=entry.request.id, message=message))
+        self.source.send(RequestFailed(id=entry.request.id, message=message, grammar=True))
         if not leaving:
             self._commit(Remove(uids=(entry.uid,)))
 

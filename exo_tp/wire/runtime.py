@@ -184,6 +184,9 @@ class RequestFailed(Frozen):
     kind: Literal["failed"] = "failed"
     id: RequestId
     message: str
+    # Its structured output's grammar failed while decoding: the client's schema, not the
+    # server (the API answers it as the schema's error)
+    grammar: bool = False
 
 
 ConductorEvent = Annotated[Hello | Delta | Done | RequestFailed, Field(discriminator="kind")]

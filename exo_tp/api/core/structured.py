@@ -15,7 +15,6 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.core.errors import ApiError
 from exo_tp.grammar.compiler import GrammarError, grammars_for
-from exo_tp.grammar.mask import GRAMMAR_FAILED
 from exo_tp.wire.runtime import Constraint
 
 # OpenAI's json_object and Ollama's "json": any JSON object (OpenAI's mode answers objects).
@@ -95,12 +94,11 @@ def decoding_failure(error: ApiError, param: str | None = None) -> ApiError:
     """``error`` as the client gets it: the conductor's failure of a request whose grammar
     failed while decoding is the schema's (a 400 naming ``param`` where it is known, or an
     error event once a stream is open), not the server's 500; any other error is itself."""
-    if error.code != "generation_failed" or GRAMMAR_FAILED not in error.message:
+    if error.code != "grammar_failed":
         return error
-    reason = error.message[error.message.index(GRAMMAR_FAILED) :]
     return ApiError(
         400,
-        f"Invalid schema{f' for {param!r}' if param else ''}: {reason}; simplify the schema",
+        f"Invalid schema{f' for {param!r}' if param else ''}: {error.message}; simplify the schema",
         param=param,
         code="invalid_json_schema",
     )

@@ -73,9 +73,9 @@ class KvCacheFull(DispatchError):
 class GenerationFailed(DispatchError):
     """The ranks reported a failure of this request."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, grammar: bool = False):
         super().__init__(message)
-        self.message = message
+        self.message, self.grammar = message, grammar  # grammar: RequestFailed.grammar
 
 
 class ClusterLost(DispatchError):
@@ -183,7 +183,7 @@ class Dispatcher:
         if stream is None:
             return
         if isinstance(event, RequestFailed):
-            stream.put_nowait(GenerationFailed(event.message))
+            stream.put_nowait(GenerationFailed(event.message, event.grammar))
         else:
             stream.put_nowait(event)
 
