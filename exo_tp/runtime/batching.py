@@ -67,6 +67,7 @@ from exo_tp.runtime.speculative import (
     lookup_drafter,
 )
 from exo_tp.shard.fused_step import FusedForward
+from exo_tp.vision.registry import VisionRegistry
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.ids import BatchUid
 from exo_tp.wire.runtime import Insert, Remove, Tokens
@@ -117,6 +118,8 @@ class LockstepBatch:
         if (sample is None) == (deferred is None):
             raise ValueError("a rank samples either now or deferred")
         self.model = model
+        # image prompts (exo_tp.vision.registry): set on the model by the rank, None for text
+        self.vision: VisionRegistry | None = getattr(model, "vision_registry", None)
         self._sample, self._deferred = sample, deferred
         self.admission = Admission(options)
         self.lanes = [
@@ -252,6 +255,10 @@ class LockstepBatch:
             raise DivergedError(f"lane {change.lane} of {len(self.lanes)}")
         generator = self.lanes[change.lane]
         tokens = list(change.tokens)
+        if change.vision is not None:
+            if self.vision is None:
+                raise DivergedError("an image prompt for a model without a vision tower")
+            tokens = self.vision.encode(change.uid, tokens, change.vision)
         cache, cached = self.prompt_cache.fetch(tokens) if self.prompt_cache else (None, 0)
         logits = None
         if change.save_logits:  # every rank runs it: the forward has collectives
@@ -294,6 +301,8 @@ class LockstepBatch:
             self._keep.pop(uid, None)
             self._drafts.pop(uid, None)
             self._backoff.forget(uid)
+            if self.vision is not None:
+                self.vision.release(uid)
         self.applied += 1
 
     def step(self) -> list[Response]:
@@ -327,6 +336,8 @@ class LockstepBatch:
                 self._drafts.pop(response.uid, None)
                 self._backoff.forget(response.uid)
                 self._remember(response.all_tokens, response.prompt_cache)
+                if self.vision is not None:
+                    self.vision.release(response.uid)
         return responses
 
     def _speculate(self, generator: BatchGenerator) -> list[Response] | None:

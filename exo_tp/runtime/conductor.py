@@ -147,7 +147,9 @@ class Conductor:
                 save_logits=request.logits_out is not None,
                 lane=self._lightest_lane(),
                 keep_prompt=request.keep_prompt,
-                draft_tokens=self._draft_tokens(entry),
+                # a prompt's registered ids would make drafts that are never kept
+                draft_tokens=0 if request.vision else self._draft_tokens(entry),
+                vision=request.vision,
             )
         )
         return True
@@ -238,6 +240,8 @@ class Conductor:
 
         def mark(tokens: mx.array, logits: mx.array) -> mx.array:
             self._marked.append(entry.uid)
+            if self.batch.vision is not None:  # an image prompt's registered ids read back
+                tokens = self.batch.vision.real_tokens(tokens)
             for processor in entry.processors:
                 logits = processor(tokens, logits)
             return logits

@@ -55,6 +55,7 @@ from exo_tp.shard.row_pieces import multiply_in_pieces, pieces_wanted
 from exo_tp.shard.tree import get_path
 from exo_tp.transport.channel import Channel, Listener, accept_count, connect
 from exo_tp.transport.ring import init_group
+from exo_tp.vision.on_rank import vision_on_rank
 from exo_tp.wire.assignment import DTYPE_BYTES, LINK_KEY_ENV, Assignment
 from exo_tp.wire.runtime import (
     HELLO,
@@ -359,7 +360,9 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         active_blas(),
         pieced,
     )
+    vision = vision_on_rank(job, model_dir, model, DTYPES[job.dtype])
     driver = _open_hops(job, key, model)
+    driver.vision_registry = vision  # LockstepBatch's: image spans (exo_tp.vision.registry)
     if job.serving.kv_bits is not None:  # mlx-lm's QuantizedKVCache, a sequence at a time:
         # the stage model, so that a pipeline's hops carry one sequence per call too
         serving, bits = job.serving, job.serving.kv_bits  # (bits: narrowed by the check above)
@@ -367,7 +370,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         if problem:
             raise ExoTpError(problem)
         quantize_kv(driver, bits, serving.kv_group_size, serving.quantized_kv_start)
-    fused = _fused_steps(job, driver, group)
+    fused = None if vision else _fused_steps(job, driver, group)  # positions ride on ids
     threading.Thread(target=beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
     if job.rank == job.conductor_rank:  # only the conductor reads text: the followers get

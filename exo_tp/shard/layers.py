@@ -307,13 +307,19 @@ class VocabParallelEmbedding(nn.Module):
         return self._sizes[self._group.rank()]
 
     def __call__(self, ids: mx.array) -> mx.array:
+        return self.reduce(self.local(ids))
+
+    def local(self, ids: mx.array) -> mx.array:
+        """This rank's term of the lookup: its rows, zeros for ids it does not hold."""
         local = ids - self._start
         inside = (local >= 0) & (local < self._local_size)
         if self._local_size:
             rows = self.inner(mx.where(inside, local, 0))
-            rows = rows * inside[..., None].astype(rows.dtype)
-        else:
-            rows = zeros_after((*ids.shape, self._width), self._dtype, ids)
+            return rows * inside[..., None].astype(rows.dtype)
+        return zeros_after((*ids.shape, self._width), self._dtype, ids)
+
+    def reduce(self, rows: mx.array) -> mx.array:
+        """The ranks' terms summed: the lookup."""
         return sum_over_ranks(rows, self._width, self._group)
 
     def as_linear(self, x: mx.array) -> mx.array:

@@ -29,6 +29,7 @@ from exo_tp.process.messages import (
 )
 from exo_tp.wire.ids import BatchUid, Epoch, Rank, RequestId
 from exo_tp.wire.profiles import LinkProfile
+from exo_tp.wire.vision import VisionPrompt
 
 MAX_DRAFT_TOKENS = 32  # more drafts than this cost a longer verify step than they can save
 
@@ -84,6 +85,7 @@ class GenerateRequest(Frozen):
     # default, ServingOptions.num_draft_tokens). Only greedy requests without logits
     # processors or a grammar speculate (exo_tp.runtime.speculative says why).
     num_draft_tokens: int | None = Field(default=None, ge=0, le=MAX_DRAFT_TOKENS)
+    vision: VisionPrompt | None = None  # the prompt's images (exo_tp.wire.vision)
 
     def fit(self, vocab_size: int) -> GenerateRequest:
         """The one check of a request against its model, done where it is made (the API, the
@@ -264,6 +266,7 @@ class Insert(Frozen):
     # Prompt-lookup drafts per step for this sequence (0: never speculates); the conductor
     # resolves the request's and the node's settings so that every rank holds the same.
     draft_tokens: int = Field(default=0, ge=0, le=MAX_DRAFT_TOKENS)
+    vision: VisionPrompt | None = None  # the prompt's images: its span runs from a registry
 
 
 class Remove(Frozen):

@@ -1,0 +1,164 @@
+"""A vision checkpoint's language model on a rank, taught to run registered image spans.
+
+The rank runs mlx-lm's text model of the checkpoint (the tables split it as any model); these
+wrappers add what mlx-vlm's merged input brings (exo_tp.vision.registry says how the ids carry
+it): the embedding's image rows, the per-layer tables' id 0 at images, M-RoPE's positions, and
+for a family whose text model scales its embeddings (Gemma), the scale applied to the token
+rows only, before the all-reduce, as mlx-vlm applies it before it scatters the image features.
+With nothing registered every wrapper runs exactly what it wraps.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from exo_tp.arch import table_for
+from exo_tp.shard.layers import VocabParallelEmbedding, Wrapper
+from exo_tp.shard.tree import get_path, has_path, set_path
+from exo_tp.vision.registry import VisionRegistry
+
+
+@dataclass(frozen=True)
+class VisionFamily:
+    """What a family's merged input needs on the ranks."""
+
+    mrope: bool = False  # 3-D positions (Qwen 3.5, Qwen3-VL)
+    scale_attr: str | None = None  # the text stack's embedding scale (Gemma 4)
+
+
+VISION_FAMILIES: dict[str, VisionFamily] = {
+    "qwen3_5": VisionFamily(mrope=True),
+    "qwen3_5_moe": VisionFamily(mrope=True),
+    "gemma4": VisionFamily(scale_attr="embed_scale"),
+}
+
+
+def vision_config(model_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint's config.json when it holds a vision tower, else None."""
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        return None
+    config = json.loads(path.read_text())
+    return config if config.get("vision_config") else None
+
+
+class VisionEmbedding(nn.Module):
+    """The first stage's vocab-parallel embedding over registered spans (module doc)."""
+
+    def __init__(self, inner: VocabParallelEmbedding, registry: VisionRegistry, scale: float):
+        super().__init__()
+        self.inner = inner
+        self._registry = registry
+        self._scale = scale
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        registry = self._registry
+        rows = self.inner.local(registry.real_tokens(ids))
+        if self._scale != 1.0:
+            rows = rows * self._scale
+        if registry.empty:
+            return self.inner.reduce(rows)
+        rows = mx.where(registry.image_rows(ids)[..., None], mx.zeros((1,), rows.dtype), rows)
+        features = registry.features(ids, rows.dtype)
+        return self.inner.reduce(rows if features is None else rows + features)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self.inner.as_linear(x)
+
+
+class ImageIdsAsZero(nn.Module):
+    """A per-layer vocab table (Gemma 4): registered ids looked up as their token, 0 at images."""
+
+    def __init__(self, inner: nn.Module, registry: VisionRegistry):
+        super().__init__()
+        self.inner = inner
+        self._registry = registry
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return self.inner(self._registry.real_tokens(ids, image_as=0))
+
+
+class MropeRope(nn.Module):
+    """An attention's RoPE: rows holding registered ids take mlx-vlm's M-RoPE at their 3-D
+    positions; every other row mlx-lm's own RoPE at the cache offset, as without images."""
+
+    def __init__(self, inner: nn.Module, rotary: Any, registry: VisionRegistry):
+        super().__init__()
+        self.inner = inner
+        self._rotary = rotary
+        self._registry = registry
+
+    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
+        plain = self.inner(x, offset=offset)
+        ids = self._registry.current_ids
+        if self._registry.empty or ids is None or ids.shape[1] != x.shape[2]:
+            return plain
+        positions, rows = self._registry.positions(ids, offset)
+        turned, _ = self._rotary.apply_rotary(x, x, positions, unsqueeze_dim=1)
+        return mx.where(rows[:, None, None, None], turned, plain)
+
+
+class _SeesIds:
+    """Mixed into the text stack's class: each forward's ids stay where the RoPE reads them."""
+
+    _vision_registry: VisionRegistry
+
+    def __call__(self, inputs: mx.array, *args: Any, **kwargs: Any) -> Any:
+        self._vision_registry.current_ids = inputs
+        try:
+            return super().__call__(inputs, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._vision_registry.current_ids = None
+
+
+def _mrope_rotary(config: dict[str, Any]) -> Any:
+    """mlx-vlm's own M-RoPE for the text config (Qwen 3.5's interleaved sections)."""
+    from mlx_vlm.models.qwen3_5.language import Qwen3_5RotaryEmbedding
+
+    text = config["text_config"]
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    return Qwen3_5RotaryEmbedding(
+        int(head_dim * rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))),
+        max_position_embeddings=text.get("max_position_embeddings", 2048),
+        base=rope.get("rope_theta", text.get("rope_theta", 10000.0)),
+        mrope_section=rope["mrope_section"],
+    )
+
+
+def teach_images(
+    model: nn.Module, model_type: str, config: dict[str, Any], registry: VisionRegistry, first: bool
+) -> None:
+    """Install the wrappers on a loaded shard (every stage: positions; the first: lookups)."""
+    family = VISION_FAMILIES.get(model_type)
+    if family is None:
+        raise ValueError(f"{model_type}: images are not supported on the cluster for it yet")
+    table = table_for(model_type)
+    stack = get_path(model, table.stack)
+    cls = type(stack)
+    stack.__class__ = type(cls.__name__, (_SeesIds, cls), {})
+    stack._vision_registry = registry
+    if first:
+        scale = 1.0
+        if family.scale_attr is not None:
+            scale = float(getattr(stack, family.scale_attr))
+            setattr(stack, family.scale_attr, 1.0)  # the wrapper scales the token rows
+        embedding = get_path(model, table.embedding)
+        set_path(model, table.embedding, VisionEmbedding(embedding, registry, scale))
+        for path in table.vocab_tables:
+            if has_path(model, path):
+                set_path(model, path, ImageIdsAsZero(get_path(model, path), registry))
+    if family.mrope:
+        rotary = _mrope_rotary(config)
+        for block in get_path(model, table.layers):
+            attention = getattr(block, "self_attn", None)
+            while isinstance(attention, Wrapper):  # the shard's wrappers hold the attention
+                attention = attention["inner"]
+            if attention is not None and "rope" in attention:
+                attention.rope = MropeRope(attention.rope, rotary, registry)

@@ -1,0 +1,63 @@
+"""The vision tower and projector, on the one rank that runs them: mlx-vlm's own model.
+
+mlx-vlm loads the checkpoint lazily (its classes, sanitize and quantization), and its language
+model is swapped for a stand-in before anything is read, so only the tower's and projector's
+weights load. The stand-in embeds every token as zeros: mlx-vlm's own ``get_input_embeddings``
+then returns the image features scattered over the image positions and zeros elsewhere, which is
+this rank's extra term of the embedding's all-reduce (exo_tp.vision.registry).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from exo_tp.wire.vision import VisionPrompt
+
+
+class _ZeroEmbedding(nn.Module):
+    """The stand-in text model's parts mlx-vlm's merge reads."""
+
+    def __init__(self, width: int, dtype: mx.Dtype):
+        super().__init__()
+        self._width, self._dtype = width, dtype
+        self.embed_scale = 1.0
+        self.hidden_size_per_layer_input = 0
+
+    def embed_tokens(self, ids: mx.array) -> mx.array:
+        return mx.zeros((*ids.shape, self._width), dtype=self._dtype)
+
+
+class _NoText(nn.Module):
+    def __init__(self, width: int, dtype: mx.Dtype):
+        super().__init__()
+        self.model = _ZeroEmbedding(width, dtype)
+
+    def get_rope_index(self, *args: Any, **kwargs: Any) -> tuple[None, None]:
+        return None, None  # the API computed the positions; the tower needs none
+
+
+class Tower:
+    def __init__(self, model_dir: Path, width: int, dtype: mx.Dtype):
+        from mlx_vlm.utils import load_model
+
+        model = load_model(Path(model_dir), lazy=True)
+        del model["language_model"]
+        model.language_model = _NoText(width, dtype)
+        mx.eval(model.parameters())
+        self._model = model
+        leaves: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+        self.bytes = sum(value.nbytes for _, value in leaves)
+
+    def features(self, tokens: list[int], vision: VisionPrompt) -> mx.array:
+        """(span, hidden): the image features at the span's image positions, zeros elsewhere."""
+        inputs = {name: mx.array(t.numpy()) for name, t in vision.tower_inputs.items()}
+        pixels = inputs.pop("pixel_values")
+        merged = self._model.get_input_embeddings(mx.array(tokens)[None], pixels, **inputs)
+        rows = merged.inputs_embeds[0, : vision.span]
+        mx.eval(rows)
+        return rows
