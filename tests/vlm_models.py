@@ -261,3 +261,44 @@ def write_tiny_vlm(folder: Path, family: Family, tokenizer_from: Path, seed: int
         (folder / name).write_text(json.dumps(content))
     _write_tokenizer(folder, family, tokenizer_from)
     return folder
+
+
+TOKENS = 16  # compared greedy tokens: M-RoPE errors show after a few
+PROMPT = "Describe the image."
+
+
+def gradient(shade: int, width: int = 96, height: int = 64) -> Any:
+    """An RGB image: horizontal and vertical ramps, a third channel set by ``shade``."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack(
+        [x * 255 // (width - 1), y * 255 // (height - 1), (x + y) * shade % 256], axis=-1
+    )
+    return Image.fromarray(pixels.astype(np.uint8))
+
+
+def greedy(
+    model: Any, processor: Any, image: Any, tokens: int = TOKENS, prompt: str = PROMPT
+) -> list[int]:
+    """Single-device mlx-vlm: the greedy tokens for one image and ``prompt``, rendered by its own
+    chat template (the reference a cluster serving images is compared with)."""
+    from mlx_vlm.prompt_utils import apply_chat_template
+
+    text = apply_chat_template(processor, model.config, prompt, num_images=1 if image else 0)
+    return greedy_text(model, processor, text, [image] if image is not None else [], tokens)
+
+
+def greedy_text(
+    model: Any, processor: Any, text: str, images: list[Any], tokens: int = TOKENS
+) -> list[int]:
+    """Single-device mlx-vlm's greedy tokens for a rendered prompt and its images."""
+    from mlx_vlm import stream_generate
+
+    by_position: dict[int, int] = {}  # the last response repeats the last token
+    for response in stream_generate(
+        model, processor, text, image=images or None, max_tokens=tokens, temperature=0.0
+    ):
+        by_position[response.generation_tokens] = response.token
+    return [by_position[i] for i in sorted(by_position)]

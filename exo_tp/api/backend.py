@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from pydantic import BaseModel
@@ -13,6 +13,9 @@ from exo_tp.api.finetune_api import FineTuningService
 from exo_tp.api.model_list import ModelObject
 from exo_tp.api.proxy import Upstream
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
+
+if TYPE_CHECKING:
+    from exo_tp.vision.prompt import ImagePrompter
 
 
 class Backend(Protocol):
@@ -26,6 +29,10 @@ class Backend(Protocol):
 
     @property
     def tokenizer(self) -> TokenizerWrapper: ...
+    @property
+    def images(self) -> ImagePrompter | None:
+        """The model's image processor; None when it takes no images."""
+
     @property
     def context_length(self) -> int: ...
     @property

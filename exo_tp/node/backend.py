@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -35,6 +35,9 @@ from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.status_views import StatusViews
 from exo_tp.security.signing import control_headers
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
+
+if TYPE_CHECKING:
+    from exo_tp.vision.prompt import ImagePrompter
 
 
 def api_error(error: DispatchError) -> ApiError:
@@ -122,6 +125,10 @@ class NodeBackend:
     @property
     def tokenizer(self) -> TokenizerWrapper:
         return self._prepared().tokenizer
+
+    @property
+    def images(self) -> ImagePrompter | None:
+        return self._prepared().images
 
     @property
     def context_length(self) -> int:

@@ -294,16 +294,20 @@ class LockstepBatch:
             kept = generator.remove(mine, return_prompt_caches=bool(self.prompt_cache))
             for cache, tokens in kept.values():
                 self._remember(tokens, cache)
-        self.active.difference_update(present)
         for uid in present:
-            del self._lane_of[uid]
-            self.admission.joined.pop(uid, None)
+            self._forget(uid)
             self._keep.pop(uid, None)
-            self._drafts.pop(uid, None)
-            self._backoff.forget(uid)
-            if self.vision is not None:
-                self.vision.release(uid)
         self.applied += 1
+
+    def _forget(self, uid: int) -> None:
+        """A sequence left the batch (removed, or finished in a step)."""
+        self.active.discard(uid)
+        self._lane_of.pop(uid, None)
+        self.admission.joined.pop(uid, None)
+        self._drafts.pop(uid, None)
+        self._backoff.forget(uid)
+        if self.vision is not None:
+            self.vision.release(uid)
 
     def step(self) -> list[Response]:
         """One step of the generator (of the lane whose turn it is): a decode step of the
@@ -330,14 +334,8 @@ class LockstepBatch:
             if response.uid in self._keep:
                 self._keep_prompt(generator, response.uid, self._keep.pop(response.uid))
             if response.finish_reason is not None:
-                self.active.discard(response.uid)
-                self._lane_of.pop(response.uid, None)
-                self.admission.joined.pop(response.uid, None)
-                self._drafts.pop(response.uid, None)
-                self._backoff.forget(response.uid)
+                self._forget(response.uid)
                 self._remember(response.all_tokens, response.prompt_cache)
-                if self.vision is not None:
-                    self.vision.release(response.uid)
         return responses
 
     def _speculate(self, generator: BatchGenerator) -> list[Response] | None:

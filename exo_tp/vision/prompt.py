@@ -16,7 +16,9 @@ import numpy as np
 from exo_tp.vision.text_model import VISION_FAMILIES
 from exo_tp.wire.vision import Tensor, VisionPrompt
 
-_NOT_TOWER = ("input_ids", "attention_mask", "mask")
+# The processor's per-token outputs: the ranks have the ids; the tower reads none of them (and
+# the registry's key must not change with the text after the last image).
+_NOT_TOWER = ("input_ids", "attention_mask", "mask", "token_type_ids", "mm_token_type_ids")
 
 
 class ImagePrompter:

@@ -40,7 +40,23 @@ VISION_FAMILIES: dict[str, VisionFamily] = {
 
 
 def vision_config(model_dir: Path) -> dict[str, Any] | None:
-    """The checkpoint's config.json when it holds a vision tower, else None."""
+    """The checkpoint's config.json when it holds a vision tower the cluster runs (a family of
+    VISION_FAMILIES), else None: another family's checkpoint serves its text, and the API
+    answers an image for it with a 400 (unsupported_vision_family names it)."""
+    config = _config(model_dir)
+    if config is None or config.get("model_type") not in VISION_FAMILIES:
+        return None
+    return config
+
+
+def unsupported_vision_family(model_dir: Path) -> str | None:
+    """The model type of a checkpoint with a vision tower the cluster does not run yet."""
+    config = _config(model_dir)
+    kind = config.get("model_type") if config else None
+    return str(kind) if config and kind not in VISION_FAMILIES else None
+
+
+def _config(model_dir: Path) -> dict[str, Any] | None:
     path = Path(model_dir) / "config.json"
     if not path.exists():
         return None
@@ -136,9 +152,7 @@ def teach_images(
     model: nn.Module, model_type: str, config: dict[str, Any], registry: VisionRegistry, first: bool
 ) -> None:
     """Install the wrappers on a loaded shard (every stage: positions; the first: lookups)."""
-    family = VISION_FAMILIES.get(model_type)
-    if family is None:
-        raise ValueError(f"{model_type}: images are not supported on the cluster for it yet")
+    family = VISION_FAMILIES[model_type]  # vision_config() admits only these
     table = table_for(model_type)
     stack = get_path(model, table.stack)
     cls = type(stack)

@@ -12,23 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (.ci/install installs it)")
-from PIL import Image  # noqa: E402 (mlx-vlm's dependency: present whenever it is)
-from vlm_models import FAMILIES, write_tiny_vlm  # noqa: E402
+from vlm_models import FAMILIES, gradient, greedy, write_tiny_vlm  # noqa: E402
 
 TOKENS = 16
 # Gemma 4's processor builds its audio feature extractor whatever the checkpoint holds.
 pytestmark = pytest.mark.filterwarnings("ignore:At least one mel filter:UserWarning")
-
-
-def gradient(shade: int) -> Image.Image:
-    """A 96x64 RGB image: horizontal and vertical ramps, a third channel set by ``shade``."""
-    y, x = np.mgrid[0:64, 0:96]
-    pixels = np.stack([x * 255 // 95, y * 255 // 63, (x + y) * shade % 256], axis=-1)
-    return Image.fromarray(pixels.astype(np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -48,19 +39,6 @@ def loaded(checkpoints: dict[str, Path]) -> dict[str, tuple[Any, Any]]:
     from mlx_vlm import load
 
     return {family: load(str(folder)) for family, folder in checkpoints.items()}
-
-
-def greedy(model: Any, processor: Any, image: Image.Image) -> list[int]:
-    from mlx_vlm import stream_generate
-    from mlx_vlm.prompt_utils import apply_chat_template
-
-    prompt = apply_chat_template(processor, model.config, "Describe the image.", num_images=1)
-    tokens: dict[int, int] = {}  # by position: the last response repeats the last token
-    for response in stream_generate(
-        model, processor, prompt, image=[image], max_tokens=TOKENS, temperature=0.0
-    ):
-        tokens[response.generation_tokens] = response.token
-    return [tokens[i] for i in sorted(tokens)]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

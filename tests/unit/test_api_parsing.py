@@ -243,8 +243,8 @@ def _chat_request(body: dict) -> object:
                     }
                 ]
             },
-            "messages[0].content[1].type",
-            "text-only",
+            "messages[0].content[1]",
+            "base64",
         ),
     ],
 )

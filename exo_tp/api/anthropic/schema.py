@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     ValidationError,
     field_validator,
@@ -19,6 +20,7 @@ from pydantic import (
 
 from exo_tp.api.core.conversation import (
     Chat,
+    ImagePart,
     Part,
     TextPart,
     template_tool,
@@ -26,6 +28,7 @@ from exo_tp.api.core.conversation import (
     tool_call,
 )
 from exo_tp.api.core.conversation import Message as ChatMessage
+from exo_tp.api.core.images import image_bytes, image_from_url
 from exo_tp.api.core.sampling import check_stops
 from exo_tp.api.core.strict import Passed, Strict
 
@@ -48,10 +51,41 @@ class ToolUseBlock(_Block):
     input: dict[str, Any]
 
 
+class Base64Source(Strict):
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+
+class UrlSource(Strict):
+    type: Literal["url"]
+    url: str
+
+
+class ImageBlock(_Block):
+    """An image: base64 (read here), or a URL (refused unless the server fetches them)."""
+
+    type: Literal["image"]
+    source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+    _image: ImagePart | None = PrivateAttr(default=None)  # decoded once, by the validator
+
+    @model_validator(mode="after")
+    def _readable(self) -> ImageBlock:
+        if isinstance(self.source, Base64Source):  # bad base64 or URL: the block's 400
+            self._image = ImagePart(data=image_bytes(self.source.data, "the image's data"))
+        else:
+            self._image = image_from_url(self.source.url)
+        return self
+
+    def part(self) -> ImagePart:
+        assert self._image is not None  # set by the validator
+        return self._image
+
+
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock] | None = None
+    content: str | list[TextBlock | ImageBlock] | None = None
     is_error: bool | None = None
 
     def message(self) -> ChatMessage:
@@ -67,16 +101,21 @@ class ThinkingBlock(_Block):
     type: Literal["thinking", "redacted_thinking"]
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+Block = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
 
 
 def _texts(blocks: Sequence[Block]) -> list[Part]:
-    """The text blocks among ``blocks``, as text parts."""
-    return [TextPart(text=b.text) for b in blocks if isinstance(b, TextBlock)]
+    """The text and image blocks among ``blocks``, as parts in their order."""
+    return [
+        TextPart(text=b.text) if isinstance(b, TextBlock) else b.part()
+        for b in blocks
+        if isinstance(b, TextBlock | ImageBlock)
+    ]
 
 
 _BLOCKS: dict[str, type[BaseModel]] = {
     "text": TextBlock,
+    "image": ImageBlock,
     "tool_use": ToolUseBlock,
     "tool_result": ToolResultBlock,
     "thinking": ThinkingBlock,
@@ -110,8 +149,7 @@ class Message(Strict):
             if model is None:
                 raise ValueError(
                     f"content block {i} of type {kind!r} is not supported: this "
-                    "cluster serves a text-only model (text, tool_use and "
-                    "tool_result blocks)"
+                    "cluster takes text, image, tool_use and tool_result blocks"
                 )
             try:
                 blocks.append(model.model_validate(block))
@@ -135,7 +173,7 @@ class Message(Strict):
             return [said]
         if self.role == "user":
             results = [b.message() for b in content if isinstance(b, ToolResultBlock)]
-            return [*results, said] if said.text() or not results else results
+            return [*results, said] if said.parts or not results else results
         calls = [tool_call(b.name, b.input, b.id) for b in content if isinstance(b, ToolUseBlock)]
         if calls:
             return [ChatMessage(role="assistant", parts=said.parts, tool_calls=calls)]

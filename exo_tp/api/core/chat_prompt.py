@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 from mlx_lm.server import convert_chat, process_message_content
@@ -14,8 +14,13 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo_tp.api.core.conversation import Chat, Message
 from exo_tp.api.core.errors import ApiError
+from exo_tp.api.core.images import read_images
 from exo_tp.api.core.structured import tool_call
 from exo_tp.wire.runtime import Constraint
+from exo_tp.wire.vision import VisionPrompt
+
+if TYPE_CHECKING:
+    from exo_tp.vision.prompt import ImagePrompter
 
 # What rendering a client's conversation through the model's template raises when the template
 # refuses it: the template's own raise_exception or an undefined name (TemplateError), a value
@@ -39,6 +44,7 @@ class ToolUse:
 @dataclass(frozen=True)
 class Prompt:
     tokens: list[int]
+    vision: VisionPrompt | None = None  # its images, as the ranks take them
     initial_state: str = "normal"  # the answer's first state: normal, reasoning or tool
     tools: list[dict[str, Any]] | None = None  # tool calls in the answer are parsed for these
     constraint: Constraint | None = None  # a forced tool call's grammar (its arguments parse)
@@ -78,12 +84,55 @@ def choose_tools(
     return ToolUse(tools, forced=choice == "required")
 
 
-def chat_prompt(tokenizer: TokenizerWrapper, chat: Chat, server_args: dict[str, Any]) -> Prompt:
+def chat_prompt(
+    tokenizer: TokenizerWrapper,
+    chat: Chat,
+    server_args: dict[str, Any],
+    images: ImagePrompter | None = None,
+) -> Prompt:
     """``chat``'s prompt: its tools as its tool choice offers them, rendered with the server's
-    template variables (--chat-template-args) under the request's own."""
+    template variables (--chat-template-args) under the request's own; its images read and
+    checked, and made the ranks' input by ``images`` (the model's processor; None: the model
+    takes no images, and an image part is a 400)."""
     use = choose_tools(chat.tools, chat.tool_choice, tokenizer)
     args = {**server_args, **chat.template_args}
+    pictures = read_images(chat.messages, images is not None, fetch_urls=False)
+    if pictures and images is not None:
+        return _image_prompt(tokenizer, chat.messages, use, args, images, pictures)
     return render_chat(tokenizer, chat.messages, use, args, chat.role_mapping)
+
+
+def _image_prompt(
+    tokenizer: TokenizerWrapper,
+    conversation: Sequence[Message],
+    use: ToolUse,
+    template_args: dict[str, Any],
+    images: ImagePrompter,
+    pictures: list[Any],
+) -> Prompt:
+    """The template's text (image parts where the images go), through mlx-vlm's processor."""
+    messages = [message.for_template() for message in conversation]
+    lists = {i: m["content"] for i, m in enumerate(messages) if isinstance(m.get("content"), list)}
+    for i in lists:  # mlx_lm.server's pass reads text lists only; its tool calls still apply
+        messages[i]["content"] = ""
+    process_message_content(messages)
+    for i, content in lists.items():
+        messages[i]["content"] = content
+    text = _rendered(
+        tokenizer,
+        messages,
+        tools=use.tools,
+        tokenize=False,
+        add_generation_prompt=True,
+        **template_args,
+    )
+    try:
+        tokens, vision = images.prompt(text, pictures)
+    except ValueError as error:
+        raise ApiError(
+            400, f"The images could not be processed: {error}", param="messages"
+        ) from None
+    return _finish(tokenizer, tokens, use, vision)
 
 
 def render_chat(
@@ -99,10 +148,21 @@ def render_chat(
     if not tokenizer.has_chat_template:
         tokens = tokenizer.encode(convert_chat(messages, role_mapping))
         return Prompt(tokens=_token_list(tokens))
+    tokens = _rendered(
+        tokenizer,
+        messages,
+        tools=use.tools,
+        tokenize=True,
+        add_generation_prompt=True,
+        **template_args,
+    )
+    return _finish(tokenizer, _token_list(tokens), use)
+
+
+def _rendered(tokenizer: TokenizerWrapper, messages: list[dict[str, Any]], **options: Any) -> Any:
+    """The chat template's output; its refusal of the client's values is a 400."""
     try:
-        tokens = tokenizer.apply_chat_template(
-            messages, tools=use.tools, tokenize=True, add_generation_prompt=True, **template_args
-        )
+        return tokenizer.apply_chat_template(messages, **options)
     except TEMPLATE_REFUSALS as error:
         message = str(error).strip() or type(error).__name__
         raise ApiError(
@@ -110,13 +170,18 @@ def render_chat(
             f"The model's chat template rejected the request: {message[:500]}",
             param="messages",
         ) from None
-    tokens = _token_list(tokens)
+
+
+def _finish(
+    tokenizer: TokenizerWrapper, tokens: list[int], use: ToolUse, vision: VisionPrompt | None = None
+) -> Prompt:
+    """Where the answer starts; a forced tool call's opening and grammar."""
     state = _initial_state(tokenizer, tokens)
     if use.forced and use.tools:  # the answer starts inside a tool call, and is one
-        tokens += list(tokenizer.tool_call_start_tokens)
+        tokens = tokens + list(tokenizer.tool_call_start_tokens)
         constraint = tool_call(tokenizer, use.tools)
-        return Prompt(tokens=tokens, initial_state="tool", tools=use.tools, constraint=constraint)
-    return Prompt(tokens=tokens, initial_state=state, tools=use.tools)
+        return Prompt(tokens, vision, "tool", use.tools, constraint)
+    return Prompt(tokens=tokens, vision=vision, initial_state=state, tools=use.tools)
 
 
 def _initial_state(tokenizer: TokenizerWrapper, tokens: list[int]) -> str:

@@ -3,8 +3,9 @@ typed parts, their tool calls, and the tools offered, as one `Chat`. Each dialec
 own messages into these; only `Message.for_template`, just before the chat template renders the
 prompt (chat_prompt.py), turns a message into the dict a template reads.
 
-Text is the only part there is: every dialect refuses other kinds of content (images) while
-parsing its request, with its own 400."""
+Parts are text or images. An image part keeps the bytes the client sent (decoded from base64,
+not yet read as an image): chat_prompt.py reads and checks them off the event loop, and a model
+without a vision tower refuses them there."""
 
 from __future__ import annotations
 
@@ -35,9 +36,18 @@ class TextPart(_Built):
     text: str
 
 
-# Every kind of content part a message may hold, told apart by ``type``: another kind (an
-# image) joins it as a member of a union here.
-Part: TypeAlias = Annotated[TextPart, Field(discriminator="type")]
+class ImagePart(_Built):
+    """An image as the client sent it: the file's bytes (a data URL's or base64 field's), or
+    the http(s) URL it named; ``detail`` is OpenAI's hint, accepted and not used."""
+
+    type: Literal["image"] = "image"
+    data: bytes | None = None
+    url: str | None = None
+    detail: str | None = None
+
+
+# Every kind of content part a message may hold, told apart by ``type``.
+Part: TypeAlias = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
 def text_parts(text: str | None) -> list[Part]:
@@ -78,7 +88,20 @@ class Message(_Built):
     passed: dict[str, Any] = {}
 
     def text(self) -> str:
-        return "".join(part.text for part in self.parts)
+        return "".join(part.text for part in self.parts if isinstance(part, TextPart))
+
+    def images(self) -> list[ImagePart]:
+        return [part for part in self.parts if isinstance(part, ImagePart)]
+
+    def _content(self) -> str | list[dict[str, str]]:
+        """Text joined, as mlx_lm.server joins it; with images, the parts in order as
+        mlx-vlm's templates take them ({"type": "image"} where each image goes)."""
+        if not self.images():
+            return self.text()
+        return [
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
+            for part in self.parts
+        ]
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates take it: its text parts joined into ``content`` (as
@@ -87,7 +110,7 @@ class Message(_Built):
         fields = self.model_dump(exclude_unset=True, exclude={"role", "parts", "passed"})
         if "parts" not in self.model_fields_set:
             return {"role": self.role, **fields, **self.passed, "content": ""}
-        return {"role": self.role, "content": self.text(), **fields, **self.passed}
+        return {"role": self.role, "content": self._content(), **fields, **self.passed}
 
 
 class FunctionSpec(Passed):

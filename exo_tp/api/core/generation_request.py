@@ -81,6 +81,8 @@ def fitted(node: Backend, ask: Ask) -> GenerateRequest:
     )
     if ask.num_draft_tokens is not None:
         request = replace(request, num_draft_tokens=ask.num_draft_tokens)
+    if ask.prompt.vision is not None:
+        request = replace(request, vision=ask.prompt.vision)
     constraint, _ = ask.structure()
     return request if constraint is None else replace(request, constraint=constraint)
 

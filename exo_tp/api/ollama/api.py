@@ -107,7 +107,7 @@ async def show(node: Backend, request: web.Request) -> web.Response:
 def _generate_prompt(node: Backend, parsed: GenerateRequest) -> Prompt:
     if parsed.raw:
         return Prompt(tokens=completion_prompt(node.tokenizer, parsed.prompt))
-    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args)
+    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args, node.images)
 
 
 def _stats(done: Done, started: float) -> Statistics:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from exo_tp.api.core.conversation import Chat, FunctionSpec, text_parts, tool_call
+from exo_tp.api.core.conversation import Chat, FunctionSpec, ImagePart, text_parts, tool_call
 from exo_tp.api.core.conversation import Message as ChatMessage
+from exo_tp.api.core.images import image_bytes
 from exo_tp.api.core.sampling import PENALTY_LIMIT, SEED_RANGE, SamplingFields, check_stops
 from exo_tp.api.core.strict import Passed, Strict
 
@@ -112,16 +113,18 @@ class Message(Passed):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     thinking: str | None = None
-    images: list[Any] | None = None
+    images: list[str] | None = None  # base64 files, before the text (as Ollama renders them)
     tool_calls: list[ToolCall] | None = None
     tool_name: str | None = None
+    _images: list[ImagePart] = PrivateAttr(default_factory=list)  # decoded by the validator
 
-    @field_validator("images")
-    @classmethod
-    def _no_images(cls, images: list[Any] | None) -> list[Any] | None:
-        if images:
-            raise ValueError("images are not supported: this cluster serves a text-only model")
-        return images
+    @model_validator(mode="after")
+    def _read_images(self) -> Message:
+        self._images = [
+            ImagePart(data=image_bytes(image, f"image {i}"))
+            for i, image in enumerate(self.images or [])
+        ]
+        return self
 
     def message(self) -> ChatMessage:
         """The message without its thinking (not shown again); a tool result names its tool."""
@@ -130,7 +133,8 @@ class Message(Passed):
             fields["tool_calls"] = [
                 tool_call(c.function.name, c.function.arguments) for c in self.tool_calls
             ]
-        return ChatMessage(role=self.role, parts=text_parts(self.content), **fields)
+        parts = [*self._images, *text_parts(self.content)]
+        return ChatMessage(role=self.role, parts=parts, **fields)
 
 
 class Tool(Passed):
@@ -201,7 +205,8 @@ class GenerateRequest(OllamaRequest):
     template: str | None = None
     context: list[int] | None = None
     raw: bool = False
-    images: list[Any] | None = None
+    images: list[str] | None = None
+    _images: list[ImagePart] = PrivateAttr(default_factory=list)  # decoded by the validator
 
     @field_validator("suffix")
     @classmethod
@@ -229,17 +234,21 @@ class GenerateRequest(OllamaRequest):
             )
         return context
 
-    @field_validator("images")
-    @classmethod
-    def _no_images(cls, images: list[Any] | None) -> list[Any] | None:
-        if images:
-            raise ValueError("images are not supported: this cluster serves a text-only model")
-        return images
+    @model_validator(mode="after")
+    def _read_images(self) -> GenerateRequest:
+        if self.images and self.raw:
+            raise ValueError("images need the model's template: they cannot go with raw=true")
+        self._images = [
+            ImagePart(data=image_bytes(image, f"image {i}"))
+            for i, image in enumerate(self.images or [])
+        ]
+        return self
 
     def chat(self) -> Chat:
-        """The prompt as a user message, after the system prompt, and the thinking switch."""
+        """The prompt as a user message (its images first), after the system prompt, and the
+        thinking switch."""
         system = [ChatMessage(role="system", parts=text_parts(self.system))] if self.system else []
-        user = ChatMessage(role="user", parts=text_parts(self.prompt))
+        user = ChatMessage(role="user", parts=[*self._images, *text_parts(self.prompt)])
         return Chat(messages=[*system, user], template_args=self._template_args())
 
 

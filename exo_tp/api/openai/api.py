@@ -120,7 +120,11 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
     ask = Ask(
         id=request_id("chatcmpl"),
         prompt=await off_loop(
-            chat_prompt, node.tokenizer, parsed.chat(), node.defaults.chat_template_args
+            chat_prompt,
+            node.tokenizer,
+            parsed.chat(),
+            node.defaults.chat_template_args,
+            node.images,
         ),
         sampling=parsed,
         max_tokens=parsed.requested_max_tokens(),

@@ -9,9 +9,18 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from exo_tp.api.core.conversation import Chat, FunctionSpec, Message, TextPart, text_parts
+from exo_tp.api.core.conversation import (
+    Chat,
+    FunctionSpec,
+    ImagePart,
+    Message,
+    Part,
+    TextPart,
+    text_parts,
+)
+from exo_tp.api.core.images import image_from_url
 from exo_tp.api.core.sampling import SamplingFields, check_stops
 from exo_tp.api.core.strict import Passed, Strict
 from exo_tp.wire.runtime import MAX_DRAFT_TOKENS
@@ -45,22 +54,39 @@ RENDER_ARGUMENTS = frozenset(
 # ---- conversations ---------------------------------------------------------------------
 
 
+class ImageUrl(Passed):
+    url: str
+    detail: str | None = None  # OpenAI's resolution hint: accepted, the processor decides
+
+
 class ContentPart(Passed):
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
+    _image: ImagePart | None = PrivateAttr(default=None)  # decoded once, by the validator
 
     @field_validator("type")
     @classmethod
-    def _text_only(cls, kind: str) -> str:
-        if kind not in ("text", "refusal"):
+    def _known(cls, kind: str) -> str:
+        if kind not in ("text", "refusal", "image_url"):
             raise ValueError(
                 f"content parts of type {kind!r} are not supported: this cluster "
-                "serves a text-only model"
+                "takes text and image_url parts"
             )
         return kind
 
-    def plain(self) -> str:
-        return self.text or getattr(self, "refusal", None) or ""
+    @model_validator(mode="after")
+    def _read_image(self) -> ContentPart:
+        if self.type == "image_url":  # a missing or unreadable image_url: the part's 400
+            if self.image_url is None:
+                raise ValueError("an image_url part needs its image_url: {'url': ...}")
+            self._image = image_from_url(self.image_url.url, self.image_url.detail)
+        return self
+
+    def part(self) -> Part:
+        if self._image is not None:
+            return self._image
+        return TextPart(text=self.text or getattr(self, "refusal", None) or "")
 
 
 class FunctionCall(Passed):
@@ -107,7 +133,7 @@ class ChatMessage(Passed):
         sent = self.model_dump(exclude_unset=True, include={"name", "tool_calls", "tool_call_id"})
         if "content" in self.model_fields_set:
             sent["parts"] = (
-                [TextPart(text=part.plain()) for part in content]
+                [part.part() for part in content]
                 if isinstance(content, list)
                 else text_parts(content)
             )

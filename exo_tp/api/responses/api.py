@@ -65,7 +65,7 @@ def _refuse_unsupported(body: Any) -> None:
 
 
 def _prompt(node: Backend, parsed: ResponsesRequest) -> Prompt:
-    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args)
+    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args, node.images)
 
 
 def _id(prefix: str) -> str:

@@ -11,13 +11,16 @@ from pydantic import (
     BaseModel,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from exo_tp.api.core.conversation import (
     Chat,
+    ImagePart,
     Message,
     Part,
     TextPart,
@@ -26,6 +29,7 @@ from exo_tp.api.core.conversation import (
     text_parts,
     tool_call,
 )
+from exo_tp.api.core.images import image_from_url
 from exo_tp.api.core.sampling import KV_FIELDS, KV_WIDTH_PER_NODE, SamplingFields
 from exo_tp.api.core.strict import Passed, Strict
 
@@ -35,19 +39,35 @@ class _Item(Passed):
 
 
 class ContentPart(_Item):
-    type: Literal["input_text", "output_text", "text", "refusal"]
+    type: Literal["input_text", "output_text", "text", "refusal", "input_image"]
     text: str | None = None
     refusal: str | None = None
+    image_url: str | None = None  # input_image: a data URL (or http(s), fetched if allowed)
+    detail: str | None = None
+    _image: ImagePart | None = PrivateAttr(default=None)  # decoded once, by the validator
+
+    @model_validator(mode="after")
+    def _read_image(self) -> ContentPart:
+        if self.type == "input_image":  # a missing or unreadable image: the part's 400
+            if not self.image_url:
+                raise ValueError("an input_image part needs its image_url (file_id is not kept)")
+            self._image = image_from_url(self.image_url, self.detail)
+        return self
+
+    def part(self) -> Part:
+        if self._image is not None:
+            return self._image
+        return TextPart(text=self.text or self.refusal or "")
 
 
 def _parts(content: str | list[ContentPart]) -> list[Part]:
-    """A message's or an output's content as text parts (a refusal is its text)."""
+    """A message's or an output's content as parts (a refusal is its text)."""
     if isinstance(content, str):
         return text_parts(content)
-    return [TextPart(text=part.text or part.refusal or "") for part in content]
+    return [part.part() for part in content]
 
 
-_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+_TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "input_image")
 
 
 class MessageItem(_Item):
@@ -64,7 +84,7 @@ class MessageItem(_Item):
                 if kind not in _TEXT_PARTS:
                     raise ValueError(
                         f"content part {i} of type {kind!r} is not supported: this cluster "
-                        "serves a text-only model (input_text and output_text parts)"
+                        "takes input_text, output_text and input_image parts"
                     )
         return content
 

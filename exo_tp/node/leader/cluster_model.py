@@ -19,9 +19,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+if TYPE_CHECKING:
+    from exo_tp.vision.prompt import ImagePrompter
 
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import replace
@@ -51,6 +55,7 @@ class Prepared:
     folder: Path  # its config.json and tokenizer files on this node
     spec: ModelSpec
     tokenizer: TokenizerWrapper
+    images: ImagePrompter | None = None  # a vision checkpoint's processor (exo_tp.vision)
 
 
 def transfer_orders(model: Prepared, transfer: TransferPlan) -> dict[NodeId, WeightOrder]:
@@ -63,10 +68,16 @@ def transfer_orders(model: Prepared, transfer: TransferPlan) -> dict[NodeId, Wei
     }
 
 
-def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper]:
+def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper, ImagePrompter | None]:
     from exo_tp.models.tokenizer import load_model_tokenizer
+    from exo_tp.vision.text_model import vision_config
 
-    return load_spec(folder), load_model_tokenizer(folder)
+    images = None
+    if vision_config(folder) is not None:
+        from exo_tp.vision.prompt import ImagePrompter
+
+        images = ImagePrompter(folder)
+    return load_spec(folder), load_model_tokenizer(folder), images
 
 
 class ClusterModel:
@@ -161,10 +172,8 @@ class ClusterModel:
             folder = await self.weights.extras(manifest, name, holders, self.urls())
         prepared = self._prepared.get(key)
         if prepared is None or prepared.folder != folder:
-            spec, tokenizer = await asyncio.to_thread(_load, folder)
-            prepared = Prepared(
-                key=ModelKey(key), name=name, folder=folder, spec=spec, tokenizer=tokenizer
-            )
+            spec, tokenizer, images = await asyncio.to_thread(_load, folder)
+            prepared = Prepared(ModelKey(key), name, folder, spec, tokenizer, images)
             self._prepared[key] = prepared
         self.current = prepared
         return prepared
