@@ -18,12 +18,23 @@ class ModelObject(ApiView):
     owned_by: str
     loaded: bool
     parent: str | None = None  # left out of a base model's entry (unset)
+    # ["vision"] for a model that takes images (left out of a text model's entry)
+    capabilities: list[str] | None = None
 
     @classmethod
-    def of(cls, name: str, created: int, loaded: bool, parent: str | None = None) -> ModelObject:
+    def of(
+        cls,
+        name: str,
+        created: int,
+        loaded: bool,
+        parent: str | None = None,
+        vision: bool = False,
+    ) -> ModelObject:
         card = cls(id=name, object="model", created=created, owned_by="exo-tp", loaded=loaded)
         if parent is not None:
             card.parent = parent  # set, so the JSON has it
+        if vision:
+            card.capabilities = ["vision"]
         return card
 
 

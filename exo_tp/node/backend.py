@@ -34,6 +34,7 @@ from exo_tp.node.member.hub_downloads import HubDownloads
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.status_views import StatusViews
 from exo_tp.security.signing import control_headers
+from exo_tp.vision.families import vision_config
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 if TYPE_CHECKING:
@@ -148,7 +149,12 @@ class NodeBackend:
             return []
         serving, adapter = self._views.serving_key(), self._views.serving_adapter()
         cards = [
-            ModelObject.of(name, int(self.started), key == serving and adapter is None)
+            ModelObject.of(
+                name,
+                int(self.started),
+                key == serving and adapter is None,
+                vision=self._takes_images(key),
+            )
             for name, key in joined.models.listing()
         ]
         # base models with a fine-tuned adapter: this node's jobs', and the leader's (which
@@ -160,6 +166,14 @@ class NodeBackend:
             loaded = adapter is not None and model.name.endswith(":" + adapter)
             cards.append(ModelObject.of(model.name, model.created, loaded, parent=model.base))
         return cards
+
+    def _takes_images(self, key: str) -> bool:
+        """Whether the model runs images here: its config, where this node has its files."""
+        current = self._current()
+        if current is not None and current.key == key:
+            return current.images is not None
+        folder = self._views.joined.models.weights.local_dir(key) if self._views.joined else None
+        return folder is not None and vision_config(folder) is not None
 
     def require_model(self, name: str) -> None:
         """A request for ``name`` (on the leader): 404 if no member has it; 503 while another

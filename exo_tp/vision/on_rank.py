@@ -7,8 +7,9 @@ from typing import Any
 
 import mlx.nn as nn
 
+from exo_tp.vision.families import vision_config
 from exo_tp.vision.registry import VisionRegistry
-from exo_tp.vision.text_model import teach_images, vision_config
+from exo_tp.vision.text_model import teach_images
 from exo_tp.wire.assignment import Assignment
 
 TOWER_LOCAL_RANK = 0  # the first stage's rank that runs the vision tower

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from exo_tp.vision.text_model import VISION_FAMILIES
+from exo_tp.vision.families import VISION_FAMILIES
 from exo_tp.wire.vision import Tensor, VisionPrompt
 
 # The processor's per-token outputs: the ranks have the ids; the tower reads none of them (and

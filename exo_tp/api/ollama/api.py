@@ -98,6 +98,8 @@ async def show(node: Backend, request: web.Request) -> web.Response:
             reply.capabilities.append("tools")
         if tokenizer.has_thinking:
             reply.capabilities.append("thinking")
+        if node.images is not None:
+            reply.capabilities.append("vision")
     return web.json_response(reply.body())
 
 

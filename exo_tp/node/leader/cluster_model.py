@@ -70,7 +70,7 @@ def transfer_orders(model: Prepared, transfer: TransferPlan) -> dict[NodeId, Wei
 
 def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper, ImagePrompter | None]:
     from exo_tp.models.tokenizer import load_model_tokenizer
-    from exo_tp.vision.text_model import vision_config
+    from exo_tp.vision.families import vision_config
 
     images = None
     if vision_config(folder) is not None:
