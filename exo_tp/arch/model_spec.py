@@ -162,6 +162,9 @@ class ModelSpec(Frozen):
     # Columns of a second token-indexed table (Gemma 4's per-layer inputs, layers x width),
     # vocab-split like the embedding (0: none, or replicated when its vocabulary differs).
     per_layer_embedding: int = Field(default=0, ge=0)
+    # A vision checkpoint's tower and projector, as stored (0: none): held whole by one rank
+    # beside its shard (exo_tp.plan.vision).
+    vision_bytes: int = Field(default=0, ge=0)
     variants: tuple[LayerVariant, ...] = ()
     # False only in a layer's view (``layer``) of a layer reusing another layer's KV cache.
     has_kv: bool = True

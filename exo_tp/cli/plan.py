@@ -153,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
         + f"\nKV cache per 1k tokens of context per rank ({width}): "
         + ", ".join(kv)
     )
+    if spec.vision_bytes:
+        print(
+            f"vision tower: whole beside rank 0's shard (it embeds every image): "
+            f"{size(spec.vision_bytes)} of weights"
+        )
     if draft is not None:
         print(
             f"draft model {draft.name}: whole beside rank 0 (the conductor): "

@@ -39,6 +39,7 @@ from exo_tp.plan.draft import DraftCost, draft_rank
 from exo_tp.plan.kv_width import FLOAT_KV, KvShape, kv_bytes_at_width, tokens_beside_weights
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.spec import Frozen, ModelSpec
+from exo_tp.plan.vision import tower_rank
 
 
 class RankMemory(Frozen):
@@ -53,19 +54,24 @@ class RankMemory(Frozen):
     # a draft model held beside this rank's shard (the conductor's: exo_tp.plan.draft), its
     # weights and its KV cache for the context
     draft: int = 0
+    tower: int = 0  # a vision tower held beside this rank's shard (exo_tp.plan.vision)
 
     @property
     def context_fits(self) -> int | None:
         """Tokens of context per stream this rank's memory holds beside its weights (None:
         its KV does not grow with the context)."""
         tokens = tokens_beside_weights(
-            self.limit - self.draft, self.weights, self.kv_per_token, self.state, self.streams
+            self.limit - self.draft - self.tower,
+            self.weights,
+            self.kv_per_token,
+            self.state,
+            self.streams,
         )
         return None if tokens is None else tokens // self.streams
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.draft
+        return self.weights + self.kv_cache + self.draft + self.tower
 
     @property
     def fits(self) -> bool:
@@ -255,6 +261,7 @@ def predict(
                 state=x.state_bytes,
                 streams=kv.streams,
                 draft=draft.bytes_at(context_tokens) if draft and r == draft_rank(plan) else 0,
+                tower=plan.spec.vision_bytes if r == tower_rank(plan) else 0,
             )
             for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)
         ]

@@ -34,6 +34,11 @@ def render_prediction(plan: PipelinePlan, prediction: Prediction, names: Sequenc
                 f"draft model: whole beside the conductor, rank {m.rank} on "
                 f"{names[m.device]}: {size(m.draft)} with its KV cache (in the rank's total)"
             )
+        if m.tower:
+            lines.append(
+                f"vision tower: whole beside rank {m.rank}'s shard on {names[m.device]}: "
+                f"{size(m.tower)} (in the rank's total)"
+            )
     for index, s in enumerate(prediction.stages):
         link = (
             f"ring link all_sum {duration(s.link.latency)} at 4 KB, "

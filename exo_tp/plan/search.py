@@ -285,6 +285,8 @@ class _Layouts:
         beside = [0] * len(devices)
         if last and self.draft is not None:
             beside[0] = self.draft.bytes_at(self.context)
+        if first:  # the first stage's first rank runs a vision tower (exo_tp.plan.vision)
+            beside[0] += spec.vision_bytes
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes - extra)

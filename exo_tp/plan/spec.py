@@ -27,7 +27,7 @@ from exo_tp.arch.model_spec import (
 from exo_tp.arch.registry import family_for, linear_attention
 from exo_tp.arch.table import ArchTable
 from exo_tp.errors import ExoTpError
-from exo_tp.frozen import Frozen
+from exo_tp.frozen import Frozen, replace
 
 # The spec's parts are defined in exo_tp.arch.model_spec (family readers build them); they are
 # read from here as the planner's vocabulary.
@@ -290,4 +290,9 @@ def load_spec(model_dir: Path) -> ModelSpec:
         raise ExoTpError(f"{path} not found") from None
     except json.JSONDecodeError as bad:
         raise ExoTpError(f"{path} is not valid JSON: {bad}") from None
-    return spec_from_config(config)
+    spec = spec_from_config(config)
+    if config.get("vision_config"):
+        from exo_tp.vision.families import tower_bytes
+
+        spec = replace(spec, vision_bytes=tower_bytes(Path(model_dir)))
+    return spec

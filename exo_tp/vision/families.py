@@ -47,3 +47,18 @@ def _config(model_dir: Path) -> dict[str, Any] | None:
         return None
     config = json.loads(path.read_text())
     return config if config.get("vision_config") else None
+
+
+def tower_bytes(model_dir: Path) -> int:
+    """Bytes of a checkpoint's tensors outside its language model (the vision tower, its
+    projector; mlx-vlm's layout), from the safetensors headers alone."""
+    total = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with path.open("rb") as file:
+            size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(size))
+        for name, info in header.items():
+            if name != "__metadata__" and not name.startswith("language_model."):
+                start, stop = info["data_offsets"]
+                total += stop - start
+    return total

@@ -7,12 +7,11 @@ from typing import Any
 
 import mlx.nn as nn
 
+from exo_tp.plan.vision import tower_rank
 from exo_tp.vision.families import vision_config
 from exo_tp.vision.registry import VisionRegistry
 from exo_tp.vision.text_model import teach_images
 from exo_tp.wire.assignment import Assignment
-
-TOWER_LOCAL_RANK = 0  # the first stage's rank that runs the vision tower
 
 
 def vision_on_rank(
@@ -26,7 +25,7 @@ def vision_on_rank(
     spec = job.plan.stages[job.stage_index].tp.spec
     registry = VisionRegistry(spec.vocab_size)
     first = job.stage_index == 0
-    if first and job.local_rank == TOWER_LOCAL_RANK:
+    if job.rank == tower_rank(job.plan):
         from exo_tp.vision.tower import Tower
 
         registry.tower = Tower(model_dir, spec.hidden_size, dtype)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import ollama
 import pytest
 from cluster_helpers import LocalCluster, http_json, local_cluster
 from openai import OpenAI
@@ -144,6 +145,51 @@ def test_anthropic_sdk_answers_as_mlx_vlm(served: Served, stream: bool) -> None:
         reply = client.messages.create(**options)
         text = "".join(block.text for block in reply.content if block.type == "text")
     assert text == served.text(served.ref(3))
+
+
+def test_responses_and_ollama_take_images_as_mlx_vlm(served: Served) -> None:
+    expected = served.text(served.ref(3))
+    encoded = base64.b64encode(png(gradient(3))).decode()
+    reply = served.openai().responses.create(
+        model="m",
+        input=[  # type: ignore[list-item]
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": data_url(gradient(3)), "detail": "auto"},
+                    {"type": "input_text", "text": PROMPT},
+                ],
+            }
+        ],
+        max_output_tokens=TOKENS,
+        temperature=0,
+    )
+    assert reply.output_text == expected
+    client = ollama.Client(host=served.cluster.urls[1], timeout=300)
+    said = client.chat(
+        "m",
+        messages=[{"role": "user", "content": PROMPT, "images": [encoded]}],
+        options={"temperature": 0, "num_predict": TOKENS},
+    )
+    assert said.message.content == expected
+    listed = http_json(f"{served.cluster.urls[0]}/v1/models")[1]["data"]
+    assert listed[0]["capabilities"] == ["vision"]
+    shown = client.show(listed[0]["id"])
+    assert "vision" in (shown.capabilities or [])
+
+
+def test_image_streams_batched_together_and_beside_a_text_stream(served: Served) -> None:
+    """Three images and a text at once: prompts prefilled side by side, rows decoded in one
+    batch, each its own registry span."""
+    text_message = {"role": "user", "content": STORY}
+    with ThreadPoolExecutor(4) as pool:
+        images = {
+            shade: pool.submit(_chat, served, [image_message(shade)], True) for shade in (5, 6, 7)
+        }
+        text = pool.submit(_chat, served, [text_message], True)
+        for shade, answer in images.items():
+            assert answer.result() == served.ref(shade)
+        assert text.result() == served.ref(None, STORY)
 
 
 def test_an_image_stream_batched_beside_a_text_stream(served: Served) -> None:
