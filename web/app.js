@@ -17,7 +17,8 @@ const $ = (id) => document.getElementById(id);
 const chat = new Chat({
   form: $("chat-form"), input: $("chat-input"), model: $("chat-model"),
   maxTokens: $("chat-max-tokens"), temperature: $("chat-temperature"), send: $("chat-send"),
-  logprobs: $("chat-logprobs"), tools: $("chat-tools"),
+  logprobs: $("chat-logprobs"), tools: $("chat-tools"), attach: $("chat-attach"),
+  file: $("chat-file"), attachments: $("chat-attachments"), note: $("chat-note"),
   clear: $("chat-clear"), messages: $("messages"), stats: $("chat-stats"), error: $("chat-error"),
 });
 
@@ -67,8 +68,8 @@ function drawPlan(plan) {
 }
 
 async function poll() {
-  const [cluster, plan] = await Promise.allSettled([getJson("/v1/cluster"),
-    getJson("/v1/plan").then(normalizePlan)]);
+  const [cluster, plan, models] = await Promise.allSettled([getJson("/v1/cluster"),
+    getJson("/v1/plan").then(normalizePlan), getJson("/v1/models")]);
   const problems = [];
   for (const [path, result] of [["/v1/cluster", cluster], ["/v1/plan", plan]]) {
     if (result.status === "rejected") {
@@ -91,6 +92,8 @@ async function poll() {
     $("topology-note").textContent = topologyNote(view);
     renderBalance($("balance"), $("balance-note"), view.balance);
   }
+  // the chat offers images for a model that takes them (a failed poll keeps what it knew)
+  if (models.status === "fulfilled") chat.setModels(models.value.data);
   if (plan.status === "fulfilled") {
     chat.setModel(plan.value.model);
     drawPlan(plan.value);

@@ -1,7 +1,9 @@
 // The chat panel: streams an answer token by token and shows the generation speed live; shows
-// the tool calls an answer makes and, when asked, each token's log-probability on hover.
+// the tool calls an answer makes and, when asked, each token's log-probability on hover; takes
+// images for a model that reads them (attach.js), kept in the history sent with later turns.
 
 import { ApiError, streamChat } from "./api.js";
+import { Attachments, takesImages, thumbnails, userContent } from "./attach.js";
 import { h } from "./dom.js";
 import { count, percent, seconds } from "./format.js";
 
@@ -16,7 +18,10 @@ export class Chat {
     this.history = [];
     this.controller = null;
     this.modelEdited = false;
+    this.models = [];
     const { form, input, model, clear } = elements;
+    this.attachments = new Attachments({ button: elements.attach, file: elements.file,
+      strip: elements.attachments, note: elements.note, input });
     form.addEventListener("submit", (event) => {
       event.preventDefault();
       if (this.controller) this.controller.abort();
@@ -28,13 +33,23 @@ export class Chat {
         form.requestSubmit();
       }
     });
-    model.addEventListener("input", () => { this.modelEdited = true; });
+    model.addEventListener("input", () => {
+      this.modelEdited = true;
+      this.attachments.setVision(takesImages(this.models, model.value.trim()));
+    });
     clear.addEventListener("click", () => this.clear());
   }
 
   // The served model fills the model field until the user edits it.
   setModel(name) {
     if (name && !this.modelEdited && this.el.model.value !== name) this.el.model.value = name;
+    this.attachments.setVision(takesImages(this.models, this.el.model.value.trim()));
+  }
+
+  // /v1/models' entries: whether the chat's model takes images.
+  setModels(models) {
+    this.models = models;
+    this.attachments.setVision(takesImages(models, this.el.model.value.trim()));
   }
 
   clear() {
@@ -80,11 +95,13 @@ export class Chat {
     return body;
   }
 
-  bubble(role, text) {
+  bubble(role, text, images = []) {
     this.el.messages.querySelector(".empty")?.remove();
     const content = h("div", { class: "content" }, text);
     const calls = h("div", { class: "tool-calls" });
-    const element = h("div", { class: `message ${role}`, dataset: { role } }, content, calls);
+    const shown = images.length ? h("div", { class: "images" }, thumbnails(images)) : null;
+    const element = h("div", { class: `message ${role}`, dataset: { role } }, shown, content,
+      calls);
     this.el.messages.append(element);
     return { element, content, calls };
   }
@@ -95,20 +112,36 @@ export class Chat {
       h("span", { class: part.endsWith("tok/s") ? "tps" : null }, part)));
   }
 
-  async send() {
-    const text = this.el.input.value.trim();
-    if (!text) return;
-    this.showError(null);
-    const messages = [...this.history, { role: "user", content: text }];
-    let body;
+  // The turn to send (the history, then the typed text and attached images) and its request;
+  // null when there is nothing to send or the settings are wrong (the error is shown).
+  async compose() {
+    if (this.composing) return null; // a second Enter while an image is still being read
+    this.composing = true;
     try {
-      body = this.body(messages);
+      await this.attachments.ready(); // a pasted or picked image still being read goes too
+    } finally {
+      this.composing = false;
+    }
+    const text = this.el.input.value.trim();
+    const images = this.attachments.urls;
+    if (!text && images.length === 0) return null;
+    this.showError(null);
+    const messages = [...this.history, { role: "user", content: userContent(text, images) }];
+    try {
+      return { text, images, messages, body: this.body(messages) };
     } catch (error) {
       this.showError(error);
-      return;
+      return null;
     }
+  }
+
+  async send() {
+    const composed = await this.compose();
+    if (!composed) return;
+    const { text, images, messages, body } = composed;
     this.el.input.value = "";
-    this.bubble("user", text);
+    this.attachments.take();
+    this.bubble("user", text, images);
     const answer = this.bubble("assistant", "");
     answer.element.dataset.state = "waiting";
     this.controller = new AbortController();
@@ -166,6 +199,7 @@ export class Chat {
         if (!reply) {
           answer.content.textContent = "(no answer)";
           this.el.input.value ||= text; // nothing came back: let the user retry as is
+          this.attachments.restore(images);
         }
         this.stats([]);
         this.showError(error instanceof ApiError ? error : new ApiError(String(error)));

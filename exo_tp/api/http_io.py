@@ -16,7 +16,8 @@ from exo_tp.api.core.errors import ApiError
 from exo_tp.api.core.json_body import parse_json
 from exo_tp.api.core.validation import validation_error
 
-MAX_BODY = 4 * 1024 * 1024
+# A request with images: a 16 MB file as base64 with its conversation (docs/api.md).
+MAX_BODY = 24 * 1024 * 1024
 T = TypeVar("T")
 Model = TypeVar("Model", bound=BaseModel)
 

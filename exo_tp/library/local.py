@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exo_tp.errors import ExoTpError
 from exo_tp.wire.ids import RequestId
@@ -30,8 +30,10 @@ if TYPE_CHECKING:
 
     from exo_tp.plan.pipeline import PipelinePlan
     from exo_tp.runtime.local_ranks import Answer, LocalRanks
+    from exo_tp.vision.prompt import ImagePrompter
     from exo_tp.wire.assignment import DType
     from exo_tp.wire.runtime import GenerateRequest
+    from exo_tp.wire.vision import VisionPrompt
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,15 @@ class _Stream:
 class LoadedModel:
     """A model served by local ranks. Close it (or use it as a context manager) to stop them."""
 
-    def __init__(self, ranks: LocalRanks, tokenizer: TokenizerWrapper, plan: PipelinePlan):
+    def __init__(
+        self,
+        ranks: LocalRanks,
+        tokenizer: TokenizerWrapper,
+        plan: PipelinePlan,
+        images: ImagePrompter | None = None,
+    ):
         self.tokenizer, self.plan = tokenizer, plan
+        self.images = images  # a vision checkpoint's processor (None: it takes no images)
         self._ranks = ranks
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
@@ -110,6 +119,24 @@ class LoadedModel:
         special = bos is None or not prompt.startswith(bos)
         return tuple(self.tokenizer.encode(prompt, add_special_tokens=special))
 
+    def _image_prompt(
+        self, prompt: str | Sequence[int], images: Sequence[Any]
+    ) -> tuple[tuple[int, ...], VisionPrompt]:
+        if self.images is None:
+            raise ExoTpError("this model takes no images (its checkpoint has no vision tower)")
+        if not isinstance(prompt, str):
+            raise ExoTpError("a prompt with images is text: the processor places the images")
+        from PIL import Image
+
+        try:
+            pictures = [
+                (i if isinstance(i, Image.Image) else Image.open(i)).convert("RGB") for i in images
+            ]
+            tokens, vision = self.images.prompt(prompt, pictures)
+        except (OSError, ValueError) as error:
+            raise ExoTpError(f"the images could not be read: {error}") from None
+        return tuple(tokens), vision
+
     def stream_generate(
         self,
         prompt: str | Sequence[int],
@@ -122,9 +149,12 @@ class LoadedModel:
         seed: int | None = None,
         stop: Sequence[str] = (),
         logprobs: bool = False,
+        image: Sequence[Any] | None = None,
     ) -> Iterator[GenerationResponse]:
         """Generate from ``prompt`` (text or token ids), yielding the answer as it comes.
-        Sampling arguments are mlx-lm's `make_sampler`'s; ``stop``: stop strings."""
+        Sampling arguments are mlx-lm's `make_sampler`'s; ``stop``: stop strings; ``image``:
+        PIL images or image files for a vision model, as mlx-vlm's `generate` takes them
+        (the prompt rendered with the chat template, e.g. by mlx-vlm's apply_chat_template)."""
         from exo_tp.wire.runtime import GenerateRequest, OutOfVocabulary, SamplingParams
 
         sampling = SamplingParams(
@@ -136,11 +166,15 @@ class LoadedModel:
             seed=seed,
             logprobs=logprobs,
         )
+        tokens, vision = self._prompt(prompt), None
+        if image:
+            tokens, vision = self._image_prompt(prompt, image)
         request = GenerateRequest(
             id=RequestId(f"library-{next(self._ids)}"),
-            tokens=self._prompt(prompt),
+            tokens=tokens,
             sampling=sampling,
             stop=tuple(stop),
+            vision=vision,
         )
         try:
             request = request.fit(self.plan.stages[0].tp.spec.vocab_size)
@@ -250,6 +284,7 @@ def load(
     from exo_tp.plan.of_model import weighted_plan
     from exo_tp.plan.pipeline import plan_pipeline
     from exo_tp.runtime.local_ranks import LocalRanks
+    from exo_tp.vision.families import vision_config
     from exo_tp.wire.assignment import ServingOptions
 
     shares = list(weights) if weights is not None else [1.0] * ranks
@@ -274,7 +309,12 @@ def load(
     except BaseException:
         local.close(graceful=False)
         raise
-    return LoadedModel(local, load_model_tokenizer(model_dir), plan)
+    images = None
+    if vision_config(model_dir) is not None:
+        from exo_tp.vision.prompt import ImagePrompter
+
+        images = ImagePrompter(model_dir)
+    return LoadedModel(local, load_model_tokenizer(model_dir), plan, images)
 
 
 def _preloaded() -> dict[str, str]:

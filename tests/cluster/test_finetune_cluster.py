@@ -406,7 +406,7 @@ def test_bad_jobs_are_refused_before_they_start(cluster: Cluster, models: Path) 
             api.fine_tuning.jobs.create(**kwargs)  # type: ignore[arg-type]
         assert words in raised.value.message
     # over the API's body limit: a 413, nothing stored
-    status, body = http_json(f"{cluster.urls[0]}/v1/files", b"x" * (5 << 20))
+    status, body = http_json(f"{cluster.urls[0]}/v1/files", b"x" * (25 << 20))
     assert status == 413, body
     assert len(api.fine_tuning.jobs.list().data) == before
 

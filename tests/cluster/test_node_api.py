@@ -84,7 +84,7 @@ def test_bad_chat_input_gets_openai_error(
 
 
 def test_oversized_body_is_413(cluster: LocalCluster) -> None:
-    big = _chat(messages=[{"role": "user", "content": "x" * (5 * 1024 * 1024)}])
+    big = _chat(messages=[{"role": "user", "content": "x" * (25 * 1024 * 1024)}])
     code, reply = http_json(f"{cluster.urls[0]}/v1/chat/completions", big, timeout=60)
     assert code == 413 and "error" in reply
 
