@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import json_object, non_negative_float, non_negative_int, positive_int
+from exo_tp.cli.image_url_args import add_image_url_args, image_url_policy
 
 if TYPE_CHECKING:
     from exo_tp.api.core.defaults import GenerationDefaults
@@ -65,6 +66,7 @@ def add_generation_defaults(p: argparse.ArgumentParser) -> None:
         default=default.chat_template_args,
         help="JSON object of extra chat template arguments, e.g. '{\"enable_thinking\": false}'",
     )
+    add_image_url_args(p)  # GenerationDefaults.image_urls
 
 
 def _flag_values(args: argparse.Namespace) -> dict[str, object]:
@@ -82,7 +84,8 @@ def generation_defaults(args: argparse.Namespace) -> GenerationDefaults:
     from exo_tp.errors import ExoTpError
 
     try:
-        return GenerationDefaults.model_validate(_flag_values(args))
+        values = {**_flag_values(args), "image_urls": image_url_policy(args)}
+        return GenerationDefaults.model_validate(values)
     except ValidationError as error:
         first = error.errors()[0]
         field = str(first["loc"][0])

@@ -46,7 +46,13 @@ from exo_tp.wire.runtime import Delta, Done
 
 
 def _prompt(node: Backend, parsed: CountTokensRequest | MessagesRequest) -> Prompt:
-    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args, node.images)
+    return chat_prompt(
+        node.tokenizer,
+        parsed.chat(),
+        node.defaults.chat_template_args,
+        node.images,
+        image_urls=node.defaults.image_urls,
+    )
 
 
 async def count_tokens(node: Backend, request: web.Request) -> web.Response:

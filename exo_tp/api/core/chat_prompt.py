@@ -20,6 +20,7 @@ from exo_tp.wire.runtime import Constraint
 from exo_tp.wire.vision import VisionPrompt
 
 if TYPE_CHECKING:
+    from exo_tp.api.core.image_fetch import ImageUrlPolicy
     from exo_tp.vision.prompt import ImagePrompter
 
 # What rendering a client's conversation through the model's template raises when the template
@@ -89,14 +90,16 @@ def chat_prompt(
     chat: Chat,
     server_args: dict[str, Any],
     images: ImagePrompter | None = None,
+    image_urls: ImageUrlPolicy | None = None,
 ) -> Prompt:
     """``chat``'s prompt: its tools as its tool choice offers them, rendered with the server's
     template variables (--chat-template-args) under the request's own; its images read and
     checked, and made the ranks' input by ``images`` (the model's processor; None: the model
-    takes no images, and an image part is a 400)."""
+    takes no images, and an image part is a 400); an image URL fetched as ``image_urls``
+    allows (the server's --image-urls; None: refused)."""
     use = choose_tools(chat.tools, chat.tool_choice, tokenizer)
     args = {**server_args, **chat.template_args}
-    pictures = read_images(chat.messages, images is not None, fetch_urls=False)
+    pictures = read_images(chat.messages, images is not None, image_urls)
     if pictures and images is not None:
         return _image_prompt(tokenizer, chat.messages, use, args, images, pictures)
     return render_chat(tokenizer, chat.messages, use, args, chat.role_mapping)

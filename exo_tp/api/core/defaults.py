@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
+from exo_tp.api.core.image_fetch import ImageUrlPolicy
 from exo_tp.frozen import Frozen
 
 
@@ -18,3 +19,5 @@ class GenerationDefaults(Frozen):
     max_tokens: int = Field(default=512, ge=1)  # --max-tokens
     # --chat-template-args: extra arguments of the chat template, e.g. {"enable_thinking": false}
     chat_template_args: dict[str, Any] = Field(default_factory=dict)
+    # --image-urls and its limits: whether and how image URLs in requests are fetched (off)
+    image_urls: ImageUrlPolicy = Field(default_factory=ImageUrlPolicy)

@@ -10,10 +10,13 @@ import io
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exo_tp.api.core.conversation import ImagePart, Message
 from exo_tp.api.core.errors import ApiError
+
+if TYPE_CHECKING:  # image_fetch imports this module's limits
+    from exo_tp.api.core.image_fetch import ImageUrlPolicy
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # a file, as sent (OpenAI's own limit per image)
 MAX_IMAGE_PIXELS = 50_000_000  # width x height, read from the header before decoding
@@ -75,16 +78,21 @@ def _open(data: bytes, param: str) -> Any:
             image.load()  # a truncated or corrupt file fails here, not on a rank
     except ApiError:
         raise
-    except (Image.UnidentifiedImageError, Image.DecompressionBombError) as error:
-        raise _refuse(param, f"not a supported image ({', '.join(FORMATS)}): {error}") from None
+    except Image.UnidentifiedImageError:  # (its message names a buffer's address: left out)
+        raise _refuse(param, f"not a supported image ({', '.join(FORMATS)})") from None
+    except Image.DecompressionBombError:
+        raise _refuse(param, "too many pixels for its size (a decompression bomb)") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning) as error:
         raise _refuse(param, f"the image could not be decoded ({error})") from None
     return image.convert("RGB")
 
 
-def read_images(messages: Sequence[Message], takes_images: bool, fetch_urls: bool) -> list[Any]:
+def read_images(
+    messages: Sequence[Message], takes_images: bool, urls: ImageUrlPolicy | None = None
+) -> list[Any]:
     """The conversation's images, in order, as RGB PIL images (mlx-vlm's processors take
-    them); the first bad one raises its 400."""
+    them); an http(s) URL's fetched under ``urls`` (None: not fetched, a 400); the first bad
+    one raises its 400."""
     found = [
         (i, j, part)
         for i, message in enumerate(messages)
@@ -108,14 +116,35 @@ def read_images(messages: Sequence[Message], takes_images: bool, fetch_urls: boo
             param="messages",
             code="too_many_images",
         )
+    fetched = _fetch_urls(found, urls)
     images = []
-    for i, j, part in found:
-        if part.data is None:
-            raise _refuse(
-                _param(i, j),
-                "image URLs are not fetched by this server"
-                if not fetch_urls
-                else "image URL fetching is not available",
-            )
-        images.append(_open(part.data, _param(i, j)))
+    for k, (i, j, part) in enumerate(found):
+        data = part.data if part.data is not None else fetched[k]
+        if isinstance(data, ApiError):
+            raise data
+        images.append(_open(data, _param(i, j)))
     return images
+
+
+def _fetch_urls(
+    found: list[tuple[int, int, ImagePart]], urls: ImageUrlPolicy | None
+) -> dict[int, bytes | ApiError]:
+    """Each URL part's bytes (by its index in ``found``), fetched as the server's policy
+    allows (off by default), or its 400; raised in the parts' order by the caller."""
+    wanted = {
+        k: (part.url or "", _param(i, j))
+        for k, (i, j, part) in enumerate(found)
+        if part.data is None
+    }
+    if not wanted:
+        return {}
+    if urls is None or not urls.enabled:
+        why = "image URLs are not fetched by this server; send the image as a data URL"
+        return {k: _refuse(param, why) for k, (_, param) in wanted.items()}
+    from exo_tp.api.core.image_fetch import fetch_images
+
+    got = fetch_images([url for url, _ in wanted.values()], urls)
+    return {
+        k: data if isinstance(data, bytes) else _refuse(param, f"fetching its URL: {data}")
+        for (k, (_, param)), data in zip(wanted.items(), got, strict=True)
+    }

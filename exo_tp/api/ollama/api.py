@@ -109,7 +109,13 @@ async def show(node: Backend, request: web.Request) -> web.Response:
 def _generate_prompt(node: Backend, parsed: GenerateRequest) -> Prompt:
     if parsed.raw:
         return Prompt(tokens=completion_prompt(node.tokenizer, parsed.prompt))
-    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args, node.images)
+    return chat_prompt(
+        node.tokenizer,
+        parsed.chat(),
+        node.defaults.chat_template_args,
+        node.images,
+        image_urls=node.defaults.image_urls,
+    )
 
 
 def _stats(done: Done, started: float) -> Statistics:
@@ -163,7 +169,8 @@ async def chat(node: Backend, request: web.Request) -> web.StreamResponse:
     if not parsed.messages:
         return _loaded(node, chat=True)
     args = node.defaults.chat_template_args
-    prompt = await off_loop(chat_prompt, node.tokenizer, parsed.chat(), args)
+    urls = node.defaults.image_urls  # off_loop passes positional arguments only
+    prompt = await off_loop(chat_prompt, node.tokenizer, parsed.chat(), args, node.images, urls)
     return await _answer(node, request, parsed, prompt, chat=True)
 
 

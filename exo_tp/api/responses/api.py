@@ -65,7 +65,13 @@ def _refuse_unsupported(body: Any) -> None:
 
 
 def _prompt(node: Backend, parsed: ResponsesRequest) -> Prompt:
-    return chat_prompt(node.tokenizer, parsed.chat(), node.defaults.chat_template_args, node.images)
+    return chat_prompt(
+        node.tokenizer,
+        parsed.chat(),
+        node.defaults.chat_template_args,
+        node.images,
+        image_urls=node.defaults.image_urls,
+    )
 
 
 def _id(prefix: str) -> str:
