@@ -103,6 +103,25 @@ ARCHS: dict[str, dict[str, Any]] = {
         rope_local_base_freq=10000.0,
         tie_word_embeddings=True,
     ),
+    # Gemma 3 as its vision checkpoints hold it: the same text model under language_model.
+    "gemma3": dict(
+        model_type="gemma3",
+        vocab_size=COMMON["vocab_size"],
+        text_config=dict(
+            COMMON,
+            model_type="gemma3_text",
+            hidden_size=640,
+            intermediate_size=200,
+            num_attention_heads=5,
+            num_key_value_heads=1,
+            head_dim=128,
+            sliding_window=8,
+            sliding_window_pattern=2,
+            query_pre_attn_scalar=128,
+            rope_local_base_freq=10000.0,
+            tie_word_embeddings=True,
+        ),
+    ),
     # Packed q|k|v and gate|up; head_dim = hidden / heads = 64.
     "phi3": dict(
         model_type="phi3",

@@ -14,6 +14,13 @@ processor configs (Qwen-VL asks the hub for any of its three that is missing).
 - ``gemma4``: Gemma 4 with its vision tower and ``audio_config`` null (else mlx-vlm builds the
   default audio tower); the text model is the matrix's ``gemma4_text`` (2B/4B-like: two head
   widths, KV sharing, per-layer input embeddings).
+- ``gemma3``: Gemma 3 with its SigLIP tower (64-pixel images, 4 soft tokens each); the text
+  model is the matrix's ``gemma3_text`` (one KV head, sliding window 8 on every other layer),
+  its head tied as Google ships it: the file holds no ``lm_head`` (mlx-vlm's Gemma 3 loads the
+  embedding as its head whatever the file holds; mlx-lm ties it where the file has none).
+- ``qwen3_vl``: Qwen3-VL (dense) with deepstack: the tower's features of both its blocks are
+  added after text layers 0 and 1; the text model is the matrix's ``qwen3_vl`` (Qwen 3, M-RoPE
+  sections [8, 12, 12]).
 """
 
 from __future__ import annotations
@@ -24,24 +31,61 @@ from pathlib import Path
 from typing import Any, Literal
 
 import mlx.core as mx
-from arch_configs import ARCHS
+from arch_configs import ARCHS, tiny_config
 from mlx.utils import tree_flatten
 from tiny_models import write_tokenizer
 
-Family = Literal["qwen3_5", "gemma4"]
+Family = Literal["qwen3_5", "gemma4", "gemma3", "qwen3_vl"]
+# The families every image test runs (tests/cluster/test_vision.py serves these on 3 nodes)...
 FAMILIES: tuple[Family, ...] = ("qwen3_5", "gemma4")
+# ... and all of them, checked on local ranks against mlx-vlm (tests/ranks/test_vlm_*.py).
+ALL_FAMILIES: tuple[Family, ...] = (*FAMILIES, "gemma3", "qwen3_vl")
 VOCAB = 512
 # Multiplicative parameters, drawn near 1 (as in tests/tiny_models.py).
 _NEAR_ONE = ("norm.weight", "norm1.weight", "norm2.weight", "layer_scalar")
 # Gemma scales its (tied) embeddings by sqrt(hidden): drawn at 0.08 like the rest, a token's own
-# logit stood ~5 sigma above the others and greedy decoding repeated the prompt's last token.
-_SMALL = {"gemma4": ("language_model.model.embed_tokens.weight",)}
+# logit stood ~5 sigma above the others and greedy decoding repeated the prompt's last token
+# (Gemma 3, wider, still repeated at 0.02).
+_EMBED = "language_model.model.embed_tokens.weight"
+_SMALL: dict[str, dict[str, float]] = {"gemma4": {_EMBED: 0.02}, "gemma3": {_EMBED: 0.01}}
 _END = "<|im_end|>"  # SmolLM2's own turn tokens (ids 1 and 2), kept by the cut vocabulary
 
 # The family's special tokens, appended at the end of the vocabulary (ids VOCAB - n ... VOCAB - 1).
+_QWEN_VL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 _SPECIALS: dict[str, list[str]] = {
-    "qwen3_5": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+    "qwen3_5": _QWEN_VL,
+    "qwen3_vl": _QWEN_VL,
     "gemma4": ["<|image>", "<|image|>", "<image|>", "<|audio|>", "<|video|>"],
+    "gemma3": ["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+}
+# The tokenizer's names of those tokens (the processors read them as its attributes).
+_NAMED: dict[str, dict[str, str]] = {
+    "qwen3_5": {
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "vision_start_token": "<|vision_start|>",
+        "vision_end_token": "<|vision_end|>",
+    },
+    "gemma4": {
+        "boi_token": "<|image>",
+        "image_token": "<|image|>",
+        "eoi_token": "<image|>",
+        "audio_token": "<|audio|>",
+        "video_token": "<|video|>",
+    },
+    "gemma3": {
+        "boi_token": "<start_of_image>",
+        "image_token": "<image_soft_token>",
+        "eoi_token": "<end_of_image>",
+    },
+}
+_NAMED["qwen3_vl"] = _NAMED["qwen3_5"]
+# Where each family's chat template puts an image (Gemma 3's prompt holds its own token).
+_IMAGE_IN_TEMPLATE = {
+    "qwen3_5": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "gemma4": "<|image|>",
+    "gemma3": "<start_of_image>",
 }
 
 
@@ -63,12 +107,13 @@ def _ids(family: Family) -> dict[str, int]:
     return {token: first + i for i, token in enumerate(_SPECIALS[family])}
 
 
-def _qwen3_5_config() -> dict[str, Any]:
-    text = copy.deepcopy(ARCHS["qwen3_5"]["text_config"])
+def _qwen_config(family: Family) -> dict[str, Any]:
+    """Qwen 3.5 or Qwen3-VL: the same Qwen3-VL tower (deepstack for Qwen3-VL only)."""
+    text = copy.deepcopy(ARCHS[family]["text_config"])
     text.update(vocab_size=VOCAB, eos_token_id=2)
-    ids = _ids("qwen3_5")
+    ids = _ids(family)
     vision = dict(
-        model_type="qwen3_5",
+        model_type=family,
         depth=2,
         hidden_size=32,
         intermediate_size=64,
@@ -78,10 +123,10 @@ def _qwen3_5_config() -> dict[str, Any]:
         spatial_merge_size=2,
         temporal_patch_size=2,
         num_position_embeddings=64,
-        deepstack_visual_indexes=[],
+        deepstack_visual_indexes=[0, 1] if family == "qwen3_vl" else [],
     )
     return dict(
-        model_type="qwen3_5",
+        model_type=family,
         text_config=text,
         vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
@@ -144,13 +189,63 @@ def _gemma4_config() -> dict[str, Any]:
     )
 
 
+# Gemma 3's image: 64 pixels, 4x4 patches of 16 pooled 2x2 into this many soft tokens.
+GEMMA3_SOFT_TOKENS = 4
+
+
+def _gemma3_config() -> dict[str, Any]:
+    text = tiny_config("gemma3_text")
+    # rope_theta as Gemma 3 ships it: mlx-vlm's global layers take rope_global_base_freq (1e6 by
+    # default), mlx-lm's rope_theta.
+    text.update(
+        vocab_size=VOCAB,
+        mm_tokens_per_image=GEMMA3_SOFT_TOKENS,
+        rope_theta=1000000.0,
+        rope_global_base_freq=1000000.0,
+    )
+    ids = _ids("gemma3")
+    vision = dict(
+        model_type="siglip_vision_model",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        patch_size=16,
+        image_size=64,
+    )
+    return dict(
+        model_type="gemma3",
+        text_config=text,
+        vision_config=vision,
+        vocab_size=VOCAB,
+        # mlx-vlm divides the image features by sqrt(hidden_size) (default 2048): the text's
+        hidden_size=text["hidden_size"],
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"],
+        eos_token_id=[2],
+    )
+
+
 def vlm_config(family: Family) -> dict[str, Any]:
     """The checkpoint's config.json (vision_config and text_config nested)."""
-    return _qwen3_5_config() if family == "qwen3_5" else _gemma4_config()
+    if family in ("qwen3_5", "qwen3_vl"):
+        return _qwen_config(family)
+    return _gemma4_config() if family == "gemma4" else _gemma3_config()
 
 
 def _processor_files(family: Family) -> dict[str, dict[str, Any]]:
-    if family == "qwen3_5":
+    if family == "gemma3":
+        image = {
+            "image_processor_type": "Gemma3ImageProcessor",
+            "size": {"height": 64, "width": 64},
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "do_pan_and_scan": False,
+        }
+        processor = {"processor_class": "Gemma3Processor", "image_seq_length": GEMMA3_SOFT_TOKENS}
+        return {"preprocessor_config.json": image, "processor_config.json": processor}
+    if family in ("qwen3_5", "qwen3_vl"):
         image = {
             "patch_size": 16,
             "temporal_patch_size": 2,
@@ -183,22 +278,8 @@ def _tokenizer_config(family: Family) -> dict[str, Any]:
         "pad_token": _END,
         "unk_token": None,
         "model_max_length": 512,
+        "extra_special_tokens": _NAMED[family],
     }
-    if family == "qwen3_5":
-        config["extra_special_tokens"] = {
-            "image_token": "<|image_pad|>",
-            "video_token": "<|video_pad|>",
-            "vision_start_token": "<|vision_start|>",
-            "vision_end_token": "<|vision_end|>",
-        }
-    else:
-        config["extra_special_tokens"] = {
-            "boi_token": "<|image>",
-            "image_token": "<|image|>",
-            "eoi_token": "<image|>",
-            "audio_token": "<|audio|>",
-            "video_token": "<|video|>",
-        }
     return config
 
 
@@ -222,8 +303,7 @@ def _write_tokenizer(folder: Path, family: Family, tokenizer_from: Path) -> None
     ]
     path.write_text(json.dumps(tokenizer))
     (folder / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(family)))
-    image = "<|vision_start|><|image_pad|><|vision_end|>" if family == "qwen3_5" else "<|image|>"
-    (folder / "chat_template.jinja").write_text(_template(image))
+    (folder / "chat_template.jinja").write_text(_template(_IMAGE_IN_TEMPLATE[family]))
 
 
 def write_tiny_vlm(folder: Path, family: Family, tokenizer_from: Path, seed: int = 0) -> Path:
@@ -250,11 +330,13 @@ def write_tiny_vlm(folder: Path, family: Family, tokenizer_from: Path, seed: int
             params.append((name, value))
         elif name.endswith(_NEAR_ONE):
             params.append((name, 1.0 + 0.1 * mx.random.normal(value.shape)))
-        elif name in _SMALL.get(family, ()):
-            params.append((name, 0.02 * mx.random.normal(value.shape)))
+        elif name in _SMALL.get(family, {}):
+            params.append((name, _SMALL[family][name] * mx.random.normal(value.shape)))
         else:
             params.append((name, 0.08 * mx.random.normal(value.shape)))
     model.load_weights(params)
+    if family == "gemma3":
+        model.language_model.pop("lm_head")  # tied (module doc)
     save_weights(folder, model)
     save_config(config, folder / "config.json")
     for name, content in _processor_files(family).items():

@@ -7,6 +7,7 @@ them; for M-RoPE families mlx-vlm's own ``get_rope_index`` gives the positions, 
 from __future__ import annotations
 
 import hashlib
+import importlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -85,8 +86,8 @@ class ImagePrompter:
         return tokens, vision
 
     def _positions(self, inputs: dict[str, Any], span: int) -> np.ndarray:
-        from mlx_vlm.models.qwen3_5.language import LanguageModel
-
+        assert self.family is not None
+        language = importlib.import_module(f"mlx_vlm.models.{self.family.rope_index}.language")
         config = SimpleNamespace(
             vision_config=SimpleNamespace(
                 spatial_merge_size=self.config["vision_config"]["spatial_merge_size"]
@@ -95,7 +96,7 @@ class ImagePrompter:
             video_token_id=self.config.get("video_token_id"),
             vision_start_token_id=self.config.get("vision_start_token_id"),
         )
-        positions, deltas = LanguageModel.get_rope_index(
+        positions, deltas = language.LanguageModel.get_rope_index(
             SimpleNamespace(config=config),  # type: ignore[arg-type]
             inputs["input_ids"],
             inputs.get("image_grid_thw"),

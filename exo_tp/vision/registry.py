@@ -12,7 +12,9 @@ without reading anything on the host:
   holding the tower adds the image features there, before the embedding's one all-reduce: the
   sum is mlx-vlm's merged embedding exactly (each position has one non-zero term);
 - per-layer tables (Gemma 4) look up the real token, id 0 at image positions as mlx-vlm does;
-- M-RoPE attention rotates the span's rows by their 3-D positions.
+- M-RoPE attention rotates the span's rows by their 3-D positions;
+- deepstack (Qwen3-VL): the tower's rank adds text layer k's visual rows into its partial sum
+  of that layer's MLP, before the layer's all-reduce: every rank's hidden state gets them.
 
 Entries live while a sequence uses them, then a few are kept (least recently used first out)
 so that the same image prompt again reuses its ids, hence its prompt-cache entry and features.
@@ -38,6 +40,7 @@ class _Entry:
     image: np.ndarray  # (span,) bool: the tower's positions
     positions: np.ndarray | None  # (3, span) int32, M-RoPE only
     features: mx.array | None  # (span, hidden): the tower's rows (tower rank only)
+    deepstack: mx.array | None  # (layers, span, hidden): deepstack rows (tower rank only)
     users: set[int] = field(default_factory=set)
 
 
@@ -52,6 +55,7 @@ class _Tables:
     image: mx.array  # (N,) bool
     positions: mx.array | None  # (3, N)
     features: mx.array | None  # (N, hidden)
+    deepstack: mx.array | None  # (layers, N, hidden)
 
 
 class VisionRegistry:
@@ -91,10 +95,11 @@ class VisionRegistry:
             positions = vision.positions.numpy().astype(np.int32)
             if positions.shape != (3, span):
                 raise ValueError(f"positions of shape {positions.shape} for a span of {span}")
-        features = None
+        features = deepstack = None
         if self.tower is not None:
-            features = self.tower.features(tokens, vision)  # type: ignore[attr-defined]
-        entry = _Entry(self._next, real, real == vision.image_token, positions, features)
+            features, deepstack = self.tower.features(tokens, vision)  # type: ignore[attr-defined]
+        image = real == vision.image_token
+        entry = _Entry(self._next, real, image, positions, features, deepstack)
         self._next += span
         self._entries[vision.key] = entry
         self._evict()
@@ -132,6 +137,9 @@ class VisionRegistry:
         features = None
         if all(e.features is not None for e in entries):
             features = mx.concatenate([e.features for e in entries])  # type: ignore[misc]
+        deepstack = None
+        if all(e.deepstack is not None for e in entries):
+            deepstack = mx.concatenate([e.deepstack for e in entries], axis=1)  # type: ignore[misc]
         self._tables = _Tables(
             bases=mx.array([e.base for e in entries], dtype=mx.int32),
             lengths=mx.array(lengths, dtype=mx.int32),
@@ -140,6 +148,7 @@ class VisionRegistry:
             image=mx.array(image),
             positions=positions,
             features=features,
+            deepstack=deepstack,
         )
 
     # ---- inside the graph -------------------------------------------------------------------
@@ -178,6 +187,16 @@ class VisionRegistry:
         registered, rows = self._rows(ids)
         where = (registered & t.image[rows])[..., None]
         return mx.where(where, t.features[rows].astype(dtype), mx.zeros((1,), dtype=dtype))
+
+    def deepstack(self, ids: mx.array, layer: int, dtype: mx.Dtype) -> mx.array | None:
+        """Text layer ``layer``'s deepstack rows at image positions, zeros elsewhere (the
+        tower's rank only; None past the tower's deepstack layers)."""
+        t = self._tables
+        if t is None or t.deepstack is None or layer >= t.deepstack.shape[0]:
+            return None
+        registered, rows = self._rows(ids)
+        where = (registered & t.image[rows])[..., None]
+        return mx.where(where, t.deepstack[layer][rows].astype(dtype), mx.zeros((1,), dtype=dtype))
 
     def positions(self, ids: mx.array, offset: mx.array | int) -> tuple[mx.array, mx.array]:
         """(3, B, L) M-RoPE positions (registered rows' own; others at the cache offset in all

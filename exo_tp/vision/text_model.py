@@ -4,8 +4,9 @@ The rank runs mlx-lm's text model of the checkpoint (the tables split it as any 
 wrappers add what mlx-vlm's merged input brings (exo_tp.vision.registry says how the ids carry
 it): the embedding's image rows, the per-layer tables' id 0 at images, M-RoPE's positions, and
 for a family whose text model scales its embeddings (Gemma), the scale applied to the token
-rows only, before the all-reduce, as mlx-vlm applies it before it scatters the image features.
-With nothing registered every wrapper runs exactly what it wraps.
+rows only, before the all-reduce, as mlx-vlm applies it before it scatters the image features;
+for deepstack (Qwen3-VL), the tower's rows of each early layer, added where that layer's MLP
+is all-reduced. With nothing registered every wrapper runs exactly what it wraps.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from exo_tp.arch import table_for
-from exo_tp.shard.layers import VocabParallelEmbedding, Wrapper
+from exo_tp.errors import ExoTpError
+from exo_tp.shard.layers import PartialSum, VocabParallelEmbedding, Wrapper
 from exo_tp.shard.tree import get_path, has_path, set_path
 from exo_tp.vision.families import VISION_FAMILIES
 from exo_tp.vision.registry import VisionRegistry
@@ -78,6 +80,26 @@ class MropeRope(nn.Module):
         return mx.where(rows[:, None, None, None], turned, plain)
 
 
+class DeepstackRows(Wrapper):
+    """The MLP of text layer ``layer`` inside its all-reduce, on the tower's rank: its partial
+    sum plus that layer's deepstack rows, so the reduced output carries them once. mlx-vlm adds
+    them to the layer's output (its residual sum); adding them inside it is the same sum, in
+    another order of float additions."""
+
+    def __init__(self, inner: nn.Module, registry: VisionRegistry, layer: int):
+        super().__init__(inner)
+        self._registry = registry
+        self._layer = layer
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        out = self.inner(x, *args, **kwargs)
+        ids = self._registry.current_ids
+        if self._registry.empty or ids is None or ids.shape[:2] != x.shape[:2]:
+            return out
+        rows = self._registry.deepstack(ids, self._layer, out.dtype)
+        return out if rows is None else out + rows
+
+
 class _SeesIds:
     """Mixed into the text stack's class: each forward's ids stay where the RoPE reads them."""
 
@@ -126,6 +148,8 @@ def teach_images(
         for path in table.vocab_tables:
             if has_path(model, path):
                 set_path(model, path, ImageIdsAsZero(get_path(model, path), registry))
+    if family.deepstack and registry.tower is not None:
+        _add_deepstack(get_path(model, table.layers), config, registry)
     if family.mrope:
         rotary = _mrope_rotary(config)
         for block in get_path(model, table.layers):
@@ -134,3 +158,21 @@ def teach_images(
                 attention = attention["inner"]
             if attention is not None and "rope" in attention:
                 attention.rope = MropeRope(attention.rope, rotary, registry)
+
+
+def _add_deepstack(
+    layers: list[nn.Module], config: dict[str, Any], registry: VisionRegistry
+) -> None:
+    """The tower's rank (first stage, so its layers are the model's first): each deepstack
+    layer's MLP all-reduce carries that layer's rows (DeepstackRows)."""
+    count = len(config["vision_config"].get("deepstack_visual_indexes") or ())
+    if count > len(layers):
+        raise ExoTpError(
+            f"deepstack adds image features after text layers 0-{count - 1}: the first stage "
+            f"holds {len(layers)} layers; give it at least {count}"
+        )
+    for k in range(count):
+        mlp = getattr(layers[k], "mlp", None)
+        if not isinstance(mlp, PartialSum):
+            raise ExoTpError(f"deepstack: text layer {k}'s MLP is not all-reduced on its own")
+        mlp.inner = DeepstackRows(mlp["inner"], registry, k)

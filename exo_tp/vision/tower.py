@@ -4,7 +4,9 @@ mlx-vlm loads the checkpoint lazily (its classes, sanitize and quantization), an
 model is swapped for a stand-in before anything is read, so only the tower's and projector's
 weights load. The stand-in embeds every token as zeros: mlx-vlm's own ``get_input_embeddings``
 then returns the image features scattered over the image positions and zeros elsewhere, which is
-this rank's extra term of the embedding's all-reduce (exo_tp.vision.registry).
+this rank's extra term of the embedding's all-reduce (exo_tp.vision.registry). A family with
+deepstack (Qwen3-VL) also gives the features of some tower blocks, one table per early text layer,
+scattered the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from exo_tp.wire.vision import VisionPrompt
@@ -53,11 +56,23 @@ class Tower:
         leaves: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
         self.bytes = sum(value.nbytes for _, value in leaves)
 
-    def features(self, tokens: list[int], vision: VisionPrompt) -> mx.array:
-        """(span, hidden): the image features at the span's image positions, zeros elsewhere."""
+    def features(self, tokens: list[int], vision: VisionPrompt) -> tuple[mx.array, mx.array | None]:
+        """(span, hidden): the image features at the span's image positions, zeros elsewhere;
+        and with deepstack, (layers, span, hidden): each early text layer's, laid out alike."""
         inputs = {name: mx.array(t.numpy()) for name, t in vision.tower_inputs.items()}
         pixels = inputs.pop("pixel_values")
-        merged = self._model.get_input_embeddings(mx.array(tokens)[None], pixels, **inputs)
-        rows = merged.inputs_embeds[0, : vision.span]
-        mx.eval(rows)
-        return rows
+        ids = mx.array(tokens)[None]
+        # Gemma 3's merge reads the processor's attention mask (all ones for one prompt)
+        mask = mx.ones(ids.shape, dtype=mx.int32)
+        merged = self._model.get_input_embeddings(ids, pixels, mask=mask, **inputs)
+        span = vision.span
+        rows = merged.inputs_embeds[0, :span]
+        deep = getattr(merged, "deepstack_visual_embeds", None)
+        if deep is not None:
+            # mlx-vlm's rows follow the visual positions in order, all inside the span
+            where = np.flatnonzero(np.array(merged.visual_pos_masks[0, :span]))
+            layers = mx.zeros((len(deep), span, rows.shape[-1]), dtype=rows.dtype)
+            layers[:, mx.array(where)] = mx.stack(list(deep))[:, : len(where)].astype(rows.dtype)
+            deep = layers
+        mx.eval(rows, deep)
+        return rows, deep

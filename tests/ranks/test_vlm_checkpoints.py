@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (.ci/install installs it)")
-from vlm_models import FAMILIES, gradient, greedy, write_tiny_vlm  # noqa: E402
+from vlm_models import ALL_FAMILIES, gradient, greedy, write_tiny_vlm  # noqa: E402
 
 TOKENS = 16
 # Gemma 4's processor builds its audio feature extractor whatever the checkpoint holds.
@@ -26,12 +26,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:At least one mel filter:UserWarn
 def checkpoints(
     default_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Path]]:
-    """Both families, written once (well under a second each here)."""
+    """Every family, written once (well under a second each here)."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("HF_HUB_OFFLINE", "1")  # everything from the folders, never the hub
         root = tmp_path_factory.mktemp("vlm")
         smollm2 = default_models["smollm2-135m"]
-        yield {f: write_tiny_vlm(root / f, f, smollm2) for f in FAMILIES}
+        yield {f: write_tiny_vlm(root / f, f, smollm2) for f in ALL_FAMILIES}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def loaded(checkpoints: dict[str, Path]) -> dict[str, tuple[Any, Any]]:
     return {family: load(str(folder)) for family, folder in checkpoints.items()}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_checkpoint_layout(family: str, checkpoints: dict[str, Path]) -> None:
     import json
 
@@ -52,7 +52,7 @@ def test_checkpoint_layout(family: str, checkpoints: dict[str, Path]) -> None:
     assert sum(f.stat().st_size for f in folder.iterdir()) < 16e6
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_image_prompt_greedy_reference(family: str, loaded: dict[str, tuple[Any, Any]]) -> None:
     model, processor = loaded[family]
     first = greedy(model, processor, gradient(1))

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (.ci/install installs it)")
-from vlm_models import FAMILIES, PROMPT, TOKENS, gradient, greedy, write_tiny_vlm  # noqa: E402
+from vlm_models import ALL_FAMILIES, PROMPT, TOKENS, gradient, greedy, write_tiny_vlm  # noqa: E402
 
 import exo_tp  # noqa: E402
 from exo_tp.errors import ExoTpError  # noqa: E402
+from exo_tp.vision.families import unsupported_vision_family  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:At least one mel filter:UserWarning")
 
@@ -31,7 +32,7 @@ def checkpoints(
         env.setenv("HF_HUB_OFFLINE", "1")
         root = tmp_path_factory.mktemp("vlm-library")
         folders = {}
-        for family in FAMILIES:
+        for family in ALL_FAMILIES:
             folders[family] = write_tiny_vlm(root / family, family, default_models["smollm2-135m"])
             quantized = root / f"{family}-4bit"
             convert(
@@ -59,15 +60,20 @@ def _ours(model: Any, prompt: str, shade: int) -> list[int]:
     return [r.token for r in responses if r.token is not None]
 
 
-@pytest.mark.parametrize("name", [*FAMILIES, *(f"{f}-4bit" for f in FAMILIES)])
+@pytest.mark.parametrize("name", [*ALL_FAMILIES, *(f"{f}-4bit" for f in ALL_FAMILIES)])
 def test_three_uneven_ranks_answer_as_mlx_vlm(name: str, checkpoints: dict[str, Path]) -> None:
+    why = unsupported_vision_family(checkpoints[name])
+    if why is not None:  # Gemma 3 until exo-tp's tables name its top-level type
+        pytest.skip(why)
     prompt, expected = _reference(checkpoints[name], 2)
     with exo_tp.load(str(checkpoints[name]), ranks=3, weights=[5, 3, 1]) as model:
         assert _ours(model, prompt, 2) == expected
         assert _ours(model, prompt, 2) == expected  # the same image again: its registered span
 
 
-@pytest.mark.parametrize("family", ["qwen3_5"])  # Gemma 4 runs as one stage (its table's why)
+# Gemma 4 runs as one stage (its table's why); Qwen3-VL's deepstack needs both its layers on
+# the first stage (exo_tp.vision.text_model refuses fewer)
+@pytest.mark.parametrize("family", ["qwen3_5"])
 def test_two_pipeline_stages_answer_as_mlx_vlm(family: str, checkpoints: dict[str, Path]) -> None:
     """The tower on the first stage; the last stage's attention rotates by the same M-RoPE
     positions, carried by the registry every rank fills alike."""

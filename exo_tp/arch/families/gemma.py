@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from exo_tp.arch.dims import Dim
-from exo_tp.arch.families._rules import ATTENTION, HEAD_COUNTS, MLP, QK_NORMS, attention, glu
+from exo_tp.arch.families._rules import (
+    ATTENTION,
+    HEAD_COUNTS,
+    LANGUAGE_MODEL,
+    MLP,
+    QK_NORMS,
+    attention,
+    glu,
+)
 from exo_tp.arch.family import Family
 from exo_tp.arch.table import ArchTable, CountRule
 from exo_tp.frozen import replace
@@ -23,4 +31,7 @@ GEMMA = ArchTable(
 # needs the group axis.
 GEMMA2 = replace(GEMMA, model_types=("gemma2",), grouped_scores=True)
 
-FAMILY = Family(tables=(GEMMA, GEMMA2))
+# Gemma 3 with its vision tower (mlx-lm's gemma3 wraps gemma3_text under language_model).
+GEMMA3 = replace(GEMMA, model_types=("gemma3",), **LANGUAGE_MODEL)
+
+FAMILY = Family(tables=(GEMMA, GEMMA2, GEMMA3))
