@@ -8,7 +8,7 @@ from typing import Any
 
 from mlx_lm.generate import BatchGenerator
 
-from exo_tp.plan.step_budget import MIN_CHUNK
+from exo_tp.plan.step_budget import MIN_CHUNK, chunk_at
 from exo_tp.wire.assignment import ServingOptions
 
 
@@ -21,6 +21,8 @@ class Admission:
         # Chunked prefill with a token budget (exo_tp.plan.step_budget): while streams decode,
         # a step carries their tokens and at most the rest of the budget of prompt tokens.
         self._step_size, self._budget = options.prefill_step_size, options.step_token_budget
+        self._ratio = options.chunk_attention_ratio  # a chunk priced at its position
+        self.cached: dict[int, int] = {}  # prompt tokens each uid had from the prompt cache
         # A quantized KV cache: mlx-lm quantizes a sequence's cache after the chunk that takes
         # it past quantized_kv_start, its chunks being prefill_step_size long; until a prompt
         # has passed that chunk's end its chunks keep that size, so it attends exactly what
@@ -83,10 +85,23 @@ class Admission:
             prefilling = len(generator._currently_processing)
             prefilling += len(generator._unprocessed_sequences)
             prefilling = max(1, min(generator.prefill_batch_size, prefilling))
-            share = (self._budget - decoding) // prefilling
+            share = chunk_at(
+                (self._budget - decoding) / prefilling, self._position(generator), self._ratio
+            )
             chunk = max(MIN_CHUNK, min(self._step_size, share))
         generator.prefill_step_size = chunk
         generator._prompt_batch.prefill_step_size = chunk
+
+    def _position(self, generator: BatchGenerator) -> int:
+        """How far the furthest prompt prefilling now is (its cached tokens included)."""
+        uids = generator._prompt_batch.uids if generator._prompt_batch is not None else []
+        return max(
+            (
+                self.cached.get(uid, 0) + sequence[1]
+                for uid, sequence in zip(uids, generator._currently_processing, strict=False)
+            ),
+            default=0,
+        )
 
     def _before_quantized(self, generator: BatchGenerator) -> bool:
         """Whether a prompt that may prefill this step has not yet passed the chunk after

@@ -40,9 +40,8 @@ stages read the verify step's tokens from their `Tokens` message (an overlapped 
 earlier stages at once, not a round later: their drafts and rollback need them; with one
 stream no other lane has work to overlap). Only with a float KV cache (``speculate``).
 
-Fused steps (``fused``, exo_tp.shard.fused_step): a step whose rows decode beside one prompt's
-chunk runs both in one forward pass, mlx-lm's two model calls swapped for it for that step
-(its bookkeeping unchanged). Every rank decides from the batch it holds alike.
+Fused steps (``fused``, exo_tp.shard.fused_step): a step's decode rows and one prompt's chunk in
+one forward pass, decided by every rank from the batch it holds alike.
 """
 
 from __future__ import annotations
@@ -55,10 +54,11 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from exo_tp.runtime.admission import Admission
 from exo_tp.runtime.prompt_cache import prompt_cache_for
+from exo_tp.runtime.prompt_scores import Inserted, prompt_outputs
 from exo_tp.runtime.speculative import (
     Backoff,
     Drafter,
@@ -244,13 +244,8 @@ class LockstepBatch:
             self._received[lane].update(zip(message.uids, message.tokens, strict=True))
             self._word_at[position] = message.committed
 
-    def insert(
-        self,
-        change: Insert,
-        processors: list[Any] | None = None,
-    ) -> tuple[int, mx.array | None]:
-        """Apply an Insert: (prompt tokens covered by the prompt cache, the prompt's logits when
-        the change asks for them)."""
+    def insert(self, change: Insert, processors: list[Any] | None = None) -> Inserted:
+        """Apply an Insert (one with no tokens to generate only scores its prompt)."""
         if change.lane >= len(self.lanes):
             raise DivergedError(f"lane {change.lane} of {len(self.lanes)}")
         generator = self.lanes[change.lane]
@@ -259,11 +254,12 @@ class LockstepBatch:
             if self.vision is None:
                 raise DivergedError("an image prompt for a model without a vision tower")
             tokens = self.vision.encode(change.uid, tokens, change.vision)
+        logits, scores = prompt_outputs(self.model, tokens, change)  # every rank: collectives
+        if change.max_tokens == 0:  # it never joins: its uid is spent all the same
+            generator._uid_count = max(generator._uid_count, change.uid + 1)
+            self.applied += 1
+            return Inserted(0, None, scores)
         cache, cached = self.prompt_cache.fetch(tokens) if self.prompt_cache else (None, 0)
-        logits = None
-        if change.save_logits:  # every rank runs it: the forward has collectives
-            logits = self.model(mx.array(tokens)[None], cache=make_prompt_cache(self.model))
-            mx.eval(logits)
         if len(self.lanes) > 1:  # each lane's generator numbers from the conductor's uids
             generator._uid_count = change.uid
         (uid,) = generator.insert(
@@ -283,7 +279,7 @@ class LockstepBatch:
         if change.draft_tokens and self.speculative:
             self._drafts[uid] = change.draft_tokens
         self.applied += 1
-        return cached, logits
+        return Inserted(cached, logits, scores)
 
     def remove(self, change: Remove) -> None:
         present = [uid for uid in change.uids if uid in self.active]

@@ -150,6 +150,7 @@ class Conductor:
                 # a prompt's registered ids would make drafts that are never kept
                 draft_tokens=0 if request.vision else self._draft_tokens(entry),
                 vision=request.vision,
+                prompt_logprobs=request.prompt_logprobs,
             )
         )
         return True
@@ -305,9 +306,15 @@ class Conductor:
                 self._by_uid.pop(uid, None)
             return
         entry = self._by_uid[change.uid]
-        entry.cached, logits = self.batch.insert(change, [self._marker(entry)])
-        if logits is not None and entry.request.logits_out:
-            np.save(entry.request.logits_out, np.array(logits[0].astype(mx.float32)))
+        inserted = self.batch.insert(change, [self._marker(entry)])
+        entry.cached = inserted.cached
+        if inserted.logits is not None and entry.request.logits_out:
+            np.save(entry.request.logits_out, np.array(inserted.logits[0].astype(mx.float32)))
+        if change.prompt_logprobs is not None:  # before any generated token
+            self.source.send(Delta(id=entry.request.id, text="", prompt_logprobs=inserted.scores))
+        if change.max_tokens == 0:  # scored only: it never joined the batch
+            del self._by_uid[change.uid]
+            self._finish(entry, "length")
 
     # ---- events out ------------------------------------------------------------------------
 

@@ -75,6 +75,11 @@ class StageModel(nn.Module):
     def layers(self) -> list[Any]:
         return self.model.layers
 
+    @property
+    def holds_head(self) -> bool:
+        """The last stage's: its forward ends in the LM head (earlier ones return nothing)."""
+        return self._last
+
     def make_cache(self) -> list[Any]:
         return make_prompt_cache(self.model)
 

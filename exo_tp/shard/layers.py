@@ -301,6 +301,7 @@ class VocabParallelEmbedding(nn.Module):
         self._sizes = tuple(sizes)
         self._width = width
         self._group = group
+        self.local_only = False  # as_linear gives this rank's logits only (prompt_scores)
 
     @property
     def _local_size(self) -> int:
@@ -322,8 +323,18 @@ class VocabParallelEmbedding(nn.Module):
         """The ranks' terms summed: the lookup."""
         return sum_over_ranks(rows, self._width, self._group)
 
+    @property
+    def vocab_start(self) -> int:
+        return self._start
+
+    @property
+    def group(self) -> mx.distributed.Group:
+        return self._group
+
     def as_linear(self, x: mx.array) -> mx.array:
         local = self.inner.as_linear(x) if self._local_size else _no_logits(x)
+        if self.local_only:  # exo_tp.runtime.prompt_scores: this rank's rows, ungathered
+            return local
         return gather_padded(local, self._sizes, self._group)
 
 
@@ -335,9 +346,20 @@ class VocabParallelHead(nn.Module):
         self.inner = inner
         self._sizes = tuple(sizes)
         self._group = group
+        self.local_only = False  # this rank's logits only, ungathered (prompt_scores)
+
+    @property
+    def vocab_start(self) -> int:
+        return sum(self._sizes[: self._group.rank()])
+
+    @property
+    def group(self) -> mx.distributed.Group:
+        return self._group
 
     def __call__(self, x: mx.array) -> mx.array:
         local = self.inner(x) if self._sizes[self._group.rank()] else _no_logits(x)
+        if self.local_only:
+            return local
         return gather_padded(local, self._sizes, self._group)
 
 

@@ -30,6 +30,13 @@ class ServingOptions(Frozen):
     # waiting prompts (exo_tp.plan.step_budget). None: the leader sizes it from the plan's
     # prediction when it has one, else every chunk is prefill_step_size.
     step_token_budget: int | None = Field(default=None, ge=16)
+    # The budget is in tokens at position 0; a chunk further on costs more (its attention to
+    # the cached prefix): one cached position adds this much of a token's cost (set by the
+    # leader with the budget: exo_tp.plan.step_budget.attention_ratio; 0: priced by length).
+    chunk_attention_ratio: float = Field(default=0.0, ge=0.0)
+    # While a prompt prefills, a decoding stream's gap is at most about this x its gap alone
+    # (the budget's size; --prefill-gap).
+    prefill_gap: float = Field(default=3.0, gt=1.0, le=100.0)
     # A step's decode rows and a prompt chunk in one forward pass (exo_tp.shard.fused_step;
     # one stage, a float KV cache, a family whose blocks fuse). auto: on GPUs only: on a CPU
     # a step costs the sum of its work either way, and one pass measured 7-8% slower on the

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, model_validator
 
 from exo_tp.frozen import Frozen, replace
 from exo_tp.plan.rebalance import RankSpeed
@@ -39,7 +39,8 @@ MAX_DRAFT_TOKENS = 32  # more drafts than this cost a longer verify step than th
 class SamplingParams(Frozen):
     """Per-request sampling, with mlx_lm.server's meanings (`mlx_lm.sample_utils`)."""
 
-    max_tokens: int = Field(default=256, ge=1)
+    # 0 only with prompt log-probabilities (GenerateRequest.prompt_logprobs): score, generate none
+    max_tokens: int = Field(default=256, ge=0)
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
@@ -86,6 +87,15 @@ class GenerateRequest(Frozen):
     # processors or a grammar speculate (exo_tp.runtime.speculative says why).
     num_draft_tokens: int | None = Field(default=None, ge=0, le=MAX_DRAFT_TOKENS)
     vision: VisionPrompt | None = None  # the prompt's images (exo_tp.wire.vision)
+    # the prompt's own log-probabilities, with this many alternatives each (None: not asked;
+    # exo_tp.runtime.prompt_scores): what evaluation harnesses score by
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _generates_or_scores(self) -> GenerateRequest:
+        if self.sampling.max_tokens == 0 and self.prompt_logprobs is None:
+            raise ValueError("max_tokens 0 generates nothing: only with prompt_logprobs")
+        return self
 
     def fit(self, vocab_size: int) -> GenerateRequest:
         """The one check of a request against its model, done where it is made (the API, the
@@ -159,6 +169,8 @@ class Delta(Frozen):
     text: str
     tokens: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
+    # the prompt's tokens after its first, scored (prompt_logprobs), before any generated one
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -267,6 +279,7 @@ class Insert(Frozen):
     # resolves the request's and the node's settings so that every rank holds the same.
     draft_tokens: int = Field(default=0, ge=0, le=MAX_DRAFT_TOKENS)
     vision: VisionPrompt | None = None  # the prompt's images: its span runs from a registry
+    prompt_logprobs: int | None = None  # score the prompt (every rank runs it: collectives)
 
 
 class Remove(Frozen):

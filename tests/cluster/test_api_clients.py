@@ -408,6 +408,61 @@ def test_tool_call_is_parsed_as_mlx_lm_parses_it(
     assert finish == "tool_calls"
 
 
+def _prompt_scores(
+    ref: SingleDevice, ids: list[int], top: int
+) -> tuple[list[float], list[dict[str, float]]]:
+    """Single-device mlx-lm's log-softmax of each prompt token after the ones before it, and
+    the ``top`` most likely tokens there (their text as the API keys them)."""
+    import mlx.core as mx
+
+    logits = ref.model(mx.array(ids)[None])[0].astype(mx.float32)
+    scores = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    chosen = [scores[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+    tops = []
+    for i in range(len(ids) - 1):
+        best = mx.argsort(-scores[i])[:top].tolist()
+        tops.append({ref.tokenizer.decode([t]): scores[i, t].item() for t in best})
+    return chosen, tops  # type: ignore[return-value]
+
+
+def test_prompt_logprobs_equal_single_device(cluster: LocalCluster, ref: SingleDevice) -> None:
+    """What lm-eval's local-completions sends: several prompts, echo, logprobs, max_tokens 0
+    (scored only) and 2 (scored, then generated): each prompt token's log-probability (the
+    first null) and its top 3 equal mlx-lm's log-softmax, the vocabulary never gathered."""
+    prompts = ["The capital of France is Paris.", "Once upon a time, a small dragon"]
+    client = _openai(cluster)
+    reply = client.completions.create(
+        model="default_model", prompt=prompts, max_tokens=0, echo=True, logprobs=3, temperature=0
+    )
+    assert [c.index for c in reply.choices] == [0, 1]
+    for prompt, choice in zip(prompts, reply.choices, strict=True):
+        ids = ref.tokenizer.encode(prompt)
+        chosen, tops = _prompt_scores(ref, ids, 3)
+        scored = choice.logprobs
+        assert choice.text == prompt and scored is not None
+        assert scored.tokens == [ref.tokenizer.decode([t]) for t in ids]
+        assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None  # type: ignore[index]
+        assert scored.token_logprobs[1:] == pytest.approx(chosen, abs=LOGPROB_ATOL)
+        for got, want in zip(scored.top_logprobs[1:], tops, strict=True):  # type: ignore[index]
+            assert list(got) == list(want)
+            assert list(got.values()) == pytest.approx(list(want.values()), abs=LOGPROB_ATOL)
+    ids = ref.tokenizer.encode(prompts[0])
+    expected = ref.generate(ids, 2, top_logprobs=1)
+    reply = client.completions.create(
+        model="default_model", prompt=[ids], max_tokens=2, echo=True, logprobs=1, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.text == prompts[0] + expected.text
+    assert choice.logprobs is not None and len(choice.logprobs.token_logprobs) == len(ids) + 2
+    assert choice.logprobs.token_logprobs[1 : len(ids)] == pytest.approx(
+        _prompt_scores(ref, ids, 1)[0], abs=LOGPROB_ATOL
+    )
+    assert choice.logprobs.token_logprobs[len(ids) :] == pytest.approx(
+        expected.logprobs, abs=LOGPROB_ATOL
+    )
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(ids)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_speculation_keeps_logprobs_and_tool_calls_and_survives_a_cancel(
     cluster: LocalCluster, ref: SingleDevice, stream: bool

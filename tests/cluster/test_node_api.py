@@ -107,10 +107,14 @@ def test_unknown_routes_answer_json(
 def test_bad_completions_input(cluster: LocalCluster) -> None:
     code, reply = http_json(f"{cluster.urls[1]}/v1/completions", {"model": MODEL}, timeout=30)
     assert code == 400 and reply["error"]["param"] == "prompt"
-    code, reply = http_json(
-        f"{cluster.urls[1]}/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, timeout=30
-    )
-    assert code == 400
+    for prompts in (["a", ""], ["a"] * 65):  # an empty prompt; more prompts than a request takes
+        code, reply = http_json(
+            f"{cluster.urls[1]}/v1/completions", {"model": MODEL, "prompt": prompts}, timeout=30
+        )
+        assert code == 400 and reply["error"]["param"] == "prompt", reply
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 0}  # nothing to generate, no echo
+    code, reply = http_json(f"{cluster.urls[1]}/v1/completions", body, timeout=30)
+    assert code == 400, reply
 
 
 def test_node_keeps_serving_after_bad_input(cluster: LocalCluster, reference: str) -> None:

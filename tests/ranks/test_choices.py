@@ -33,7 +33,7 @@ def test_a_kept_prompt_serves_the_next_choice_from_the_prompt_cache(
     while not generated[0]:
         for response in batch.step():
             generated[response.uid].append(response.token)
-    cached, _ = batch.insert(Insert(uid=1, tokens=prompt, max_tokens=TOKENS))
+    cached = batch.insert(Insert(uid=1, tokens=prompt, max_tokens=TOKENS)).cached
     assert cached == len(prompt) - 1  # all but the last token, which must run again
     while not batch.idle:
         for response in batch.step():

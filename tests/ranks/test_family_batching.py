@@ -58,7 +58,7 @@ def _run(batch: object, prompts: list[list[int]], first_uid: int) -> tuple[dict,
     cached = {}
     for i, ids in enumerate(prompts):
         change = Insert(uid=first_uid + i, tokens=tuple(ids), max_tokens=TOKENS)
-        cached[change.uid], _ = batch.insert(change)  # type: ignore[attr-defined]
+        cached[change.uid] = batch.insert(change).cached  # type: ignore[attr-defined]
     out: dict[int, list[int]] = {first_uid + i: [] for i in range(len(prompts))}
     while not batch.idle:  # type: ignore[attr-defined]
         for response in batch.step():  # type: ignore[attr-defined]

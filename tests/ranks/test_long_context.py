@@ -82,6 +82,9 @@ for name, bits, prompts, budget, together, fused in {cases!r}:
     options = ServingOptions(
         max_concurrency=6, prompt_cache_size=0, kv_bits=bits, step_token_budget=budget,
         prefill_batch_size=together,
+        # chunks priced at their position (the leader's default for a budget): smaller ones
+        # further on, the answers the same
+        chunk_attention_ratio=0.004 if budget else 0.0,
     )
     batch = LockstepBatch(
         model, eos, options,
@@ -113,7 +116,7 @@ turns, cached = [{first_turn!r}], []
 for uid in range(2):
     if uid:
         turns.append(turns[0] + out["first turn"] + {follow_up!r})
-    hit, _ = batch.insert(Insert(uid=uid, tokens=tuple(turns[uid]), max_tokens={tokens}))
+    hit = batch.insert(Insert(uid=uid, tokens=tuple(turns[uid]), max_tokens={tokens})).cached
     cached.append(hit)
     tokens = []
     while not batch.idle:

@@ -64,6 +64,7 @@ class Ask:
     constraint_param: str = "response_format"  # the schema's field, as the dialect names it
     thinking_budget: int | None = None  # tokens of thinking at most (thinking_budget.py)
     num_draft_tokens: int | None = None  # speculative drafts per step (None: the node's)
+    prompt_logprobs: int | None = None  # the prompt's own log-probabilities (completions' echo)
 
     def structure(self) -> tuple[Constraint | None, str]:
         """The constraint the text is decoded under, and the field that set it."""
@@ -75,9 +76,18 @@ class Ask:
 def fitted(node: Backend, ask: Ask) -> GenerateRequest:
     """The runtime's request for ``ask``: its budget and sampling, checked against the model."""
     budget = token_budget(node, len(ask.prompt.tokens), ask.max_tokens, ask.prompt_param)
+    if ask.max_tokens == 0:  # the prompt only (scored): GenerateRequest says it must be
+        budget = 0
     sampling = sampling_params(node, ask.sampling, budget, ask.logprobs, ask.top_logprobs)
     request = generate_request(
-        node, ask.id, ask.prompt.tokens, sampling, ask.stops, ask.prompt_param, ask.continuation
+        node,
+        ask.id,
+        ask.prompt.tokens,
+        sampling,
+        ask.stops,
+        ask.prompt_param,
+        ask.continuation,
+        ask.prompt_logprobs,
     )
     if ask.num_draft_tokens is not None:
         request = replace(request, num_draft_tokens=ask.num_draft_tokens)
@@ -146,6 +156,7 @@ def generate_request(
     stops: Sequence[str],
     prompt_param: str,
     continuation: bool = False,
+    prompt_logprobs: int | None = None,
 ) -> GenerateRequest:
     """The request, fitted to the model (GenerateRequest.fit: the one check of token ids and
     top_k against the vocabulary); ``prompt_param`` names the prompt's field in errors."""
@@ -157,6 +168,7 @@ def generate_request(
         sampling=sampling,
         stop=tuple(stops),
         continuation=continuation,
+        prompt_logprobs=prompt_logprobs,
     )
     try:
         return request.fit(node.vocab_size)

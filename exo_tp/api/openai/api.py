@@ -26,11 +26,14 @@ from exo_tp.api.openai.shapes import (
     ChatShape,
     Completion,
     CompletionLogprobs,
+    CompletionLogprobsBlock,
     CompletionShape,
+    joined,
     usage,
 )
 from exo_tp.api.openai.unsupported import refuse_unsupported, without_harmless
 from exo_tp.frozen import replace
+from exo_tp.wire.ids import RequestId
 from exo_tp.wire.runtime import Constraint, Delta, Done
 
 
@@ -125,6 +128,7 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
             parsed.chat(),
             node.defaults.chat_template_args,
             node.images,
+            node.defaults.image_urls,  # (off_loop passes positional arguments only)
         ),
         sampling=parsed,
         max_tokens=parsed.requested_max_tokens(),
@@ -179,7 +183,8 @@ class _Choices(Generic[View]):
 
 
 class _Completion(_OpenAIStream):
-    """A completion: its text as it came, after the prompt's when ``echo`` asks for it."""
+    """A completion: its text as it came, after the prompt's when ``echo`` asks for it, and
+    with ``echo`` and ``logprobs`` the prompt's tokens scored first (the first one has none)."""
 
     _shape: CompletionShape
 
@@ -188,30 +193,41 @@ class _Completion(_OpenAIStream):
         node: Backend,
         ask: Ask,
         parsed: CompletionRequest,
+        prompt: str | list[int],
         index: int = 0,
         answer_id: str = "",
     ):
         super().__init__(parsed.include_usage(), closes=not answer_id)
         self._node, self._parsed, self._tokens = node, parsed, ask.prompt.tokens
+        self._prompt, self._scored = prompt, ask.prompt_logprobs is not None
         self._shape = CompletionShape(answer_id or ask.id, node.model, index)
         top = parsed.top_n()
-        self._scores = CompletionLogprobs(TokenText(node.tokenizer), top) if ask.logprobs else None
+        wanted = ask.logprobs or self._scored
+        self._scores = CompletionLogprobs(TokenText(node.tokenizer), top) if wanted else None
 
     async def _echo(self) -> str:
         """The prompt as text, for ``echo`` (ids decoded once they are known to be the
         model's: the generation was fitted before anything is rendered)."""
         if not self._parsed.echo:
             return ""
-        value = self._parsed.prompt_value()
-        if isinstance(value, str):
-            return value
+        if isinstance(self._prompt, str):
+            return self._prompt
         return await off_loop(self._node.tokenizer.decode, self._tokens)
 
+    def _prompt_block(self, delta: Delta) -> CompletionLogprobsBlock | None:
+        if self._scores is None or not self._parsed.wants_logprobs():
+            return None
+        return self._scores.prompt_block(self._tokens[0], delta.prompt_logprobs)
+
     async def start(self) -> None:
-        if echo := await self._echo():
+        if not self._scored and (echo := await self._echo()):
             await self._out.send(self._shape.chunk(echo, None))
 
     async def delta(self, piece: AnswerPiece, delta: Delta) -> None:
+        if self._scored and not delta.tokens:  # the prompt's scores, before any token
+            prompt = self._prompt_block(delta)
+            await self._out.send(self._shape.chunk(await self._echo(), None, prompt))
+            return
         scores = self._scores
         logprobs = scores.block(delta.logprobs) if scores and delta.logprobs else None
         if piece or logprobs:
@@ -223,40 +239,69 @@ class _Completion(_OpenAIStream):
 
     async def view(self, answer: WholeAnswer) -> Completion:
         text = await self._echo() + answer.merged().content
-        logprobs = self._scores.block(answer.logprobs()) if self._scores else None
-        return self._shape.whole(text, answer.reason, answer.done, logprobs)
+        blocks = []
+        if self._scored:
+            scored = next((d for d in answer.deltas if not d.tokens), None)
+            blocks.append(self._prompt_block(scored) if scored else None)
+        if self._scores is not None and self._parsed.wants_logprobs():
+            blocks.append(self._scores.block(answer.logprobs()))
+        return self._shape.whole(text, answer.reason, answer.done, joined(blocks))
 
     async def whole(self, answer: WholeAnswer) -> web.StreamResponse:
         return json_view(await self.view(answer))
 
 
+class _Prompts(_Choices[Completion]):
+    """Choices of several prompts: usage counts every prompt once, every choice's tokens."""
+
+    def __init__(self, renderers: Sequence[_Completion], per_prompt: int):
+        super().__init__(renderers)
+        self._per_prompt = per_prompt
+
+    def _summed(self, dones: list[Done]) -> Done:
+        firsts = dones[:: self._per_prompt]
+        prompts = sum(d.prompt_tokens for d in firsts)
+        return replace(summed(dones), prompt_tokens=prompts)
+
+    async def end(self, dones: list[Done]) -> None:
+        await self._renderers[0].close_stream(self._summed(dones))
+
+    async def whole(self, answers: list[WholeAnswer]) -> web.StreamResponse:
+        views = [await r.view(a) for r, a in zip(self._renderers, answers, strict=True)]
+        answer = views[0]
+        answer.choices = [choice for view in views for choice in view.choices]
+        answer.usage = usage(self._summed([a.done for a in answers]))
+        return json_view(answer)
+
+
 async def completions(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed: CompletionRequest = await _parsed(request, CompletionRequest)
     check_model(node, parsed.model)
-    if parsed.echo and parsed.wants_logprobs():
-        raise ApiError(
-            400,
-            "Unsupported value for 'echo': the prompt's log-probabilities are "
-            "not computed, so echo cannot go with logprobs.",
-            param="echo",
+    prompts = parsed.prompt_values()
+    answer_id = request_id("cmpl")
+    asks: list[Ask] = []
+    for value in prompts:
+        tokens = await off_loop(completion_prompt, node.tokenizer, value)
+        ask = Ask(
+            id=RequestId(f"{answer_id}-p{len(asks)}") if asks else answer_id,
+            prompt=Prompt(tokens=tokens),
+            sampling=parsed,
+            max_tokens=parsed.requested_max_tokens(),
+            stream=parsed.stream,
+            stops=parsed.stop_list(),
+            prompt_param="prompt",
+            logprobs=parsed.wants_logprobs(),
+            top_logprobs=parsed.top_n(),
+            continuation=True,
+            num_draft_tokens=parsed.num_draft_tokens,
+            split=False,
+            prompt_logprobs=parsed.prompt_scores(),
         )
-    tokens = await off_loop(completion_prompt, node.tokenizer, parsed.prompt_value())
-    ask = Ask(
-        id=request_id("cmpl"),
-        prompt=Prompt(tokens=tokens),
-        sampling=parsed,
-        max_tokens=parsed.requested_max_tokens(),
-        stream=parsed.stream,
-        stops=parsed.stop_list(),
-        prompt_param="prompt",
-        logprobs=parsed.wants_logprobs(),
-        top_logprobs=parsed.top_n(),
-        continuation=True,
-        num_draft_tokens=parsed.num_draft_tokens,
-        split=False,
-    )
-    if parsed.n == 1:
-        return await respond(node, request, ask, _Completion(node, ask, parsed))
-    asks = choice_asks(ask, parsed.n)
-    texts = [_Completion(node, a, parsed, i, ask.id) for i, a in enumerate(asks)]
-    return await respond_choices(node, request, asks, texts, _Choices(texts))
+        asks += choice_asks(ask, parsed.n)
+    if len(asks) == 1:
+        return await respond(node, request, asks[0], _Completion(node, asks[0], parsed, prompts[0]))
+    texts = [
+        _Completion(node, a, parsed, prompts[i // parsed.n], i, answer_id)
+        for i, a in enumerate(asks)
+    ]
+    return await respond_choices(node, request, asks, texts, _Prompts(texts, parsed.n))

@@ -27,6 +27,7 @@ from exo_tp.wire.runtime import MAX_DRAFT_TOKENS
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS = 20
+MAX_PROMPTS = 64  # prompts in one completions request (lm-eval batches them)
 MAX_CHOICES = 16  # n: each choice is a stream in the batch (--max-concurrency, 8 by default)
 # apply_chat_template's own arguments: a request may set template variables, not these (a
 # client's own "chat_template" would run arbitrary template code on the API's thread)
@@ -263,7 +264,10 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
+    # one prompt (text or token ids) or several, each its own choice (index in order)
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 with echo: the prompt only, scored when logprobs asks (what lm-eval sends)
+    max_tokens: int | None = Field(default=None, ge=0)
     logprobs: int | bool | None = Field(default=None)  # OpenAI: top-n (0-5); mlx-lm: a bool
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # mlx-lm
     echo: bool = False
@@ -272,17 +276,25 @@ class CompletionRequest(_Generation):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: Any) -> Any:
+    def _prompts(cls, prompt: Any) -> Any:
         if isinstance(prompt, list):
             if not prompt:
                 raise ValueError("must not be empty")
-            if isinstance(prompt[0], str | list) and len(prompt) != 1:
-                raise ValueError("exactly one prompt per request is supported")
-            if isinstance(prompt[0], list) and not prompt[0]:
-                raise ValueError("must not be empty")
+            if isinstance(prompt[0], str | list) and len(prompt) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
+            if any(isinstance(p, str | list) and not p for p in prompt):
+                raise ValueError("must not hold an empty prompt")
         elif prompt == "":
             raise ValueError("must not be empty")
         return prompt
+
+    @model_validator(mode="after")
+    def _generates(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 generates nothing: only with echo (the prompt back)")
+        if self.max_tokens == 0 and self.stream:
+            raise ValueError("max_tokens 0 is answered whole: not with stream")
+        return self
 
     @field_validator("logprobs")
     @classmethod
@@ -302,15 +314,21 @@ class CompletionRequest(_Generation):
             raise ValueError("insertion (suffix) is not supported")
         return suffix
 
-    def prompt_value(self) -> str | list[int]:
-        """The one prompt: its text, or its token ids."""
+    def prompt_values(self) -> list[str | list[int]]:
+        """Every prompt: its text, or its token ids."""
         prompt = self.prompt
         if isinstance(prompt, str):
-            return prompt
-        first = prompt[0]
-        if isinstance(first, str | list):
-            return first
-        return list(prompt)  # type: ignore[arg-type]
+            return [prompt]
+        if isinstance(prompt[0], str | list):
+            return list(prompt)  # type: ignore[arg-type]
+        return [list(prompt)]  # type: ignore[arg-type]
+
+    def prompt_scores(self) -> int | None:
+        """The prompt's own log-probabilities to compute, with this many alternatives (echo
+        with logprobs; a prompt with no tokens generated is scored for its echo too)."""
+        if self.echo and (self.wants_logprobs() or self.max_tokens == 0):
+            return self.top_n()
+        return None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens

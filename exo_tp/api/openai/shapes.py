@@ -85,9 +85,24 @@ class ChatLogprobsBlock(ApiView):
 
 class CompletionLogprobsBlock(ApiView):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None  # each token's alternatives: text -> logprob
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token (no context)
+    # each token's alternatives: text -> logprob (None for the prompt's first token)
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
+
+
+def joined(blocks: list[CompletionLogprobsBlock | None]) -> CompletionLogprobsBlock | None:
+    """Blocks one after the other (an echoed prompt's, then the answer's)."""
+    present = [b for b in blocks if b is not None]
+    if not present:
+        return None
+    tops = [b.top_logprobs for b in present]
+    return CompletionLogprobsBlock(
+        tokens=[t for b in present for t in b.tokens],
+        token_logprobs=[p for b in present for p in b.token_logprobs],
+        top_logprobs=None if any(t is None for t in tops) else [x for t in tops for x in t or []],
+        text_offset=[o for b in present for o in b.text_offset],
+    )
 
 
 class ChatDelta(ApiView):
@@ -222,19 +237,36 @@ class CompletionLogprobs:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def block(self, scored: tuple[TokenLogprob, ...]) -> CompletionLogprobsBlock:
-        tokens, offsets, tops = [], [], []
+        tokens: list[str] = []
+        offsets: list[int] = []
+        tops: list[dict[str, float]] = []
         for s in scored:
-            piece, raw = self._text(s.token)
-            tokens.append(piece)
-            offsets.append(self.offset)
-            self.offset += len(self._utf8.decode(raw))
+            tokens.append(self._advance(s.token, offsets))
             tops.append({self._text(t)[0]: lp for t, lp in s.top})
         return CompletionLogprobsBlock(
             tokens=tokens,
             token_logprobs=[s.logprob for s in scored],
-            top_logprobs=tops if self._top > 0 else None,
+            top_logprobs=tops if self._top > 0 else None,  # type: ignore[arg-type]
             text_offset=offsets,
         )
+
+    def prompt_block(self, first: int, scored: tuple[TokenLogprob, ...]) -> CompletionLogprobsBlock:
+        """An echoed prompt's: its first token unscored (null, as OpenAI and vLLM give it)."""
+        offsets: list[int] = []
+        head = self._advance(first, offsets)
+        rest = self.block(scored)
+        return CompletionLogprobsBlock(
+            tokens=[head, *rest.tokens],
+            token_logprobs=[None, *rest.token_logprobs],
+            top_logprobs=None if rest.top_logprobs is None else [None, *rest.top_logprobs],
+            text_offset=[*offsets, *rest.text_offset],
+        )
+
+    def _advance(self, token: int, offsets: list[int]) -> str:
+        piece, raw = self._text(token)
+        offsets.append(self.offset)
+        self.offset += len(self._utf8.decode(raw))
+        return piece
 
 
 class ChatShape:

@@ -10,7 +10,7 @@ from exo_tp.node.leader.backend_choice import BackendChoice
 from exo_tp.node.leader.placement import Placement
 from exo_tp.plan.cluster import MEMORY_HEADROOM
 from exo_tp.plan.kv_width import kv_token_capacity
-from exo_tp.plan.step_budget import step_token_budget
+from exo_tp.plan.step_budget import attention_ratio, step_token_budget
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import DTYPE_BYTES, Assignment
 from exo_tp.wire.ids import Epoch, Rank
@@ -40,8 +40,10 @@ def assignments_of(
     conductor = plan.stages[-1].ranks[0]
     serving = config.serving
     if serving.step_token_budget is None and placement.prediction is not None:
-        budget = step_token_budget(placement.prediction, serving.prefill_step_size)
-        serving = replace(serving, step_token_budget=budget)
+        size, gap = serving.prefill_step_size, serving.prefill_gap
+        budget = step_token_budget(placement.prediction, size, gap)
+        ratio = attention_ratio(plan.spec)
+        serving = replace(serving, step_token_budget=budget, chunk_attention_ratio=ratio)
     return [
         Assignment(
             epoch=number,
