@@ -171,6 +171,14 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         "--prefill-step-size chunks)",
     )
     serving.add_argument(
+        "--prefill-gap",
+        type=float,
+        default=3.0,
+        help="while a prompt prefills, a decoding stream's gap between tokens is at most about "
+        "this many times its gap alone: the step budget's size, each chunk priced at its "
+        "position (default 3; larger: prompts prefill faster, streams stutter more)",
+    )
+    serving.add_argument(
         "--fused-steps",
         choices=("auto", "on", "off"),
         default="auto",
@@ -276,6 +284,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
             max_concurrency=args.max_concurrency,
             prefill_step_size=args.prefill_step_size,
             step_token_budget=args.step_token_budget,
+            prefill_gap=args.prefill_gap,
             fused_steps=args.fused_steps,
             prefill_batch_size=args.prefill_batch_size or default_prefill_batch(),
             overlap=args.overlap,
