@@ -140,6 +140,7 @@ import numpy as np
 from pathlib import Path
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from exo_tp.plan.spec import load_spec
+from exo_tp.plan.step_budget import attention_ratio
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.shard.apply import load_shard
@@ -158,14 +159,15 @@ rng = np.random.default_rng(0)
 vocab = spec.vocab_size
 def greedy(lp):
     return mx.argmax(lp, axis=-1).astype(mx.uint32), 0
-def batch(budget, chunk, fused):
+def batch(budget, chunk, fused, ratio=0.0):
     options = ServingOptions(
-        max_concurrency=8, prompt_cache_size=0, step_token_budget=budget, prefill_step_size=chunk
+        max_concurrency=8, prompt_cache_size=0, step_token_budget=budget, prefill_step_size=chunk,
+        chunk_attention_ratio=ratio,
     )
     one_pass = FusedForward(model, spec.model_type) if fused else None
     return LockstepBatch(model, [], options, greedy, bytes_per_token=0, fused=one_pass)
-def run(budget, streams, long, chunk=512, fused=False):
-    b, uid = batch(budget, chunk, fused), 0
+def run(budget, streams, long, chunk=512, fused=False, ratio=0.0):
+    b, uid = batch(budget, chunk, fused, ratio), 0
     for _ in range(streams):
         ids = tuple(rng.integers(0, vocab, 64).tolist())
         b.insert(Insert(uid=uid, tokens=ids, max_tokens=100000))
@@ -188,7 +190,7 @@ def run(budget, streams, long, chunk=512, fused=False):
         if not long and steps >= decode_steps:
             break
     b.close()
-    return dict(itl_p50=float(np.median(gaps)), first=first, steps=steps)
+    return dict(itl_p50=float(np.median(gaps)), itl_max=float(max(gaps)), first=first, steps=steps)
 result = {}
 result["decode_alone"] = run(None, 4, False)
 result["prefill_alone"] = run(None, 0, True)
@@ -202,6 +204,12 @@ result["budget"] = budget
 result["chunks_512"] = run(None, 4, True)
 result["chunks_budget"] = run(budget, 4, True)
 result["chunks_budget_one_pass"] = run(budget, 4, True, fused=True)
+# issue #60: the leader's default since, a chunk costing 2 decode steps at position 0
+# (--prefill-gap 3) and priced at its position (exo_tp.plan.step_budget.attention_ratio)
+priced = max(16, min(512, round(2 * result["decode_alone"]["itl_p50"] * rate)))
+priced = int(mx.distributed.all_sum(mx.array(priced if group.rank() == 0 else 0), group=group))
+result["priced_budget"] = priced
+result["chunks_priced"] = run(priced, 4, True, ratio=attention_ratio(spec))
 result["one_pass"] = {str(c): run(c, 4, True, fused=True) for c in json.loads(sys.argv[6])}
 if group.rank() == 0:
     Path(out).write_text(json.dumps(result))
@@ -271,10 +279,12 @@ def decoding_during_prefill(
                 proc.kill()
         r = json.loads(out.read_text())
     alone, prefill = r["decode_alone"]["itl_p50"], r["prefill_alone"]["first"]
-    cases = {name: r[name] for name in ("chunks_512", "chunks_budget", "chunks_budget_one_pass")}
+    names = ("chunks_512", "chunks_budget", "chunks_budget_one_pass", "chunks_priced")
+    cases = {name: r[name] for name in names}
     cases.update({f"one_pass_{c}": case for c, case in r["one_pass"].items()})
     for case in cases.values():
         case["itl_over_alone"] = round(case["itl_p50"] / alone, 3)
+        case["max_gap_over_alone"] = round(case["itl_max"] / alone, 3)
         case["prefill_over_alone"] = round(case["first"] / prefill, 3)
     r["one_pass_over_two"] = {
         "itl": round(r["chunks_budget_one_pass"]["itl_p50"] / r["chunks_budget"]["itl_p50"], 3),
@@ -353,6 +363,11 @@ def main() -> None:
         "long (bench/_delayed_link.py: a slow link, where collectives cost about a ms)",
     )
     parser.add_argument(
+        "--one-pass-budgets",
+        default=",".join(map(str, FUSED_BUDGETS)),
+        help="part 3: the budgets tried with one pass a step (comma-separated; '' for none)",
+    )
+    parser.add_argument(
         "--only",
         choices=[
             "kv_bytes_per_1k_tokens_smollm2",
@@ -378,7 +393,7 @@ def main() -> None:
                 model,
                 args.joining,
                 args.decode_steps,
-                [16, 64] if args.quick else FUSED_BUDGETS,
+                [16, 64] if args.quick else [int(b) for b in args.one_pass_budgets.split(",") if b],
                 args.link_delay_ms / 1000,
             ),
             "per_sequence_price": lambda: per_sequence_price(
