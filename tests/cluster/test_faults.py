@@ -29,10 +29,14 @@ HELLO = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
-    tiny_smollm2: Path,
+    tiny_smollm2: Path, tmp_path: Path
 ) -> None:
+    """... and the stall is one line in the log, no traceback (issue #60: a stall says what
+    failed in one line, its traceback only at debug level)."""
     extra = ("--stall-timeout", "6")
-    with local_cluster(3, weights=[1, 1, 1], model=str(tiny_smollm2), extra=extra) as cluster:
+    log = tmp_path / "cluster.log"
+    cluster_of = local_cluster(3, weights=[1, 1, 1], model=str(tiny_smollm2), extra=extra, log=log)
+    with cluster_of as cluster:
         leader_url = cluster.urls[0]
         victim_node = "local-2"
         frozen = rank_processes(cluster.proc.pid)[victim_node]
@@ -59,6 +63,8 @@ def test_frozen_worker_fails_its_requests_and_the_cluster_replans_without_it(
                 max_tokens=4,
             )
             assert reply.choices[0].message.content
+            said = log.read_text()
+            assert "no progress for 6s" in said and "Traceback" not in said, said[-3000:]
         finally:
             if frozen.is_running():
                 frozen.send_signal(signal.SIGCONT)
