@@ -15,6 +15,7 @@ from exo_tp.api.proxy import Upstream
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 if TYPE_CHECKING:
+    from exo_tp.vision.families import NoImages
     from exo_tp.vision.prompt import ImagePrompter
 
 
@@ -30,7 +31,7 @@ class Backend(Protocol):
     @property
     def tokenizer(self) -> TokenizerWrapper: ...
     @property
-    def images(self) -> ImagePrompter | None:
+    def images(self) -> ImagePrompter | NoImages | None:
         """The model's image processor; None when it takes no images."""
 
     @property

@@ -140,6 +140,26 @@ def _add_node_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_budget_args(serving: argparse._ArgumentGroup) -> None:
+    """How much prompt a step may carry while streams decode (exo_tp.plan.step_budget)."""
+    serving.add_argument(
+        "--step-token-budget",
+        type=positive_int,
+        help="tokens one step may carry while streams decode: their tokens plus a chunk of "
+        "a waiting prompt (default: a chunk costing about one decode step, from the plan's "
+        "predicted decode and prefill speeds when the planner measured the devices; else "
+        "--prefill-step-size chunks)",
+    )
+    serving.add_argument(
+        "--prefill-gap",
+        type=float,
+        default=3.0,
+        help="while a prompt prefills, a decoding stream's gap between tokens is at most about "
+        "this many times its gap alone: the step budget's size, each chunk priced at its "
+        "position (default 3; larger: prompts prefill faster, streams stutter more)",
+    )
+
+
 def _add_serving_args(p: argparse.ArgumentParser) -> None:
     """How the cluster batches, prefills, plans for, caches and watches requests."""
     serving = p.add_argument_group("serving")
@@ -162,22 +182,7 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
         help="prompt tokens processed per step between decode steps, so a "
         "long prompt never freezes running streams (default 512)",
     )
-    serving.add_argument(
-        "--step-token-budget",
-        type=positive_int,
-        help="tokens one step may carry while streams decode: their tokens plus a chunk of "
-        "a waiting prompt (default: a chunk costing about one decode step, from the plan's "
-        "predicted decode and prefill speeds when the planner measured the devices; else "
-        "--prefill-step-size chunks)",
-    )
-    serving.add_argument(
-        "--prefill-gap",
-        type=float,
-        default=3.0,
-        help="while a prompt prefills, a decoding stream's gap between tokens is at most about "
-        "this many times its gap alone: the step budget's size, each chunk priced at its "
-        "position (default 3; larger: prompts prefill faster, streams stutter more)",
-    )
+    _add_budget_args(serving)
     serving.add_argument(
         "--fused-steps",
         choices=("auto", "on", "off"),

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from exo_tp.plan.pipeline import PipelinePlan
     from exo_tp.runtime.local_ranks import Answer, LocalRanks
+    from exo_tp.vision.families import NoImages
     from exo_tp.vision.prompt import ImagePrompter
     from exo_tp.wire.assignment import DType
     from exo_tp.wire.runtime import GenerateRequest
@@ -68,7 +69,7 @@ class LoadedModel:
         ranks: LocalRanks,
         tokenizer: TokenizerWrapper,
         plan: PipelinePlan,
-        images: ImagePrompter | None = None,
+        images: ImagePrompter | NoImages | None = None,
     ):
         self.tokenizer, self.plan = tokenizer, plan
         self.images = images  # a vision checkpoint's processor (None: it takes no images)
@@ -122,8 +123,11 @@ class LoadedModel:
     def _image_prompt(
         self, prompt: str | Sequence[int], images: Sequence[Any]
     ) -> tuple[tuple[int, ...], VisionPrompt]:
-        if self.images is None:
-            raise ExoTpError("this model takes no images (its checkpoint has no vision tower)")
+        from exo_tp.vision.families import NoImages
+
+        if self.images is None or isinstance(self.images, NoImages):
+            why = self.images.reason if self.images else "its checkpoint has no vision tower"
+            raise ExoTpError(f"this model takes no images ({why})")
         if not isinstance(prompt, str):
             raise ExoTpError("a prompt with images is text: the processor places the images")
         from PIL import Image
@@ -284,7 +288,7 @@ def load(
     from exo_tp.plan.of_model import weighted_plan
     from exo_tp.plan.pipeline import plan_pipeline
     from exo_tp.runtime.local_ranks import LocalRanks
-    from exo_tp.vision.families import vision_config
+    from exo_tp.vision.families import NoImages, unsupported_vision_family, vision_config
     from exo_tp.wire.assignment import ServingOptions
 
     shares = list(weights) if weights is not None else [1.0] * ranks
@@ -309,11 +313,13 @@ def load(
     except BaseException:
         local.close(graceful=False)
         raise
-    images = None
+    images: ImagePrompter | NoImages | None = None
     if vision_config(model_dir) is not None:
         from exo_tp.vision.prompt import ImagePrompter
 
         images = ImagePrompter(model_dir)
+    elif (why := unsupported_vision_family(model_dir)) is not None:
+        images = NoImages(why)
     return LoadedModel(local, load_model_tokenizer(model_dir), plan, images)
 
 

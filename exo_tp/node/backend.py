@@ -34,7 +34,7 @@ from exo_tp.node.member.hub_downloads import HubDownloads
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.status_views import StatusViews
 from exo_tp.security.signing import control_headers
-from exo_tp.vision.families import vision_config
+from exo_tp.vision.families import NoImages, vision_config
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class NodeBackend:
         return self._prepared().tokenizer
 
     @property
-    def images(self) -> ImagePrompter | None:
+    def images(self) -> ImagePrompter | NoImages | None:
         return self._prepared().images
 
     @property
@@ -171,7 +171,7 @@ class NodeBackend:
         """Whether the model runs images here: its config, where this node has its files."""
         current = self._current()
         if current is not None and current.key == key:
-            return current.images is not None
+            return current.images is not None and not isinstance(current.images, NoImages)
         folder = self._views.joined.models.weights.local_dir(key) if self._views.joined else None
         return folder is not None and vision_config(folder) is not None
 

@@ -32,6 +32,11 @@ VISION_FAMILIES: dict[str, VisionFamily] = {
     # mlx-lm's gemma3_text scales the reduced embedding, image rows included, as mlx-vlm's does:
     # the tower's rows (its features over sqrt(hidden)) go in as they are, no wrapper scale.
     "gemma3": VisionFamily(),
+    # Pixtral's tower: its features at the [IMG] tokens only; the row breaks and the end token
+    # are text, embedded by the ranks (mlx-vlm's merge); 1-D positions, no scale.
+    "mistral3": VisionFamily(),
+    # MoonViT's tower (Kimi K2.5): features at the media placeholders; DeepSeek V3's text model.
+    "kimi_k25": VisionFamily(),
 }
 
 
@@ -44,6 +49,14 @@ def vision_config(model_dir: Path) -> dict[str, Any] | None:
     if config is None or _why_not(str(config.get("model_type"))) is not None:
         return None
     return config
+
+
+@dataclass(frozen=True)
+class NoImages:
+    """A checkpoint with a vision tower the cluster does not run: it serves its text, and an
+    image for it is a 400 saying ``reason``."""
+
+    reason: str
 
 
 def unsupported_vision_family(model_dir: Path) -> str | None:

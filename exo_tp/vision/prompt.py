@@ -44,8 +44,10 @@ class ImagePrompter:
         self.processor = processor
         self.model_type: str = self.config["model_type"]
         self.family = VISION_FAMILIES.get(self.model_type)
+        # Kimi K2.5 names it media_placeholder_token_id (mlx-vlm's image_token_index then)
+        names = ("image_token_id", "image_token_index", "media_placeholder_token_id")
         self.image_token: int = int(
-            self.config.get("image_token_id", self.config.get("image_token_index", -1))
+            next((self.config[n] for n in names if self.config.get(n) is not None), -1)
         )
 
     def prompt(self, text: str, images: list[Any]) -> tuple[list[int], VisionPrompt]:

@@ -40,6 +40,9 @@ class _NoText(nn.Module):
         super().__init__()
         self.model = _ZeroEmbedding(width, dtype)
 
+    def embed_tokens(self, ids: mx.array) -> mx.array:  # Kimi K2.5's merge reads it here
+        return self.model.embed_tokens(ids)
+
     def get_rope_index(self, *args: Any, **kwargs: Any) -> tuple[None, None]:
         return None, None  # the API computed the positions; the tower needs none
 

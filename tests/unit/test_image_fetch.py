@@ -427,7 +427,7 @@ def _messages(*urls: str) -> list[Message]:
 
 
 def test_read_images_fetches_and_checks_urls_and_names_the_part(server: Server) -> None:
-    (image,) = read_images(_messages(server.url("/cat.png")), True, LOOPBACK)
+    (image,) = read_images(_messages(server.url("/cat.png")), None, LOOPBACK)
     assert image.size == (8, 6) and image.mode == "RGB"
     cases = [  # the policy, the second part's URL, the part refused, the words
         (None, server.url("/cat.png"), 1, "not fetched"),
@@ -438,7 +438,7 @@ def test_read_images_fetches_and_checks_urls_and_names_the_part(server: Server) 
     ]
     for policy, url, part, words in cases:
         with pytest.raises(ApiError) as caught:
-            read_images(_messages(server.url("/cat.png"), url), True, policy)
+            read_images(_messages(server.url("/cat.png"), url), None, policy)
         error = caught.value
         assert error.param == f"messages[0].content[{part}]", error.message
         assert error.status == 400 and error.code == "invalid_image"

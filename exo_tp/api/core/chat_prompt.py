@@ -16,6 +16,7 @@ from exo_tp.api.core.conversation import Chat, Message
 from exo_tp.api.core.errors import ApiError
 from exo_tp.api.core.images import read_images
 from exo_tp.api.core.structured import tool_call
+from exo_tp.vision.families import NoImages
 from exo_tp.wire.runtime import Constraint
 from exo_tp.wire.vision import VisionPrompt
 
@@ -89,7 +90,7 @@ def chat_prompt(
     tokenizer: TokenizerWrapper,
     chat: Chat,
     server_args: dict[str, Any],
-    images: ImagePrompter | None = None,
+    images: ImagePrompter | NoImages | None = None,
     image_urls: ImageUrlPolicy | None = None,
 ) -> Prompt:
     """``chat``'s prompt: its tools as its tool choice offers them, rendered with the server's
@@ -99,7 +100,10 @@ def chat_prompt(
     allows (the server's --image-urls; None: refused)."""
     use = choose_tools(chat.tools, chat.tool_choice, tokenizer)
     args = {**server_args, **chat.template_args}
-    pictures = read_images(chat.messages, images is not None, image_urls)
+    refusal = "it has no vision tower" if images is None else None
+    if isinstance(images, NoImages):
+        refusal, images = images.reason, None
+    pictures = read_images(chat.messages, refusal, image_urls)
     if pictures and images is not None:
         return _image_prompt(tokenizer, chat.messages, use, args, images, pictures)
     return render_chat(tokenizer, chat.messages, use, args, chat.role_mapping)

@@ -88,7 +88,7 @@ def _open(data: bytes, param: str) -> Any:
 
 
 def read_images(
-    messages: Sequence[Message], takes_images: bool, urls: ImageUrlPolicy | None = None
+    messages: Sequence[Message], refusal: str | None, urls: ImageUrlPolicy | None = None
 ) -> list[Any]:
     """The conversation's images, in order, as RGB PIL images (mlx-vlm's processors take
     them); an http(s) URL's fetched under ``urls`` (None: not fetched, a 400); the first bad
@@ -102,10 +102,10 @@ def read_images(
     if not found:
         return []
     first = _param(found[0][0], found[0][1])
-    if not takes_images:
+    if refusal is not None:  # why this model takes none
         raise ApiError(
             400,
-            f"This model takes no images (it has no vision tower); {first} is an image.",
+            f"This model takes no images ({refusal}); {first} is an image.",
             param=first,
             code="images_not_supported",
         )

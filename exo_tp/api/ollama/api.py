@@ -37,6 +37,7 @@ from exo_tp.api.ollama.shapes import (
     Version,
     timestamp,
 )
+from exo_tp.vision.families import NoImages
 from exo_tp.wire.runtime import Constraint, Delta, Done
 
 OLLAMA_PREFIX = "/api/"
@@ -98,7 +99,7 @@ async def show(node: Backend, request: web.Request) -> web.Response:
             reply.capabilities.append("tools")
         if tokenizer.has_thinking:
             reply.capabilities.append("thinking")
-        if node.images is not None:
+        if node.images is not None and not isinstance(node.images, NoImages):
             reply.capabilities.append("vision")
     return web.json_response(reply.body())
 

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from exo_tp.vision.families import NoImages
+
 if TYPE_CHECKING:
     from exo_tp.vision.prompt import ImagePrompter
 
@@ -55,7 +57,8 @@ class Prepared:
     folder: Path  # its config.json and tokenizer files on this node
     spec: ModelSpec
     tokenizer: TokenizerWrapper
-    images: ImagePrompter | None = None  # a vision checkpoint's processor (exo_tp.vision)
+    # a vision checkpoint's processor (exo_tp.vision); NoImages: a tower the cluster does not run
+    images: ImagePrompter | NoImages | None = None
 
 
 def transfer_orders(model: Prepared, transfer: TransferPlan) -> dict[NodeId, WeightOrder]:
@@ -68,15 +71,17 @@ def transfer_orders(model: Prepared, transfer: TransferPlan) -> dict[NodeId, Wei
     }
 
 
-def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper, ImagePrompter | None]:
+def _load(folder: Path) -> tuple[ModelSpec, TokenizerWrapper, ImagePrompter | NoImages | None]:
     from exo_tp.models.tokenizer import load_model_tokenizer
-    from exo_tp.vision.families import vision_config
+    from exo_tp.vision.families import unsupported_vision_family, vision_config
 
-    images = None
+    images: ImagePrompter | NoImages | None = None
     if vision_config(folder) is not None:
         from exo_tp.vision.prompt import ImagePrompter
 
         images = ImagePrompter(folder)
+    elif (why := unsupported_vision_family(folder)) is not None:
+        images = NoImages(why)
     return load_spec(folder), load_model_tokenizer(folder), images
 
 
