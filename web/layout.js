@@ -4,7 +4,7 @@
 
 import { deviceColor } from "./colors.js";
 import { h } from "./dom.js";
-import { count, NOT_MEASURED, percent, plural, seconds, span, spanSize } from "./format.js";
+import { bytes, count, NOT_MEASURED, percent, plural, seconds, span, spanSize } from "./format.js";
 
 const size = spanSize;
 
@@ -301,6 +301,18 @@ export function specLine(spec) {
     `vocab ${count(spec.vocab_size)} · ${quant}`;
 }
 
+// A vision checkpoint's tower: whole beside the first stage's first rank (exo_tp.plan.vision),
+// its image features entering that stage's embedding all-reduce.
+function towerLine(response) {
+  const towerBytes = response.plan.spec.vision_bytes;
+  if (!towerBytes) return null;
+  const rank = response.stages?.length ? response.stages[0].ranks[0] : 0;
+  const node = response.nodes?.[rank] ?? `rank ${rank}`;
+  return h("div", { class: "spec tower", dataset: { tower: rank } },
+    `vision tower: whole on ${node} (rank ${rank}), ${bytes(towerBytes)}; ` +
+    "its image features join the first stage's embedding all-reduce");
+}
+
 export function predictedView(response) {
   const predicted = response.predicted;
   if (!predicted || !(predicted.tokens_per_second > 0)) {
@@ -323,6 +335,7 @@ export function renderLayout(container, response) {
   const groups = stageGroups(response);
   container.replaceChildren(
     h("div", { class: "spec" }, specLine(response.plan.spec)),
+    ...[towerLine(response)].filter(Boolean),
     // tensor-parallel, pipeline stages only (no tensor-parallel table) or whole on one node
     ...(response.mode ? [h("div", { class: "spec mode", title: response.mode_reason || "" },
       `${response.mode}: ${response.mode_reason}`)] : []),

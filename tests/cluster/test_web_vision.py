@@ -328,6 +328,36 @@ def test_a_large_photo_is_reencoded_under_the_body_limit(page: Any, tmp_path: Pa
     assert Image.open(io.BytesIO(data)).size == (1600, 1200)  # the longest side at 1600
 
 
+def test_the_layout_says_where_the_vision_tower_runs(served: Served, vision_page: Any) -> None:
+    """The cluster view names the rank and node holding the tower, as the plan places it (the
+    first stage's first rank) and sizes it (the checkpoint's tensors outside its language
+    model, read here from the files themselves)."""
+    import json as json_module
+
+    plan = http_json(f"{served.cluster.urls[0]}/v1/cluster")[1]
+    header = (served.folder / "model.safetensors").read_bytes()
+    size = int.from_bytes(header[:8], "little")
+    tensors = json_module.loads(header[8 : 8 + size])
+    tower = sum(
+        t["data_offsets"][1] - t["data_offsets"][0]
+        for name, t in tensors.items()
+        if name != "__metadata__" and not name.startswith("language_model.")
+    )
+
+    def line(d: Any) -> Any:
+        found = d.find_elements(By.CSS_SELECTOR, "#layout [data-tower]")
+        return found[0] if found else None
+
+    shown = wait(vision_page, line, 30, "the layout never showed the vision tower")
+    assert shown.get_attribute("data-tower") == "0"
+    assert "vision tower: whole on" in shown.text and "(rank 0)" in shown.text
+    assert f"{tower / 1e6:.2f} MB" in shown.text or f"{tower / 1e3:.0f} KB" in shown.text, (
+        shown.text,
+        tower,
+        plan.get("plan", {}),
+    )
+
+
 def test_a_text_model_offers_no_images(tiny_smollm2: Path, browser: Any) -> None:
     with local_cluster(1, model=str(tiny_smollm2)) as cluster, own_tab(browser):
         status, models = http_json(cluster.urls[0] + "/v1/models")
