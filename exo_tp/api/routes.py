@@ -30,7 +30,9 @@ from exo_tp.api.guard import install_guard
 from exo_tp.api.http_io import MAX_BODY, json_view, off_loop, read_body, validate
 from exo_tp.api.model_list import ModelList
 from exo_tp.api.ollama import api as ollama_api
+from exo_tp.api.ollama import embed as ollama_embed
 from exo_tp.api.openai import api as openai_api
+from exo_tp.api.openai import embeddings as openai_embeddings
 from exo_tp.api.proxy import Upstream, pass_through
 from exo_tp.api.responses import api as responses_api
 from exo_tp.api.server_limits import body_deadline
@@ -262,18 +264,42 @@ async def ollama_generate(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, ollama_api.generate)
 
 
+# ---- embeddings of the served model (exo_tp.api.core.embedding) -----------------------------
+
+
+@ROUTES.post("/v1/embeddings")
+@ROUTES.post("/embeddings")
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, openai_embeddings.embeddings)
+
+
+async def _ollama_embed(node: Backend, request: web.Request) -> web.StreamResponse:
+    return await ollama_embed.embed_route(node, request, legacy=False)
+
+
+async def _ollama_embeddings(node: Backend, request: web.Request) -> web.StreamResponse:
+    return await ollama_embed.embed_route(node, request, legacy=True)
+
+
+@ROUTES.post("/api/embed")
+async def ollama_embed_route(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, _ollama_embed)
+
+
+@ROUTES.post("/api/embeddings")
+async def ollama_embeddings_route(request: web.Request) -> web.StreamResponse:
+    return await _on_leader(request, _ollama_embeddings)
+
+
 finetune_api.add_routes(ROUTES, _node)  # type: ignore[arg-type]
 
 
 # ---- other modalities: a 404 that says so, not a bare "Not Found" ---------------------------
 
 NOT_SERVED = {
-    "/v1/embeddings": "embeddings",
     "/v1/images/generations": "image generation",
     "/v1/audio/speech": "speech",
     "/v1/moderations": "moderation",
-    "/api/embed": "embeddings",  # Ollama's
-    "/api/embeddings": "embeddings",
 }
 
 

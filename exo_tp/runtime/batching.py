@@ -254,11 +254,11 @@ class LockstepBatch:
             if self.vision is None:
                 raise DivergedError("an image prompt for a model without a vision tower")
             tokens = self.vision.encode(change.uid, tokens, change.vision)
-        logits, scores = prompt_outputs(self.model, tokens, change)  # every rank: collectives
+        logits, scores, embedding = prompt_outputs(self.model, tokens, change)  # collectives
         if change.max_tokens == 0:  # it never joins: its uid is spent all the same
             generator._uid_count = max(generator._uid_count, change.uid + 1)
             self.applied += 1
-            return Inserted(0, None, scores)
+            return Inserted(0, None, scores, embedding)
         cache, cached = self.prompt_cache.fetch(tokens) if self.prompt_cache else (None, 0)
         if len(self.lanes) > 1:  # each lane's generator numbers from the conductor's uids
             generator._uid_count = change.uid
@@ -279,7 +279,7 @@ class LockstepBatch:
         if change.draft_tokens and self.speculative:
             self._drafts[uid] = change.draft_tokens
         self.applied += 1
-        return Inserted(cached, logits, scores)
+        return Inserted(cached, logits, scores, embedding)
 
     def remove(self, change: Remove) -> None:
         present = [uid for uid in change.uids if uid in self.active]

@@ -151,6 +151,7 @@ class Conductor:
                 draft_tokens=0 if request.vision else self._draft_tokens(entry),
                 vision=request.vision,
                 prompt_logprobs=request.prompt_logprobs,
+                embed=request.embed,
             )
         )
         return True
@@ -310,8 +311,15 @@ class Conductor:
         entry.cached = inserted.cached
         if inserted.logits is not None and entry.request.logits_out:
             np.save(entry.request.logits_out, np.array(inserted.logits[0].astype(mx.float32)))
-        if change.prompt_logprobs is not None:  # before any generated token
-            self.source.send(Delta(id=entry.request.id, text="", prompt_logprobs=inserted.scores))
+        if change.prompt_logprobs is not None or change.embed:  # before any generated token
+            self.source.send(
+                Delta(
+                    id=entry.request.id,
+                    text="",
+                    prompt_logprobs=inserted.scores,
+                    embedding=inserted.embedding,
+                )
+            )
         if change.max_tokens == 0:  # scored only: it never joined the batch
             del self._by_uid[change.uid]
             self._finish(entry, "length")

@@ -20,26 +20,27 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from exo_tp.shard.layers import VocabParallelEmbedding, VocabParallelHead
+from exo_tp.shard.layers import HeadMode, VocabParallelEmbedding, VocabParallelHead
 from exo_tp.wire.runtime import Insert, TokenLogprob
 
 CHUNK = 512  # positions per forward: bounds the local logits held at once
 
 
 @contextlib.contextmanager
-def local_logits(model: nn.Module) -> Iterator[list[Any]]:
-    """The model's vocab-parallel heads return this rank's logits only, ungathered; yields
-    the heads (each knows its first row and the ranks' row counts)."""
+def head_mode(model: nn.Module, mode: HeadMode) -> Iterator[list[Any]]:
+    """The model's vocab-parallel heads return this rank's logits only ("local"), or the
+    hidden state they are given ("hidden": the model's final normed state); yields the heads
+    (each knows its first row and its group)."""
     heads = [
         m for m in model.modules() if isinstance(m, VocabParallelHead | VocabParallelEmbedding)
     ]
     for head in heads:
-        head.local_only = True
+        head.head_mode = mode
     try:
         yield heads
     finally:
         for head in heads:
-            head.local_only = False
+            head.head_mode = "gathered"
 
 
 def _chunk_stats(logits: mx.array, targets: mx.array, start: int, top: int) -> mx.array:
@@ -95,7 +96,7 @@ def score_prompt(model: nn.Module, tokens: list[int], top: int) -> tuple[TokenLo
     last = getattr(model, "holds_head", True)  # a pipeline stage's model says (StageModel)
     cache = make_prompt_cache(model)
     scored: list[TokenLogprob] = []
-    with local_logits(model) as heads:
+    with head_mode(model, "local") as heads:
         # the head's rows start where this rank's embedding rows do (one vocab split); a
         # model run whole (no table) has the whole vocabulary
         start = heads[0].vocab_start if heads else 0
@@ -119,19 +120,40 @@ def score_prompt(model: nn.Module, tokens: list[int], top: int) -> tuple[TokenLo
     return tuple(scored)
 
 
+def embed_prompt(model: nn.Module, tokens: list[int], pooling: str) -> tuple[float, ...]:
+    """The prompt's embedding: the model's final normed hidden state (the heads give it back
+    instead of logits; every rank of the last stage holds all of it), pooled over the prompt
+    ("last" token, Qwen3-Embedding's, or "mean"); () on earlier stages' ranks."""
+    last = getattr(model, "holds_head", True)
+    with head_mode(model, "hidden") as heads:
+        if not heads:
+            raise ValueError("embeddings need a model split by its table (its LM head)")
+        hidden = model(mx.array(tokens)[None], cache=make_prompt_cache(model))
+        mx.eval(hidden)
+    if not last:
+        return ()
+    pooled = hidden[0, -1] if pooling == "last" else mx.mean(hidden[0], axis=0)
+    return tuple(pooled.astype(mx.float32).tolist())  # type: ignore[arg-type]
+
+
 class Inserted(NamedTuple):
     """What applying an Insert gives the conductor."""
 
     cached: int  # prompt tokens covered by the prompt cache
     logits: mx.array | None  # the prompt's logits, where the change asked for them (launch)
     scores: tuple[TokenLogprob, ...]  # the prompt's log-probabilities, where asked
+    embedding: tuple[float, ...] = ()  # the prompt's embedding, where asked
 
 
-def prompt_outputs(
-    model: nn.Module, tokens: list[int], change: Insert
-) -> tuple[mx.array | None, tuple[TokenLogprob, ...]]:
+class PromptOutputs(NamedTuple):
+    logits: mx.array | None
+    scores: tuple[TokenLogprob, ...]
+    embedding: tuple[float, ...]
+
+
+def prompt_outputs(model: nn.Module, tokens: list[int], change: Insert) -> PromptOutputs:
     """What an Insert asks of its whole prompt besides generating: launch's saved logits (the
-    full forward, gathered) and the prompt's scores. Every rank runs both alike."""
+    full forward, gathered), the prompt's scores, its embedding. Every rank runs them alike."""
     logits = None
     if change.save_logits:
         logits = model(mx.array(tokens)[None], cache=make_prompt_cache(model))
@@ -139,4 +161,5 @@ def prompt_outputs(
     scores: tuple[TokenLogprob, ...] = ()
     if change.prompt_logprobs is not None:
         scores = score_prompt(model, tokens, change.prompt_logprobs)
-    return logits, scores
+    embedding = embed_prompt(model, tokens, change.embed) if change.embed else ()
+    return PromptOutputs(logits, scores, embedding)

@@ -9,7 +9,7 @@ rank's vocabulary rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,6 +17,8 @@ import mlx.nn as nn
 from exo_tp.arch.dims import Dim
 from exo_tp.shard.collectives import gather_padded, sum_over_ranks, zeros_after
 from exo_tp.shard.sharded_norm import join_norm_sum
+
+HeadMode = Literal["gathered", "local", "hidden"]
 
 
 class Wrapper(nn.Module):
@@ -301,7 +303,9 @@ class VocabParallelEmbedding(nn.Module):
         self._sizes = tuple(sizes)
         self._width = width
         self._group = group
-        self.local_only = False  # as_linear gives this rank's logits only (prompt_scores)
+        # as_linear's output (exo_tp.runtime.prompt_scores): "gathered" logits, this rank's
+        # "local" rows only, or the "hidden" state itself (embeddings)
+        self.head_mode: HeadMode = "gathered"
 
     @property
     def _local_size(self) -> int:
@@ -332,8 +336,10 @@ class VocabParallelEmbedding(nn.Module):
         return self._group
 
     def as_linear(self, x: mx.array) -> mx.array:
+        if self.head_mode == "hidden":
+            return x
         local = self.inner.as_linear(x) if self._local_size else _no_logits(x)
-        if self.local_only:  # exo_tp.runtime.prompt_scores: this rank's rows, ungathered
+        if self.head_mode == "local":
             return local
         return gather_padded(local, self._sizes, self._group)
 
@@ -346,7 +352,7 @@ class VocabParallelHead(nn.Module):
         self.inner = inner
         self._sizes = tuple(sizes)
         self._group = group
-        self.local_only = False  # this rank's logits only, ungathered (prompt_scores)
+        self.head_mode: HeadMode = "gathered"  # as VocabParallelEmbedding.as_linear's
 
     @property
     def vocab_start(self) -> int:
@@ -357,8 +363,10 @@ class VocabParallelHead(nn.Module):
         return self._group
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.head_mode == "hidden":
+            return x
         local = self.inner(x) if self._sizes[self._group.rank()] else _no_logits(x)
-        if self.local_only:
+        if self.head_mode == "local":
             return local
         return gather_padded(local, self._sizes, self._group)
 

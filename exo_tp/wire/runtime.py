@@ -90,11 +90,13 @@ class GenerateRequest(Frozen):
     # the prompt's own log-probabilities, with this many alternatives each (None: not asked;
     # exo_tp.runtime.prompt_scores): what evaluation harnesses score by
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # the prompt's embedding: the final hidden state pooled at its last token or over it all
+    embed: Literal["last", "mean"] | None = None
 
     @model_validator(mode="after")
     def _generates_or_scores(self) -> GenerateRequest:
-        if self.sampling.max_tokens == 0 and self.prompt_logprobs is None:
-            raise ValueError("max_tokens 0 generates nothing: only with prompt_logprobs")
+        if self.sampling.max_tokens == 0 and self.prompt_logprobs is None and not self.embed:
+            raise ValueError("max_tokens 0 generates nothing: only with prompt_logprobs or embed")
         return self
 
     def fit(self, vocab_size: int) -> GenerateRequest:
@@ -171,6 +173,7 @@ class Delta(Frozen):
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
     # the prompt's tokens after its first, scored (prompt_logprobs), before any generated one
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    embedding: tuple[float, ...] = ()  # the prompt's, when the request asked (embed)
 
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -280,6 +283,7 @@ class Insert(Frozen):
     draft_tokens: int = Field(default=0, ge=0, le=MAX_DRAFT_TOKENS)
     vision: VisionPrompt | None = None  # the prompt's images: its span runs from a registry
     prompt_logprobs: int | None = None  # score the prompt (every rank runs it: collectives)
+    embed: Literal["last", "mean"] | None = None  # the prompt's pooled final hidden state
 
 
 class Remove(Frozen):
