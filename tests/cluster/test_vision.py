@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -199,6 +200,49 @@ def test_an_image_stream_batched_beside_a_text_stream(served: Served) -> None:
         text = pool.submit(_chat, served, [text_message], True)
         assert image.result() == served.ref(5)
         assert text.result() == served.ref(None, STORY)
+
+
+def test_stop_strings_structured_output_and_a_cancel_with_an_image(served: Served) -> None:
+    """An image request stops at a stop string as mlx-vlm's text would, decodes under a JSON
+    schema, and one dropped mid-stream leaves the next answered as mlx-vlm's."""
+    client = served.openai()
+    whole = served.text(served.ref(1))
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 3]
+    reply = client.chat.completions.create(
+        model="m",
+        messages=[image_message(1)],
+        max_tokens=TOKENS,
+        temperature=0,
+        stop=[stop],  # type: ignore[list-item]
+    )
+    assert reply.choices[0].message.content == whole[: whole.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    shaped = client.chat.completions.create(
+        model="m",
+        messages=[image_message(2)],  # type: ignore[list-item]
+        max_tokens=30,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "v", "schema": schema}},
+    )
+    assert isinstance(json.loads(shaped.choices[0].message.content or "")["ok"], bool)
+    dropped = client.chat.completions.create(
+        model="m",
+        messages=[image_message(4)],
+        max_tokens=200,
+        temperature=0,
+        stream=True,  # type: ignore[list-item]
+    )
+    for seen, _ in enumerate(dropped):
+        if seen == 2:
+            break
+    dropped.close()
+    assert _chat(served, [image_message(1)], False) == served.ref(1)
 
 
 def test_the_prompt_cache_hits_by_image_and_misses_by_another(served: Served) -> None:
