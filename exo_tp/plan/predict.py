@@ -116,6 +116,10 @@ class Prediction(Frozen):
     streams: int = 1  # requests at once the loaded figure is priced for
     objective: Literal["latency", "throughput"] = "latency"  # what the planner chose it for
     reason: str = ""  # why that objective (the planner's words)
+    # A vision checkpoint's tower on its rank's device, for one image at the checkpoint's
+    # image size: every weight once per patch (2 FLOPs each) at the device's prefill speed,
+    # added to an image prompt's time (0: a text model).
+    tower_seconds: float = 0.0
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -273,4 +277,14 @@ def predict(
         context_tokens=context_tokens,
         memory=tuple(memory),
         streams=streams,
+        tower_seconds=_tower_seconds(plan, devices, cluster),
     )
+
+
+def _tower_seconds(plan: PipelinePlan, devices: Sequence[int], cluster: Cluster) -> float:
+    rank = tower_rank(plan)
+    if rank is None:
+        return 0.0
+    spec = plan.spec
+    flops = 2.0 * spec.vision_bytes / spec.dtype_bytes * spec.vision_patches
+    return flops / cluster.devices[devices[rank]].prefill_flops

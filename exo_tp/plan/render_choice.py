@@ -37,7 +37,8 @@ def render_prediction(plan: PipelinePlan, prediction: Prediction, names: Sequenc
         if m.tower:
             lines.append(
                 f"vision tower: whole beside rank {m.rank}'s shard on {names[m.device]}: "
-                f"{size(m.tower)} (in the rank's total)"
+                f"{size(m.tower)} (in the rank's total), "
+                f"{duration(prediction.tower_seconds)} per image"
             )
     for index, s in enumerate(prediction.stages):
         link = (

@@ -292,7 +292,8 @@ def load_spec(model_dir: Path) -> ModelSpec:
         raise ExoTpError(f"{path} is not valid JSON: {bad}") from None
     spec = spec_from_config(config)
     if config.get("vision_config"):
-        from exo_tp.vision.families import tower_bytes
+        from exo_tp.vision.families import image_patches, tower_bytes
 
-        spec = replace(spec, vision_bytes=tower_bytes(Path(model_dir)))
+        patches = image_patches(config["vision_config"])
+        spec = replace(spec, vision_bytes=tower_bytes(Path(model_dir)), vision_patches=patches)
     return spec

@@ -97,3 +97,14 @@ def tower_bytes(model_dir: Path) -> int:
                 start, stop = info["data_offsets"]
                 total += stop - start
     return total
+
+
+def image_patches(vision: dict[str, Any]) -> int:
+    """Patches the tower runs for one image at the checkpoint's own image size (its vision
+    config's image_size over patch_size, squared; 1,024 where it names neither)."""
+    size, patch = vision.get("image_size"), vision.get("patch_size")
+    if isinstance(size, list | tuple):
+        size = max(size)
+    if not isinstance(size, int) or not isinstance(patch, int) or patch <= 0:
+        return 1024
+    return (size // patch) ** 2

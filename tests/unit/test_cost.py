@@ -438,3 +438,21 @@ def test_a_device_with_shapes_shares_at_the_speed_they_price_the_whole_model() -
     # No shapes of the model's format: the decode score
     q4 = tiny(quantization=Quantization(group_size=32, bits=4), hidden_size=64, head_dim=16)
     assert profile_read_speed(q4, profile) == pytest.approx(profile.decode_score("q4g32").speed)
+
+
+def test_a_vision_tower_is_counted_on_the_first_stages_first_rank() -> None:
+    """Its bytes beside that rank's shard (and nowhere else), its time per image at that
+    device's prefill speed: every weight once per patch (exo_tp.plan.vision)."""
+    spec = tiny(vision_bytes=4000, vision_patches=256)
+    plan = plan_pipeline(spec, [[1], [1]], [1, 1])
+    cluster = Cluster(
+        devices=(_device("a", 1e-9), _device("b", 2e-9)),
+        links=(Link(a=0, b=1, cost=LINK),),
+        default_link=LinkCost(latency=1, bandwidth=1, measured=False),
+    )
+    p = predict(plan, [1, 0], cluster, context_tokens=10, prompt_tokens=4)
+    text = predict(plan_pipeline(tiny(), [[1], [1]], [1, 1]), [1, 0], cluster, 10, 4)
+    assert [m.tower for m in p.memory] == [4000, 0]
+    assert [m.total - t.total for m, t in zip(p.memory, text.memory, strict=True)] == [4000, 0]
+    assert p.tower_seconds == pytest.approx(2 * 4000 / spec.dtype_bytes * 256 / 1e9)
+    assert text.tower_seconds == 0
