@@ -254,7 +254,10 @@ class LockstepBatch:
             if self.vision is None:
                 raise DivergedError("an image prompt for a model without a vision tower")
             tokens = self.vision.encode(change.uid, tokens, change.vision)
-        logits, scores, embedding = prompt_outputs(self.model, tokens, change)  # collectives
+        # on the generator's stream: its steps' collectives are still in flight there, and
+        # ours must follow them on every rank in the same order (another stream would race)
+        with mx.stream(generator._stream):
+            logits, scores, embedding = prompt_outputs(self.model, tokens, change)
         if change.max_tokens == 0:  # it never joins: its uid is spent all the same
             generator._uid_count = max(generator._uid_count, change.uid + 1)
             self.applied += 1

@@ -352,7 +352,9 @@ class Conductor:
         # the stop token is not text, so it has no entry either: the entries join to the text
         logprobs = (
             (token_logprob(response.logprobs, response.token, params.top_logprobs),)
-            if params.logprobs and response.finish_reason != "stop"
+            # (with the prompt's scores, as vLLM: evaluation harnesses drop the last entry)
+            if params.logprobs
+            and (response.finish_reason != "stop" or entry.request.prompt_logprobs is not None)
             else ()
         )
         if response.finish_reason is not None and not entry.stops.stopped:
