@@ -683,6 +683,27 @@ ARCHS: dict[str, dict[str, Any]] = {
         },
         tie_word_embeddings=True,
     ),
+    # Mistral 3 (a vision checkpoint's top-level type): Ministral 3 nested under text_config.
+    "mistral3": dict(
+        model_type="mistral3",
+        text_config=dict(
+            COMMON,
+            model_type="ministral3",
+            hidden_size=384,
+            intermediate_size=200,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=8,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "llama_4_scaling_beta": 0.1,
+                "original_max_position_embeddings": 4,
+            },
+            tie_word_embeddings=True,
+        ),
+    ),
     # mlx-lm's llama4_text (dense): weightless q/k norms, layer 1 without rotary embedding,
     # 6 heads / 3 KV heads; tied in float (mlx-lm reads the embedding's weight for it).
     "llama4_text": dict(

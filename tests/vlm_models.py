@@ -21,6 +21,13 @@ processor configs (Qwen-VL asks the hub for any of its three that is missing).
 - ``qwen3_vl``: Qwen3-VL (dense) with deepstack: the tower's features of both its blocks are
   added after text layers 0 and 1; the text model is the matrix's ``qwen3_vl`` (Qwen 3, M-RoPE
   sections [8, 12, 12]).
+- ``qwen3_5_moe``: Qwen 3.5 MoE, the same tower and processor as ``qwen3_5``; the text model is
+  the matrix's ``qwen3_5_moe``.
+- ``mistral3``: Mistral 3 with its Pixtral tower (a 96x64 image: 3x2 [IMG] tokens, an
+  [IMG_BREAK] after each row but the last, an [IMG_END]); the text model is the matrix's
+  ``mistral3`` (Ministral 3 under ``text_config``).
+- ``kimi_k25``: Kimi K2.5 with its MoonViT tower; the text model is the matrix's ``kimi_k25``
+  (DeepSeek V3: MLA, a dense layer then a MoE one) narrowed to hidden 256.
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ from arch_configs import ARCHS, tiny_config
 from mlx.utils import tree_flatten
 from tiny_models import write_tokenizer
 
-Family = Literal["qwen3_5", "gemma4", "gemma3", "qwen3_vl"]
+Family = Literal["qwen3_5", "gemma4", "gemma3", "qwen3_vl", "qwen3_5_moe", "mistral3", "kimi_k25"]
 # The families every image test runs (tests/cluster/test_vision.py serves these on 3 nodes)...
 FAMILIES: tuple[Family, ...] = ("qwen3_5", "gemma4")
 # ... and all of them, checked on local ranks against mlx-vlm (tests/ranks/test_vlm_*.py).
-ALL_FAMILIES: tuple[Family, ...] = (*FAMILIES, "gemma3", "qwen3_vl")
+ALL_FAMILIES: tuple[Family, ...] = (*FAMILIES, "gemma3", "qwen3_vl", "qwen3_5_moe", "mistral3")
+ALL_FAMILIES += ("kimi_k25",)
 VOCAB = 512
 # Multiplicative parameters, drawn near 1 (as in tests/tiny_models.py).
 _NEAR_ONE = ("norm.weight", "norm1.weight", "norm2.weight", "layer_scalar")
@@ -55,8 +63,11 @@ _QWEN_VL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|
 _SPECIALS: dict[str, list[str]] = {
     "qwen3_5": _QWEN_VL,
     "qwen3_vl": _QWEN_VL,
+    "qwen3_5_moe": _QWEN_VL,
     "gemma4": ["<|image>", "<|image|>", "<image|>", "<|audio|>", "<|video|>"],
     "gemma3": ["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+    "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+    "kimi_k25": ["<|media_start|>", "<|media_pad|>", "<|media_end|>"],
 }
 # The tokenizer's names of those tokens (the processors read them as its attributes).
 _NAMED: dict[str, dict[str, str]] = {
@@ -79,13 +90,16 @@ _NAMED: dict[str, dict[str, str]] = {
         "eoi_token": "<end_of_image>",
     },
 }
-_NAMED["qwen3_vl"] = _NAMED["qwen3_5"]
+_NAMED["qwen3_vl"] = _NAMED["qwen3_5_moe"] = _NAMED["qwen3_5"]
 # Where each family's chat template puts an image (Gemma 3's prompt holds its own token).
 _IMAGE_IN_TEMPLATE = {
     "qwen3_5": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_5_moe": "<|vision_start|><|image_pad|><|vision_end|>",
     "gemma4": "<|image|>",
     "gemma3": "<start_of_image>",
+    "mistral3": "[IMG]",  # the processor writes each row's [IMG]s, [IMG_BREAK]s and [IMG_END]
+    "kimi_k25": "<|media_start|><|media_pad|><|media_end|>",
 }
 
 
@@ -107,8 +121,12 @@ def _ids(family: Family) -> dict[str, int]:
     return {token: first + i for i, token in enumerate(_SPECIALS[family])}
 
 
+_QWEN = ("qwen3_5", "qwen3_vl", "qwen3_5_moe")  # the Qwen3-VL tower and processor
+
+
 def _qwen_config(family: Family) -> dict[str, Any]:
-    """Qwen 3.5 or Qwen3-VL: the same Qwen3-VL tower (deepstack for Qwen3-VL only)."""
+    """Qwen 3.5 (dense, MoE) or Qwen3-VL: the same Qwen3-VL tower (deepstack for Qwen3-VL
+    only)."""
     text = copy.deepcopy(ARCHS[family]["text_config"])
     text.update(vocab_size=VOCAB, eos_token_id=2)
     ids = _ids(family)
@@ -229,12 +247,55 @@ def _gemma3_config() -> dict[str, Any]:
 
 def vlm_config(family: Family) -> dict[str, Any]:
     """The checkpoint's config.json (vision_config and text_config nested)."""
-    if family in ("qwen3_5", "qwen3_vl"):
+    if family in _QWEN:
         return _qwen_config(family)
+    if family in ("mistral3", "kimi_k25"):
+        return _mistral3_config() if family == "mistral3" else _kimi_k25_config()
     return _gemma4_config() if family == "gemma4" else _gemma3_config()
 
 
+def _mistral3_config() -> dict[str, Any]:
+    """Mistral 3: Pixtral's tower (16-pixel patches merged 2x2: a token per 32x32 pixels),
+    Ministral 3's text model (the matrix's ``mistral3``)."""
+    text = dict(copy.deepcopy(ARCHS["mistral3"]["text_config"]), vocab_size=VOCAB)
+    vision = dict(model_type="pixtral", num_hidden_layers=2, num_attention_heads=2, head_dim=16)
+    vision.update(hidden_size=32, intermediate_size=64, image_size=128, patch_size=16)
+    image = _ids("mistral3")["[IMG]"]
+    return _nested("mistral3", text, vision, image_token_index=image, spatial_merge_size=2)
+
+
+def _kimi_k25_config() -> dict[str, Any]:
+    """Kimi K2.5: MoonViT (14-pixel patches merged 2x2), DeepSeek V3's text model (the matrix's
+    ``kimi_k25`` narrowed: 5 MLA heads, layer 0 dense, layer 1 4 experts top 2 + a shared one)."""
+    text = copy.deepcopy(ARCHS["kimi_k25"]["text_config"])
+    text.update(vocab_size=VOCAB, hidden_size=256, q_lora_rank=64, kv_lora_rank=64)
+    text.update(qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+    vision = dict(model_type="moonvit", depth=2, num_heads=2, patch_size=14, embed_dim=32)
+    vision.update(hidden_size=32, intermediate_size=64, merge_kernel_size=[2, 2])
+    vision.update(init_pos_emb_height=8, init_pos_emb_width=8)
+    image = _ids("kimi_k25")["<|media_pad|>"]
+    return _nested("kimi_k25", text, vision, media_placeholder_token_id=image)
+
+
+def _nested(family: Family, text: dict[str, Any], vision: dict[str, Any], **more: Any) -> Any:
+    """config.json of ``family`` nesting its text and vision configs."""
+    more.update(vocab_size=VOCAB, eos_token_id=[2])
+    return dict(model_type=family, text_config=text, vision_config=vision, **more)
+
+
 def _processor_files(family: Family) -> dict[str, dict[str, Any]]:
+    normal = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+    if family == "mistral3":
+        image = {"size": {"longest_edge": 96}, "patch_size": 16, **normal}
+        kinds = ("image_token", "image_break_token", "image_end_token")
+        names = dict(zip(kinds, _ids(family), strict=True))
+        return {
+            "preprocessor_config.json": {**image, "image_processor_type": "PixtralImageProcessor"},
+            "processor_config.json": {"processor_class": "PixtralProcessor", **names},
+        }
+    if family == "kimi_k25":
+        media = {"patch_size": 14, "in_patch_limit": 64, "merge_kernel_size": [2, 2], **normal}
+        return {"preprocessor_config.json": {"media_proc_cfg": media}}
     if family == "gemma3":
         image = {
             "image_processor_type": "Gemma3ImageProcessor",
@@ -245,7 +306,7 @@ def _processor_files(family: Family) -> dict[str, dict[str, Any]]:
         }
         processor = {"processor_class": "Gemma3Processor", "image_seq_length": GEMMA3_SOFT_TOKENS}
         return {"preprocessor_config.json": image, "processor_config.json": processor}
-    if family in ("qwen3_5", "qwen3_vl"):
+    if family in _QWEN:
         image = {
             "patch_size": 16,
             "temporal_patch_size": 2,
@@ -278,7 +339,7 @@ def _tokenizer_config(family: Family) -> dict[str, Any]:
         "pad_token": _END,
         "unk_token": None,
         "model_max_length": 512,
-        "extra_special_tokens": _NAMED[family],
+        "extra_special_tokens": _NAMED.get(family, {}),
     }
     return config
 
