@@ -436,7 +436,7 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     (
         "/v1/responses",
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-        "image URL",
+        "input item 0",  # not a data URL nor http(s)
     ),
     ("/v1/responses", {"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
     ("/v1/responses", {"input": "x", "text": {"format": {"type": "xml"}}}, "text"),

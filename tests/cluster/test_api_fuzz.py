@@ -95,7 +95,8 @@ NASTIES: list[tuple[str, Any, int]] = [
     ("/v1/completions", {"prompt": [VOCAB]}, 400),
     ("/v1/completions", {"prompt": [-1]}, 400),
     ("/v1/completions", {"prompt": [2**63]}, 400),
-    ("/v1/completions", {"prompt": [[1, 2], [3]]}, 400),
+    ("/v1/completions", {"prompt": [[1, 2], [3]]}, 200),  # two prompts: a choice each
+    ("/v1/completions", {"prompt": [[1, 2], []]}, 400),
     ("/v1/completions", {"prompt": [1.5]}, 400),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"99999999": 1}}, 400),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"-1": 1}}, 400),

@@ -128,8 +128,8 @@ def test_other_modalities_and_empty_content_get_the_documented_errors(
 ) -> None:
     client = _openai(cluster.urls[2])
     with pytest.raises(openai.NotFoundError) as missing:
-        client.embeddings.create(model=MODEL, input="a sentence")
-    assert "embeddings is not served" in str(missing.value)
+        client.images.generate(model=MODEL, prompt="a cat")
+    assert "image generation is not served" in str(missing.value)
     with pytest.raises(openai.BadRequestError) as audio:
         client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=4, audio={})  # type: ignore[typeddict-item]
     assert audio.value.body["param"] == "audio"  # type: ignore[index]
