@@ -34,7 +34,7 @@ from exo_tp.api.anthropic.shapes import (
 )
 from exo_tp.api.backend import Backend
 from exo_tp.api.core.answer_stream import AnswerPiece
-from exo_tp.api.core.chat_prompt import Prompt, chat_prompt
+from exo_tp.api.core.chat_prompt import Prompt, served_chat_prompt
 from exo_tp.api.core.errors import ApiError
 from exo_tp.api.core.generation import SseRenderer, WholeAnswer, respond
 from exo_tp.api.core.generation_request import Ask, check_model, request_id
@@ -46,13 +46,7 @@ from exo_tp.wire.runtime import Delta, Done
 
 
 def _prompt(node: Backend, parsed: CountTokensRequest | MessagesRequest) -> Prompt:
-    return chat_prompt(
-        node.tokenizer,
-        parsed.chat(),
-        node.defaults.chat_template_args,
-        node.images,
-        image_urls=node.defaults.image_urls,
-    )
+    return served_chat_prompt(node, parsed.chat())
 
 
 async def count_tokens(node: Backend, request: web.Request) -> web.Response:

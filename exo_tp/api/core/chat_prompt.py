@@ -21,6 +21,7 @@ from exo_tp.wire.runtime import Constraint
 from exo_tp.wire.vision import VisionPrompt
 
 if TYPE_CHECKING:
+    from exo_tp.api.backend import Backend
     from exo_tp.api.core.image_fetch import ImageUrlPolicy
     from exo_tp.vision.prompt import ImagePrompter
 
@@ -84,6 +85,15 @@ def choose_tools(
             )
         return ToolUse(named, forced=True)
     return ToolUse(tools, forced=choice == "required")
+
+
+def served_chat_prompt(node: Backend, chat: Chat) -> Prompt:
+    """``chat``'s prompt for the model ``node`` serves: its tokenizer, template variables,
+    image processor and image URL policy (every dialect's chat path)."""
+    defaults = node.defaults
+    return chat_prompt(
+        node.tokenizer, chat, defaults.chat_template_args, node.images, defaults.image_urls
+    )
 
 
 def chat_prompt(

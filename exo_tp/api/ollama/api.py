@@ -14,7 +14,7 @@ from aiohttp import web
 from exo_tp import __version__
 from exo_tp.api.backend import Backend
 from exo_tp.api.core.answer_stream import AnswerPiece
-from exo_tp.api.core.chat_prompt import Prompt, chat_prompt, completion_prompt
+from exo_tp.api.core.chat_prompt import Prompt, completion_prompt, served_chat_prompt
 from exo_tp.api.core.errors import ApiError
 from exo_tp.api.core.generation import WholeAnswer, finish, respond
 from exo_tp.api.core.generation_request import Ask, check_model, request_id
@@ -110,13 +110,7 @@ async def show(node: Backend, request: web.Request) -> web.Response:
 def _generate_prompt(node: Backend, parsed: GenerateRequest) -> Prompt:
     if parsed.raw:
         return Prompt(tokens=completion_prompt(node.tokenizer, parsed.prompt))
-    return chat_prompt(
-        node.tokenizer,
-        parsed.chat(),
-        node.defaults.chat_template_args,
-        node.images,
-        image_urls=node.defaults.image_urls,
-    )
+    return served_chat_prompt(node, parsed.chat())
 
 
 def _stats(done: Done, started: float) -> Statistics:
@@ -169,9 +163,7 @@ async def chat(node: Backend, request: web.Request) -> web.StreamResponse:
     check_model(node, parsed.served_name())
     if not parsed.messages:
         return _loaded(node, chat=True)
-    args = node.defaults.chat_template_args
-    urls = node.defaults.image_urls  # off_loop passes positional arguments only
-    prompt = await off_loop(chat_prompt, node.tokenizer, parsed.chat(), args, node.images, urls)
+    prompt = await off_loop(served_chat_prompt, node, parsed.chat())
     return await _answer(node, request, parsed, prompt, chat=True)
 
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from exo_tp.api.backend import Backend
 from exo_tp.api.core.answer_stream import AnswerPiece
-from exo_tp.api.core.chat_prompt import Prompt, chat_prompt, completion_prompt
+from exo_tp.api.core.chat_prompt import Prompt, completion_prompt, served_chat_prompt
 from exo_tp.api.core.choices import choice_asks, respond_choices, summed
 from exo_tp.api.core.errors import ApiError
 from exo_tp.api.core.generation import SseRenderer, WholeAnswer, respond
@@ -122,14 +122,7 @@ async def chat_completions(node: Backend, request: web.Request) -> web.StreamRes
         parsed = replace(parsed, logprobs=True)  # mlx_lm.server reads either
     ask = Ask(
         id=request_id("chatcmpl"),
-        prompt=await off_loop(
-            chat_prompt,
-            node.tokenizer,
-            parsed.chat(),
-            node.defaults.chat_template_args,
-            node.images,
-            node.defaults.image_urls,  # (off_loop passes positional arguments only)
-        ),
+        prompt=await off_loop(served_chat_prompt, node, parsed.chat()),
         sampling=parsed,
         max_tokens=parsed.requested_max_tokens(),
         stream=parsed.stream,

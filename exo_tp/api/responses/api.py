@@ -14,7 +14,7 @@ from aiohttp import web
 
 from exo_tp.api.backend import Backend
 from exo_tp.api.core.answer_stream import AnswerPiece
-from exo_tp.api.core.chat_prompt import Prompt, chat_prompt
+from exo_tp.api.core.chat_prompt import Prompt, served_chat_prompt
 from exo_tp.api.core.errors import ApiError
 from exo_tp.api.core.generation import SseRenderer, WholeAnswer, respond
 from exo_tp.api.core.generation_request import Ask, check_model, request_id
@@ -65,13 +65,7 @@ def _refuse_unsupported(body: Any) -> None:
 
 
 def _prompt(node: Backend, parsed: ResponsesRequest) -> Prompt:
-    return chat_prompt(
-        node.tokenizer,
-        parsed.chat(),
-        node.defaults.chat_template_args,
-        node.images,
-        image_urls=node.defaults.image_urls,
-    )
+    return served_chat_prompt(node, parsed.chat())
 
 
 def _id(prefix: str) -> str:
