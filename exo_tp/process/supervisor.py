@@ -59,10 +59,12 @@ log = logging.getLogger(__name__)
 SUPERVISOR_ENV = "EXO_TP_SUPERVISOR"
 SUPERVISOR_KEY_ENV = "EXO_TP_SUPERVISOR_KEY"
 CHILD_ENV = "EXO_TP_CHILD"
+# The supervisor's pid: a child whose parent is no longer it exits (`exo_tp.process.child`).
+SUPERVISOR_PID_ENV = "EXO_TP_SUPERVISOR_PID"
 # What a child never inherits from this process: an MLX group or secret of ours.
 GROUP_ENV_PREFIXES = ("MLX_RANK", "MLX_HOSTFILE", "MLX_JACCL_COORDINATOR", "MLX_IBV_DEVICES")
 SECRET_ENV_NAMES = ("EXO_TP_SECRET", "EXO_TP_LINK_KEY", SUPERVISOR_KEY_ENV)
-OWN_ENV_NAMES = (SUPERVISOR_ENV, CHILD_ENV)
+OWN_ENV_NAMES = (SUPERVISOR_ENV, CHILD_ENV, SUPERVISOR_PID_ENV)
 # Seconds an exited child's last messages may take to arrive (its socket closes with it).
 LAST_WORDS_SECONDS = 2.0
 
@@ -179,7 +181,12 @@ class Supervisor:
         token = secrets.token_hex(8)
         env = dict(clean_environment() if job.env is None else job.env)
         env.update(
-            {SUPERVISOR_ENV: self.address, SUPERVISOR_KEY_ENV: self.key.hex(), CHILD_ENV: token}
+            {
+                SUPERVISOR_ENV: self.address,
+                SUPERVISOR_KEY_ENV: self.key.hex(),
+                CHILD_ENV: token,
+                SUPERVISOR_PID_ENV: str(os.getpid()),
+            }
         )
         stdout = {"stderr": sys.stderr.fileno(), "null": subprocess.DEVNULL, "inherit": None}
         with contextlib.ExitStack() as files:

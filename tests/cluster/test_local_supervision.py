@@ -7,8 +7,10 @@ test_security_local.py."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 
+import psutil
 import pytest
 
 from exo_tp.errors import ExoTpError
@@ -52,3 +54,35 @@ def test_a_node_that_never_served_stops_the_cluster() -> None:
         cluster.start(Job(name="local node 1 (port 1)", argv=DIES))
         with pytest.raises(ExoTpError, match="local node 1 .* exited with code 3 before it served"):
             cluster.run()
+
+
+# A supervisor that starts a child whose first act is to connect back (as every child of
+# ours does), prints the child's pid, and dies at once, before it could accept anything.
+SUPERVISES_THEN_DIES = (
+    "import os, sys\n"
+    "from exo_tp.process.supervisor import Job, Supervisor\n"
+    "child = Supervisor(lambda c, e: None).start(Job(name='child', argv=("
+    "sys.executable, '-c', "
+    "'from exo_tp.process.child import connect_supervisor; connect_supervisor(timeout=120)')))\n"
+    "print(child.pid, flush=True)\n"
+    "os._exit(0)\n"
+)
+
+
+def test_a_child_whose_supervisor_died_exits_instead_of_waiting_for_it() -> None:
+    """A rank started just before its node went down used to retry the node's closed port for
+    its whole connect timeout (30 s), outliving the node (CI, bench/finetune.py --quick)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SUPERVISES_THEN_DIES],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # the child writes there too: not a pipe this run waits on
+        text=True,
+        timeout=60,
+    )
+    child = psutil.Process(int(done.stdout))
+    # The child still imports when its supervisor is gone; connect's 120 s would be the bound
+    # without the orphan watch.
+    gone, alive = psutil.wait_procs([child], timeout=20)
+    for proc in alive:
+        proc.kill()
+    assert gone, "the orphaned child was still waiting for its supervisor after 20 s"
