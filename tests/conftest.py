@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,19 +104,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (pyproject's addopts) with every ``alone`` module in one unit of
+    work (tests/machine_share.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from machine_share import AloneTogether, alone_modules
+
+    AloneTogether.alone = alone_modules(ROOT / "tests")
+    return AloneTogether(config, log)
+
+
+@pytest.fixture(scope="session")
+def _machine_hold(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from machine_share import MachineShare
+
+    share = MachineShare(tmp_path_factory.getbasetemp().parent)
+    yield share
+    share.release()
+
+
 @pytest.fixture(scope="module", autouse=True)
-def machine_share(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
+def machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under pytest-xdist, a module marked ``alone`` (it measures speeds or links, or times
     itself) runs with no other module beside it, from its first fixture to its last."""
     if WORKER_ENV not in os.environ:
         yield
         return
-    from machine_share import machine_lock
-
-    alone = request.node.get_closest_marker("alone") is not None
-    with machine_lock(tmp_path_factory.getbasetemp().parent, alone):
+    share = request.getfixturevalue("_machine_hold")
+    with share.module(alone=request.node.get_closest_marker("alone") is not None):
         yield
 
 
