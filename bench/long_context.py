@@ -17,13 +17,16 @@
    prefill against alone (target 1.5x) and the prefill's time to its first token against
    alone (target 1.3x). Then one pass with budgets of 16 to 128 tokens: the trade between the
    two targets that the budget moves along. ``--link-delay-ms``: the ranks reach each other
-   through a delaying proxy (bench/_delayed_link.py), collectives made slow.
+   through a delaying proxy (bench/_delayed_link.py), collectives made slow. Last, the
+   default since issue #60 (``chunks_priced``): chunks costing PREFILL_GAP - 1 decode steps,
+   priced at their position; ``--priced-only`` runs only it against alone. Each case reports
+   the gaps' p50, p90 and max and the steps of the three worst.
 4. The price of a quantized KV cache's per-sequence path: 4 streams' decode step on one device
    (the runtime's LockstepBatch), 8-bit KV (one pass per sequence) against float (one batched
    pass), after 1k-token prompts.
 
     python bench/long_context.py [--layers 4] [--prompt 16384] [--joining 8192] [--quick]
-        [--only PART] [--link-delay-ms MS]
+        [--only PART] [--link-delay-ms MS] [--one-pass-budgets 16,32] [--priced-only]
 
 ``--quick`` takes every path on a 2-layer 64-wide model with short prompts. The last line of
 stdout is one JSON object.
@@ -140,7 +143,7 @@ import numpy as np
 from pathlib import Path
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from exo_tp.plan.spec import load_spec
-from exo_tp.plan.step_budget import attention_ratio
+from exo_tp.plan.step_budget import MIN_CHUNK, PREFILL_GAP, attention_ratio
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.shard.apply import load_shard
@@ -190,7 +193,12 @@ def run(budget, streams, long, chunk=512, fused=False, ratio=0.0):
         if not long and steps >= decode_steps:
             break
     b.close()
-    return dict(itl_p50=float(np.median(gaps)), itl_max=float(max(gaps)), first=first, steps=steps)
+    worst = sorted(range(len(gaps)), key=lambda i: -gaps[i])[:3]
+    return dict(
+        itl_p50=float(np.median(gaps)), itl_p90=float(np.percentile(gaps, 90)),
+        itl_max=float(max(gaps)), first=first, steps=steps,
+        worst=[(i, round(gaps[i], 3)) for i in worst],  # (step, seconds): where the max is
+    )
 result = {}
 result["decode_alone"] = run(None, 4, False)
 result["prefill_alone"] = run(None, 0, True)
@@ -201,12 +209,16 @@ budget = max(16, min(512, round(result["decode_alone"]["itl_p50"] * rate)))
 # collectives of different shapes for ever
 budget = int(mx.distributed.all_sum(mx.array(budget if group.rank() == 0 else 0), group=group))
 result["budget"] = budget
-result["chunks_512"] = run(None, 4, True)
-result["chunks_budget"] = run(budget, 4, True)
-result["chunks_budget_one_pass"] = run(budget, 4, True, fused=True)
-# issue #60: the leader's default since, a chunk costing 2 decode steps at position 0
-# (--prefill-gap 3) and priced at its position (exo_tp.plan.step_budget.attention_ratio)
-priced = max(16, min(512, round(2 * result["decode_alone"]["itl_p50"] * rate)))
+priced_only = json.loads(sys.argv[7])
+if not priced_only:
+    result["chunks_512"] = run(None, 4, True)
+    result["chunks_budget"] = run(budget, 4, True)
+    result["chunks_budget_one_pass"] = run(budget, 4, True, fused=True)
+# issue #60: the leader's default since, a chunk costing PREFILL_GAP - 1 decode steps at
+# position 0 (exo_tp.plan.step_budget.step_token_budget) and priced at its position
+# (attention_ratio), never under MIN_CHUNK tokens
+per_step = (PREFILL_GAP - 1) * result["decode_alone"]["itl_p50"] * rate
+priced = max(MIN_CHUNK, min(512, round(per_step)))
 priced = int(mx.distributed.all_sum(mx.array(priced if group.rank() == 0 else 0), group=group))
 result["priced_budget"] = priced
 result["chunks_priced"] = run(priced, 4, True, ratio=attention_ratio(spec))
@@ -218,7 +230,12 @@ barrier(group)
 
 
 def decoding_during_prefill(
-    model: Path, joining: int, decode_steps: int, budgets: list[int], link_delay: float = 0.0
+    model: Path,
+    joining: int,
+    decode_steps: int,
+    budgets: list[int],
+    link_delay: float = 0.0,
+    priced_only: bool = False,
 ) -> dict[str, object]:
     """Inter-token p50 of 4 decoding streams during a ``joining``-token prefill, and the
     prefill's time to its first token, against each alone (one ring job, 2 uneven ranks);
@@ -251,6 +268,7 @@ def decoding_during_prefill(
             str(decode_steps),
             str(out),
             json.dumps(budgets),
+            json.dumps(priced_only),
         ]
         base = env()
         procs = [
@@ -280,12 +298,14 @@ def decoding_during_prefill(
         r = json.loads(out.read_text())
     alone, prefill = r["decode_alone"]["itl_p50"], r["prefill_alone"]["first"]
     names = ("chunks_512", "chunks_budget", "chunks_budget_one_pass", "chunks_priced")
-    cases = {name: r[name] for name in names}
+    cases = {name: r[name] for name in names if name in r}
     cases.update({f"one_pass_{c}": case for c, case in r["one_pass"].items()})
     for case in cases.values():
         case["itl_over_alone"] = round(case["itl_p50"] / alone, 3)
         case["max_gap_over_alone"] = round(case["itl_max"] / alone, 3)
         case["prefill_over_alone"] = round(case["first"] / prefill, 3)
+    if priced_only:
+        return r
     r["one_pass_over_two"] = {
         "itl": round(r["chunks_budget_one_pass"]["itl_p50"] / r["chunks_budget"]["itl_p50"], 3),
         "prefill": round(r["chunks_budget_one_pass"]["first"] / r["chunks_budget"]["first"], 3),
@@ -368,6 +388,11 @@ def main() -> None:
         help="part 3: the budgets tried with one pass a step (comma-separated; '' for none)",
     )
     parser.add_argument(
+        "--priced-only",
+        action="store_true",
+        help="part 3: only the time-priced budget (the default's) against alone",
+    )
+    parser.add_argument(
         "--only",
         choices=[
             "kv_bytes_per_1k_tokens_smollm2",
@@ -395,6 +420,7 @@ def main() -> None:
                 args.decode_steps,
                 [16, 64] if args.quick else [int(b) for b in args.one_pass_budgets.split(",") if b],
                 args.link_delay_ms / 1000,
+                args.priced_only,
             ),
             "per_sequence_price": lambda: per_sequence_price(
                 model, 64 if args.quick else 1024, args.decode_steps

@@ -23,7 +23,7 @@ from exo_tp.plan.shard_plan import Span
 from exo_tp.plan.spec import ModelSpec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
 
-MIN_CHUNK = 16  # never fewer prompt tokens per step (per-call overheads would dominate)
+MIN_CHUNK = 16  # never fewer prompt tokens per step (a chunk's fixed costs dominate below)
 
 
 PREFILL_GAP = 3.0  # a decoding stream's gap while a prompt prefills, at most this x alone

@@ -29,7 +29,7 @@ class ServingOptions(Frozen):
     # Tokens one step may carry while streams decode: their decode tokens plus a chunk of the
     # waiting prompts (exo_tp.plan.step_budget). None: the leader sizes it from the plan's
     # prediction when it has one, else every chunk is prefill_step_size.
-    step_token_budget: int | None = Field(default=None, ge=16)
+    step_token_budget: int | None = Field(default=None, ge=16)  # step_budget.MIN_CHUNK
     # The budget is in tokens at position 0; a chunk further on costs more (its attention to
     # the cached prefix): one cached position adds this much of a token's cost (set by the
     # leader with the budget: exo_tp.plan.step_budget.attention_ratio; 0: priced by length).
