@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import (
-    add_model_arg,
     non_negative_int,
     positive_float,
     positive_int,
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="print the shard plan", description=__doc__)
-    add_model_arg(p)
+    add_group_args(p)
     p.add_argument(
         "--weights",
         type=weight_list,
@@ -106,12 +105,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def add_group_args(p: argparse.ArgumentParser) -> None:
+    """--model (repeatable: several groups) and --replicas (exo_tp.cli.plan_groups)."""
+    p.add_argument(
+        "--model",
+        action="append",
+        help="model folder or name (default: the default model); repeat to place several "
+        "models at once, each a group of its own (needs --profile)",
+    )
+    p.add_argument(
+        "--replicas",
+        action="store_true",
+        help="with --profile: compare one group with replicas over disjoint devices, by the "
+        "objective (implied by several --model)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    from exo_tp.models.registry import resolve_model
+    from exo_tp.models.registry import DEFAULT_MODEL, resolve_model
     from exo_tp.plan import load_spec
 
     if args.weights and args.profile:
         raise ExoTpError("give --weights or --profile, not both")
+    models = args.model or [DEFAULT_MODEL]
+    if len(models) > 1 or args.replicas:
+        from exo_tp.cli.plan_groups import run_groups
+
+        return run_groups(args, models)
+    args.model = models[0]
     spec = load_spec(resolve_model(args.model))
     check_kv(spec, args)
     draft = _draft(args.draft_model)
