@@ -91,6 +91,17 @@ class Backend(Protocol):
         """Serve ``name`` next (what a request naming it does; a hub id is downloaded first);
         raises `ApiError` for a model that cannot be had."""
 
+    async def unload_model(self, name: str) -> BaseModel:
+        """Let the served model go now if a request naming ``name`` runs on it; the next
+        request naming a model loads it again."""
+
+    def keep_alive(self, seconds: float) -> None:
+        """A request asked the served model to stay loaded ``seconds`` once idle (0: unload it
+        as soon as nothing runs; negative: for ever)."""
+
+    def expires_in(self) -> float | None:
+        """Seconds until the served model is let go if nothing runs (None: never)."""
+
     def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta | Done, None]:
         """The events of one generation; raises `ApiError` (503 while the cluster is not
         ready, 429 when the queue is full); closing the iterator early cancels it."""

@@ -164,6 +164,17 @@ async def load_model(request: web.Request) -> web.StreamResponse:
     return await _on_leader(request, answer)
 
 
+@ROUTES.post("/v1/models/unload")
+async def unload_model(request: web.Request) -> web.StreamResponse:
+    """Let the served model go now (Ollama's ``keep_alive: 0``); a request loads it again."""
+
+    async def answer(node: Backend, request: web.Request) -> web.StreamResponse:
+        body = validate(LoadRequest, await read_body(request))
+        return _view(await node.unload_model(body.model))
+
+    return await _on_leader(request, answer)
+
+
 @ROUTES.get("/v1/models/{model_id:.+}")
 @ROUTES.get("/models/{model_id:.+}")
 async def model(request: web.Request) -> web.Response:

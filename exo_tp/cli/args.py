@@ -40,6 +40,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def duration_arg(text: str) -> float:
+    """``5m``, ``300``, ``1h30m`` -> seconds (negative: for ever, ``exo_tp.durations``)."""
+    from exo_tp.durations import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def address_list(text: str) -> list[str]:
     """``10.0.0.1,10.0.0.2`` -> one address per node (at least two)."""
     parts = [p.strip() for p in text.split(",")]

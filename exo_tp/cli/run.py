@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from exo_tp.cli.args import (
     add_overlap_arg,
+    duration_arg,
     int_list,
     non_negative_float,
     positive_int,
@@ -238,6 +239,13 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     """Model names, the picker's folders, and a local cluster of N nodes."""
     p.add_argument(
+        "--keep-alive",
+        type=duration_arg,
+        help="how long a model loaded on demand stays loaded once idle (300, 5m, 1h; "
+        "negative: for ever, the default); the --model ones stay; a request's keep_alive "
+        "(Ollama's) overrides it",
+    )
+    p.add_argument(
         "--strict-model-names",
         action="store_true",
         help="answer 404 to a request naming a model no node has; by default, while the "
@@ -339,6 +347,7 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
         rebalance_threshold=args.rebalance_threshold,
         lab=None if args.local_nodes else node_lab(args),
         models_dirs=tuple(str(folder) for folder in args.models_dir),
+        keep_alive=None if args.keep_alive is None or args.keep_alive < 0 else args.keep_alive,
     )
 
 

@@ -173,6 +173,7 @@ def _node_config(
         strict_model_names=options.strict_model_names,
         models_dirs=tuple(Path(folder) for folder in options.models_dirs),
         members=options.members,
+        keep_alive=options.keep_alive,
     )
 
 

@@ -38,6 +38,7 @@ from exo_tp.vision.families import NoImages, vision_config
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
 
 if TYPE_CHECKING:
+    from exo_tp.node.leader.formation import Leader
     from exo_tp.vision.prompt import ImagePrompter
 
 
@@ -79,7 +80,7 @@ def api_error(error: DispatchError) -> ApiError:
 
 class LoadAnswer(Frozen):
     model: str
-    state: Literal["loaded", "loading", "downloading"]
+    state: Literal["loaded", "loading", "downloading", "unloaded"]
 
 
 class NodeBackend:
@@ -287,6 +288,32 @@ class NodeBackend:
                 return LoadAnswer(model=name, state="downloading")
             raise
         return LoadAnswer(model=name, state="loaded")
+
+    # ---- keep-alive (exo_tp.node.leader.keep_alive; on the leader) -------------------------
+
+    def _leader(self) -> Leader | None:
+        joined = self._views.joined
+        return joined.leader if joined is not None and joined.leads() else None
+
+    def keep_alive(self, seconds: float) -> None:
+        if (leader := self._leader()) is not None:
+            leader.keep_alive(seconds)
+
+    def expires_in(self) -> float | None:
+        leader = self._leader()
+        return leader.expires_in() if leader is not None else None
+
+    async def unload_model(self, name: str) -> LoadAnswer:
+        """Let the served model go now if it is ``name`` (or the one any name stands for)."""
+        leader = self._leader()
+        if leader is None:
+            raise not_ready("the node has not joined a cluster yet")
+        served = self._views.serving_key()
+        joined = self._views.joined
+        key = joined.models.key_of(name) if joined is not None else None
+        if served is not None and (key is None or key == served):
+            await leader.unload(f"the model was unloaded (a client asked for '{name[:200]}')")
+        return LoadAnswer(model=name, state="unloaded")
 
     # ---- where requests run ----------------------------------------------------------------
 

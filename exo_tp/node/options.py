@@ -68,5 +68,6 @@ class NodeOptions(Frozen):
     rebalance_threshold: float
     lab: NodeLab | None  # None: the lab is off (nothing wrapped, no rank pinned)
     models_dirs: tuple[str, ...]  # folders of model folders the web UI's picker lists too
+    keep_alive: float | None = None  # --keep-alive in seconds (None: for ever)
     # The cluster's size where it is known (`--local-nodes N`); 0: unknown (discovery).
     members: int = 0

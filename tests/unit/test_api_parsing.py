@@ -398,3 +398,34 @@ def test_each_dialects_conversation_reaches_the_template_as_text_parts(
     assert all(isinstance(part, TextPart) for m in messages for part in m.parts)
     # key order too: a template may write a whole message out
     assert [list(m.for_template().items()) for m in messages] == [list(m.items()) for m in template]
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    # Go's time.ParseDuration examples (Ollama's keep_alive), bare numbers as seconds (JSON or
+    # a string of one), negative as for ever
+    [
+        ("300ms", 0.3),
+        ("1.5h", 5400.0),
+        ("2h45m", 9900.0),
+        ("5m", 300.0),
+        ("0", 0.0),
+        (0, 0.0),
+        (30, 30.0),
+        ("-1", -1.0),
+        ("-1m", -1.0),
+        (-5, -1.0),
+    ],
+)
+def test_durations_as_ollama_takes_them(given: float | str, seconds: float) -> None:
+    from exo_tp.durations import parse_duration
+
+    assert parse_duration(given) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("given", ["5x", "", "m", "1h 2m", "five minutes", True, float("inf")])
+def test_a_bad_duration_says_what_is_accepted(given: object) -> None:
+    from exo_tp.durations import parse_duration
+
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(given)  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from exo_tp.node.leader.decide import (
     round_of,
     track,
 )
+from exo_tp.node.leader.keep_alive import expires_at, unload_due
 from exo_tp.node.leader.links import LINK_WAIT
 from exo_tp.node.leader.state import (
     AssignmentsSent,
@@ -31,6 +32,7 @@ from exo_tp.node.leader.state import (
     EpochStarted,
     FetchMoving,
     ForgetBalance,
+    KeepAliveAsked,
     LeaderEvent,
     LeadershipLost,
     LeaderState,
@@ -44,6 +46,7 @@ from exo_tp.node.leader.state import (
     Resume,
     Resumed,
     SymptomSeen,
+    Unloaded,
     effects,
     eligible,
     reduce,
@@ -222,6 +225,37 @@ def test_the_leadership_moving_or_a_job_pausing_lets_the_epoch_go(plan) -> None:
     ]
     state, _ = apply(state, Resumed())
     assert next_step(state, seen((A, B, C), model="other", adapter_job="job-1"), 9.0) == "form"
+
+
+def test_an_idle_model_goes_after_its_keep_alive_and_a_request_brings_it_back(plan) -> None:
+    """Ollama's keep_alive and --keep-alive (exo_tp.node.leader.keep_alive): a pinned model
+    stays unless a request says otherwise; one loaded on demand goes after --keep-alive; a
+    running or waiting request keeps any; idle counts from the last request's end."""
+    state, _ = apply(formed(plan, at=0.0), EpochReady())
+    pinned, other = frozenset({MODEL}), frozenset({"another"})
+    assert expires_at(state, pinned, 60.0) is None  # pinned: for ever
+    assert expires_at(state, other, None) is None  # no --keep-alive: for ever
+    assert expires_at(state, other, 60.0) == 60.0  # on demand: 60 s after it started
+    busy = ClusterSeen(in_flight=1, last_active=50.0)
+    state, _ = apply(state, Observed(seen=busy, at=100.0))
+    assert unload_due(state, other, 60.0, 200.0) is None  # a request runs
+    idle = ClusterSeen(in_flight=0, last_active=130.0)  # it ended at 130
+    state, _ = apply(state, Observed(seen=idle, at=131.0))
+    assert expires_at(state, other, 60.0) == 190.0
+    assert unload_due(state, other, 60.0, 189.0) is None
+    assert "60 s idle" in (unload_due(state, other, 60.0, 190.0) or "")
+    # a request's keep_alive overrides both, a pinned model's too (0: as soon as idle)
+    state, _ = apply(state, KeepAliveAsked(seconds=0.0, at=140.0))
+    assert unload_due(state, pinned, None, 140.0) is not None
+    state, done = apply(state, Unloaded(reason="idle"))
+    assert state.epoch is None and state.unloaded == "idle" and state.keep_for is None
+    assert done == [Detach(reason="idle"), Resume(), Release(nodes=(A, B, C), epoch=Epoch(1))]
+    state, _ = apply(state, ModelAsked(key=MODEL))
+    assert state.unloaded is None and next_step(state, seen((A, B, C)), 150.0) == "form"
+    state, _ = apply(state, KeepAliveAsked(seconds=-1.0, at=150.0))
+    state, _ = apply(state, EpochStarted(number=Epoch(2), members=(A, B, C), model=MODEL, at=151))
+    state, _ = apply(state, EpochReady())
+    assert expires_at(state, other, 60.0) is None  # negative: for ever
 
 
 def test_a_rebalance_forms_a_new_epoch_over_the_same_members(plan) -> None:

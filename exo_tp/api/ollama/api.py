@@ -22,6 +22,7 @@ from exo_tp.api.core.structured import ANY_OBJECT, json_schema
 from exo_tp.api.http_io import NdjsonStream, off_loop, read_body, validate
 from exo_tp.api.ollama.schema import ChatRequest, GenerateRequest, OllamaRequest, ShowRequest
 from exo_tp.api.ollama.shapes import (
+    FOREVER,
     CallFunction,
     ChatLine,
     Error,
@@ -75,8 +76,11 @@ def ps(node: Backend) -> web.Response:
         context: int | None = node.context_length
     except ApiError:  # this node has not prepared the model (yet)
         context = None
+    expires = node.expires_in()
+    until = FOREVER if expires is None else timestamp(time.time() + expires)
     running = [
-        RunningModel(**_card(node, name).model_dump(), context_length=context) for name in loaded
+        RunningModel(**_card(node, name).model_dump(), context_length=context, expires_at=until)
+        for name in loaded
     ]
     return web.json_response(Running(models=running).body())
 
@@ -158,9 +162,31 @@ def _loaded(node: Backend, chat: bool) -> web.Response:
     return web.json_response(_line(node.model, chat, AnswerPiece(), loaded).body())
 
 
+def _unloaded(node: Backend, parsed: OllamaRequest, chat: bool) -> web.Response:
+    done = Statistics(done=True, done_reason="unload")
+    model = parsed.model or node.model
+    return web.json_response(_line(model, chat, AnswerPiece(), done).body())
+
+
+async def _keep_alive(
+    node: Backend, parsed: OllamaRequest, empty: bool, chat: bool
+) -> web.Response | None:
+    """Ollama's ``keep_alive``: with nothing to answer and 0, unload the model now (its
+    answer); else the model's served (loaded if need be) and kept that long once idle."""
+    keep = parsed.keep_seconds()
+    if empty and keep == 0:
+        await node.unload_model(parsed.served_name() or "")
+        return _unloaded(node, parsed, chat)
+    check_model(node, parsed.served_name())
+    if keep is not None:
+        node.keep_alive(keep)
+    return None
+
+
 async def chat(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(ChatRequest, await read_body(request))
-    check_model(node, parsed.served_name())
+    if (unloaded := await _keep_alive(node, parsed, not parsed.messages, chat=True)) is not None:
+        return unloaded
     if not parsed.messages:
         return _loaded(node, chat=True)
     prompt = await off_loop(served_chat_prompt, node, parsed.chat())
@@ -169,7 +195,8 @@ async def chat(node: Backend, request: web.Request) -> web.StreamResponse:
 
 async def generate(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(GenerateRequest, await read_body(request))
-    check_model(node, parsed.served_name())
+    if (unloaded := await _keep_alive(node, parsed, not parsed.prompt, chat=False)) is not None:
+        return unloaded
     if not parsed.prompt:
         return _loaded(node, chat=False)
     prompt = await off_loop(_generate_prompt, node, parsed)

@@ -13,6 +13,7 @@ from exo_tp.api.core.conversation import Message as ChatMessage
 from exo_tp.api.core.images import image_bytes
 from exo_tp.api.core.sampling import PENALTY_LIMIT, SEED_RANGE, SamplingFields, check_stops
 from exo_tp.api.core.strict import Passed, Strict
+from exo_tp.durations import parse_duration
 
 LATEST = ":latest"  # Ollama's default tag: "name" and "name:latest" are the same model
 
@@ -147,7 +148,9 @@ class OllamaRequest(Strict):
     stream: bool = True  # Ollama streams unless told not to
     options: Options | None = None
     format: str | dict[str, Any] | None = None
-    keep_alive: float | int | str | None = None  # the cluster keeps its model loaded
+    # how long the model stays loaded once idle: seconds or Go's "5m" (0: unload it after
+    # this request; negative: for ever), parsed by exo_tp.durations
+    keep_alive: float | int | str | None = None
     think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -158,6 +161,17 @@ class OllamaRequest(Strict):
         if isinstance(value, str) and value not in ("", "json"):
             raise ValueError('must be "json" or a JSON schema (an object)')
         return value
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _duration(cls, value: float | int | str | None) -> float | int | str | None:
+        if value is not None:
+            parse_duration(value)  # its ValueError is the 400's message
+        return value
+
+    def keep_seconds(self) -> float | None:
+        """``keep_alive`` in seconds (negative: for ever; None: not given)."""
+        return None if self.keep_alive is None else parse_duration(self.keep_alive)
 
     @model_validator(mode="after")
     def _no_logprobs(self) -> OllamaRequest:

@@ -47,8 +47,13 @@ class ModelCard(_Reply):
     details: ModelDetails = ModelDetails()
 
 
+FOREVER = "2318-01-01T00:00:00Z"  # Ollama's far future for a model kept loaded
+
+
 class RunningModel(ModelCard):
-    expires_at: str = "2318-01-01T00:00:00Z"  # kept loaded until another model is asked for
+    # when it is let go if idle (exo_tp.node.leader.keep_alive); FOREVER: kept loaded until
+    # another model is asked for
+    expires_at: str = FOREVER
     size_vram: int = 0
     context_length: int | None = None
 
@@ -104,7 +109,7 @@ class Statistics(_Reply):
     nanoseconds)."""
 
     done: bool
-    done_reason: Literal["stop", "length", "load"] | None = None
+    done_reason: Literal["stop", "length", "load", "unload"] | None = None
     total_duration: int | None = None
     load_duration: int | None = None
     prompt_eval_count: int | None = None

@@ -49,6 +49,9 @@ class NodeConfig:
     # False: with one model listed, a request naming another is served by it (mlx_lm.server)
     strict_model_names: bool = False
     models_dirs: tuple[Path, ...] = ()  # folders of model folders the picker lists too
+    # Seconds a model loaded on demand stays loaded once idle (None: for ever); the --model
+    # ones are pinned (exo_tp.node.leader.keep_alive).
+    keep_alive: float | None = None
 
     @property
     def listen_host(self) -> str:

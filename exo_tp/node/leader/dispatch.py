@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -110,6 +111,9 @@ class Dispatcher:
         # model (the status's serving counters; Done carries each request's).
         self.drafted_tokens = self.accepted_tokens = 0
         self.on_conductor_lost: Callable[[Epoch], None] | None = None  # set by the leader
+        # Monotonic time a request last started or ended (a model's idle time counts from it:
+        # exo_tp.node.leader.keep_alive).
+        self.last_active = time.monotonic()
         # Cleared during a planned re-plan (rebalancing): new requests wait, not 503.
         self._open = asyncio.Event()
         self._open.set()
@@ -235,6 +239,7 @@ class Dispatcher:
         if self._slots.locked() and self._waiting >= self.max_queue:
             raise QueueFull(self.max_concurrency, self._waiting)
         self._waiting += 1
+        self.last_active = time.monotonic()
         try:
             await self._slots.acquire()
         finally:
@@ -267,6 +272,7 @@ class Dispatcher:
                     return
         finally:
             self._streams.pop(request.id, None)
+            self.last_active = time.monotonic()
             if not finished and conductor is not None and conductor is self.conductor:
                 with contextlib.suppress(OSError):
                     conductor.send(Cancel(id=request.id))

@@ -39,10 +39,12 @@ from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.decide import LOAD_TIMEOUT, next_step, round_of, track
 from exo_tp.node.leader.dispatch import Dispatcher
-from exo_tp.node.leader.members import gather_members, node_weights
+from exo_tp.node.leader.keep_alive import expires_at, unload_due
+from exo_tp.node.leader.members import gather_members
 from exo_tp.node.leader.model_requests import ModelRequests
-from exo_tp.node.leader.placement import Members, Placement, place, plan_of, serving_draft
+from exo_tp.node.leader.placement import Members, Placement, place, serving_draft
 from exo_tp.node.leader.rebalance import LiveBalance
+from exo_tp.node.leader.rebalance_round import consider_rebalance
 from exo_tp.node.leader.state import (
     AssignmentsSent,
     ClusterSeen,
@@ -53,6 +55,7 @@ from exo_tp.node.leader.state import (
     EpochReady,
     EpochStarted,
     ForgetBalance,
+    KeepAliveAsked,
     LeaderEvent,
     LeadershipLost,
     LeaderState,
@@ -65,13 +68,14 @@ from exo_tp.node.leader.state import (
     Replanning,
     Resume,
     Resumed,
+    Unloaded,
     effects,
     eligible,
     reduce,
 )
 from exo_tp.plan import ModelSpec
 from exo_tp.plan.kv_width import kv_quantization_problem
-from exo_tp.plan.rebalance import RebalancePolicy, replan_gain
+from exo_tp.plan.rebalance import RebalancePolicy
 from exo_tp.plan.render import describe
 from exo_tp.wire.announcement import Announcement
 from exo_tp.wire.assignment import Assignment
@@ -172,6 +176,32 @@ class Leader:
         """Serve again: the next round forms a new epoch."""
         self._apply(Resumed())
 
+    # ---- keep-alive: a model let go when idle (exo_tp.node.leader.keep_alive) ---------------
+
+    def pinned(self) -> frozenset[str]:
+        """The models that stay loaded unless a request says otherwise: this node's --model
+        ones and the one the cluster serves unasked."""
+        keys = {self.models.key_of(name) for name in self.config.models}
+        keys.add(self.models.target(self.state.cluster.ids(), None, None))
+        return frozenset(k for k in keys if k is not None)
+
+    def keep_alive(self, seconds: float) -> None:
+        """A request asked the served model to stay loaded ``seconds`` once idle."""
+        self._apply(KeepAliveAsked(seconds=seconds, at=time.monotonic()))
+
+    def expires_in(self) -> float | None:
+        """Seconds until the served model is let go if nothing runs (None: never)."""
+        # the dispatcher's latest request, which the next round's view will carry
+        busy = max(self.state.busy_at, self._dispatcher.last_active)
+        now = self.state.model_copy(update={"busy_at": busy})
+        at = expires_at(now, self.pinned(), self.config.keep_alive)
+        return None if at is None else max(0.0, at - time.monotonic())
+
+    async def unload(self, reason: str) -> None:
+        """Let the served model go now; no epoch forms until a request names a model."""
+        async with self._round:
+            await self._release_all(self._apply(Unloaded(reason=reason)))
+
     # ---- the loop --------------------------------------------------------------------------
 
     async def run_forever(self) -> None:
@@ -224,8 +254,9 @@ class Leader:
             changed_at=self.peers.changed_at,
             in_flight=self._dispatcher.in_flight,
             waiting=self._dispatcher.waiting,
+            last_active=self._dispatcher.last_active,
         )
-        self._apply(Observed(seen=seen))
+        self._apply(Observed(seen=seen, at=time.monotonic()))
 
     async def _lead_once(self) -> None:
         if not self.leads():
@@ -237,6 +268,13 @@ class Leader:
             self._apply(ModelAsked(key=asked.key, adapter_job=asked.adapter_job))
         self._observe()
         now, state = time.monotonic(), self.state
+        if (why := unload_due(state, self.pinned(), self.config.keep_alive, now)) is not None:
+            log.info("%s", why)
+            await self._release_all(self._apply(Unloaded(reason=why)))
+            return
+        if state.unloaded is not None:  # until a request names a model
+            self._dispatcher.detach(state.unloaded)
+            return
         nodes = eligible(state, state.cluster.ids(), now)
         led, wanted = state.epoch, state.wanted
         model = self.models.target(nodes, led.model if led else None, wanted)
@@ -393,42 +431,17 @@ class Leader:
     async def _rebalance(self, led: LedEpoch, members: list[Announcement], model: str) -> None:
         """Follow the ranks' live speeds; when they drifted for long enough, hold new requests,
         let those in flight finish, and re-plan the shares (exo_tp.node.leader.rebalance)."""
-        balance = self.balance
-        if balance.draining_since is None:
-            statuses = {n: self.peers.status(n) for n in led.nodes}
-            if not balance.observe(led, statuses, time.monotonic()):
-                return
-            if any(m.weight > 0 for m in members):  # shares set by hand stay as they were set
-                balance.skipped = "the shares were set by --weight"
-                return
-            profiles: dict[NodeId, ProfileSummary | None] = {
-                n: s.profile if s else None for n, s in statuses.items()
-            }
-            announced = [m for m in members if m.node_id in statuses]
-            assert led.plan is not None
-            spec = led.plan.stages[0].tp.spec
-            weights = dict(
-                zip(
-                    [a.node_id for a in announced],
-                    node_weights(announced, profiles, spec),
-                    strict=True,
-                )
-            )
-            balance.begin(led, [m.node_id for m in members], weights)
-            me = self.peers.status(self.me)
-            eligible = self.members_for(spec, members, me.profile if me else None)
-            queue = self._dispatcher.in_flight + self._dispatcher.waiting
-            serving = self.config.serving
-            draft = serving_draft(serving)
-            candidate, chosen, _, _ = plan_of(spec, eligible, serving.objective, queue, draft)
-            gain = replan_gain(led.plan, led.nodes, candidate, list(chosen), balance.speeds())
-            if gain is not None and gain <= balance.policy.threshold / 2:
-                balance.cancel(f"the best split is only {100 * gain:.0f}% faster")
-                return
-            self._dispatcher.hold()
+        if self.balance.draining_since is None:
+            if consider_rebalance(self, led, members):
+                self._dispatcher.hold()
             return
-        if balance.drained(self._dispatcher.in_flight):
+        if self.balance.drained(self._dispatcher.in_flight):
             await self._form(members, model, led.adapter_job)
+
+    @property
+    def queue(self) -> int:
+        """Requests running or waiting now."""
+        return self._dispatcher.in_flight + self._dispatcher.waiting
 
     async def _release(self, peer: Announcement, epoch: Epoch) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):

@@ -70,6 +70,7 @@ class ClusterSeen(Frozen):
     changed_at: float = 0.0  # monotonic: when the alive set last changed
     in_flight: int = 0  # requests generating on the epoch
     waiting: int = 0  # requests queued for it
+    last_active: float = 0.0  # monotonic: when a request last started or ended
 
     def ids(self) -> tuple[NodeId, ...]:
         return tuple(sorted(m.node_id for m in self.members))
@@ -85,6 +86,13 @@ class LeaderState(Frozen):
     wanted: str | None = None  # the model key a request asked for last
     wanted_adapter: str | None = None  # and the fine-tuning job's adapter it named
     paused: str | None = None  # a fine-tuning job holds the cluster: no epoch forms
+    # Why no model is loaded (its keep-alive ended, or a client unloaded it): no epoch forms
+    # until a request names a model again.
+    unloaded: str | None = None
+    busy_at: float = 0.0  # monotonic: when the epoch last had requests (or started)
+    # Seconds the served model stays loaded once idle, as the latest request asked (Ollama's
+    # keep_alive; negative: for ever); None: the node's --keep-alive (exo_tp.node.leader.keep_alive)
+    keep_for: float | None = None
 
     def forming(self) -> bool:
         return self.epoch is not None and self.epoch.state == "loading"
@@ -99,12 +107,30 @@ class Observed(Frozen):
 
     kind: Literal["observed"] = "observed"
     seen: ClusterSeen
+    at: float = 0.0  # monotonic: when it was seen
 
 
 class ModelAsked(Frozen):
     kind: Literal["model_asked"] = "model_asked"
     key: str
     adapter_job: str | None = None
+
+
+class KeepAliveAsked(Frozen):
+    """A request asked the served model to stay loaded ``seconds`` once idle (0: unload it as
+    soon as nothing runs; negative: for ever)."""
+
+    kind: Literal["keep_alive_asked"] = "keep_alive_asked"
+    seconds: float
+    at: float
+
+
+class Unloaded(Frozen):
+    """The served model is let go (its keep-alive ended, or a client asked): every worker
+    goes, and no epoch forms until a request names a model."""
+
+    kind: Literal["unloaded"] = "unloaded"
+    reason: str
 
 
 class Paused(Frozen):
@@ -196,6 +222,8 @@ class EpochReady(Frozen):
 LeaderEvent = Annotated[
     Observed
     | ModelAsked
+    | KeepAliveAsked
+    | Unloaded
     | Paused
     | Resumed
     | LeadershipLost
@@ -224,9 +252,19 @@ def reduce(state: LeaderState, event: LeaderEvent) -> LeaderState:
     """The state after ``event`` (pure)."""
     update: dict[str, object]
     if isinstance(event, Observed):
-        update = {"cluster": event.seen}
+        busy = event.at if event.seen.in_flight or event.seen.waiting else 0.0
+        update = {
+            "cluster": event.seen,
+            "busy_at": max(state.busy_at, busy, event.seen.last_active),
+        }
     elif isinstance(event, ModelAsked):
-        update = {"wanted": event.key, "wanted_adapter": event.adapter_job}
+        update = {"wanted": event.key, "wanted_adapter": event.adapter_job, "unloaded": None}
+        if event.key != state.wanted:  # a request's keep_alive was for the model it named
+            update["keep_for"] = None
+    elif isinstance(event, KeepAliveAsked):
+        update = {"keep_for": event.seconds, "busy_at": event.at}
+    elif isinstance(event, Unloaded):
+        update = {"epoch": None, "unloaded": event.reason, "keep_for": None}
     elif isinstance(event, Paused):
         update = {"paused": event.reason}
     elif isinstance(event, Resumed):
@@ -241,7 +279,7 @@ def reduce(state: LeaderState, event: LeaderEvent) -> LeaderState:
             adapter_job=event.adapter_job,
             started=event.at,
         )
-        update = {"epoch": epoch, "previous": state.epoch}
+        update = {"epoch": epoch, "previous": state.epoch, "busy_at": event.at}
     elif isinstance(event, EpochPlanned):
         return _epoch(state, nodes=event.nodes, plan=event.plan, prediction=event.prediction)
     elif isinstance(event, AssignmentsSent | FetchMoving):
@@ -334,7 +372,7 @@ def effects(before: LeaderState, after: LeaderState, event: LeaderEvent) -> list
         dropped = set(after.previous.nodes) - set(after.epoch.nodes)
         if dropped:  # members dropped from the cluster let their workers go
             return [Release(nodes=tuple(sorted(dropped)), epoch=Epoch(after.epoch.number - 1))]
-    if isinstance(event, LetGo):
+    if isinstance(event, LetGo | Unloaded):
         let_go: list[Effect] = [Detach(reason=event.reason), Resume()]
         if before.epoch is not None:
             nodes = tuple(sorted(set(before.epoch.nodes)))

@@ -88,6 +88,7 @@ class ControlHandlers:
         if epoch is not None and epoch <= body.epoch:
             await self.stop_loading()
             await self.worker.replace(None)
+            self.assigned_key = None  # this node serves nothing now (/v1/models, /api/ps)
         return Released(released=body.epoch)
 
     def weight_urls(self) -> dict[str, str]:
