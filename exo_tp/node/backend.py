@@ -308,10 +308,15 @@ class NodeBackend:
         leader = self._leader()
         if leader is None:
             raise not_ready("the node has not joined a cluster yet")
-        served = self._views.serving_key()
         joined = self._views.joined
-        key = joined.models.key_of(name) if joined is not None else None
-        if served is not None and (key is None or key == served):
+        assert joined is not None
+        key, listing = joined.models.key_of(name), joined.models.listing()
+        if key is None and not self._views.config.strict_model_names and len(listing) == 1:
+            key = listing[0][1]  # one model: any name means it, as for a request
+        if key is None:
+            message = f"The model '{name[:200]}' does not exist."
+            raise ApiError(404, message, param="model", code="model_not_found")
+        if key == self._views.serving_key():
             await leader.unload(f"the model was unloaded (a client asked for '{name[:200]}')")
         return LoadAnswer(model=name, state="unloaded")
 
