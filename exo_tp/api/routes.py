@@ -153,26 +153,28 @@ class LoadRequest(BaseModel):
     model: str = Field(min_length=1, max_length=300)
 
 
-@ROUTES.post("/v1/models/load")
-async def load_model(request: web.Request) -> web.StreamResponse:
-    """Load a model as a request naming it would (downloading a hub id first)."""
+async def _on_named_model(
+    request: web.Request, act: Callable[[Backend, str], Awaitable[BaseModel]]
+) -> web.StreamResponse:
+    """``act`` on the leader with the model a ``{"model": NAME}`` body names; its answer."""
 
     async def answer(node: Backend, request: web.Request) -> web.StreamResponse:
         body = validate(LoadRequest, await read_body(request))
-        return _view(await node.load_model(body.model))
+        return _view(await act(node, body.model))
 
     return await _on_leader(request, answer)
+
+
+@ROUTES.post("/v1/models/load")
+async def load_model(request: web.Request) -> web.StreamResponse:
+    """Load a model as a request naming it would (downloading a hub id first)."""
+    return await _on_named_model(request, lambda node, name: node.load_model(name))
 
 
 @ROUTES.post("/v1/models/unload")
 async def unload_model(request: web.Request) -> web.StreamResponse:
     """Let the served model go now (Ollama's ``keep_alive: 0``); a request loads it again."""
-
-    async def answer(node: Backend, request: web.Request) -> web.StreamResponse:
-        body = validate(LoadRequest, await read_body(request))
-        return _view(await node.unload_model(body.model))
-
-    return await _on_leader(request, answer)
+    return await _on_named_model(request, lambda node, name: node.unload_model(name))
 
 
 @ROUTES.get("/v1/models/{model_id:.+}")

@@ -7,45 +7,21 @@ must be the compositions they claim to be."""
 from __future__ import annotations
 
 import pytest
+from test_search import SLOW, THUNDERBOLT, device
+from test_search import SPEC as BIG
 
 from exo_tp.errors import PlanError
-from exo_tp.plan import ModelSpec, Quantization
-from exo_tp.plan.cluster import Cluster, DeviceCost
-from exo_tp.plan.cost import LinkCost
+from exo_tp.plan import ModelSpec
+from exo_tp.plan.cluster import Cluster
 from exo_tp.plan.groups import GroupModel, place_groups
 from exo_tp.plan.render_groups import render_groups
 from exo_tp.plan.replicas import choose_replicas, split_devices, sub_cluster
 from exo_tp.plan.search import choose_plan
 
-GB = 10**9
-# An 8B-class llama in 4-bit group 64 (~4.5 GB of weights), and a 1B-class one (~0.7 GB).
-BIG = ModelSpec(
-    model_type="llama",
-    hidden_size=4096,
-    num_layers=32,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    ffn_sizes={"ffn": 14336},
-    vocab_size=128256,
-    tie_word_embeddings=False,
-    quantization=Quantization(group_size=64, bits=4),
-    context_length=8192,
-)
+# test_search's 8B-class llama in 4-bit (~4.5 GB of weights) and devices; a 1B-class one.
 SMALL = BIG.model_copy(
     update={"hidden_size": 2048, "num_layers": 16, "ffn_sizes": {"ffn": 8192}, "head_dim": 64}
 )
-THUNDERBOLT = LinkCost(latency=30e-6, bandwidth=8e9, measured=True)
-SLOW = LinkCost(latency=5e-3, bandwidth=50e6, measured=True)
-
-
-def device(name: str, gb_per_s: float, memory_gb: float) -> DeviceCost:
-    return DeviceCost(
-        name=name,
-        seconds_per_byte=1 / (gb_per_s * GB),
-        prefill_flops=1e12,
-        memory=int(memory_gb * GB),
-    )
 
 
 def test_devices_split_into_replicas_of_about_equal_speed() -> None:
