@@ -300,8 +300,8 @@ class NodeBackend:
             leader.keep_alive(seconds)
 
     def expires_in(self) -> float | None:
-        leader = self._leader()
-        return leader.expires_in() if leader is not None else None
+        leader, key = self._leader(), self._views.serving_key()
+        return leader.keep_alive_view(key).expires_in if leader and key else None
 
     async def unload_model(self, name: str) -> LoadAnswer:
         """Let the served model go now if it is ``name`` (or the one any name stands for)."""

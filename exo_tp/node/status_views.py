@@ -29,6 +29,7 @@ from exo_tp.node.cluster.views import (
 from exo_tp.node.finetune.ranks import FinetuneRanks
 from exo_tp.node.joined import Joined
 from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.keep_alive import KeepAliveView
 from exo_tp.node.leader.links import measured_links
 from exo_tp.node.listeners import Listeners
 from exo_tp.node.member.control_handlers import ControlHandlers
@@ -233,6 +234,11 @@ class StatusViews:
         leader = self.joined.leader
         return leader.balance.view(leader.led)
 
+    def _keep_alive(self, key: str) -> KeepAliveView | None:
+        if self.joined is None or not self.leads() or key != self.serving_key():
+            return None
+        return self.joined.leader.keep_alive_view(key)
+
     def _model_view(self, key: str | None) -> ModelView | None:
         if key is None or self.joined is None:
             return None
@@ -244,6 +250,7 @@ class StatusViews:
             key=key,
             total_bytes=max(totals, default=0),
             holders=tuple(sorted(n for n, _ in offers.get(key, []))),
+            keep_alive=self._keep_alive(key),
         )
 
 

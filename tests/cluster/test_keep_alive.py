@@ -78,13 +78,18 @@ def test_keep_alive_zero_unloads_now_and_a_request_loads_it_again(
     assert [m.model for m in client.ps().models]
 
 
-def test_keep_alive_seconds_lets_the_model_go_once_idle(client: ollama.Client) -> None:
+def test_keep_alive_seconds_lets_the_model_go_once_idle(
+    cluster: LocalCluster, client: ollama.Client
+) -> None:
     _answer(client, "Hello", keep_alive="3s")
     running = client.ps().models
     assert len(running) == 1 and running[0].expires_at is not None
     left = running[0].expires_at - datetime.datetime.now(datetime.timezone.utc)
     # from the request's end (the server's clock is this one)
     assert datetime.timedelta(seconds=-0.5) <= left <= datetime.timedelta(seconds=3.5)
+    shown = http_json(f"{cluster.urls[0]}/v1/cluster")[1]["model"]["keep_alive"]
+    assert shown["pinned"] is True  # named with --model, kept 3 s all the same as asked
+    assert shown["idle_seconds"] is not None and 0 <= shown["expires_in"] <= 3
     _until(lambda: not client.ps().models, "unloaded after 3 s idle")
 
 

@@ -14,6 +14,7 @@ from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
 from exo_tp.node.cluster.control_messages import MachineMemory, NodeStatus, Stall, WorkerState
 from exo_tp.node.cluster.weight_orders import FetchSummary, WeightsStatus
+from exo_tp.node.leader.keep_alive import KeepAliveView
 from exo_tp.plan.pipeline import PipelinePlan, Stage
 from exo_tp.plan.predict import Prediction
 from exo_tp.plan.shard_plan import ShardPlan, Span
@@ -229,6 +230,8 @@ class ModelView(Frozen):
     key: str
     total_bytes: int
     holders: tuple[str, ...]  # members with its files
+    # the leader's keep-alive of the model it serves (None on a follower, or none served)
+    keep_alive: KeepAliveView | None = None
 
 
 class ServingView(Frozen):

@@ -39,7 +39,7 @@ from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.decide import LOAD_TIMEOUT, next_step, round_of, track
 from exo_tp.node.leader.dispatch import Dispatcher
-from exo_tp.node.leader.keep_alive import expires_at, unload_due
+from exo_tp.node.leader.keep_alive import KeepAliveView, keep_alive_view, unload_due
 from exo_tp.node.leader.members import gather_members
 from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.leader.placement import Members, Placement, place, serving_draft
@@ -189,13 +189,12 @@ class Leader:
         """A request asked the served model to stay loaded ``seconds`` once idle."""
         self._apply(KeepAliveAsked(seconds=seconds, at=time.monotonic()))
 
-    def expires_in(self) -> float | None:
-        """Seconds until the served model is let go if nothing runs (None: never)."""
-        # the dispatcher's latest request, which the next round's view will carry
-        busy = max(self.state.busy_at, self._dispatcher.last_active)
-        now = self.state.model_copy(update={"busy_at": busy})
-        at = expires_at(now, self.pinned(), self.config.keep_alive)
-        return None if at is None else max(0.0, at - time.monotonic())
+    def keep_alive_view(self, key: str) -> KeepAliveView:
+        """``key``'s keep-alive as /v1/cluster and /api/ps show it."""
+        d, now = self._dispatcher, time.monotonic()
+        busy = bool(d.in_flight or d.waiting)
+        default = self.config.keep_alive
+        return keep_alive_view(self.state, key, self.pinned(), default, d.last_active, busy, now)
 
     async def unload(self, reason: str) -> None:
         """Let the served model go now; no epoch forms until a request names a model."""

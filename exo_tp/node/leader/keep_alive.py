@@ -11,6 +11,7 @@ loading and the cluster loads it.
 
 from __future__ import annotations
 
+from exo_tp.frozen import Frozen
 from exo_tp.node.leader.state import LeaderState
 
 
@@ -43,3 +44,31 @@ def unload_due(
         return None
     keep = keep_seconds(state, pinned, default)
     return f"the model was unloaded after {keep:g} s idle (keep_alive): a request loads it again"
+
+
+class KeepAliveView(Frozen):
+    """What /v1/cluster shows of the served model's keep-alive."""
+
+    pinned: bool  # it stays unless a request says otherwise
+    idle_seconds: float | None  # since its last request ended (None while one runs)
+    expires_in: float | None  # until it is let go if nothing runs (None: never)
+
+
+def keep_alive_view(
+    state: LeaderState,
+    key: str,
+    pinned: frozenset[str],
+    default: float | None,
+    last_active: float,
+    busy: bool,
+    now: float,
+) -> KeepAliveView:
+    """``key``'s keep-alive now, counting the dispatcher's latest request (``last_active``),
+    which the leader's next round will see."""
+    fresh = state.model_copy(update={"busy_at": max(state.busy_at, last_active)})
+    at = expires_at(fresh, pinned, default)
+    return KeepAliveView(
+        pinned=key in pinned,
+        idle_seconds=None if busy else round(now - fresh.busy_at, 1),
+        expires_in=None if at is None else max(0.0, at - now),
+    )
