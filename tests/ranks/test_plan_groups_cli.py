@@ -54,3 +54,16 @@ def test_replicas_for_throughput_and_a_model_that_does_not_fit(
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert "does not fit beside the models resident: its weights alone need" in lines[-1]
+
+
+def test_several_models_need_profiles_and_distinct_names(
+    tmp_path: Path, default_models: dict[str, Path]
+) -> None:
+    model = str(default_models["smollm2-135m"])
+    for args, said in [
+        (["--model", model, "--model", model + "/x", "--weights", "2,1"], "give one --profile"),
+        ([*_profiles(tmp_path, 8), "--model", model, "--model", model], "a model is named twice"),
+    ]:
+        result = run_cli("plan", *args, check=False)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+        assert said in result.stderr.strip().splitlines()[-1]
