@@ -73,9 +73,10 @@ class Backend(Protocol):
     def models_view(self) -> list[ModelObject]:
         """/v1/models' entries: every model some node of the cluster can serve."""
 
-    def require_model(self, name: str) -> None:
-        """Raise `ApiError` unless requests for ``name`` can run now: 404 for a model no node
-        has, 503 with Retry-After while another model is served (the cluster loads it)."""
+    def for_model(self, name: str) -> Backend:
+        """The backend that serves requests for ``name`` (its tokenizer, context, group), or
+        `ApiError`: 404 for a model no node has, 503 with Retry-After while the cluster loads
+        it, 4xx for one that cannot fit the cluster's memory."""
 
     def cluster_view(self) -> BaseModel:
         """/v1/cluster: the members, the model served, the epoch's ranks and links."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from typing import Any
 
 
@@ -48,6 +49,19 @@ def duration_arg(text: str) -> float:
         return parse_duration(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*([kmgt]?)i?b?", re.IGNORECASE)
+
+
+def size_arg(text: str) -> int:
+    """``8GB``, ``512M``, ``1.5g``, ``2000000`` -> bytes (powers of 1000: a Mac's "8 GB")."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use bytes or 8GB, 512MB")
+    unit = match.group(2).lower()
+    scale = 1000 ** (1 + "kmgt".index(unit)) if unit else 1
+    return int(float(match.group(1)) * scale)
 
 
 def address_list(text: str) -> list[str]:

@@ -21,6 +21,7 @@ from exo_tp.cli.args import (
     int_list,
     non_negative_float,
     positive_int,
+    size_arg,
     weight_list,
 )
 from exo_tp.cli.connection_args import add_connection_args, connection_options
@@ -246,6 +247,29 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         "(Ollama's) overrides it",
     )
     p.add_argument(
+        "--max-models",
+        type=int,
+        default=3,
+        help="models resident at once (default 3, as Ollama's per-GPU default); a request "
+        "for one more lets the least recently used unpinned model go (the --model ones are "
+        "pinned); models also go where the cluster's memory would not hold one more",
+    )
+    p.add_argument(
+        "--max-memory",
+        type=size_arg,
+        help="memory of this machine the cluster may use for models (8GB, 512MB; default: "
+        "what it has available when it starts): a team's Mac keeps the rest",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="run the main model as N replicas over disjoint sets of nodes of about equal "
+        "speed (more streams at once; `exo-tp plan --replicas` compares the layouts); a "
+        "router sends each request to one, a conversation back to the one holding its "
+        "prefix (default 1: one group over every node)",
+    )
+    p.add_argument(
         "--strict-model-names",
         action="store_true",
         help="answer 404 to a request naming a model no node has; by default, while the "
@@ -348,6 +372,9 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
         lab=None if args.local_nodes else node_lab(args),
         models_dirs=tuple(str(folder) for folder in args.models_dir),
         keep_alive=None if args.keep_alive is None or args.keep_alive < 0 else args.keep_alive,
+        max_models=args.max_models,
+        replicas=args.replicas,
+        max_memory=args.max_memory,
     )
 
 

@@ -174,6 +174,9 @@ def _node_config(
         models_dirs=tuple(Path(folder) for folder in options.models_dirs),
         members=options.members,
         keep_alive=options.keep_alive,
+        max_models=options.max_models,
+        replicas=options.replicas,
+        max_memory=options.max_memory,
     )
 
 

@@ -4,7 +4,10 @@ node's states and failures become HTTP errors (`ApiError`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+import copy
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -30,12 +33,15 @@ from exo_tp.node.leader.dispatch import (
     QueueFull,
 )
 from exo_tp.node.leader.model_requests import ModelRequests
+from exo_tp.node.leader.resident import TooLarge
 from exo_tp.node.member.hub_downloads import HubDownloads
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.status_views import StatusViews
 from exo_tp.security.signing import control_headers
 from exo_tp.vision.families import NoImages, vision_config
 from exo_tp.wire.runtime import Delta, Done, GenerateRequest
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from exo_tp.node.leader.formation import Leader
@@ -78,6 +84,28 @@ def api_error(error: DispatchError) -> ApiError:
     return ApiError(500, f"generation failed: {error}", kind="server_error")
 
 
+def model_loading(name: str) -> ApiError:
+    return ApiError(
+        503,
+        f"loading the model '{name}'; retry shortly",
+        kind="server_error",
+        code="model_loading",
+        retry_after=10,
+    )
+
+
+def too_large(name: str, wanted: TooLarge) -> ApiError:
+    """A model the cluster's memory cannot hold beside the pinned models."""
+    beside = f" beside the pinned {', '.join(wanted.pinned)}" if wanted.pinned else ""
+    return ApiError(
+        400,
+        f"The model '{name}' needs {wanted.needed / 1e9:.2f} GB for its weights; the cluster's "
+        f"memory holds {max(0, wanted.free) / 1e9:.2f} GB for it{beside}.",
+        param="model",
+        code="model_too_large",
+    )
+
+
 class LoadAnswer(Frozen):
     model: str
     state: Literal["loaded", "loading", "downloading", "unloaded"]
@@ -100,12 +128,34 @@ class NodeBackend:
         self.node_id = views.config.node_id
         self.started = views.started
         self.defaults = defaults
+        # The model a request named (`for_model`: a copy bound to it); None: the main group's
+        self._key: str | None = None
 
     # ---- the model served ------------------------------------------------------------------
 
+    def for_model(self, name: str) -> NodeBackend:
+        """This backend bound to the model ``name`` (its tokenizer, context and groups), once
+        it is resident: `ApiError` until then (exo_tp.node.leader.resident)."""
+        bound = copy.copy(self)
+        bound._key = self.require_model(name)
+        return bound
+
     def _current(self) -> Prepared | None:
         joined = self._views.joined
-        return joined.models.current if joined else None
+        if joined is None:
+            return None
+        if self._key is not None and (prepared := joined.models.prepared(self._key)) is not None:
+            return prepared
+        return joined.models.current
+
+    def _group(self, tokens: Sequence[int] = ()) -> Dispatcher:
+        """The request source of the group that runs a request for the bound model (the
+        router's pick among its replicas); the main group's where none is bound."""
+        joined = self._views.joined
+        if self._key is None or joined is None:
+            return self._dispatcher
+        leader = joined.groups.route(self._key, tokens)
+        return leader.dispatcher if leader is not None else self._dispatcher
 
     def _prepared(self) -> Prepared:
         """The model this node serves requests for (as leader): the one it prepared last."""
@@ -121,6 +171,8 @@ class NodeBackend:
         if current is None:
             return ""
         job_id = self._views.serving_adapter()
+        if current.key != self._views.serving_key():
+            job_id = None  # another resident model's group: no fine-tuning adapter on it
         job = self.fine_tuning.state.jobs.get(job_id) if job_id else None
         return job.fine_tuned_model if job and job.fine_tuned_model else current.name
 
@@ -136,7 +188,7 @@ class NodeBackend:
     def context_length(self) -> int:
         """The model's context, or less where the epoch's KV memory holds fewer tokens."""
         context = self._prepared().spec.context_length
-        kv_tokens = self._dispatcher.kv_tokens
+        kv_tokens = self._group().kv_tokens
         return context if kv_tokens is None else min(context, kv_tokens)
 
     @property
@@ -148,12 +200,13 @@ class NodeBackend:
         joined = self._views.joined
         if joined is None:
             return []
-        serving, adapter = self._views.serving_key(), self._views.serving_adapter()
+        loaded, adapter = self._views.loaded_keys(), self._views.serving_adapter()
+        serving = self._views.serving_key()
         cards = [
             ModelObject.of(
                 name,
                 int(self.started),
-                key == serving and adapter is None,
+                key in loaded and (key != serving or adapter is None),
                 vision=self._takes_images(key),
             )
             for name, key in joined.models.listing()
@@ -164,8 +217,8 @@ class NodeBackend:
         models = {m.name: m for m in (leader.fine_tuned if leader else ())}
         models.update({m.name: m for m in self._views.finetune_fine_tuned()})
         for model in models.values():
-            loaded = adapter is not None and model.name.endswith(":" + adapter)
-            cards.append(ModelObject.of(model.name, model.created, loaded, parent=model.base))
+            on = adapter is not None and model.name.endswith(":" + adapter)
+            cards.append(ModelObject.of(model.name, model.created, on, parent=model.base))
         return cards
 
     def _takes_images(self, key: str) -> bool:
@@ -176,18 +229,21 @@ class NodeBackend:
         folder = self._views.joined.models.weights.local_dir(key) if self._views.joined else None
         return folder is not None and vision_config(folder) is not None
 
-    def require_model(self, name: str) -> None:
-        """A request for ``name`` (on the leader): 404 if no member has it; 503 while another
-        listed model is served, after asking the leader to load this one."""
+    def require_model(self, name: str) -> str:
+        """The key of the model a request for ``name`` runs on (on the leader): 404 if no
+        member has it; 503 while it loads (asking the leader to load it, beside the models
+        resident or in place of the least recently used); 400 if it cannot fit."""
         joined = self._views.joined
         assert joined is not None
         if (busy := self.fine_tuning.busy_error()) is not None:
             raise busy
         if name.startswith(FT_PREFIX):
-            self._require_fine_tuned(name)
-            return
+            return self._require_fine_tuned(name)
         key = joined.models.key_of(name)
         listing = joined.models.listing()
+        if key is None and (folder := self._on_disk(name)) is not None:
+            asyncio.get_running_loop().create_task(self._offer_then_load(name, folder))
+            raise model_loading(name)
         ref = hub_ref(name) if key is None else None
         if ref is not None:  # a hub model no member has: this node (the leader) fetches it
             raise self._downloading(ref)
@@ -201,18 +257,44 @@ class NodeBackend:
                 param="model",
                 code="model_not_found",
             )
-        if key != self._views.serving_key() or self._views.serving_adapter() is not None:
-            self._requests.load(key, name)
-            raise ApiError(
-                503,
-                f"loading the model '{name}' (the cluster serves one model at "
-                f"a time); retry shortly",
-                kind="server_error",
-                code="model_loading",
-                retry_after=10,
-            )
+        if key == self._views.serving_key() and self._views.serving_adapter() is not None:
+            self._requests.load(key, name)  # the base without the job's adapter
+            raise model_loading(name)
+        if not joined.groups.groups_of(key):
+            wanted = joined.groups.want(key, name)
+            if isinstance(wanted, TooLarge):
+                raise too_large(name, wanted)
+            raise model_loading(name)
+        return key
 
-    def _require_fine_tuned(self, name: str) -> None:
+    def _on_disk(self, name: str) -> Path | None:
+        """The folder of ``name`` in this node's --models-dir folders, if it is there."""
+        local = {m.name: m for m in local_models(self._catalog.models_dirs)}
+        return local[name].folder if name in local else None
+
+    async def _offer_then_load(self, name: str, folder: Path) -> None:
+        """Offer a model folder of this node's disk to the cluster, then load it beside the
+        models resident (exo_tp.node.leader.resident)."""
+        try:
+            await self._offer_folder(name, folder)
+        except Exception:  # a bug: the request's retry meets it again, the log says what
+            log.exception("loading %s from its folder failed", name)
+
+    async def _offer_folder(self, name: str, folder: Path) -> None:
+        joined = self._views.joined
+        assert joined is not None
+        weights = self._views.weights
+        key = await asyncio.to_thread(weights.add_folder, name, folder)
+        for _ in range(50):  # offered from this node's next status on (a poll: about 1 s)
+            if joined.models.key_of(name) is not None:
+                break
+            await asyncio.sleep(0.1)
+        if not joined.groups.groups_of(key):
+            wanted = joined.groups.want(key, name, weights.folders[key].weight_bytes)
+            if isinstance(wanted, TooLarge):
+                log.warning("%s", too_large(name, wanted).message)
+
+    def _require_fine_tuned(self, name: str) -> str:
         """A request for ``ft:<base>:<suffix>:<job>``: the base with that job's adapter."""
         joined = self._views.joined
         assert joined is not None
@@ -236,6 +318,7 @@ class NodeBackend:
                 code="model_loading",
                 retry_after=10,
             )
+        return key
 
     def _downloading(self, ref: HubRef) -> ApiError:
         """503 while ``ref`` downloads (then it is loaded), or the download's own 4xx/5xx."""
@@ -271,14 +354,6 @@ class NodeBackend:
         joined = self._views.joined
         if joined is None:
             raise not_ready("the node has not joined a cluster yet")
-        if joined.models.key_of(name) is None and hub_ref(name) is None:
-            local = {m.name: m for m in local_models(self._catalog.models_dirs)}
-            if name in local:  # on this node's disk: offer it, then load it
-                key = await asyncio.to_thread(
-                    self._views.weights.add_folder, name, local[name].folder
-                )
-                self._requests.load(key, name)
-                return LoadAnswer(model=name, state="loading")
         try:
             self.require_model(name)
         except ApiError as error:
@@ -295,13 +370,23 @@ class NodeBackend:
         joined = self._views.joined
         return joined.leader if joined is not None and joined.leads() else None
 
+    def _leaders(self) -> list[Leader]:
+        """The groups of the bound model (the main one where none is bound), on the leader."""
+        leader = self._leader()
+        joined = self._views.joined
+        if leader is None or joined is None:
+            return []
+        return joined.groups.groups_of(self._key) if self._key is not None else [leader]
+
     def keep_alive(self, seconds: float) -> None:
-        if (leader := self._leader()) is not None:
+        for leader in self._leaders():
             leader.keep_alive(seconds)
 
     def expires_in(self) -> float | None:
-        leader, key = self._leader(), self._views.serving_key()
-        return leader.keep_alive_view(key).expires_in if leader and key else None
+        for leader in self._leaders():
+            key = self._key or self._views.serving_key()
+            return leader.keep_alive_view(key).expires_in if key else None
+        return None
 
     async def unload_model(self, name: str) -> LoadAnswer:
         """Let the served model go now if it is ``name`` (or the one any name stands for)."""
@@ -316,8 +401,8 @@ class NodeBackend:
         if key is None:
             message = f"The model '{name[:200]}' does not exist."
             raise ApiError(404, message, param="model", code="model_not_found")
-        if key == self._views.serving_key():
-            await leader.unload(f"the model was unloaded (a client asked for '{name[:200]}')")
+        reason = f"the model was unloaded (a client asked for '{name[:200]}')"
+        await joined.groups.unload(key, reason)
         return LoadAnswer(model=name, state="unloaded")
 
     # ---- where requests run ----------------------------------------------------------------
@@ -343,7 +428,7 @@ class NodeBackend:
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta | Done, None]:
         if (busy := self.fine_tuning.busy_error()) is not None:
             raise busy
-        events = self._dispatcher.generate(request)
+        events = self._group(request.tokens).generate(request)
         try:
             async for event in events:
                 yield event

@@ -33,8 +33,11 @@ from exo_tp.node.finetune.ranks import FINETUNE_MOUNT, FinetuneRanks, finetune_a
 from exo_tp.node.joined import Joined
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.epochs import EpochNumbers
 from exo_tp.node.leader.formation import Leader
+from exo_tp.node.leader.group_slots import MAIN_SLOT, GroupSlot
 from exo_tp.node.leader.model_requests import ModelRequests
+from exo_tp.node.leader.resident import ResidentGroups
 from exo_tp.node.listeners import Listeners, guard_cluster_app, mount_forwarded_api
 from exo_tp.node.member.control_handlers import ControlHandlers
 from exo_tp.node.member.hub_downloads import HubDownloads
@@ -58,12 +61,7 @@ class Node:
         self.config, self.weights, self.profile = config, weights, profile
         self.control = ControlClient(config.secret)
         self.worker = NodeWorker(config.secret, config.stall_timeout)
-        self.dispatcher = Dispatcher(
-            config.secret.encode(),
-            config.listen_host,
-            config.serving.max_concurrency,
-            config.max_queue,
-        )
+        self.dispatcher = self._dispatcher()
         self.requests = ModelRequests()
         self.handlers = ControlHandlers(config, self.worker, weights)
         self.views = StatusViews(
@@ -126,17 +124,19 @@ class Node:
         me = self._announcement(control_port)
         peers = Peers(me, self.config.secret, self.config.host, self.control, self._status)
         models = ClusterModel(self.node_id, self.weights, peers, self.config.secret)
-        leader = Leader(
-            self.config,
-            models,
-            peers,
-            self.control,
-            self.dispatcher,
-            requests_port,
-            lambda: self.handlers.epoch_seen,
-            self.requests,
+        epochs = EpochNumbers(lambda: self.handlers.epoch_seen)
+
+        def group_leader(slot: GroupSlot, dispatcher: Dispatcher, port: int) -> Leader:
+            control, requests = self.control, self.requests
+            return Leader(
+                self.config, models, peers, control, dispatcher, port, epochs, requests, slot
+            )
+
+        leader = group_leader(MAIN_SLOT, self.dispatcher, requests_port)
+        groups = ResidentGroups(
+            leader, group_leader, self._dispatcher, self.config.max_models, self.config.replicas
         )
-        self.joined = self.views.joined = Joined(peers, models, leader)
+        self.joined = self.views.joined = Joined(peers, models, leader, groups)
         self.handlers.peers = peers
         probes = self.views.probes = LinkProbes(me, self.control)
         await peers.start()
@@ -144,6 +144,7 @@ class Node:
             asyncio.create_task(self._maintain(peers), name="maintain"),
             asyncio.create_task(probes.probe_forever(peers.alive), name="link probes"),
             asyncio.create_task(leader.run_forever(), name="leader"),
+            asyncio.create_task(groups.run_forever(), name="resident groups"),
         ]
         log.info(
             "node %s up: api %s, control port %d, cluster %r",
@@ -178,10 +179,11 @@ class Node:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.joined is not None:
+            await self.joined.groups.close()
         await self.fine_tuning.close()
         await self.finetune_ranks.close()
-        await self.handlers.stop_loading()
-        await self.worker.close()
+        await self.handlers.close()
         await self.downloads.close()
         await self.weights.close()
         self.dispatcher.stop()
@@ -191,6 +193,16 @@ class Node:
         await self.control.close()
         if self._session is not None:
             await self._session.close()
+
+    def _dispatcher(self) -> Dispatcher:
+        """A request source for one group (the main one's, or another resident model's)."""
+        config = self.config
+        return Dispatcher(
+            config.secret.encode(),
+            config.listen_host,
+            config.serving.max_concurrency,
+            config.max_queue,
+        )
 
     def _leader_id(self) -> str | None:
         return self.joined.peers.leader_id() if self.joined else None
@@ -212,7 +224,7 @@ class Node:
             api_port=self.config.api_port,
             control_port=control_port,
             memory_total=memory["total"] or 0,
-            memory_available=memory["available"] or 0,
+            memory_available=min(memory["available"] or 0, self.config.max_memory or 2**62),
             decode_seconds_per_byte=profile.decode_seconds_per_byte if profile else 0.0,
             prefill_flops=profile.prefill_flops if profile else 0.0,
             layer_overhead_seconds=profile.layer_overhead_seconds if profile else 0.0,

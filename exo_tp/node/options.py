@@ -4,6 +4,8 @@ in it: they reach the node through its environment."""
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from exo_tp.api.core.defaults import GenerationDefaults
 from exo_tp.frozen import Frozen
 from exo_tp.node.cluster.config import Requested
@@ -69,5 +71,8 @@ class NodeOptions(Frozen):
     lab: NodeLab | None  # None: the lab is off (nothing wrapped, no rank pinned)
     models_dirs: tuple[str, ...]  # folders of model folders the web UI's picker lists too
     keep_alive: float | None = None  # --keep-alive in seconds (None: for ever)
+    max_models: int = Field(default=3, ge=1)  # --max-models: models resident at once
+    replicas: int = Field(default=1, ge=1)  # --replicas: groups of the main model
+    max_memory: int | None = None  # --max-memory: bytes this node lends to models
     # The cluster's size where it is known (`--local-nodes N`); 0: unknown (discovery).
     members: int = 0

@@ -12,7 +12,12 @@ from pydantic import ValidationError
 from exo_tp.api.core.errors import FORWARD_PREFIX
 from exo_tp.frozen import replace
 from exo_tp.node.cluster.config import NodeConfig
-from exo_tp.node.cluster.control_messages import NodeStatus
+from exo_tp.node.cluster.control_messages import (
+    MAIN_GROUP,
+    GroupSummary,
+    GroupWorker,
+    NodeStatus,
+)
 from exo_tp.node.cluster.finetune_messages import FineTunedModel
 from exo_tp.node.cluster.views import (
     ClusterView,
@@ -27,6 +32,7 @@ from exo_tp.node.cluster.views import (
     links_of,
 )
 from exo_tp.node.finetune.ranks import FinetuneRanks
+from exo_tp.node.group_views import followed_group_views, led_group_views
 from exo_tp.node.joined import Joined
 from exo_tp.node.leader.dispatch import Dispatcher
 from exo_tp.node.leader.keep_alive import KeepAliveView
@@ -84,6 +90,19 @@ class StatusViews:
             return led.model if led else None
         return self.handlers.assigned_key
 
+    def loaded_keys(self) -> frozenset[str]:
+        """Every model a group of the cluster serves (or forms for): the leader's groups."""
+        if self.joined is not None and self.joined.leads():
+            groups = self.joined.groups
+            held = (groups.key_of(leader) for leader in groups.leaders())
+            return frozenset(k for k in held if k is not None)
+        # Its own workers' models (a release clears them at once), and the groups it has no
+        # rank of as the leader's last status said.
+        me, status = self.config.node_id, self._leader_status()
+        keys = set(self.handlers.assigned_keys.values())
+        keys |= {g.model for g in status.groups if me not in g.nodes} if status else set()
+        return frozenset(keys)
+
     def finetune_fine_tuned(self) -> tuple[FineTunedModel, ...]:
         return self.finetune_ranks.fine_tuned() if self.finetune_ranks else ()
 
@@ -138,6 +157,46 @@ class StatusViews:
             fine_tuned=self.finetune_ranks.fine_tuned() if self.finetune_ranks else (),
             # the leader's own view only: a follower's copy would echo it to every peer
             balance=self.balance() if self.leads() else None,
+            workers=self._group_workers(),
+            groups=self.group_summaries() if self.leads() else (),
+        )
+
+    def group_summaries(self) -> tuple[GroupSummary, ...]:
+        """Every group this node leads, with an epoch."""
+        assert self.joined is not None
+        groups = self.joined.groups
+        out = []
+        for leader in groups.leaders():
+            led, key = leader.led, groups.key_of(leader)
+            if led is None or key is None:
+                continue
+            summary = GroupSummary(
+                group=leader.group,
+                model=key,
+                state=led.state,
+                nodes=led.nodes,
+                replica=leader.slot.replica,
+            )
+            out.append(summary)
+        return tuple(out)
+
+    def _group_workers(self) -> tuple[GroupWorker, ...]:
+        """This node's workers of groups other than the main one."""
+        handlers = self.handlers
+        return tuple(
+            GroupWorker(
+                group=group,
+                epoch=worker.epoch,
+                state=worker.state,
+                error=worker.error,
+                stalled=worker.stalled,
+                speed=worker.speed,
+                links=worker.links,
+                rank_memory=worker.rank_memory,
+                model=handlers.assigned_keys.get(group),
+            )
+            for group, worker in handlers.workers.items()
+            if group != MAIN_GROUP and (worker.rank is not None or worker.last_stall)
         )
 
     # ---- for the public API ----------------------------------------------------------------
@@ -223,6 +282,9 @@ class StatusViews:
                 draft_node=_draft_node(assignment),
             ),
             balance=self.balance(),
+            groups=led_group_views(self.joined)
+            if self.leads()
+            else followed_group_views(self.joined, self._leader_status()),
         )
 
     def balance(self) -> BalanceView | None:

@@ -22,6 +22,7 @@ from exo_tp.node.cluster.control_messages import NodeStatus
 from exo_tp.node.cluster.peers import Peers
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.epochs import EpochNumbers
 from exo_tp.node.leader.formation import Leader
 from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.wire.announcement import Announcement
@@ -48,7 +49,7 @@ class HeldModel:
     def offers(self) -> dict[str, list[tuple[str, str]]]:
         return {}
 
-    async def prepare(self, key: str, members: Sequence[str]) -> None:
+    async def prepare(self, key: str, members: Sequence[str], main: bool = True) -> None:
         self.calls += 1
         self.entered.set()
         await self.release.wait()
@@ -73,7 +74,8 @@ def leader(model: HeldModel) -> Leader:
     dispatcher = Dispatcher(b"k" * 32, "127.0.0.1", max_concurrency=4, max_queue=4)
     config = NodeConfig(node_id=ME, settle=0.0)
     stand_in: ClusterModel = model  # type: ignore[assignment]
-    return Leader(config, stand_in, peers, control, dispatcher, 0, lambda: 0, ModelRequests())
+    epochs = EpochNumbers(lambda: 0)
+    return Leader(config, stand_in, peers, control, dispatcher, 0, epochs, ModelRequests())
 
 
 async def started(model: HeldModel) -> None:

@@ -51,7 +51,7 @@ def _prompt(node: Backend, parsed: CountTokensRequest | MessagesRequest) -> Prom
 
 async def count_tokens(node: Backend, request: web.Request) -> web.Response:
     parsed = validate(CountTokensRequest, await read_body(request))
-    check_model(node, parsed.model)
+    node = check_model(node, parsed.model)
     prompt = await off_loop(_prompt, node, parsed)
     return json_view(TokenCount(input_tokens=len(prompt.tokens)))
 
@@ -70,7 +70,7 @@ def _stop_reason(done: Done, reason: str) -> tuple[str, str | None]:
 
 async def messages(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(MessagesRequest, await read_body(request))
-    check_model(node, parsed.model)
+    node = check_model(node, parsed.model)
     leave_out(request, parsed.left_out())
     prompt = await off_loop(_prompt, node, parsed)
     single = bool(parsed.tool_choice and parsed.tool_choice.disable_parallel_tool_use)

@@ -23,12 +23,13 @@ MIN_TEMPERATURE = 1e-6
 DEFAULT_MODEL_ALIAS = "default_model"  # mlx_lm.server's name for the model it serves
 
 
-def check_model(node: Backend, model: str | None) -> None:
-    """404 for a model no node has; 503 while the leader loads another listed one. Checked
-    before the prompt is rendered, so a request for another model never meets this one's
-    template."""
+def check_model(node: Backend, model: str | None) -> Backend:
+    """The backend serving ``model`` (its tokenizer, template, context, group): 404 for a
+    model no node has; 503 while the leader loads it. Checked before the prompt is rendered,
+    so a request for another model never meets this one's template."""
     if model is not None and model != DEFAULT_MODEL_ALIAS:
-        node.require_model(model)
+        return node.for_model(model)
+    return node
 
 
 def request_id(prefix: str) -> RequestId:

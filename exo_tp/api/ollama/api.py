@@ -177,7 +177,7 @@ async def _keep_alive(
     if empty and keep == 0:
         await node.unload_model(parsed.served_name() or "")
         return _unloaded(node, parsed, chat)
-    check_model(node, parsed.served_name())
+    node = check_model(node, parsed.served_name())
     if keep is not None:
         node.keep_alive(keep)
     return None

@@ -31,7 +31,7 @@ class EmbedRequest(Passed):
 async def embed_route(node: Backend, request: web.Request, legacy: bool) -> web.Response:
     started = time.perf_counter()
     parsed = validate(EmbedRequest, await read_body(request))
-    check_model(node, parsed.model.removesuffix(LATEST) if parsed.model else None)
+    node = check_model(node, parsed.model.removesuffix(LATEST) if parsed.model else None)
     vectors, tokens = await embed(node, parsed.inputs(), parsed.dimensions, "input")
     if legacy:  # /api/embeddings: one input, one "embedding"
         return web.json_response({"embedding": vectors[0]})

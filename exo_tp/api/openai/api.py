@@ -117,7 +117,7 @@ class _Chat(_OpenAIStream):
 
 async def chat_completions(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed: ChatCompletionRequest = await _parsed(request, ChatCompletionRequest)
-    check_model(node, parsed.model)
+    node = check_model(node, parsed.model)
     if parsed.top_logprobs and not parsed.logprobs:
         parsed = replace(parsed, logprobs=True)  # mlx_lm.server reads either
     ask = Ask(
@@ -269,7 +269,7 @@ class _Prompts(_Choices[Completion]):
 
 async def completions(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed: CompletionRequest = await _parsed(request, CompletionRequest)
-    check_model(node, parsed.model)
+    node = check_model(node, parsed.model)
     prompts = parsed.prompt_values()
     answer_id = request_id("cmpl")
     asks: list[Ask] = []

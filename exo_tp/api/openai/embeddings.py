@@ -57,7 +57,7 @@ def _encoded(vector: list[float], form: str) -> list[float] | str:
 
 async def embeddings(node: Backend, request: web.Request) -> web.StreamResponse:
     parsed = validate(EmbeddingRequest, await read_body(request))
-    check_model(node, parsed.model)
+    node = check_model(node, parsed.model)
     vectors, tokens = await embed(node, parsed.inputs(), parsed.dimensions, "input")
     data = [
         EmbeddingObject(object="embedding", index=i, embedding=_encoded(v, parsed.encoding_format))

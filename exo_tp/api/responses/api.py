@@ -226,7 +226,7 @@ async def responses(node: Backend, request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     _refuse_unsupported(body)
     parsed = validate(ResponsesRequest, body)
-    check_model(node, parsed.model)
+    node = check_model(node, parsed.model)
     leave_out(request, parsed.left_out())
     ask = Ask(
         id=request_id("resp"),

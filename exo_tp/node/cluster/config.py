@@ -52,6 +52,9 @@ class NodeConfig:
     # Seconds a model loaded on demand stays loaded once idle (None: for ever); the --model
     # ones are pinned (exo_tp.node.leader.keep_alive).
     keep_alive: float | None = None
+    max_models: int = 3  # models resident at once (exo_tp.node.leader.resident)
+    replicas: int = 1  # groups of the main model over disjoint sets of nodes
+    max_memory: int | None = None  # bytes this node lends to models (None: what is available)
 
     @property
     def listen_host(self) -> str:

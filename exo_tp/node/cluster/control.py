@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from exo_tp.node.cluster.control_messages import (
+    MAIN_GROUP,
     Accepted,
     Assign,
     Echo,
@@ -61,6 +62,7 @@ class ControlClient:
         weights: WeightOrder | None = None,
         adapter_job: str | None = None,
         draft: WeightOrder | None = None,
+        group: str = MAIN_GROUP,
     ) -> Accepted:
         return await self._client.call(
             peer.control_url,
@@ -70,6 +72,7 @@ class ControlClient:
                 leader=leader,
                 weights=weights,
                 adapter_job=adapter_job,
+                group=group,
                 draft=draft,
             ),
             Accepted,
@@ -79,9 +82,9 @@ class ControlClient:
         """``size`` bytes from the peer (a link probe's round trip)."""
         return await self._client.read(peer.control_url, "/control/echo", Echo(size=size))
 
-    async def release(self, peer: Announcement, epoch: Epoch) -> Released:
+    async def release(self, peer: Announcement, epoch: Epoch, group: str = MAIN_GROUP) -> Released:
         return await self._client.call(
-            peer.control_url, "/control/release", Release(epoch=epoch), Released
+            peer.control_url, "/control/release", Release(epoch=epoch, group=group), Released
         )
 
     async def close(self) -> None:

@@ -20,6 +20,7 @@ from exo_tp.wire.profiles import LinkProfile, ProfileSummary
 from exo_tp.wire.runtime import RankMemory
 
 ECHO_MAX = 1 << 20  # the largest echo a probe may ask for
+MAIN_GROUP = ""  # the group every cluster has; others serve more models or replicas
 
 WorkerState = Literal["none", "starting", "joining", "loading", "ready", "exited"]
 EpochState = Literal["loading", "ready", "failed"]
@@ -35,8 +36,34 @@ class MachineMemory(Frozen):
     worker_rss: int | None = None
 
 
+class GroupWorker(Frozen):
+    """A node's worker for one group other than the main one (several models resident, or a
+    model's replicas): what the leader tracks that group's epoch with."""
+
+    group: str
+    epoch: Epoch | None = None
+    state: WorkerState = "none"
+    error: str | None = None
+    stalled: Stall | None = None
+    speed: RankSpeed | None = None
+    links: tuple[LinkProfile, ...] = ()
+    rank_memory: RankMemory | None = None
+    model: str | None = None  # the model key it serves
+
+
+class GroupSummary(Frozen):
+    """One group as its leader sees it: the model it serves over which nodes, and how far."""
+
+    group: str
+    model: str  # its model key
+    state: EpochState
+    nodes: tuple[NodeId, ...] = ()  # node id per rank
+    replica: int = 0
+
+
 class NodeStatus(Frozen):
-    """What a node tells its peers every poll (and the leader tracks epochs with)."""
+    """What a node tells its peers every poll (and the leader tracks epochs with). The
+    ``worker_*`` fields are its main group's worker; ``workers`` every other group's."""
 
     node_id: NodeId
     leader: NodeId | None
@@ -62,6 +89,27 @@ class NodeStatus(Frozen):
     finetune: FinetuneRankStatus | None = None  # its rank of a fine-tuning job
     fine_tuned: tuple[FineTunedModel, ...] = ()  # the models its fine-tuning jobs made
     balance: BalanceView | None = None  # the leader's live balance, for every node's views
+    workers: tuple[GroupWorker, ...] = ()  # its workers of groups other than the main one
+    # every group the leader leads (on the leader's status only): what every node's views show
+    groups: tuple[GroupSummary, ...] = ()
+
+    def for_group(self, group: str) -> NodeStatus:
+        """This status as the leader of ``group`` reads it: that group's worker in the
+        ``worker_*`` fields (none where the node runs none of it)."""
+        if group == MAIN_GROUP:
+            return self
+        worker = next((w for w in self.workers if w.group == group), GroupWorker(group=group))
+        return self.model_copy(
+            update={
+                "worker_epoch": worker.epoch,
+                "worker_state": worker.state,
+                "worker_error": worker.error,
+                "worker_stalled": worker.stalled,
+                "speed": worker.speed,
+                "links": worker.links,
+                "rank_memory": worker.rank_memory,
+            }
+        )
 
 
 class Echo(Frozen):
@@ -82,6 +130,7 @@ class Ports(Frozen):
 
 class Assign(Frozen):
     assignment: Assignment
+    group: str = MAIN_GROUP  # which of the node's workers runs it
     leader: NodeId
     weights: WeightOrder | None = None  # None: load assignment.model from this node's files
     # The conductor's node: the draft model (speculative decoding), whole; None: it resolves
@@ -97,6 +146,7 @@ class Accepted(Frozen):
 
 class Release(Frozen):
     epoch: Epoch
+    group: str = MAIN_GROUP
 
 
 class Released(Frozen):

@@ -247,6 +247,23 @@ class ServingView(Frozen):
     draft_node: str | None = None
 
 
+class GroupView(Frozen):
+    """One group of the cluster: a model over its nodes (the main group, another resident
+    model, or a replica), its load and how long it stays (issue #59)."""
+
+    group: str  # "" for the main group; the model key (and #replica) for the others
+    model: str  # its name
+    key: str
+    replica: int = 0
+    state: ServingState
+    ranks: tuple[str, ...] = ()  # node id per rank
+    pinned: bool | None = None  # None where this node does not lead (the leader knows)
+    in_flight: int | None = None
+    waiting: int | None = None
+    idle_seconds: float | None = None  # since its last request ended (None while busy)
+    expires_in: float | None = None  # until it is let go if nothing runs (None: never)
+
+
 class ClusterView(Frozen):
     cluster: str
     node_id: str  # the node that answered
@@ -264,6 +281,7 @@ class ClusterView(Frozen):
     measured_links: tuple[LinkProfile, ...] = ()
     serving: ServingView
     balance: BalanceView | None = None  # the leader's live rank speeds (rebalancing)
+    groups: tuple[GroupView, ...] = ()  # every group: the models resident, their replicas
 
     def node(self, node_id: str) -> NodeView:
         return next(n for n in self.nodes if n.node_id == node_id)

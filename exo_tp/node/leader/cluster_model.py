@@ -164,8 +164,13 @@ class ClusterModel:
             raise TransferError(f"{node_id} is gone")
         return await manifest_of(self.weights.session, weights_url(member), self.secret, key)
 
-    async def prepare(self, key: str, members: Sequence[NodeId]) -> Prepared:
-        """Config and tokenizer of the model on this node (fetched from a holder if needed)."""
+    def prepared(self, key: str) -> Prepared | None:
+        """``key`` as a group of this node prepared it last (None: not prepared here)."""
+        return self._prepared.get(key)
+
+    async def prepare(self, key: str, members: Sequence[NodeId], main: bool = True) -> Prepared:
+        """Config and tokenizer of the model on this node (fetched from a holder if needed);
+        ``main``: for the main group (the model the cluster serves by default, `current`)."""
         offers = self.offers()
         name = self.name_of(key, offers)
         folder = self.weights.local_dir(key)
@@ -180,7 +185,8 @@ class ClusterModel:
             spec, tokenizer, images = await asyncio.to_thread(_load, folder)
             prepared = Prepared(ModelKey(key), name, folder, spec, tokenizer, images)
             self._prepared[key] = prepared
-        self.current = prepared
+        if main:
+            self.current = prepared
         return prepared
 
     async def _first_manifest(self, holders: Sequence[NodeId], key: str) -> ModelManifest:

@@ -47,14 +47,16 @@ def round_of(
     settle: float,
     expected: int,
     now: float,
+    allowed: frozenset[NodeId] | None = None,
 ) -> Round:
     """The round as the state's view of the cluster shows it to leader ``me``: the eligible
     members; settled once ``expected`` members (0: unknown) are there or no member joined for
     ``settle`` seconds; agreed when each names ``me`` leader in a recent status; links ready
     when each pair's link was measured, or LINK_WAIT after the settle (the missing pairs then
-    planned with the default link)."""
+    planned with the default link). ``allowed``: the nodes this group may use (None: all)."""
     cluster = state.cluster
-    nodes = eligible(state, cluster.ids(), now)
+    every = eligible(state, cluster.ids(), now)
+    nodes = every if allowed is None else tuple(n for n in every if n in allowed)
     statuses = cluster.statuses
     agreed = all(n in cluster.fresh and statuses[n].leader == me for n in nodes)
     missing = unmeasured_pairs(measured_links({n: statuses.get(n) for n in nodes}), nodes)
@@ -63,7 +65,7 @@ def round_of(
         nodes=nodes,
         model=model,
         adapter_job=adapter_job,
-        settled=0 < expected <= len(nodes) or now - cluster.joined_at >= settle,
+        settled=0 < expected <= len(every) or now - cluster.joined_at >= settle,
         agreed=bool(nodes) and agreed,
         links_ready=bool(nodes) and (not missing or waited >= LINK_WAIT),
         unmeasured=tuple(missing),

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 import aiohttp
 
@@ -33,21 +32,23 @@ from exo_tp.errors import ExoTpError, PlanError
 from exo_tp.node.cluster.config import NodeConfig
 from exo_tp.node.cluster.control import ControlClient, ControlRefused
 from exo_tp.node.cluster.control_messages import NodeStatus
-from exo_tp.node.cluster.peers import POLL_SECONDS, Peers
+from exo_tp.node.cluster.peers import Peers
 from exo_tp.node.leader.assignments import Where, assignments_of, kv_tokens
 from exo_tp.node.leader.backend_choice import BackendChoice, choose_backend
 from exo_tp.node.leader.cluster_model import ClusterModel
 from exo_tp.node.leader.decide import LOAD_TIMEOUT, next_step, round_of, track
 from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.epochs import EpochNumbers
+from exo_tp.node.leader.group_slots import MAIN_SLOT, GroupSlot
 from exo_tp.node.leader.keep_alive import KeepAliveView, keep_alive_view, unload_due
 from exo_tp.node.leader.members import gather_members
 from exo_tp.node.leader.model_requests import ModelRequests
+from exo_tp.node.leader.observe import client_reason, cluster_seen
 from exo_tp.node.leader.placement import Members, Placement, place, serving_draft
 from exo_tp.node.leader.rebalance import LiveBalance
 from exo_tp.node.leader.rebalance_round import consider_rebalance
 from exo_tp.node.leader.state import (
     AssignmentsSent,
-    ClusterSeen,
     ConductorLost,
     Detach,
     EpochFailed,
@@ -94,14 +95,18 @@ class Leader:
         control: ControlClient,
         dispatcher: Dispatcher,
         requests_port: int,
-        highest_epoch: Callable[[], int],
+        epochs: EpochNumbers,
         requests: ModelRequests,
+        group: GroupSlot = MAIN_SLOT,
     ):
         self.config, self.models, self.peers = config, models, peers
         self._requests = requests
         self._control, self._dispatcher = control, dispatcher
         self._requests_port = requests_port
-        self._highest_epoch = highest_epoch
+        self._epochs = epochs
+        # Which group this leader forms: the main one serves the model requests ask for; any
+        # other serves its one model (another resident model, or a replica) over its nodes.
+        self.slot = group
         # Everything the leader decides from, changed only by `_apply` (exo_tp.node.leader.state)
         self.state = LeaderState()
         dispatcher.on_conductor_lost = self._conductor_lost
@@ -112,6 +117,14 @@ class Leader:
         self.balance = LiveBalance(
             RebalancePolicy(threshold=config.rebalance_threshold), config.rebalance
         )
+
+    @property
+    def group(self) -> str:
+        return self.slot.id
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self._dispatcher
 
     @property
     def me(self) -> NodeId:
@@ -176,13 +189,18 @@ class Leader:
         """Serve again: the next round forms a new epoch."""
         self._apply(Resumed())
 
+    def load(self, key: str, name: str) -> None:
+        """Serve ``key`` next (the main group: a request asked for it)."""
+        self._requests.load(key, name)
+
     # ---- keep-alive: a model let go when idle (exo_tp.node.leader.keep_alive) ---------------
 
     def pinned(self) -> frozenset[str]:
         """The models that stay loaded unless a request says otherwise: this node's --model
         ones and the one the cluster serves unasked."""
         keys = {self.models.key_of(name) for name in self.config.models}
-        keys.add(self.models.target(self.state.cluster.ids(), None, None))
+        if self.slot.key is None:
+            keys.add(self.models.target(self.state.cluster.ids(), None, None))
         return frozenset(k for k in keys if k is not None)
 
     def keep_alive(self, seconds: float) -> None:
@@ -218,43 +236,17 @@ class Leader:
                 ExoTpError,
             ) as error:
                 log.warning("formation round failed: %s", error)
-                reason = self._client_reason(error)
+                reason = client_reason(error, self.peers.alive())
             except Exception as error:  # a bug: the cluster must not stop forming over it
                 log.exception("formation round failed")
                 reason = f"{type(error).__name__}: {error}"
             self._fail("formation failed: " + reason)
             await asyncio.sleep(1.0)
 
-    def _client_reason(self, error: BaseException) -> str:
-        """What clients are told of a failed round: a peer that did not answer is named by its
-        node id, never by the internal address in the error (the log keeps that)."""
-        if isinstance(error, aiohttp.ClientConnectorError):
-            for member in self.peers.alive():
-                if (member.host, member.control_port) == (error.host, error.port):
-                    return f"node {member.node_id} did not answer"
-            return "a member did not answer"
-        if isinstance(error, aiohttp.ClientError | TimeoutError | OSError):
-            return f"a member did not answer ({type(error).__name__})"
-        return str(error) or type(error).__name__
-
     def _observe(self) -> None:
         """The round's view of the cluster into the state: the membership and statuses from
-        the peers' poll, the load from the dispatcher."""
-        alive = self.peers.alive()
-        statuses = {m.node_id: s for m in alive if (s := self.peers.status(m.node_id))}
-        recent = (
-            m.node_id for m in alive if self.peers.status(m.node_id, max_age=3 * POLL_SECONDS)
-        )
-        seen = ClusterSeen(
-            members=tuple(alive),
-            statuses=statuses,
-            fresh=frozenset(recent),
-            joined_at=self.peers.joined_at,
-            changed_at=self.peers.changed_at,
-            in_flight=self._dispatcher.in_flight,
-            waiting=self._dispatcher.waiting,
-            last_active=self._dispatcher.last_active,
-        )
+        the peers' poll (this group's workers), the load from the dispatcher."""
+        seen = cluster_seen(self.peers, self._dispatcher, self.group)
         self._apply(Observed(seen=seen, at=time.monotonic()))
 
     async def _lead_once(self) -> None:
@@ -263,7 +255,7 @@ class Leader:
             return
         if self.paused is not None:
             return
-        if (asked := self._requests.latest()) is not None:
+        if self.slot.key is None and (asked := self._requests.latest()) is not None:
             self._apply(ModelAsked(key=asked.key, adapter_job=asked.adapter_job))
         self._observe()
         now, state = time.monotonic(), self.state
@@ -276,10 +268,12 @@ class Leader:
             return
         nodes = eligible(state, state.cluster.ids(), now)
         led, wanted = state.epoch, state.wanted
-        model = self.models.target(nodes, led.model if led else None, wanted)
+        model = self.slot.key or self.models.target(nodes, led.model if led else None, wanted)
         adapter = state.wanted_adapter if model == wanted else None
         config = self.config
-        seen = round_of(state, self.me, model, adapter, config.settle, config.members, now)
+        allowed = self.slot.nodes
+        seen = round_of(state, self.me, model, adapter, config.settle, config.members, now, allowed)
+        nodes = seen.nodes
         step = next_step(state, seen, now)
         members = [m for m in state.cluster.members if m.node_id in nodes]
         if step == "track" and led is not None:
@@ -308,7 +302,9 @@ class Leader:
 
     def _track(self, led: LedEpoch) -> None:
         """Follow an epoch's workers (exo_tp.node.leader.decide.track)."""
-        statuses: dict[NodeId, NodeStatus | None] = {n: self.peers.status(n) for n in led.nodes}
+        statuses: dict[NodeId, NodeStatus | None] = {
+            n: s.for_group(self.group) if (s := self.peers.status(n)) else None for n in led.nodes
+        }
         now = time.monotonic()
         tracked = track(led, statuses, now, self.config.stall_timeout)
         self._apply(*tracked.events)
@@ -328,15 +324,15 @@ class Leader:
             spec, eligible, own_profile, self.peers, self.balance, self.config.stages
         )
 
-    def _next_number(self) -> int:
-        """Higher than any epoch this node or a peer has seen."""
+    def _next_number(self) -> Epoch:
+        """Higher than any epoch this node, any group it leads or a peer has seen."""
         seen = max((s.epoch for s in self.peers.statuses.values()), default=0)
-        return max(self._highest_epoch(), self.led.number if self.led else 0, seen) + 1
+        return self._epochs.claim(max(self.led.number if self.led else 0, seen))
 
     async def _form(
         self, eligible: list[Announcement], key: str, adapter_job: str | None = None
     ) -> None:
-        number = Epoch(self._next_number())
+        number = self._next_number()
         eligible_ids = tuple(sorted(m.node_id for m in eligible))
         now = time.monotonic()
         started = EpochStarted(
@@ -344,7 +340,7 @@ class Leader:
         )
         self._apply(started)
         try:
-            model = await self.models.prepare(key, eligible_ids)
+            model = await self.models.prepare(key, eligible_ids, self.slot.key is None)
             me = self.peers.status(self.me)
             facts = self.members_for(model.spec, eligible, me.profile if me else None)
             holdings = await self.models.holdings(model, eligible)
@@ -407,6 +403,7 @@ class Leader:
                 orders[member.node_id],
                 adapter_job,
                 draft_order if member is conductor else None,
+                self.group,
             )
         await self._release_all(self._apply(AssignmentsSent(at=time.monotonic())))
 
@@ -444,4 +441,4 @@ class Leader:
 
     async def _release(self, peer: Announcement, epoch: Epoch) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControlRefused, OSError):
-            await self._control.release(peer, epoch)
+            await self._control.release(peer, epoch, self.group)

@@ -1,0 +1,284 @@
+"""Several models resident at once, and replicas of the main one (on the leader).
+
+The main group (its `Leader`) serves the model requests ask for, as a cluster with one model
+does. A request naming another model that no group serves gets a group of its own, over every
+node (groups share a node where its memory holds both), with its own leader, epochs and request
+source: forming or re-planning one group never restarts another. Before it forms, the least
+recently used unpinned models are let go until the new one fits the cluster's memory and at most
+``--max-models`` are resident; a model that cannot fit even then is refused, naming the memory
+it needs. ``--replicas N`` splits the nodes into N sets of about equal speed, and the main model
+runs on each as its own group; the router (exo_tp.node.leader.router) sends each request to one.
+An idle group whose keep-alive ended is let go like the main model (exo_tp.node.leader.keep_alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from exo_tp.node.cluster.control_messages import MAIN_GROUP
+from exo_tp.node.leader.dispatch import Dispatcher
+from exo_tp.node.leader.formation import Leader
+from exo_tp.node.leader.group_slots import (
+    GroupSlot,
+    Resident,
+    group_id,
+    split_nodes,
+    to_evict,
+)
+from exo_tp.node.leader.router import Candidate, Router, choose
+from exo_tp.plan.cluster import MEMORY_HEADROOM
+from exo_tp.wire.ids import NodeId
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class Loading:
+    """The model's group forms now."""
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """The model does not fit the cluster's memory even with every unpinned model let go."""
+
+    needed: int  # its weights, bytes
+    free: int  # what the cluster's memory holds beside the pinned models, bytes
+    pinned: tuple[str, ...]  # the pinned models' names
+
+
+Wanted = Loading | TooLarge
+
+MakeLeader = Callable[[GroupSlot, Dispatcher, int], Leader]
+
+
+class ResidentGroups:
+    def __init__(
+        self,
+        main: Leader,
+        make_leader: MakeLeader,
+        make_dispatcher: Callable[[], Dispatcher],
+        max_models: int,
+        replicas: int,
+    ):
+        self.main = main
+        self._make_leader, self._make_dispatcher = make_leader, make_dispatcher
+        self.max_models, self.replicas = max_models, replicas
+        self.extras: dict[str, Leader] = {}  # group id -> its leader (not the main one)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._changing = asyncio.Lock()  # one group added or let go at a time
+        self.router = Router()
+
+    # ---- what is resident ------------------------------------------------------------------
+
+    def leaders(self) -> list[Leader]:
+        return [self.main, *self.extras.values()]
+
+    def key_of(self, leader: Leader) -> str | None:
+        """The model a group serves (or forms for)."""
+        if leader.slot.key is not None:
+            return leader.slot.key
+        led = leader.led
+        return led.model if led is not None and leader.state.unloaded is None else None
+
+    def groups_of(self, key: str) -> list[Leader]:
+        """Every group serving ``key`` (the main one first)."""
+        return [g for g in self.leaders() if self.key_of(g) == key]
+
+    def group(self, group: str) -> Leader | None:
+        return self.main if group == MAIN_GROUP else self.extras.get(group)
+
+    def _bytes(self, key: str) -> int:
+        offers = self.main.models.offers(drafts=False).get(key, [])
+        return max((o.total_bytes for _, o in offers), default=0)
+
+    def _memory(self) -> int:
+        """Bytes the alive members' memory holds for models (the planner's headroom)."""
+        alive = self.main.peers.alive()
+        return int(sum(m.memory_available for m in alive) * MEMORY_HEADROOM)
+
+    def resident(self) -> list[Resident]:
+        """Every model held, its replicas together."""
+        pinned = self.main.pinned()
+        held: dict[str, Resident] = {}
+        for leader in self.leaders():
+            key = self.key_of(leader)
+            if key is None:
+                continue
+            last = leader.dispatcher.last_active
+            before = held.get(key)
+            held[key] = Resident(
+                key=key,
+                pinned=key in pinned,
+                last_active=max(last, before.last_active) if before else last,
+                bytes=self._bytes(key) + (before.bytes if before else 0),
+            )
+        return list(held.values())
+
+    def route(self, key: str, tokens: Sequence[int]) -> Leader | None:
+        """The group that runs a request for ``key`` (exo_tp.node.leader.router): a ready
+        one; where none is, the first (its dispatcher says why it does not serve)."""
+        groups = self.groups_of(key)
+        ready = [g for g in groups if g.led is not None and g.led.state == "ready"]
+        if len(ready) <= 1:
+            return ready[0] if ready else (groups[0] if groups else None)
+        by_name = {f"{g.group}@{g.led.number}": g for g in ready if g.led is not None}
+        chosen = choose(
+            [
+                Candidate(
+                    group=name,
+                    load=g.dispatcher.in_flight + g.dispatcher.waiting,
+                    capacity=g.dispatcher.max_concurrency,
+                    shared=self.router.shared(name, tokens),
+                )
+                for name, g in by_name.items()
+            ]
+        )
+        self.router.ran(chosen.group, tokens)
+        return by_name[chosen.group]
+
+    # ---- a request names a model no group serves ----------------------------------------------
+
+    def want(self, key: str, name: str, needed: int | None = None) -> Wanted:
+        """Load ``key`` (``name`` as the request named it; ``needed``: its weights' bytes where
+        the offers do not say yet) beside the models resident, letting the least recently used
+        unpinned ones go first if it must; TooLarge if it cannot fit."""
+        held = [r for r in self.resident() if r.key != key]
+        needed = needed or self._bytes(key)
+        memory = self._memory()
+        free = memory - sum(r.bytes for r in held) if memory else needed
+        evict = to_evict(held, needed, free, self.max_models)
+        if evict is None:
+            pinned = tuple(r for r in held if r.pinned)
+            names = tuple(self._name(r.key) for r in pinned)
+            return TooLarge(needed, memory - sum(r.bytes for r in pinned), names)
+        asyncio.get_running_loop().create_task(self._load(key, name, evict))
+        return Loading()
+
+    def _name(self, key: str) -> str:
+        return self.main.models.name_of(key, self.main.models.offers())
+
+    async def _load(self, key: str, name: str, evict: tuple[str, ...]) -> None:
+        try:
+            await self._load_now(key, name, evict)
+        except Exception:  # a bug: the next request for it tries again; the log says what
+            log.exception("loading %s failed", name)
+
+    async def _load_now(self, key: str, name: str, evict: tuple[str, ...]) -> None:
+        async with self._changing:
+            if self.groups_of(key):  # another request loaded it meanwhile
+                return
+            for old in evict:
+                log.info("letting %s go for %s (least recently used)", self._name(old), name)
+                await self._let_go(old, f"the model was unloaded to make room for '{name}'")
+            if self.key_of(self.main) is None:  # the main group serves nothing: it takes it
+                self.main.load(key, name)
+                return
+            await self._add(GroupSlot(id=group_id(key), key=key))
+
+    async def _add(self, slot: GroupSlot) -> None:
+        dispatcher = self._make_dispatcher()
+        port = await dispatcher.start()
+        leader = self._make_leader(slot, dispatcher, port)
+        self.extras[slot.id] = leader
+        self._tasks[slot.id] = asyncio.create_task(leader.run_forever(), name=f"group {slot.id}")
+        log.info("group %s: serving %s", slot.id, self._name(slot.key or ""))
+
+    async def _let_go(self, key: str, reason: str) -> None:
+        """Let every group of ``key`` go (the main one stays, serving nothing)."""
+        for leader in self.groups_of(key):
+            if leader is self.main:
+                await leader.unload(reason)
+            else:
+                await self._remove(leader.group, reason)
+
+    async def _remove(self, group: str, reason: str) -> None:
+        leader, task = self.extras.pop(group, None), self._tasks.pop(group, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if leader is not None:
+            await leader.unload(reason)
+            leader.dispatcher.stop()
+
+    async def unload(self, key: str, reason: str) -> None:
+        async with self._changing:
+            await self._let_go(key, reason)
+
+    # ---- the loop: idle groups, replicas --------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            try:
+                async with self._changing:
+                    await self._tick()
+            except Exception:  # a bug: the groups must not stop being kept over it
+                log.exception("resident groups round failed")
+
+    async def _tick(self) -> None:
+        if not self.main.leads() or self.main.paused is not None:
+            for group in list(self.extras):  # another node leads, or a job holds the cluster
+                await self._remove(group, "this node no longer leads the cluster")
+            return
+        for group, leader in list(self.extras.items()):
+            if leader.state.unloaded is not None:  # its keep-alive ended, or a client asked
+                await self._remove(group, leader.state.unloaded)
+        await self._replicas()
+
+    async def _replicas(self) -> None:
+        """Keep ``replicas`` groups of the main model over disjoint sets of nodes; the sets
+        are chosen again only when a node joins (one that leaves shrinks its replica)."""
+        key = self.key_of(self.main)
+        stale = [
+            g for g, leader in self.extras.items() if leader.slot.replica and leader.slot.key != key
+        ]
+        for group in stale:
+            await self._remove(group, "the main model changed")
+        if self.replicas <= 1 or key is None:
+            return
+        state = self.main.state
+        now = time.monotonic()
+        nodes = [n for n in state.cluster.ids() if state.quarantine.get(n, 0.0) <= now]
+        placed = [self.main.slot.nodes or frozenset()] + [
+            leader.slot.nodes or frozenset()
+            for leader in self.extras.values()
+            if leader.slot.replica and leader.slot.key == key
+        ]
+        if all(any(n in s for s in placed) for n in nodes) and len(placed) > 1:
+            return
+        sets = split_nodes(self._weights(nodes), self.replicas)
+        if len(sets) < 2:
+            return
+        log.info("replicas of %s over %s", self._name(key), [sorted(s) for s in sets])
+        self.main.slot = self.main.slot.model_copy(update={"nodes": sets[0]})
+        for replica in range(1, self.replicas):
+            await self._remove(group_id(key, replica), "the replicas are placed again")
+            if replica < len(sets):
+                slot = GroupSlot(id=group_id(key, replica), key=key, nodes=sets[replica])
+                await self._add(slot.model_copy(update={"replica": replica}))
+
+    def _weights(self, nodes: list[NodeId]) -> dict[NodeId, float]:
+        """Each node's share weight: its --weight, else its measured decode speed."""
+        out: dict[NodeId, float] = {}
+        for node in nodes:
+            member = self.main.peers.get(node)
+            if member is None:
+                continue
+            speed = 1 / member.decode_seconds_per_byte if member.decode_seconds_per_byte else 1.0
+            out[node] = member.weight if member.weight > 0 else speed
+        return out
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for leader in self.extras.values():
+            leader.dispatcher.stop()
