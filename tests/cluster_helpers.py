@@ -413,6 +413,7 @@ class LongStream:
 
     url: str
     model: str
+    content: str = "Tell a long story."  # the user's message
     errors: list[str] = field(default_factory=list)
     streaming: threading.Event = field(default_factory=threading.Event)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -429,7 +430,7 @@ class LongStream:
         try:
             chunks = api.chat.completions.create(
                 model=self.model,
-                messages=[{"role": "user", "content": "Tell a long story."}],
+                messages=[{"role": "user", "content": self.content}],
                 temperature=0,
                 max_tokens=2000,
                 stream=True,

@@ -5,6 +5,7 @@ import { renderBalance } from "./balance.js";
 import { Chat } from "./chat.js";
 import { claimColors } from "./colors.js";
 import { h, installTooltip } from "./dom.js";
+import { renderGroups } from "./groups.js";
 import { installKeyDialog } from "./key.js";
 import { refreshFinetune } from "./finetune.js";
 import { ModelPicker } from "./models.js";
@@ -91,6 +92,7 @@ async function poll() {
     renderNodes($("nodes"), view, plan.status === "fulfilled" ? plan.value : null);
     $("topology-note").textContent = topologyNote(view);
     renderBalance($("balance"), $("balance-note"), view.balance);
+    renderGroups($("groups"), $("groups-note"), view);
   }
   // the chat offers images for a model that takes them (a failed poll keeps what it knew)
   if (models.status === "fulfilled") chat.setModels(models.value.data);

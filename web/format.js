@@ -35,3 +35,12 @@ export const span = ({ start, stop }) => (stop > start ? (stop - start === 1 ? `
   : `${count(start)}–${count(stop - 1)}`) : "none");
 export const spanSize = ({ start, stop }) => stop - start;
 export const plural = (n, word, many = `${word}s`) => `${count(n)} ${n === 1 ? word : many}`;
+// A wait or an age as people say it: "12 s", "4 min", "2 h 5 min" (whole units, rounded).
+export function duration(value) {
+  if (typeof value !== "number" || !Number.isFinite(value) || value < 0) return NOT_MEASURED;
+  if (Math.round(value) < 60) return `${Math.round(value)} s`;
+  const minutes = Math.round(value / 60);
+  if (minutes < 60) return `${minutes} min`;
+  const rest = minutes % 60;
+  return `${Math.floor(minutes / 60)} h${rest ? ` ${rest} min` : ""}`;
+}

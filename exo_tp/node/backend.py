@@ -19,18 +19,14 @@ from exo_tp.api.proxy import Upstream
 from exo_tp.frozen import Frozen
 from exo_tp.models.catalog import local_models
 from exo_tp.models.hub import HubError, HubRef, hub_ref
+from exo_tp.node.api_errors import api_error, model_loading, too_large
 from exo_tp.node.cluster.views import ClusterView, HealthView, PlanView
 from exo_tp.node.finetune.jobs import FineTuning
 from exo_tp.node.finetune.records import FT_PREFIX
 from exo_tp.node.leader.cluster_model import Prepared
 from exo_tp.node.leader.dispatch import (
-    ClusterLost,
     Dispatcher,
     DispatchError,
-    GenerationFailed,
-    KvCacheFull,
-    NotReady,
-    QueueFull,
 )
 from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.leader.resident import TooLarge
@@ -46,64 +42,6 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from exo_tp.node.leader.formation import Leader
     from exo_tp.vision.prompt import ImagePrompter
-
-
-def api_error(error: DispatchError) -> ApiError:
-    """The HTTP error a client gets for a dispatch failure."""
-    if isinstance(error, QueueFull):
-        return ApiError(
-            429,
-            f"the cluster is busy: {error.running} requests "
-            f"running and {error.waiting} waiting; retry later",
-            code="queue_full",
-            retry_after=error.retry_after,
-        )
-    if isinstance(error, KvCacheFull):
-        return ApiError(
-            429,
-            f"the cluster's KV cache is full: this request's context needs {error.needed} "
-            f"tokens and running requests hold {error.reserved} of {error.capacity}; "
-            "retry later",
-            code="kv_cache_full",
-            retry_after=1,
-        )
-    if isinstance(error, NotReady):
-        return not_ready(error.reason)
-    if isinstance(error, GenerationFailed):
-        return ApiError(
-            500,
-            # the grammar's reason alone: the API words it as the schema's error
-            error.message if error.grammar else f"generation failed: {error.message}",
-            kind="server_error",
-            code="grammar_failed" if error.grammar else "generation_failed",
-        )
-    if isinstance(error, ClusterLost):
-        return ApiError(
-            503, f"generation failed: {error.reason}", kind="server_error", code="cluster_failure"
-        )
-    return ApiError(500, f"generation failed: {error}", kind="server_error")
-
-
-def model_loading(name: str) -> ApiError:
-    return ApiError(
-        503,
-        f"loading the model '{name}'; retry shortly",
-        kind="server_error",
-        code="model_loading",
-        retry_after=10,
-    )
-
-
-def too_large(name: str, wanted: TooLarge) -> ApiError:
-    """A model the cluster's memory cannot hold beside the pinned models."""
-    beside = f" beside the pinned {', '.join(wanted.pinned)}" if wanted.pinned else ""
-    return ApiError(
-        400,
-        f"The model '{name}' needs {wanted.needed / 1e9:.2f} GB for its weights; the cluster's "
-        f"memory holds {max(0, wanted.free) / 1e9:.2f} GB for it{beside}.",
-        param="model",
-        code="model_too_large",
-    )
 
 
 class LoadAnswer(Frozen):
@@ -148,17 +86,21 @@ class NodeBackend:
             return prepared
         return joined.models.current
 
-    def _group(self, tokens: Sequence[int] = ()) -> Dispatcher:
-        """The request source of the group that runs a request for the bound model (the
-        router's pick among its replicas); the main group's where none is bound."""
+    def _group(self, tokens: Sequence[int] | None = None) -> Dispatcher:
+        """The request source of a group serving the bound model (the main group's model
+        where none is bound): for a request's ``tokens``, the router's pick among its
+        replicas; without, its first group."""
         joined = self._views.joined
-        if self._key is None or joined is None:
+        key = self._key or self._views.serving_key()
+        if key is None or joined is None:
             return self._dispatcher
-        leader = joined.groups.route(self._key, tokens)
+        groups = joined.groups
+        leader = groups.first(key) if tokens is None else groups.route(key, tokens)
         return leader.dispatcher if leader is not None else self._dispatcher
 
     def _prepared(self) -> Prepared:
-        """The model this node serves requests for (as leader): the one it prepared last."""
+        """The model this node serves requests for (as leader): the bound one, else the one
+        it prepared last."""
         current = self._current()
         if current is None:
             raise not_ready("no model loaded yet")

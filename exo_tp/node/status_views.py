@@ -14,7 +14,6 @@ from exo_tp.frozen import replace
 from exo_tp.node.cluster.config import NodeConfig
 from exo_tp.node.cluster.control_messages import (
     MAIN_GROUP,
-    GroupSummary,
     GroupWorker,
     NodeStatus,
 )
@@ -32,7 +31,7 @@ from exo_tp.node.cluster.views import (
     links_of,
 )
 from exo_tp.node.finetune.ranks import FinetuneRanks
-from exo_tp.node.group_views import followed_group_views, led_group_views
+from exo_tp.node.group_views import group_views
 from exo_tp.node.joined import Joined
 from exo_tp.node.leader.dispatch import Dispatcher
 from exo_tp.node.leader.keep_alive import KeepAliveView
@@ -100,7 +99,7 @@ class StatusViews:
         # rank of as the leader's last status said.
         me, status = self.config.node_id, self._leader_status()
         keys = set(self.handlers.assigned_keys.values())
-        keys |= {g.model for g in status.groups if me not in g.nodes} if status else set()
+        keys |= {g.key for g in status.groups if me not in g.ranks} if status else set()
         return frozenset(keys)
 
     def finetune_fine_tuned(self) -> tuple[FineTunedModel, ...]:
@@ -158,27 +157,8 @@ class StatusViews:
             # the leader's own view only: a follower's copy would echo it to every peer
             balance=self.balance() if self.leads() else None,
             workers=self._group_workers(),
-            groups=self.group_summaries() if self.leads() else (),
+            groups=self.joined.groups.views if self.joined and self.leads() else (),
         )
-
-    def group_summaries(self) -> tuple[GroupSummary, ...]:
-        """Every group this node leads, with an epoch."""
-        assert self.joined is not None
-        groups = self.joined.groups
-        out = []
-        for leader in groups.leaders():
-            led, key = leader.led, groups.key_of(leader)
-            if led is None or key is None:
-                continue
-            summary = GroupSummary(
-                group=leader.group,
-                model=key,
-                state=led.state,
-                nodes=led.nodes,
-                replica=leader.slot.replica,
-            )
-            out.append(summary)
-        return tuple(out)
 
     def _group_workers(self) -> tuple[GroupWorker, ...]:
         """This node's workers of groups other than the main one."""
@@ -282,9 +262,7 @@ class StatusViews:
                 draft_node=_draft_node(assignment),
             ),
             balance=self.balance(),
-            groups=led_group_views(self.joined)
-            if self.leads()
-            else followed_group_views(self.joined, self._leader_status()),
+            groups=group_views(self.joined, self._leader_status()),
         )
 
     def balance(self) -> BalanceView | None:

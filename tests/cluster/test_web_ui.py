@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import time
 import urllib.request
@@ -293,6 +294,67 @@ def test_page_shows_three_devices_and_the_plan(cluster: LocalCluster, page: Any)
     padded = next(c for c in response["plan"]["collectives"] if c["name"] == "logits")["padded"]
     assert f"{shard['stop'] - shard['start']:,} rows" in tip.text
     assert f"padded by {padded - (shard['stop'] - shard['start']):,}" in tip.text
+
+
+READ_GROUPS = """
+const text = (tr, field) => tr.querySelector(`[data-field=${field}]`).textContent;
+return [...document.querySelectorAll('#groups tbody tr')].map((tr) => ({...tr.dataset,
+  model_text: text(tr, 'model'), state_text: text(tr, 'state'), nodes_text: text(tr, 'nodes'),
+  pinned_text: text(tr, 'pinned'), load_text: text(tr, 'load'),
+  expires_text: text(tr, 'expires')}));
+"""
+
+# "2 running, 1 waiting" while busy, "idle 12 s" / "idle 4 min" / "idle 1 h 5 min" otherwise
+LOAD_TEXT = r"\d+ running(, \d+ waiting)?|idle \d+ (s|min)|idle \d+ h( \d+ min)?"
+
+
+def shown_groups(driver: Any, url: str) -> list[dict[str, Any]] | None:
+    """The panel's rows once they show the groups /v1/cluster at ``url`` lists (model, replica,
+    state, nodes in rank order, pinned), with that answer's groups beside them."""
+    groups = http_json(url + "/v1/cluster")[1]["groups"]
+    rows = driver.execute_script(READ_GROUPS)
+    shown = [
+        (r["model"], int(r["replica"]), r["state"], r["nodes"], int(r["ranks"]), r["pinned"])
+        for r in rows
+    ]
+    expected = [
+        (
+            g["model"],
+            g["replica"],
+            g["state"],
+            ",".join(dict.fromkeys(g["ranks"])),
+            len(g["ranks"]),
+            str(g["pinned"]).lower(),
+        )
+        for g in groups
+    ]
+    return list(zip(rows, groups, strict=True)) if groups and shown == expected else None
+
+
+def the_one_group(driver: Any, url: str, nodes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The panel's one row and the group /v1/cluster at ``url`` lists: the served model over
+    ``nodes``, ready, shown as such."""
+    pairs = wait(driver, lambda d: shown_groups(d, url), 20, f"{url}: the groups never showed")
+    [(row, group)] = pairs
+    assert group["group"] == "" and group["model"] == MODEL and group["state"] == "ready"
+    assert row["model_text"] == MODEL and row["state_text"] == "ready"
+    assert row["nodes"].split(",") == group["ranks"] == nodes
+    assert row["nodes_text"] == ", ".join(nodes) + " · 3 ranks"
+    return row, group
+
+
+def test_groups_panel_lists_the_served_model(cluster: LocalCluster, page: Any) -> None:
+    """The "Models resident" panel shows every group /v1/cluster lists: here the one model
+    (--model, so pinned) over the three nodes, ready, with its load and keep-alive (a page
+    of a node that does not lead: the leader's status carries them)."""
+    nodes = plan_of(cluster.urls[1])["nodes"]
+    row, group = the_one_group(page, cluster.urls[1], nodes)
+    assert group["pinned"] is True and row["pinned"] == "true" and row["pinned_text"] == "pinned"
+    assert re.fullmatch(LOAD_TEXT, row["load_text"]), row
+    if group["expires_in"] is None:
+        assert row["expires_text"] == "stays loaded", row
+    else:
+        assert row["expires_text"].startswith("unloads in "), row
 
 
 def set_field(driver: Any, element_id: str, value: str) -> None:

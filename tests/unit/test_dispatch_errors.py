@@ -4,7 +4,7 @@ stopped speaking HTTP (the node's API backend is the one place that maps them)."
 
 from __future__ import annotations
 
-from exo_tp.node.backend import api_error
+from exo_tp.node.api_errors import api_error
 from exo_tp.node.leader.dispatch import ClusterLost, GenerationFailed, NotReady, QueueFull
 
 

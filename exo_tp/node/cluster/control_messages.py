@@ -51,14 +51,22 @@ class GroupWorker(Frozen):
     model: str | None = None  # the model key it serves
 
 
-class GroupSummary(Frozen):
-    """One group as its leader sees it: the model it serves over which nodes, and how far."""
+class GroupView(Frozen):
+    """One group of the cluster: a model over its nodes (the main group, another resident
+    model, or a replica), its load and how long it stays (issue #59). The leader's status
+    carries them, so that every node's /v1/cluster shows them."""
 
-    group: str
-    model: str  # its model key
-    state: EpochState
-    nodes: tuple[NodeId, ...] = ()  # node id per rank
+    group: str  # "" for the main group; the model key (and #replica) for the others
+    model: str  # its name
+    key: str
     replica: int = 0
+    state: EpochState
+    ranks: tuple[NodeId, ...] = ()  # node id per rank
+    pinned: bool = False  # stays until a client unloads it (named with --model)
+    in_flight: int = 0
+    waiting: int = 0
+    idle_seconds: float | None = None  # since its last request ended (None while busy)
+    expires_in: float | None = None  # until it is let go if nothing runs (None: never)
 
 
 class NodeStatus(Frozen):
@@ -91,7 +99,7 @@ class NodeStatus(Frozen):
     balance: BalanceView | None = None  # the leader's live balance, for every node's views
     workers: tuple[GroupWorker, ...] = ()  # its workers of groups other than the main one
     # every group the leader leads (on the leader's status only): what every node's views show
-    groups: tuple[GroupSummary, ...] = ()
+    groups: tuple[GroupView, ...] = ()
 
     def for_group(self, group: str) -> NodeStatus:
         """This status as the leader of ``group`` reads it: that group's worker in the

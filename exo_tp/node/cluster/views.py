@@ -12,7 +12,13 @@ from exo_tp.api.server_limits import ListenerStats
 from exo_tp.arch import mode_reason
 from exo_tp.frozen import Frozen
 from exo_tp.models.hub import DownloadProgress
-from exo_tp.node.cluster.control_messages import MachineMemory, NodeStatus, Stall, WorkerState
+from exo_tp.node.cluster.control_messages import (
+    GroupView,
+    MachineMemory,
+    NodeStatus,
+    Stall,
+    WorkerState,
+)
 from exo_tp.node.cluster.weight_orders import FetchSummary, WeightsStatus
 from exo_tp.node.leader.keep_alive import KeepAliveView
 from exo_tp.plan.pipeline import PipelinePlan, Stage
@@ -245,23 +251,6 @@ class ServingView(Frozen):
     # loads it (None: no epoch yet, or a quantized KV cache, which never speculates)
     draft_model: str | None = None
     draft_node: str | None = None
-
-
-class GroupView(Frozen):
-    """One group of the cluster: a model over its nodes (the main group, another resident
-    model, or a replica), its load and how long it stays (issue #59)."""
-
-    group: str  # "" for the main group; the model key (and #replica) for the others
-    model: str  # its name
-    key: str
-    replica: int = 0
-    state: ServingState
-    ranks: tuple[str, ...] = ()  # node id per rank
-    pinned: bool | None = None  # None where this node does not lead (the leader knows)
-    in_flight: int | None = None
-    waiting: int | None = None
-    idle_seconds: float | None = None  # since its last request ended (None while busy)
-    expires_in: float | None = None  # until it is let go if nothing runs (None: never)
 
 
 class ClusterView(Frozen):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from exo_tp.node.cluster.control_messages import MAIN_GROUP
+from exo_tp.node.cluster.control_messages import MAIN_GROUP, GroupView
 from exo_tp.node.leader.dispatch import Dispatcher
 from exo_tp.node.leader.formation import Leader
 from exo_tp.node.leader.group_slots import (
@@ -74,6 +74,9 @@ class ResidentGroups:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changing = asyncio.Lock()  # one group added or let go at a time
         self.router = Router()
+        # every group as the latest tick saw it: what this node's status carries (a status
+        # is built without reading the statuses, which offers and names do)
+        self.views: tuple[GroupView, ...] = ()
 
     # ---- what is resident ------------------------------------------------------------------
 
@@ -120,6 +123,12 @@ class ResidentGroups:
                 bytes=self._bytes(key) + (before.bytes if before else 0),
             )
         return list(held.values())
+
+    def first(self, key: str) -> Leader | None:
+        """A ready group of ``key`` (the main one first), else any."""
+        groups = self.groups_of(key)
+        ready = [g for g in groups if g.led is not None and g.led.state == "ready"]
+        return next(iter(ready or groups), None)
 
     def route(self, key: str, tokens: Sequence[int]) -> Leader | None:
         """The group that runs a request for ``key`` (exo_tp.node.leader.router): a ready
@@ -223,7 +232,36 @@ class ResidentGroups:
             except Exception:  # a bug: the groups must not stop being kept over it
                 log.exception("resident groups round failed")
 
+    def views_now(self) -> tuple[GroupView, ...]:
+        """Every group with an epoch: its model, ranks, load, pinned, idle time, keep-alive."""
+        models = self.main.models
+        offers, pinned, now = models.offers(), self.main.pinned(), time.monotonic()
+        views = []
+        for leader in self.leaders():
+            led, key = leader.led, self.key_of(leader)
+            if led is None or key is None:
+                continue
+            d = leader.dispatcher
+            busy = bool(d.in_flight or d.waiting)
+            views.append(
+                GroupView(
+                    group=leader.group,
+                    model=models.name_of(key, offers),
+                    key=key,
+                    replica=leader.slot.replica,
+                    state=led.state,
+                    ranks=led.nodes,
+                    pinned=key in pinned,
+                    in_flight=d.in_flight,
+                    waiting=d.waiting,
+                    idle_seconds=None if busy else round(now - d.last_active, 1),
+                    expires_in=leader.keep_alive_view(key).expires_in,
+                )
+            )
+        return tuple(views)
+
     async def _tick(self) -> None:
+        self.views = self.views_now() if self.main.leads() else ()
         if not self.main.leads() or self.main.paused is not None:
             for group in list(self.extras):  # another node leads, or a job holds the cluster
                 await self._remove(group, "this node no longer leads the cluster")
