@@ -64,6 +64,19 @@ def size_arg(text: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
+def replicas_arg(text: str) -> int:
+    """``--replicas``: a count (1 or more), or ``auto`` (0: the planner chooses)."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a count (1, 2 ...) or auto")
+    return count
+
+
 def address_list(text: str) -> list[str]:
     """``10.0.0.1,10.0.0.2`` -> one address per node (at least two)."""
     parts = [p.strip() for p in text.split(",")]

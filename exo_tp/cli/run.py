@@ -21,6 +21,7 @@ from exo_tp.cli.args import (
     int_list,
     non_negative_float,
     positive_int,
+    replicas_arg,
     size_arg,
     weight_list,
 )
@@ -262,11 +263,12 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--replicas",
-        type=int,
+        type=replicas_arg,
         default=1,
         help="run the main model as N replicas over disjoint sets of nodes of about equal "
-        "speed (more streams at once; `exo-tp plan --replicas` compares the layouts); a "
-        "router sends each request to one, a conversation back to the one holding its "
+        "speed (more streams at once), or `auto`: the planner compares one group with 2, 3 "
+        "... replicas for --objective and says why (`exo-tp plan --replicas` previews it); "
+        "a router sends each request to one, a conversation back to the one holding its "
         "prefix (default 1: one group over every node)",
     )
     p.add_argument(

@@ -72,7 +72,7 @@ class NodeOptions(Frozen):
     models_dirs: tuple[str, ...]  # folders of model folders the web UI's picker lists too
     keep_alive: float | None = None  # --keep-alive in seconds (None: for ever)
     max_models: int = Field(default=3, ge=1)  # --max-models: models resident at once
-    replicas: int = Field(default=1, ge=1)  # --replicas: groups of the main model
+    replicas: int = Field(default=1, ge=0)  # --replicas: groups of the main model (0: auto)
     max_memory: int | None = None  # --max-memory: bytes this node lends to models
     # The cluster's size where it is known (`--local-nodes N`); 0: unknown (discovery).
     members: int = 0

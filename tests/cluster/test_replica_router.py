@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 from cluster_helpers import LocalCluster, LongStream, http_json, local_cluster, rank_processes
 from helpers import mlx_lm_reference
+from lab_profiles import lab_profile
 from openai import OpenAI
+
+from exo_tp.wire.profiles import LinkProfile
 
 PROMPT = "Name a fruit."
 TOKENS = 8
@@ -134,3 +137,34 @@ def test_a_killed_replica_fails_only_its_stream_and_the_other_serves(
     survivor.stop()
     assert not survivor.errors
     _until(lambda: _ready_groups(cluster) == 2, "the killed replica back")
+
+
+@pytest.mark.parametrize(
+    ("objective", "layout"),
+    [("throughput", [["local-0"], ["local-1"]]), ("latency", [["local-0"]])],
+)
+def test_replicas_auto_follow_the_planner_for_the_objective(
+    tmp_path: Path, tiny_smollm2: Path, objective: str, layout: list[list[str]]
+) -> None:
+    """Two equal nodes over a slow link (5 ms a collective): for throughput the planner
+    prices two replicas above one group (every step of a group pays the link), for latency
+    one node alone (the link costs more than the second node saves); --replicas auto does
+    what `exo-tp plan --replicas` says, and logs why."""
+    slow = LinkProfile(
+        a="local-0", b="local-1", up=True, all_sum_latency=5e-3, all_sum_bandwidth=1e8
+    )
+    paths = []
+    for node, links in (("local-0", (slow,)), ("local-1", ())):
+        path = tmp_path / f"{node}.json"
+        path.write_text(lab_profile(3.0, node_id=node, links=links).model_dump_json())
+        paths.append(str(path))
+    extra = ("--profiles", ",".join(paths), "--replicas", "auto", "--objective", objective)
+    with local_cluster(2, model=str(tiny_smollm2), extra=extra, ready=False) as cluster:
+
+        def placed() -> bool:
+            groups = _groups(cluster)
+            ready = all(g["state"] == "ready" for g in groups)
+            return ready and sorted(g["ranks"] for g in groups) == layout
+
+        _until(placed, f"the groups over {layout}")
+        assert "replicas auto for" in cluster.log.read_text()

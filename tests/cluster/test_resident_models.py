@@ -136,7 +136,7 @@ def test_two_models_resident_answer_at_once_like_mlx_lm(
             "local-2",
         ]
     # loading the second model did not re-form the first
-    assert groups[str(pinned)]["ranks"] == epoch["ranks"]
+    assert groups[str(pinned)]["epoch"] == epoch["epoch"]
     assert set(_groups(cluster, node=2)) == set(groups)  # a follower shows them too
     assert _rank_count(cluster) == 6
     running = ollama.Client(host=cluster.urls[2]).ps().models
@@ -156,7 +156,7 @@ def test_a_third_model_evicts_the_least_recently_used_unpinned_one(
     assert _served(client, third) == _reference(third)
     groups = _groups(cluster)
     assert set(groups) == {str(pinned), str(third)}
-    assert groups[str(pinned)]["ranks"] == before["ranks"]
+    assert groups[str(pinned)]["epoch"] == before["epoch"]  # the eviction left it alone
     _until(lambda: _rank_count(cluster) == 6, "the evicted model's ranks gone")
     assert _complete(client, pinned) == _reference(pinned)
 

@@ -53,7 +53,7 @@ class NodeConfig:
     # ones are pinned (exo_tp.node.leader.keep_alive).
     keep_alive: float | None = None
     max_models: int = 3  # models resident at once (exo_tp.node.leader.resident)
-    replicas: int = 1  # groups of the main model over disjoint sets of nodes
+    replicas: int = 1  # groups of the main model over disjoint sets of nodes (0: the planner's)
     max_memory: int | None = None  # bytes this node lends to models (None: what is available)
 
     @property

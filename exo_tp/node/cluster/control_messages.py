@@ -60,6 +60,7 @@ class GroupView(Frozen):
     model: str  # its name
     key: str
     replica: int = 0
+    epoch: Epoch = Epoch(0)  # its epoch now (a re-plan of the group makes a new one)
     state: EpochState
     ranks: tuple[NodeId, ...] = ()  # node id per rank
     pinned: bool = False  # stays until a client unloads it (named with --model)

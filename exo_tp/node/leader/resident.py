@@ -27,9 +27,9 @@ from exo_tp.node.leader.group_slots import (
     GroupSlot,
     Resident,
     group_id,
-    split_nodes,
     to_evict,
 )
+from exo_tp.node.leader.replica_sets import replica_sets
 from exo_tp.node.leader.router import Candidate, Router, choose
 from exo_tp.plan.cluster import MEMORY_HEADROOM
 from exo_tp.wire.ids import NodeId
@@ -74,6 +74,8 @@ class ResidentGroups:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changing = asyncio.Lock()  # one group added or let go at a time
         self.router = Router()
+        # the main model's replicas: placed for this model and these nodes
+        self._placed: tuple[str, frozenset[NodeId]] | None = None
         # every group as the latest tick saw it: what this node's status carries (a status
         # is built without reading the statuses, which offers and names do)
         self.views: tuple[GroupView, ...] = ()
@@ -249,6 +251,7 @@ class ResidentGroups:
                     model=models.name_of(key, offers),
                     key=key,
                     replica=leader.slot.replica,
+                    epoch=led.number,
                     state=led.state,
                     ranks=led.nodes,
                     pinned=key in pinned,
@@ -272,47 +275,32 @@ class ResidentGroups:
         await self._replicas()
 
     async def _replicas(self) -> None:
-        """Keep ``replicas`` groups of the main model over disjoint sets of nodes; the sets
-        are chosen again only when a node joins (one that leaves shrinks its replica)."""
+        """Keep the main model's replicas over disjoint sets of nodes (exo_tp.node.leader.
+        replica_sets). The sets are chosen again only when the model changes or a node joins
+        that none holds; a node that leaves shrinks its replica, which re-plans alone."""
         key = self.key_of(self.main)
-        stale = [
-            g for g, leader in self.extras.items() if leader.slot.replica and leader.slot.key != key
-        ]
-        for group in stale:
-            await self._remove(group, "the main model changed")
-        if self.replicas <= 1 or key is None:
+        if self._placed is not None and key != self._placed[0]:
+            self._placed = None
+            self.main.slot = self.main.slot.model_copy(update={"nodes": None})
+            for group in [g for g, leader in self.extras.items() if leader.slot.replica]:
+                await self._remove(group, "the main model changed")
+        if self.replicas == 1 or key is None:
             return
-        state = self.main.state
-        now = time.monotonic()
+        state, now = self.main.state, time.monotonic()
         nodes = [n for n in state.cluster.ids() if state.quarantine.get(n, 0.0) <= now]
-        placed = [self.main.slot.nodes or frozenset()] + [
-            leader.slot.nodes or frozenset()
-            for leader in self.extras.values()
-            if leader.slot.replica and leader.slot.key == key
-        ]
-        if all(any(n in s for s in placed) for n in nodes) and len(placed) > 1:
+        if self._placed and self._placed[0] == key and set(nodes) <= self._placed[1]:
             return
-        sets = split_nodes(self._weights(nodes), self.replicas)
-        if len(sets) < 2:
-            return
+        sets = await replica_sets(self.main, key, nodes, self.replicas)
+        self._placed = (key, frozenset(nodes))
         log.info("replicas of %s over %s", self._name(key), [sorted(s) for s in sets])
-        self.main.slot = self.main.slot.model_copy(update={"nodes": sets[0]})
-        for replica in range(1, self.replicas):
-            await self._remove(group_id(key, replica), "the replicas are placed again")
-            if replica < len(sets):
-                slot = GroupSlot(id=group_id(key, replica), key=key, nodes=sets[replica])
-                await self._add(slot.model_copy(update={"replica": replica}))
-
-    def _weights(self, nodes: list[NodeId]) -> dict[NodeId, float]:
-        """Each node's share weight: its --weight, else its measured decode speed."""
-        out: dict[NodeId, float] = {}
-        for node in nodes:
-            member = self.main.peers.get(node)
-            if member is None:
-                continue
-            speed = 1 / member.decode_seconds_per_byte if member.decode_seconds_per_byte else 1.0
-            out[node] = member.weight if member.weight > 0 else speed
-        return out
+        self.main.slot = self.main.slot.model_copy(
+            update={"nodes": sets[0] if len(sets) > 1 else None}
+        )
+        for group in [g for g, leader in self.extras.items() if leader.slot.replica]:
+            await self._remove(group, "the replicas are placed again")
+        for replica, nodes_of in enumerate(sets[1:], start=1):
+            slot = GroupSlot(id=group_id(key, replica), key=key, nodes=nodes_of, replica=replica)
+            await self._add(slot)
 
     async def close(self) -> None:
         for task in self._tasks.values():
