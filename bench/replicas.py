@@ -5,30 +5,26 @@ first as one TP group over both nodes (`--replicas 1`), then as 2 replicas of on
 (`--replicas 2`, a router sending each request to the least loaded), one cluster at a time.
 On each, after a warm-up, it measures:
 
-- one stream alone, ``--rounds`` times: tokens/s over the request's wall time and decode ms per
-  token (first text chunk to last, over the tokens after the first), medians;
+- one stream alone: tokens/s over its wall time, decode ms per token (first text chunk to last);
 - ``--streams`` concurrent streaming chats (aiohttp, greedy, ``--max-tokens`` each, distinct
-  prompts), ``--rounds`` times: aggregate completion tokens/s over the level's wall time, TTFT
-  p50 / p90 (medians over the rounds), and the most requests each group held at once (polled
-  from /v1/cluster: whether the router spread them);
+  prompts): aggregate completion tokens/s over the wall time, TTFT p50 / p90, and the most
+  requests each group held at once (polled from /v1/cluster: whether the router spread them);
+  both ``--rounds`` times, medians;
 - load on demand: a second model (another depth, so another key) in a ``--models-dir`` folder,
   named by its folder path: seconds from the first request to its first token, retried every
-  0.2 s while the cluster answers 503 ``model_loading`` (its Retry-After is reported, not
-  waited out), while main-model requests run back to back beside it (all must succeed, and the
-  main groups must keep their nodes). ``--quick``: on the replicas cluster only.
+  0.2 s while the cluster answers 503 (codes and Retry-After reported, not waited out), with
+  main-model requests back to back beside it (all must succeed, the main groups keep their
+  nodes). ``--quick``: on the replicas cluster only.
 
-Readiness is /v1/cluster's groups: as many as replicas, every one ``ready``. Every server
-runs with ``--max-concurrency`` = ``--streams`` (one group batches them all) and a 300 s stall
-timeout (a loaded 2-core VM can be slow over a step).
+Readiness: /v1/cluster's pinned groups, as many as replicas, all ``ready``. Both clusters run
+with ``--max-concurrency`` = ``--streams`` (one group batches them all) and a 300 s stall timeout.
 
-The planner's pick: `exo-tp plan --replicas --json --objective latency|throughput --queue S`
-on two equal device profiles (synthetic, written here; ``--profile`` twice for real ones),
-compared with the layout measured faster (throughput: the higher aggregate tokens/s; latency:
-the lower single-stream ms per token).
+The planner's pick (`exo-tp plan --replicas --json --objective latency|throughput --queue S`
+on two equal synthetic profiles, or two ``--profile``) against the layout measured faster
+(throughput: higher aggregate tokens/s; latency: lower single-stream ms per token).
 
-Model: a tiny random SmolLM2-shaped checkpoint (bench/_common.py's ``tiny_model``: end rows
-zeroed, so every stream decodes all its tokens), or ``--model`` (a folder or name). The second
-model is always a tiny one, 2 layers (3 where the main model has 2).
+Model: a tiny random SmolLM2-shaped one (bench/_common.py's ``tiny_model``, end rows zeroed: no
+stream ends early) or ``--model``; the second is tiny, 2 layers (3 if the main one has 2).
 
     python bench/replicas.py [--model M] [--streams 16] [--max-tokens 64] [--rounds 3]
         [--profile a.json --profile b.json] [--logs DIR] [--quick]
@@ -48,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +56,20 @@ NODES = 2
 LAYOUTS = (1, 2)  # --replicas of each cluster, in turn
 NAMES = {1: "one_group", 2: "replicas"}
 RETRY = 0.2  # seconds between tries of a model that loads
+HEADER = "| layout | 1 stream tok/s | ms/token | {} streams tok/s | TTFT p50 s | TTFT p90 s "
+HEADER += "| load on demand s | errors |"
 LOG_WORDS = ("Traceback", "ERROR", "CRITICAL", "WARNING")
+# Log lines that are part of the measurement: the 503s of a model that loads; zeroconf
+# announcements of other clusters on this machine.
+EXPECTED = ("with 503: loading the model", "with 503: cluster not ready", "ignored announcement")
+# The synthetic devices the planner is asked about: one core of the 2-core VM of
+# docs/benchmarks.md (its `exo-tp bench --quick` figures, rounded), memory ample.
+SYNTHETIC = {
+    **{"chip": "synthetic cpu", "cores": 1, "mlx_version": "0", "mlx_device": "cpu"},
+    **{"memory_total": 16 * 10**9, "memory_available": 8 * 10**9, "backends": ("ring",)},
+    **{"memory_bandwidth": 2.7e9, "decode_seconds_per_byte": 6.3e-10, "prefill_flops": 1.4e9},
+    "layer_overhead_seconds": 1e-3,
+}
 
 
 def cluster(args: argparse.Namespace, replicas: int, models_dir: Path, logs: Path) -> Server:
@@ -92,7 +100,7 @@ async def wait_groups(server: Server, count: int, timeout: float) -> list[dict[s
         while time.perf_counter() - start < timeout:
             if gone := server.exited():
                 raise RuntimeError(f"{gone}; its log ends:\n{server.log_tail()}")
-            main = [g for g in await groups(session, server.url) if g["model"] == server.model]
+            main = [g for g in await groups(session, server.url) if g["pinned"]]
             if len(main) == count and all(g["state"] == "ready" for g in main):
                 log(f"{server.name}: {count} group(s) ready in {time.perf_counter() - start:.0f} s")
                 return main
@@ -106,20 +114,16 @@ async def peak_load(server: Server, done: asyncio.Event) -> dict[str, int]:
     async with client_session(read_timeout=10) as session:
         while not done.is_set():
             for g in await groups(session, server.url):
-                if g["model"] == server.model:
+                if g["pinned"]:
                     name = g["group"] or "main"
                     peak[name] = max(peak.get(name, 0), g["in_flight"] + g["waiting"])
             await asyncio.sleep(0.3)
     return peak
 
 
-def pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
 def med(values: list[float | None]) -> float | None:
     kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
+    return round(statistics.median(kept), 3) if kept else None
 
 
 def ms_per_token(stream: Stream) -> float | None:
@@ -132,38 +136,30 @@ def failures(streams: list[Stream]) -> list[str]:
     return [s.error or "no text" for s in streams if s.error or not s.chunks]
 
 
-async def single(server: Server, args: argparse.Namespace, source: Iterator[str]) -> dict:
-    rates, per_token, errors = [], [], []
-    async with client_session(args.read_timeout) as session:
-        for _ in range(args.rounds):
-            level = await run_level(session, server, 1, 1, args.max_tokens, source)
-            errors += failures(level.results)
-            rates.append(sum(s.completion_tokens for s in level.ok()) / level.wall)
-            per_token += [ms_per_token(s) for s in level.ok()]
-    return {"tps": med(rates), "ms_per_token": med(per_token), "errors": errors}
-
-
-async def concurrent(server: Server, args: argparse.Namespace, source: Iterator[str]) -> dict:
-    rates, p50, p90, errors, peaks = [], [], [], [], []
+async def levels(server: Server, args: argparse.Namespace, streams: int, seed: int) -> dict:
+    """``streams`` concurrent chats, ``args.rounds`` times: medians of the rounds' aggregate
+    tokens/s, decode ms per token, TTFT p50 / p90; each round's peak load per group."""
+    rates, per_token, p50, p90, errors, peaks = [], [], [], [], [], []
+    source = prompts(seed)
     async with client_session(args.read_timeout) as session:
         for _ in range(args.rounds):
             done = asyncio.Event()
             watch = asyncio.create_task(peak_load(server, done))
-            level = await run_level(session, server, args.streams, 1, args.max_tokens, source)
+            level = await run_level(session, server, streams, 1, args.max_tokens, source)
             done.set()
             peaks.append(await watch)
             errors += failures(level.results)
             rates.append(sum(s.completion_tokens for s in level.ok()) / level.wall)
-            ttft = [s.ttft for s in level.ok() if s.ttft is not None]
-            p50.append(pct(ttft, 50))
-            p90.append(pct(ttft, 90))
-            log(f"{server.name}: {args.streams} streams {rates[-1]:.1f} tok/s, TTFT p50 {p50[-1]}")
+            per_token.append(med([ms_per_token(s) for s in level.ok()]))
+            if ttft := [s.ttft for s in level.ok() if s.ttft is not None]:
+                p50.append(float(np.percentile(ttft, 50)))
+                p90.append(float(np.percentile(ttft, 90)))
+            said = f"{p50[-1]:.3f} s" if ttft else "-"
+            log(f"{server.name}: {streams} stream(s): {rates[-1]:.1f} tok/s, TTFT p50 {said}")
     return {
-        "aggregate_tps": med(rates),
-        "ttft_p50_s": med(p50),
-        "ttft_p90_s": med(p90),
-        "peak_requests_per_group": peaks,
-        "errors": errors,
+        **{"tps": med(rates), "ms_per_token": med(per_token)},
+        **{"ttft_p50_s": med(p50), "ttft_p90_s": med(p90)},
+        **{"peak_requests_per_group": peaks, "errors": errors},
     }
 
 
@@ -177,19 +173,20 @@ def text_of(raw: bytes) -> str:
 
 
 async def first_token(session: aiohttp.ClientSession, url: str, model: str, tokens: int) -> dict:
-    """Seconds from the first request naming ``model`` to its first token, retrying its 503s."""
+    """Seconds from the first request naming ``model`` to its first token, retrying its 503s
+    every ``RETRY`` s; how many 503s of each code and Retry-After."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "Tell me a story."}],
         **{"max_tokens": tokens, "temperature": 0.0, "stream": True},
     }
-    start, tries, retry_after = time.perf_counter(), 0, None
+    start, refused = time.perf_counter(), {}  # type: ignore[var-annotated]
     while time.perf_counter() - start < 600:
-        tries += 1
         async with session.post(f"{url}/v1/chat/completions", json=body) as response:
             if response.status == 503:
-                retry_after = response.headers.get("Retry-After", retry_after)
-                await response.read()
+                code = ((await response.json()).get("error") or {}).get("code")
+                said = f"{code}, Retry-After {response.headers.get('Retry-After')}"
+                refused[said] = refused.get(said, 0) + 1
                 await asyncio.sleep(RETRY)
                 continue
             if response.status != 200:
@@ -198,9 +195,9 @@ async def first_token(session: aiohttp.ClientSession, url: str, model: str, toke
                 if text_of(raw):
                     seconds = time.perf_counter() - start
                     await response.read()  # the rest of the stream
-                    return {"ttft_s": seconds, "tries": tries, "retry_after": retry_after}
+                    return {"ttft_s": round(seconds, 3), "refused_503": refused}
             return {"error": "the stream ended without text"}
-    return {"error": "no token in 600 s"}
+    return {"error": "no token in 600 s", "refused_503": refused}
 
 
 async def beside(server: Server, args: argparse.Namespace, done: asyncio.Event) -> list[Stream]:
@@ -222,8 +219,8 @@ async def load_on_demand(server: Server, args: argparse.Namespace, second: Path)
         done.set()
         served = await main
         after = await groups(session, server.url)
-    ranks = {g["group"]: g["ranks"] for g in before if g["model"] == server.model}
-    kept = ranks == {g["group"]: g["ranks"] for g in after if g["model"] == server.model}
+    ranks = {g["group"]: g["ranks"] for g in before if g["pinned"]}
+    kept = ranks == {g["group"]: g["ranks"] for g in after if g["pinned"]}
     loaded = [g for g in after if g["model"] == str(second)]
     got.update(
         main_requests_beside=len(served),
@@ -237,8 +234,9 @@ async def load_on_demand(server: Server, args: argparse.Namespace, second: Path)
 
 def log_findings(server: Server) -> list[str]:
     """The cluster log's lines that say something went wrong."""
-    text = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
-    return [line[:300] for line in text.splitlines() if any(w in line for w in LOG_WORDS)]
+    lines = server.log_path.read_text(errors="replace").splitlines()
+    found = [line for line in lines if any(w in line for w in LOG_WORDS)]
+    return [line[:300] for line in found if not any(e in line for e in EXPECTED)]
 
 
 async def measure(args: argparse.Namespace, replicas: int, second: Path, logs: Path) -> dict:
@@ -246,13 +244,12 @@ async def measure(args: argparse.Namespace, replicas: int, second: Path, logs: P
     log(f"{server.name}: starting `exo-tp run --local-nodes {NODES} --replicas {replicas}`")
     with server:
         ready = await wait_groups(server, replicas, args.ready_timeout)
-        source = prompts(seed=100 * replicas)
+        source = prompts(seed=0)
         async with client_session(args.read_timeout) as session:  # warm every group
             await run_level(session, server, 2 * replicas, 1, 4, source)
         out: dict[str, Any] = {"groups": [{k: g[k] for k in ("group", "ranks")} for g in ready]}
-        out["single"] = await single(server, args, prompts(seed=1000 * replicas))
-        log(f"{server.name}: 1 stream {out['single']}")
-        out["streams"] = await concurrent(server, args, prompts(seed=2000 * replicas))
+        out["single"] = await levels(server, args, 1, seed=1000)
+        out["streams"] = await levels(server, args, args.streams, seed=2000)
         if replicas == LAYOUTS[-1] or not args.quick:
             out["load_on_demand"] = await load_on_demand(server, args, second)
     out["log_findings"] = log_findings(server)
@@ -268,21 +265,22 @@ def profiles(args: argparse.Namespace, folder: Path) -> list[Path]:
     sys.path.insert(0, str(ROOT))
     from exo_tp.plan.devices import DeviceProfile
 
-    paths = []
-    for name in ("a", "b"):
-        profile = DeviceProfile(
-            **{"node_id": name, "chip": "synthetic cpu", "cores": 1, "mlx_version": "0"},
-            **{"mlx_device": "cpu", "memory_total": 16 * 10**9, "memory_available": 8 * 10**9},
-            **{"backends": ("ring",), "memory_bandwidth": 5e9, "decode_seconds_per_byte": 2e-10},
-            **{"prefill_flops": 2e10, "layer_overhead_seconds": 1e-3},
-        )
-        paths.append(folder / f"{name}.json")
-        paths[-1].write_text(profile.model_dump_json())
+    paths = [folder / f"{name}.json" for name in "ab"]
+    for path in paths:
+        path.write_text(DeviceProfile(node_id=path.stem, **SYNTHETIC).model_dump_json())
     return paths
 
 
+def layout(option: dict[str, Any]) -> tuple[str, int]:
+    """A planner layout's name, and the nodes a lone stream runs on (its fastest replica's)."""
+    nodes = [sum(map(len, c["best"]["groups"])) for c in option["choices"]]
+    if len(nodes) > 1:
+        return NAMES.get(len(nodes), f"{len(nodes)}_replicas"), max(nodes)
+    return ("one_group" if nodes[0] == NODES else f"one_group_on_{nodes[0]}_node"), nodes[0]
+
+
 def planner_picks(args: argparse.Namespace, folder: Path) -> dict[str, dict[str, Any]]:
-    """Replicas the planner picks for each objective, and why."""
+    """The layout the planner picks for each objective, why, and what it predicts of each."""
     flags = [f for p in profiles(args, folder) for f in ("--profile", str(p))]
     picks = {}
     for objective in ("latency", "throughput"):
@@ -292,7 +290,13 @@ def planner_picks(args: argparse.Namespace, folder: Path) -> dict[str, dict[str,
             **{"capture_output": True, "text": True, "check": True, "env": env()},
         )
         choice = json.loads(out.stdout.strip().splitlines()[-1])["groups"][0]["choice"]
-        picks[objective] = {"replicas": len(choice["best"]["subsets"]), "reason": choice["reason"]}
+        name, nodes = layout(choice["best"])
+        predicted = {  # tokens/s at the priced streams, ms a token alone
+            layout(o)[0]: [round(o["tokens_per_second"], 2), round(1e3 * o["decode_seconds"], 2)]
+            for o in choice["options"]
+        }
+        picks[objective] = {"pick": name, "lone_stream_nodes": nodes, "predicted": predicted}
+        picks[objective]["reason"] = choice["reason"]
         log(f"planner, {objective}: {choice['reason']}")
     return picks
 
@@ -301,28 +305,29 @@ def ratio(top: float | None, bottom: float | None) -> float | None:
     return round(top / bottom, 3) if top is not None and bottom else None
 
 
-def faster(one: float | None, two: float | None, higher: bool) -> int | None:
-    """The replicas of the faster layout by a figure of each (None: a figure is missing)."""
+def faster(one: float | None, two: float | None, higher: bool) -> str | None:
+    """The layout faster by a figure measured on each (None: a figure is missing)."""
     if one is None or two is None:
         return None
-    return 2 if (two > one if higher else two < one) else 1
+    return NAMES[2] if (two > one if higher else two < one) else NAMES[1]
 
 
 def verdicts(picks: dict[str, dict[str, Any]], runs: dict[int, dict]) -> dict[str, dict]:
-    """Each objective's pick against the layout measured faster for it."""
+    """Each objective's pick against the layout measured faster for it: for throughput the
+    same layout; for latency the same number of nodes under a lone stream (one node alone
+    decodes a lone stream as a replica does)."""
     one, two = runs[1], runs[2]
     best = {
-        "throughput": faster(
-            one["streams"]["aggregate_tps"], two["streams"]["aggregate_tps"], True
-        ),
+        "throughput": faster(one["streams"]["tps"], two["streams"]["tps"], True),
         "latency": faster(one["single"]["ms_per_token"], two["single"]["ms_per_token"], False),
     }
+    lone = {NAMES[1]: NODES, NAMES[2]: 1, None: None}
+    matches = {
+        "throughput": picks["throughput"]["pick"] == best["throughput"],
+        "latency": picks["latency"]["lone_stream_nodes"] == lone[best["latency"]],
+    }
     return {
-        objective: {
-            "pick": NAMES[pick["replicas"]] if pick["replicas"] in NAMES else pick["replicas"],
-            "measured_faster": NAMES.get(best[objective] or 0),
-            "matches": pick["replicas"] == best[objective],
-        }
+        objective: {**pick, "measured_faster": best[objective], "matches": matches[objective]}
         for objective, pick in picks.items()
     }
 
@@ -331,38 +336,38 @@ def fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def errors(run: dict[str, Any]) -> int:
+    """Requests of a layout that failed (main-model ones beside the load on demand too)."""
+    beside = run.get("load_on_demand", {}).get("main_errors_beside", [])
+    return len(run["single"]["errors"]) + len(run["streams"]["errors"]) + len(beside)
+
+
 def print_table(args: argparse.Namespace, runs: dict[int, dict]) -> None:
-    print(
-        f"| layout | 1 stream tok/s | ms/token | {args.streams} streams tok/s | TTFT p50 s "
-        "| TTFT p90 s | load on demand s | errors |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(HEADER.format(args.streams) + "\n| --- " + "| ---: " * 7 + "|")
     for replicas, run in runs.items():
         one, many, load = run["single"], run["streams"], run.get("load_on_demand", {})
-        errors = len(one["errors"]) + len(many["errors"]) + len(load.get("main_errors_beside", []))
         print(
             f"| {NAMES[replicas]} | {fmt(one['tps'])} | {fmt(one['ms_per_token'], '.1f')} | "
-            f"{fmt(many['aggregate_tps'])} | {fmt(many['ttft_p50_s'], '.3f')} | "
-            f"{fmt(many['ttft_p90_s'], '.3f')} | {fmt(load.get('ttft_s'))} | {errors} |"
+            f"{fmt(many['tps'])} | {fmt(many['ttft_p50_s'], '.3f')} | "
+            f"{fmt(many['ttft_p90_s'], '.3f')} | {fmt(load.get('ttft_s'))} | {errors(run)} |"
         )
+
+
+RATIOS = {  # the JSON's name: where each layout's figure is
+    "aggregate_tps": ("streams", "tps"),
+    "ttft_p50": ("streams", "ttft_p50_s"),
+    "single_stream_tps": ("single", "tps"),
+    "single_stream_ms_per_token": ("single", "ms_per_token"),
+}
 
 
 def summary(args: argparse.Namespace, runs: dict[int, dict], picks: dict) -> dict[str, Any]:
     one, two = runs[1], runs[2]
     return {
-        "model": args.model_label,
-        "streams": args.streams,
-        "max_tokens": args.max_tokens,
+        **{"model": args.model_label, "streams": args.streams, "max_tokens": args.max_tokens},
         "rounds": args.rounds,
         "replicas_over_one_group": {
-            "aggregate_tps": ratio(
-                two["streams"]["aggregate_tps"], one["streams"]["aggregate_tps"]
-            ),
-            "ttft_p50": ratio(two["streams"]["ttft_p50_s"], one["streams"]["ttft_p50_s"]),
-            "single_stream_tps": ratio(two["single"]["tps"], one["single"]["tps"]),
-            "single_stream_ms_per_token": ratio(
-                two["single"]["ms_per_token"], one["single"]["ms_per_token"]
-            ),
+            name: ratio(two[part][key], one[part][key]) for name, (part, key) in RATIOS.items()
         },
         "planner": verdicts(picks, runs),
         "load_on_demand_ttft_s": {
@@ -370,9 +375,7 @@ def summary(args: argparse.Namespace, runs: dict[int, dict], picks: dict) -> dic
             for r, run in runs.items()
             if "load_on_demand" in run
         },
-        "errors": sum(
-            len(run["single"]["errors"]) + len(run["streams"]["errors"]) for run in runs.values()
-        ),
+        "errors": sum(map(errors, runs.values())),
         "log_findings": {NAMES[r]: len(run["log_findings"]) for r, run in runs.items()},
         "runs": {NAMES[r]: run for r, run in runs.items()},
     }
@@ -406,17 +409,13 @@ def models(args: argparse.Namespace, scratch: Path) -> Path:
     return tiny_model(scratch / "library" / "second", num_hidden_layers=3 if layers == 2 else 2)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 async def run(args: argparse.Namespace, second: Path, logs: Path) -> dict[int, dict]:
     return {replicas: await measure(args, replicas, second, logs) for replicas in LAYOUTS}
 
 
 def main() -> None:
     args = parse_args()
-    signal.signal(signal.SIGTERM, _interrupt)  # unwinds like Ctrl-C: every cluster stopped
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwinds as Ctrl-C does
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:

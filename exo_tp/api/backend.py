@@ -100,8 +100,9 @@ class Backend(Protocol):
         """A request asked the served model to stay loaded ``seconds`` once idle (0: unload it
         as soon as nothing runs; negative: for ever)."""
 
-    def expires_in(self) -> float | None:
-        """Seconds until the served model is let go if nothing runs (None: never)."""
+    def resident(self, name: str) -> tuple[int | None, float | None]:
+        """Of a resident model: its context (None where this node cannot tell) and the
+        seconds until it is let go if nothing runs (None: never)."""
 
     def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta | Done, None]:
         """The events of one generation; raises `ApiError` (503 while the cluster is not

@@ -184,7 +184,7 @@ class NodeBackend:
         key = joined.models.key_of(name)
         listing = joined.models.listing()
         if key is None and (folder := self._on_disk(name)) is not None:
-            asyncio.get_running_loop().create_task(self._offer_then_load(name, folder))
+            joined.groups.background(self._offer_then_load(name, folder))
             raise model_loading(name)
         ref = hub_ref(name) if key is None else None
         if ref is not None:  # a hub model no member has: this node (the leader) fetches it
@@ -218,15 +218,17 @@ class NodeBackend:
         """Offer a model folder of this node's disk to the cluster, then load it beside the
         models resident (exo_tp.node.leader.resident)."""
         try:
-            await self._offer_folder(name, folder)
+            key = await asyncio.to_thread(self._views.weights.add_folder, name, folder)
+            await self._load_offered(name, key)
         except Exception:  # a bug: the request's retry meets it again, the log says what
             log.exception("loading %s from its folder failed", name)
 
-    async def _offer_folder(self, name: str, folder: Path) -> None:
+    async def _load_offered(self, name: str, key: str) -> None:
+        """Load ``key``, a folder this node just offered (a --models-dir model, a download),
+        beside the models resident once its offer is out."""
         joined = self._views.joined
         assert joined is not None
         weights = self._views.weights
-        key = await asyncio.to_thread(weights.add_folder, name, folder)
         for _ in range(50):  # offered from this node's next status on (a poll: about 1 s)
             if joined.models.key_of(name) is not None:
                 break
@@ -263,10 +265,14 @@ class NodeBackend:
         return key
 
     def _downloading(self, ref: HubRef) -> ApiError:
-        """503 while ``ref`` downloads (then it is loaded), or the download's own 4xx/5xx."""
-        name = str(ref)
+        """503 while ``ref`` downloads (then it is loaded beside the models resident), or the
+        download's own 4xx/5xx."""
+        name, joined = str(ref), self._views.joined
+        assert joined is not None
         try:
-            progress = self._downloads.want(ref, lambda key: self._requests.load(key, name))
+            progress = self._downloads.want(
+                ref, lambda key: joined.groups.background(self._load_offered(name, key))
+            )
         except HubError as error:
             return ApiError(error.status, str(error), param="model", code="model_unavailable")
         got = f" ({progress.done / 1e6:.1f} of {progress.total / 1e6:.1f} MB)" if progress else ""
@@ -324,11 +330,22 @@ class NodeBackend:
         for leader in self._leaders():
             leader.keep_alive(seconds)
 
-    def expires_in(self) -> float | None:
-        for leader in self._leaders():
-            key = self._key or self._views.serving_key()
-            return leader.keep_alive_view(key).expires_in if key else None
-        return None
+    def resident(self, name: str) -> tuple[int | None, float | None]:
+        joined = self._views.joined
+        key = joined.models.key_of(name) if joined else None
+        if joined is None or key is None:
+            return None, None
+        if not joined.leads():  # the leader's status says when; the context is the leader's
+            status = joined.peers.status(joined.peers.leader_id())
+            views = [g for g in status.groups if g.key == key] if status else []
+            return None, views[0].expires_in if views else None
+        prepared, leader = joined.models.prepared(key), joined.groups.first(key)
+        if prepared is None or leader is None:
+            return None, None
+        kv_tokens = leader.dispatcher.kv_tokens
+        context = prepared.spec.context_length
+        expires = leader.keep_alive_view(key).expires_in
+        return (context if kv_tokens is None else min(context, kv_tokens)), expires
 
     async def unload_model(self, name: str) -> LoadAnswer:
         """Let the served model go now if it is ``name`` (or the one any name stands for)."""

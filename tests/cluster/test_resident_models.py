@@ -141,6 +141,8 @@ def test_two_models_resident_answer_at_once_like_mlx_lm(
     assert _rank_count(cluster) == 6
     running = ollama.Client(host=cluster.urls[2]).ps().models
     assert {m.model for m in running} == {str(pinned), str(second)}
+    on_leader = ollama.Client(host=cluster.urls[0]).ps().models  # each one's own context
+    assert all(m.context_length and m.context_length > 0 for m in on_leader), on_leader
     cards = http_json(f"{cluster.urls[2]}/v1/models")[1]["data"]
     assert {c["id"] for c in cards if c["loaded"]} == {str(pinned), str(second)}
 

@@ -71,17 +71,17 @@ def tags(node: Backend) -> web.Response:
 
 
 def ps(node: Backend) -> web.Response:
-    loaded = [c.id for c in node.models_view() if c.loaded]
-    try:
-        context: int | None = node.context_length
-    except ApiError:  # this node has not prepared the model (yet)
-        context = None
-    expires = node.expires_in()
-    until = FOREVER if expires is None else timestamp(time.time() + expires)
-    running = [
-        RunningModel(**_card(node, name).model_dump(), context_length=context, expires_at=until)
-        for name in loaded
-    ]
+    running = []
+    for card in node.models_view():
+        if not card.loaded:
+            continue
+        context, expires = node.resident(card.id)
+        until = FOREVER if expires is None else timestamp(time.time() + expires)
+        running.append(
+            RunningModel(
+                **_card(node, card.id).model_dump(), context_length=context, expires_at=until
+            )
+        )
     return web.json_response(Running(models=running).body())
 
 

@@ -17,10 +17,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from exo_tp.node.cluster.control_messages import MAIN_GROUP, GroupView
+from exo_tp.node.cluster.control_messages import GroupView
 from exo_tp.node.leader.dispatch import Dispatcher
 from exo_tp.node.leader.formation import Leader
 from exo_tp.node.leader.group_slots import (
@@ -73,6 +74,7 @@ class ResidentGroups:
         self.extras: dict[str, Leader] = {}  # group id -> its leader (not the main one)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changing = asyncio.Lock()  # one group added or let go at a time
+        self._background: set[asyncio.Task[None]] = set()  # loads a request started
         self.router = Router()
         # the main model's replicas: placed for this model and these nodes
         self._placed: tuple[str, frozenset[NodeId]] | None = None
@@ -95,9 +97,6 @@ class ResidentGroups:
     def groups_of(self, key: str) -> list[Leader]:
         """Every group serving ``key`` (the main one first)."""
         return [g for g in self.leaders() if self.key_of(g) == key]
-
-    def group(self, group: str) -> Leader | None:
-        return self.main if group == MAIN_GROUP else self.extras.get(group)
 
     def _bytes(self, key: str) -> int:
         offers = self.main.models.offers(drafts=False).get(key, [])
@@ -126,19 +125,23 @@ class ResidentGroups:
             )
         return list(held.values())
 
-    def first(self, key: str) -> Leader | None:
-        """A ready group of ``key`` (the main one first), else any."""
+    def _ready(self, key: str) -> tuple[list[Leader], list[Leader]]:
+        """``key``'s groups, and those of them that serve now."""
         groups = self.groups_of(key)
-        ready = [g for g in groups if g.led is not None and g.led.state == "ready"]
+        return groups, [g for g in groups if g.led is not None and g.led.state == "ready"]
+
+    def first(self, key: str) -> Leader | None:
+        """A ready group of ``key`` (the main one first), else any (its dispatcher says why
+        it does not serve)."""
+        groups, ready = self._ready(key)
         return next(iter(ready or groups), None)
 
     def route(self, key: str, tokens: Sequence[int]) -> Leader | None:
-        """The group that runs a request for ``key`` (exo_tp.node.leader.router): a ready
-        one; where none is, the first (its dispatcher says why it does not serve)."""
-        groups = self.groups_of(key)
-        ready = [g for g in groups if g.led is not None and g.led.state == "ready"]
+        """The group that runs a request for ``key``: the router's pick among the ready ones
+        (exo_tp.node.leader.router); where at most one is ready, `first`."""
+        _, ready = self._ready(key)
         if len(ready) <= 1:
-            return ready[0] if ready else (groups[0] if groups else None)
+            return self.first(key)
         by_name = {f"{g.group}@{g.led.number}": g for g in ready if g.led is not None}
         chosen = choose(
             [
@@ -169,8 +172,15 @@ class ResidentGroups:
             pinned = tuple(r for r in held if r.pinned)
             names = tuple(self._name(r.key) for r in pinned)
             return TooLarge(needed, memory - sum(r.bytes for r in pinned), names)
-        asyncio.get_running_loop().create_task(self._load(key, name, evict))
+        self.background(self._load(key, name, evict))
         return Loading()
+
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` beside the request that asked for it (kept: a task nobody holds may be
+        collected before it ends)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _name(self, key: str) -> str:
         return self.main.models.name_of(key, self.main.models.offers())
