@@ -62,8 +62,8 @@ LOG_WORDS = ("Traceback", "ERROR", "CRITICAL", "WARNING")
 # Log lines that are part of the measurement: the 503s of a model that loads; zeroconf
 # announcements of other clusters on this machine.
 EXPECTED = ("with 503: loading the model", "with 503: cluster not ready", "ignored announcement")
-# The synthetic devices the planner is asked about: one core of the 2-core VM of
-# docs/benchmarks.md (its `exo-tp bench --quick` figures, rounded), memory ample.
+# The synthetic devices the planner is asked about: the headline figures of `exo-tp bench
+# --quick` on the 2-core VM of docs/benchmarks.md (rounded), one core each, memory ample.
 SYNTHETIC = {
     **{"chip": "synthetic cpu", "cores": 1, "mlx_version": "0", "mlx_device": "cpu"},
     **{"memory_total": 16 * 10**9, "memory_available": 8 * 10**9, "backends": ("ring",)},
@@ -175,11 +175,8 @@ def text_of(raw: bytes) -> str:
 async def first_token(session: aiohttp.ClientSession, url: str, model: str, tokens: int) -> dict:
     """Seconds from the first request naming ``model`` to its first token, retrying its 503s
     every ``RETRY`` s; how many 503s of each code and Retry-After."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Tell me a story."}],
-        **{"max_tokens": tokens, "temperature": 0.0, "stream": True},
-    }
+    body: dict[str, Any] = {"model": model, "max_tokens": tokens, "temperature": 0.0}
+    body.update(messages=[{"role": "user", "content": "Tell me a story."}], stream=True)
     start, refused = time.perf_counter(), {}  # type: ignore[var-annotated]
     while time.perf_counter() - start < 600:
         async with session.post(f"{url}/v1/chat/completions", json=body) as response:
@@ -232,9 +229,10 @@ async def load_on_demand(server: Server, args: argparse.Namespace, second: Path)
     return got
 
 
-def log_findings(server: Server) -> list[str]:
-    """The cluster log's lines that say something went wrong."""
-    lines = server.log_path.read_text(errors="replace").splitlines()
+def log_findings(server: Server, start: int, end: int) -> list[str]:
+    """The lines of the cluster log's bytes ``start:end`` (this run's, before it was stopped:
+    the workers it stops say they exited) that say something went wrong."""
+    lines = server.log_path.read_bytes()[start:end].decode(errors="replace").splitlines()
     found = [line for line in lines if any(w in line for w in LOG_WORDS)]
     return [line[:300] for line in found if not any(e in line for e in EXPECTED)]
 
@@ -242,6 +240,7 @@ def log_findings(server: Server) -> list[str]:
 async def measure(args: argparse.Namespace, replicas: int, second: Path, logs: Path) -> dict:
     server = cluster(args, replicas, second.parent, logs)
     log(f"{server.name}: starting `exo-tp run --local-nodes {NODES} --replicas {replicas}`")
+    start = server.log_path.stat().st_size if server.log_path.exists() else 0  # a kept --logs
     with server:
         ready = await wait_groups(server, replicas, args.ready_timeout)
         source = prompts(seed=0)
@@ -252,7 +251,8 @@ async def measure(args: argparse.Namespace, replicas: int, second: Path, logs: P
         out["streams"] = await levels(server, args, args.streams, seed=2000)
         if replicas == LAYOUTS[-1] or not args.quick:
             out["load_on_demand"] = await load_on_demand(server, args, second)
-    out["log_findings"] = log_findings(server)
+        end = server.log_path.stat().st_size
+    out["log_findings"] = log_findings(server, start, end)
     for line in out["log_findings"][:10]:
         log(f"  {server.name} log: {line}")
     return out
@@ -405,6 +405,8 @@ def models(args: argparse.Namespace, scratch: Path) -> Path:
     args.model_label = args.model or "a tiny random SmolLM2-shaped model"
     if args.model is None:
         args.model = str(tiny_model(scratch / "main"))
+    elif Path(args.model).exists():  # the clusters start in the checkout's root
+        args.model = str(Path(args.model).resolve())
     layers = json.loads((resolve(args.model) / "config.json").read_text())["num_hidden_layers"]
     return tiny_model(scratch / "library" / "second", num_hidden_layers=3 if layers == 2 else 2)
 

@@ -29,7 +29,7 @@ from exo_tp.node.leader.dispatch import (
     DispatchError,
 )
 from exo_tp.node.leader.model_requests import ModelRequests
-from exo_tp.node.leader.resident import TooLarge
+from exo_tp.node.leader.resident import TooLarge, first_load
 from exo_tp.node.member.hub_downloads import HubDownloads
 from exo_tp.node.model_catalog import CatalogView, ModelCatalog
 from exo_tp.node.status_views import StatusViews
@@ -202,10 +202,13 @@ class NodeBackend:
         if key == self._views.serving_key() and self._views.serving_adapter() is not None:
             self._requests.load(key, name)  # the base without the job's adapter
             raise model_loading(name)
-        if not joined.groups.groups_of(key):
+        groups = joined.groups.groups_of(key)
+        if not groups:
             wanted = joined.groups.want(key, name)
             if isinstance(wanted, TooLarge):
                 raise too_large(name, wanted)
+            raise model_loading(name)
+        if all(first_load(group) for group in groups):  # as the request that asked was told
             raise model_loading(name)
         return key
 

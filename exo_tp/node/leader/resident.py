@@ -38,6 +38,7 @@ from exo_tp.wire.ids import NodeId
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.5
+PENDING: frozenset[NodeId] = frozenset()  # the main group's nodes until its replicas are placed
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,14 @@ Wanted = Loading | TooLarge
 MakeLeader = Callable[[GroupSlot, Dispatcher, int], Leader]
 
 
+def first_load(group: Leader) -> bool:
+    """The group forms for the first time: its model is still loading (a group that served
+    and re-plans is not: its requests wait for it, or fail with its reason)."""
+    led = group.led
+    never = group.state.previous is None and group.state.failures == 0
+    return never and (led is None or led.state == "loading")
+
+
 class ResidentGroups:
     def __init__(
         self,
@@ -78,6 +87,8 @@ class ResidentGroups:
         self.router = Router()
         # the main model's replicas: placed for this model and these nodes
         self._placed: tuple[str, frozenset[NodeId]] | None = None
+        if replicas != 1:  # the main group waits for its nodes (no group over all first)
+            main.slot = main.slot.model_copy(update={"nodes": PENDING})
         # every group as the latest tick saw it: what this node's status carries (a status
         # is built without reading the statuses, which offers and names do)
         self.views: tuple[GroupView, ...] = ()
@@ -286,18 +297,23 @@ class ResidentGroups:
 
     async def _replicas(self) -> None:
         """Keep the main model's replicas over disjoint sets of nodes (exo_tp.node.leader.
-        replica_sets). The sets are chosen again only when the model changes or a node joins
-        that none holds; a node that leaves shrinks its replica, which re-plans alone."""
-        key = self.key_of(self.main)
+        replica_sets), placed once the membership settled and before the main group forms.
+        The sets are chosen again only when the model changes or a node joins that none
+        holds; a node that leaves shrinks its replica, which re-plans alone."""
+        if self.replicas == 1:
+            return
+        main, state, now = self.main, self.main.state, time.monotonic()
+        nodes = [n for n in state.cluster.ids() if state.quarantine.get(n, 0.0) <= now]
+        key = self.key_of(main) or main.models.target(nodes, None, state.wanted)
         if self._placed is not None and key != self._placed[0]:
             self._placed = None
-            self.main.slot = self.main.slot.model_copy(update={"nodes": None})
+            main.slot = main.slot.model_copy(update={"nodes": PENDING})
             for group in [g for g, leader in self.extras.items() if leader.slot.replica]:
                 await self._remove(group, "the main model changed")
-        if self.replicas == 1 or key is None:
+        config = main.config
+        settled = 0 < config.members <= len(nodes) or now - state.cluster.joined_at >= config.settle
+        if key is None or not nodes or not settled:
             return
-        state, now = self.main.state, time.monotonic()
-        nodes = [n for n in state.cluster.ids() if state.quarantine.get(n, 0.0) <= now]
         if self._placed and self._placed[0] == key and set(nodes) <= self._placed[1]:
             return
         sets = await replica_sets(self.main, key, nodes, self.replicas)
