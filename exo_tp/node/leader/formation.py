@@ -41,7 +41,7 @@ from exo_tp.node.leader.dispatch import Dispatcher
 from exo_tp.node.leader.epochs import EpochNumbers
 from exo_tp.node.leader.group_slots import MAIN_SLOT, GroupSlot
 from exo_tp.node.leader.keep_alive import KeepAliveView, keep_alive_view, unload_due
-from exo_tp.node.leader.members import gather_members
+from exo_tp.node.leader.members import gather_members, less_other_groups
 from exo_tp.node.leader.model_requests import ModelRequests
 from exo_tp.node.leader.observe import client_reason, cluster_seen
 from exo_tp.node.leader.placement import Members, Placement, place, serving_draft
@@ -333,6 +333,7 @@ class Leader:
         self, eligible: list[Announcement], key: str, adapter_job: str | None = None
     ) -> None:
         number = self._next_number()
+        eligible = less_other_groups(eligible, self.peers, self.group)
         eligible_ids = tuple(sorted(m.node_id for m in eligible))
         now = time.monotonic()
         started = EpochStarted(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from exo_tp.node.cluster.control_messages import MAIN_GROUP
 from exo_tp.node.cluster.peers import Peers
 from exo_tp.node.leader.links import measured_links
 from exo_tp.node.leader.placement import Member, Members
@@ -43,6 +44,23 @@ def node_weights(
     known = [x for x in speeds if x is not None]
     fill = sum(known) / len(known) if known else 1.0
     return [fill if x is None else x for x in speeds]
+
+
+def less_other_groups(eligible: list[Announcement], peers: Peers, group: str) -> list[Announcement]:
+    """The members with the memory other groups' ranks hold on them (several models resident)
+    taken from what they announced: what ``group``'s plan and KV budget may count on."""
+    out = []
+    for member in eligible:
+        status = peers.status(member.node_id)
+        held = 0
+        if status is not None:
+            others = [w.rank_memory for w in status.workers if w.group != group]
+            if group != MAIN_GROUP:
+                others.append(status.rank_memory)
+            held = sum(m.active for m in others if m is not None)
+        free = max(0, member.memory_available - held)
+        out.append(member.model_copy(update={"memory_available": free}) if held else member)
+    return out
 
 
 def gather_members(
