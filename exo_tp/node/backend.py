@@ -213,8 +213,11 @@ class NodeBackend:
         return key
 
     def _on_disk(self, name: str) -> Path | None:
-        """The folder of ``name`` in this node's --models-dir folders, if it is there."""
-        local = {m.name: m for m in local_models(self._catalog.models_dirs)}
+        """The folder of ``name`` in this node's --models-dir folders, if it is there (only
+        those: a prepared or cached model a request names is served as before, by the one
+        model listed or a 404, unless the picker loads it)."""
+        models = local_models(self._catalog.models_dirs)
+        local = {m.name: m for m in models if m.source == "folder"}
         return local[name].folder if name in local else None
 
     async def _offer_then_load(self, name: str, folder: Path) -> None:
@@ -297,7 +300,7 @@ class NodeBackend:
             if node_id != self.node_id and status is not None:
                 downloads += status.downloads  # the leader's, where a page asks another node
         return self._catalog.view(
-            joined, self._views.serving_key(), self._views.profile, tuple(downloads)
+            joined, self._views.loaded_keys(), self._views.profile, tuple(downloads)
         )
 
     async def load_model(self, name: str) -> LoadAnswer:
@@ -305,6 +308,11 @@ class NodeBackend:
         joined = self._views.joined
         if joined is None:
             raise not_ready("the node has not joined a cluster yet")
+        if joined.models.key_of(name) is None and hub_ref(name) is None:
+            local = {m.name: m for m in local_models(self._catalog.models_dirs)}
+            if name in local:  # on this node's disk: offer it, then load it beside the others
+                joined.groups.background(self._offer_then_load(name, local[name].folder))
+                return LoadAnswer(model=name, state="loading")
         try:
             self.require_model(name)
         except ApiError as error:

@@ -47,7 +47,7 @@ class ModelCatalog:
     def view(
         self,
         joined: Joined,
-        serving: str | None,
+        serving: frozenset[str],
         own_profile: ProfileSummary | None,
         downloads: tuple[DownloadProgress, ...],
     ) -> CatalogView:
@@ -62,7 +62,7 @@ class ModelCatalog:
             size = max((o.total_bytes for _, o in offers.get(key, [])), default=0)
             entries.append(
                 self._entry(
-                    joined, name, "cluster", folder, described, size, own_profile, key == serving
+                    joined, name, "cluster", folder, described, size, own_profile, key in serving
                 )
             )
             seen.add(name)

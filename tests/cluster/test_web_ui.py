@@ -540,8 +540,9 @@ def test_balance_panel_shows_the_leaders_live_speeds(cluster: LocalCluster, page
 
 
 def test_model_picker_lists_loads_and_downloads(cluster: LocalCluster, page: Any) -> None:
-    """The picker shows what /v1/models/catalog says, Load switches the cluster's model (and
-    back), and a typed hub id shows its download's state and error in the page."""
+    """The picker shows what /v1/models/catalog says, Load loads a model beside the one served
+    (both resident: issue #59) and it is served, and a typed hub id shows its download's state
+    and error in the page."""
     status, catalog = http_json(cluster.urls[1] + "/v1/models/catalog", timeout=30)
     assert status == 200, catalog
     expected = {m["name"]: m for m in catalog["models"]}
@@ -555,19 +556,22 @@ def test_model_picker_lists_loads_and_downloads(cluster: LocalCluster, page: Any
         assert row["serving"] == want["loaded"] and row["button"] == (not want["loaded"])
     try:
         click(page, '#models tr[data-model="smollm2-135m-q4"] button')
-        wait(page, lambda d: serving_in_page(d, "smollm2-135m-q4"), 120, "Load never switched")
+        wait(page, lambda d: serving_in_page(d, "smollm2-135m-q4"), 120, "Load never loaded")
+        assert serving_in_page(page, MODEL)  # resident beside it, not swapped out
         wait_ready(cluster.urls, nodes=3, logs=[cluster.log])
-        status, answer = http_json(
-            cluster.urls[0] + "/v1/completions",
-            {"model": "smollm2-135m-q4", "prompt": "Hello", "max_tokens": 2},
-            timeout=120,
-        )
+        for _ in range(240):  # its group serves once its ranks are ready
+            status, answer = http_json(
+                cluster.urls[0] + "/v1/completions",
+                {"model": "smollm2-135m-q4", "prompt": "Hello", "max_tokens": 2},
+                timeout=120,
+            )
+            if status != 503:
+                break
+            time.sleep(0.5)
         assert status == 200 and answer["model"] == "smollm2-135m-q4", answer
-    finally:
-        # only a switched cluster has a Load button on the first model's row
-        if not serving_in_page(page, MODEL):
-            click(page, f'#models tr[data-model="{MODEL}"] button')
-        wait(page, lambda d: serving_in_page(d, MODEL), 120, "Load never switched back")
+    finally:  # back to the one model the later tests expect
+        http_json(cluster.urls[0] + "/v1/models/unload", {"model": "smollm2-135m-q4"})
+        wait(page, lambda d: not serving_in_page(d, "smollm2-135m-q4"), 120, "never unloaded")
         wait_ready(cluster.urls, nodes=3, logs=[cluster.log])
     # No hub is reachable from these nodes: the typed id's download fails, and says why.
     set_field(page, "model-input", "tiny-org/absent")

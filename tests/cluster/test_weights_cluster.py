@@ -267,6 +267,10 @@ def test_another_model_loads_through_a_flipped_byte_and_a_killed_source(
     assert cluster.hosts[3].proc is not None, "runs after the join"
     cluster.fault(2, ServeOptions(corrupt_chunks=1))
     cluster.fault(3, ServeOptions(chunk_bytes=64 << 10, chunk_delay_s=0.05))
+    # The served model let go first, so that the other one becomes the cluster's main model
+    # (not a second one resident beside it: tests/cluster/test_resident_models.py).
+    status, _ = http_json(f"{cluster.url(0)}/v1/models/unload", {"model": Q4})
+    assert status == 200
     request = urllib.request.Request(
         f"{cluster.url(1)}/v1/chat/completions",
         data=json.dumps(
