@@ -35,6 +35,17 @@ from exo_tp.transport.ring_wait import WAIT_ENV
 CLI = [sys.executable, "-m", "exo_tp"]
 
 
+def until(check: Callable[[], Any], what: str, timeout: float = 180) -> Any:
+    """``check()`` once it is truthy (polled every 0.2 s: the state is another process's);
+    AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout} s")
+        time.sleep(0.2)
+    return value
+
+
 def http_json(
     url: str, body: Any = None, timeout: float = 5, headers: dict[str, str] | None = None
 ) -> tuple[int, Any]:

@@ -8,15 +8,14 @@ once idle (``/api/ps`` says until when) and then lets it go; ``/v1/models/unload
 from __future__ import annotations
 
 import datetime
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import ollama
 import psutil
 import pytest
-from cluster_helpers import LocalCluster, http_json, local_cluster
+from cluster_helpers import LocalCluster, http_json, local_cluster, until
 
 GREEDY = {"temperature": 0, "num_predict": 8}
 
@@ -32,16 +31,6 @@ def client(cluster: LocalCluster) -> ollama.Client:
     return ollama.Client(host=cluster.urls[0], timeout=120)
 
 
-def _until(check: Callable[[], Any], what: str, timeout: float = 90) -> Any:
-    """``check()`` once it is truthy (polled: the state is another process's)."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout} s")
-        time.sleep(0.2)
-    return value
-
-
 def _answer(client: ollama.Client, prompt: str, **extra: Any) -> str:
     """The greedy answer, once the cluster serves (a 503 while the model loads)."""
 
@@ -52,7 +41,7 @@ def _answer(client: ollama.Client, prompt: str, **extra: Any) -> str:
             assert error.status_code == 503, error
             return None
 
-    return str(_until(attempt, "served"))
+    return str(until(attempt, "served"))
 
 
 def _ranks(cluster: LocalCluster) -> list[psutil.Process]:
@@ -70,7 +59,7 @@ def test_keep_alive_zero_unloads_now_and_a_request_loads_it_again(
     done = client.generate(model="m", prompt="", keep_alive=0)
     assert done.done_reason == "unload" and done.done
     assert not client.ps().models
-    _until(lambda: not _ranks(cluster), "every rank gone")
+    until(lambda: not _ranks(cluster), "every rank gone")
     cards = http_json(f"{cluster.urls[1]}/v1/models")[1]["data"]
     assert not any(card["loaded"] for card in cards)
 
@@ -90,7 +79,7 @@ def test_keep_alive_seconds_lets_the_model_go_once_idle(
     shown = http_json(f"{cluster.urls[0]}/v1/cluster")[1]["model"]["keep_alive"]
     assert shown["pinned"] is True  # named with --model, kept 3 s all the same as asked
     assert shown["idle_seconds"] is not None and 0 <= shown["expires_in"] <= 3
-    _until(lambda: not client.ps().models, "unloaded after 3 s idle")
+    until(lambda: not client.ps().models, "unloaded after 3 s idle")
 
 
 def test_the_unload_route_and_a_bad_duration(cluster: LocalCluster, client: ollama.Client) -> None:

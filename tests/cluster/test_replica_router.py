@@ -9,13 +9,19 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import LocalCluster, LongStream, http_json, local_cluster, rank_processes
+from cluster_helpers import (
+    LocalCluster,
+    LongStream,
+    http_json,
+    local_cluster,
+    rank_processes,
+    until,
+)
 from helpers import mlx_lm_reference
 from lab_profiles import lab_profile
 from openai import OpenAI
@@ -30,17 +36,8 @@ TOKENS = 8
 def cluster(tiny_smollm2: Path) -> Iterator[LocalCluster]:
     extra = ("--replicas", "2")
     with local_cluster(2, weights=[1, 1], model=str(tiny_smollm2), extra=extra, ready=False) as c:
-        _until(lambda: _ready_groups(c) == 2, "both replicas ready")
+        until(lambda: _ready_groups(c) == 2, "both replicas ready")
         yield c
-
-
-def _until(check: Callable[[], Any], what: str, timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout} s")
-        time.sleep(0.2)
-    return value
 
 
 def _groups(cluster: LocalCluster) -> list[dict[str, Any]]:
@@ -71,7 +68,7 @@ def _ask(client: OpenAI, messages: list[dict[str, str]]) -> tuple[str, Any]:
 
 def _busy_node(cluster: LocalCluster) -> str:
     """The node of the replica running a request now."""
-    busy = _until(
+    busy = until(
         lambda: [g for g in _groups(cluster) if g["in_flight"]], "a replica running the stream"
     )
     assert len(busy) == 1, busy
@@ -108,7 +105,7 @@ def test_a_conversation_goes_back_to_the_replica_holding_its_prefix(
     turn = [{"role": "user", "content": "Which river runs through Paris?"}]
     first, first_usage = _ask(client, turn)  # the least loaded replica: the other one
     stream.stop()
-    _until(lambda: not any(g["in_flight"] for g in _groups(cluster)), "both replicas idle")
+    until(lambda: not any(g["in_flight"] for g in _groups(cluster)), "both replicas idle")
     history = [*turn, {"role": "assistant", "content": first}]
     question = {"role": "user", "content": "And through Rome?"}
     second, usage = _ask(client, [*history, question])
@@ -136,7 +133,7 @@ def test_a_killed_replica_fails_only_its_stream_and_the_other_serves(
         assert _ask(client, [{"role": "user", "content": PROMPT}])[0] == reference
     survivor.stop()
     assert not survivor.errors
-    _until(lambda: _ready_groups(cluster) == 2, "the killed replica back")
+    until(lambda: _ready_groups(cluster) == 2, "the killed replica back")
 
 
 @pytest.mark.parametrize(
@@ -166,5 +163,5 @@ def test_replicas_auto_follow_the_planner_for_the_objective(
             ready = all(g["state"] == "ready" for g in groups)
             return ready and sorted(g["ranks"] for g in groups) == layout
 
-        _until(placed, f"the groups over {layout}")
+        until(placed, f"the groups over {layout}")
         assert "replicas auto for" in cluster.log.read_text()

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import ollama
 import psutil
 import pytest
-from cluster_helpers import LocalCluster, http_json, local_cluster
+from cluster_helpers import LocalCluster, http_json, local_cluster, until
 from helpers import mlx_lm_reference
 from openai import APIStatusError, OpenAI
 from tiny_models import TINY_SMOLLM2, write_tiny_model
@@ -62,15 +61,6 @@ def cluster(models: list[Path]) -> Iterator[LocalCluster]:
         yield running
 
 
-def _until(check: Callable[[], Any], what: str, timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout} s")
-        time.sleep(0.2)
-    return value
-
-
 def _complete(client: OpenAI, model: Path) -> str | None:
     """The greedy answer, None while the model loads (a 503)."""
     try:
@@ -87,7 +77,7 @@ def _complete(client: OpenAI, model: Path) -> str | None:
 
 
 def _served(client: OpenAI, model: Path) -> str:
-    return str(_until(lambda: _complete(client, model), f"{model.name} served"))
+    return str(until(lambda: _complete(client, model), f"{model.name} served"))
 
 
 def _reference(model: Path) -> str:
@@ -159,7 +149,7 @@ def test_a_third_model_evicts_the_least_recently_used_unpinned_one(
     groups = _groups(cluster)
     assert set(groups) == {str(pinned), str(third)}
     assert groups[str(pinned)]["epoch"] == before["epoch"]  # the eviction left it alone
-    _until(lambda: _rank_count(cluster) == 6, "the evicted model's ranks gone")
+    until(lambda: _rank_count(cluster) == 6, "the evicted model's ranks gone")
     assert _complete(client, pinned) == _reference(pinned)
 
 
@@ -172,8 +162,8 @@ def test_keep_alive_zero_unloads_the_model_named_only(
     ollama_client = ollama.Client(host=cluster.urls[1])
     done = ollama_client.generate(model=str(third), prompt="", keep_alive=0)
     assert done.done_reason == "unload"
-    _until(lambda: set(_groups(cluster)) == {str(pinned)}, "only the pinned model left")
-    _until(lambda: _rank_count(cluster) == 3, "the unloaded model's ranks gone")
+    until(lambda: set(_groups(cluster)) == {str(pinned)}, "only the pinned model left")
+    until(lambda: _rank_count(cluster) == 3, "the unloaded model's ranks gone")
     assert {m.model for m in ollama_client.ps().models} == {str(pinned)}
     assert _complete(client, pinned) == _reference(pinned)
 
@@ -188,7 +178,7 @@ def test_a_model_too_big_for_the_cluster_is_a_400_naming_its_size(
         code, body = http_json(f"{cluster.urls[1]}/v1/completions", request)
         return None if code == 503 else (code, body)  # 503: offered from its folder first
 
-    code, body = _until(answer, "answered")
+    code, body = until(answer, "answered")
     assert code == 400 and body["error"]["code"] == "model_too_large", body
     message = body["error"]["message"]
     assert "0.21 GB" in message and str(models[0]) in message, message
