@@ -249,7 +249,7 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-models",
-        type=int,
+        type=positive_int,
         default=3,
         help="models resident at once (default 3, as Ollama's per-GPU default); a request "
         "for one more lets the least recently used unpinned model go (the --model ones are "

@@ -183,3 +183,7 @@ def test_a_model_too_big_for_the_cluster_is_a_400_naming_its_size(
     message = body["error"]["message"]
     assert "0.21 GB" in message and str(models[0]) in message, message
     assert set(_groups(cluster)) == {str(models[0])}  # nothing let go for it
+    # several models listed: unloading a name none of them has is a 404, nothing let go
+    code, body = http_json(f"{cluster.urls[0]}/v1/models/unload", {"model": "no-such-model"})
+    assert code == 404 and body["error"]["code"] == "model_not_found", body
+    assert set(_groups(cluster)) == {str(models[0])}
