@@ -23,6 +23,10 @@ request, 8 concurrent streaming clients (--streams) on distinct prompts: aggrega
 answers seldom repeat the prompt: drafts are looked up and verified, few accepted;
 tests/cluster/test_speculative.py holds accepted drafts exact).
 
+``--mtp``: the checkpoint's own MTP heads against plain decoding instead, at 1 stream and
+under load, on a Qwen 3.5-shaped random model whose heads are first trained on its own text
+(bench/_mtp.py; ``--mtp-drafts``, ``--train-steps``).
+
 The last line of stdout is one JSON object.
 """
 
@@ -158,9 +162,23 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 1 round, a 12-line file, 16 tokens"
     )
+    parser.add_argument(
+        "--mtp",
+        action="store_true",
+        help="instead: the checkpoint's own MTP heads against plain decoding (bench/_mtp.py)",
+    )
+    parser.add_argument("--mtp-drafts", type=int, default=3, help="--mtp: drafts a step")
+    parser.add_argument("--train-steps", type=int, default=300, help="--mtp: heads' training")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.lines, args.tokens, args.load_tokens = 1, 12, 16, 8
+        args.train_steps = min(args.train_steps, 20)
+    if args.mtp:
+        from _mtp import run_mtp
+
+        with tempfile.TemporaryDirectory() as tmp:
+            run_mtp(args, Path(tmp))
+        return
     model = model_folder(args.model, args.quick)
     draft = args.draft_model or (str(model) if args.quick or args.model else DRAFT_MODEL)
     tps: dict[str, list[float]] = {name: [] for name in CONTENDERS}

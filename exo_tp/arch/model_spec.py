@@ -165,6 +165,9 @@ class ModelSpec(Frozen):
     # A vision checkpoint's tower and projector, as stored (0: none): held whole by one rank
     # beside its shard (exo_tp.plan.vision).
     vision_bytes: int = Field(default=0, ge=0)
+    # The checkpoint's MTP heads, as stored (0: none): held whole by every rank of the last
+    # stage beside its shard (exo_tp.plan.mtp).
+    mtp_bytes: int = Field(default=0, ge=0)
     # Patches its tower runs for one image at the checkpoint's own image size (its compute in
     # a prompt's time: Prediction.tower_seconds).
     vision_patches: int = Field(default=0, ge=0)

@@ -179,6 +179,11 @@ def run(args: argparse.Namespace) -> int:
             f"vision tower: whole beside rank 0's shard (it embeds every image): "
             f"{size(spec.vision_bytes)} of weights"
         )
+    if spec.mtp_bytes:
+        print(
+            f"MTP heads: whole beside every last-stage rank's shard (they draft with --mtp): "
+            f"{size(spec.mtp_bytes)} of weights"
+        )
     if draft is not None:
         print(
             f"draft model {draft.name}: whole beside rank 0 (the conductor): "

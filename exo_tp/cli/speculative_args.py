@@ -1,6 +1,6 @@
 """`--num-draft-tokens` and `--prompt-lookup-ngram`: prompt-lookup speculative decoding, for
-`exo-tp run` (the node's default for requests that do not say) and `exo-tp launch`; and
-`--draft-model` (drafts from a second model)."""
+`exo-tp run` (the node's default for requests that do not say) and `exo-tp launch`;
+`--draft-model` (drafts from a second model) and `--mtp` (from the checkpoint's MTP heads)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from exo_tp.cli.args import non_negative_int, positive_int
-
-DRAFT_MODEL_DRAFTS = 3  # drafts per step with a draft model unless told (mlx-lm's default)
+from exo_tp.wire.assignment import MODEL_DRAFTS
 
 
 def add_speculative_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -20,10 +19,19 @@ def add_speculative_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
         "--num-draft-tokens",
         type=non_negative_int,
         default=None,
-        help="speculative decoding: tokens drafted per step (from earlier text, or by "
-        "--draft-model) and checked by the model in one step (0: off, the default without a "
-        f"draft model, {DRAFT_MODEL_DRAFTS} with one; only while one request runs; requests "
-        "may set their own num_draft_tokens)",
+        help="speculative decoding: tokens drafted per step (from earlier text, by "
+        "--draft-model or by the MTP heads) and checked by the model in one step (0: off, the "
+        f"default where no model drafts, {MODEL_DRAFTS} where one does; only while one request "
+        "runs; requests may set their own num_draft_tokens)",
+    )
+    p.add_argument(
+        "--mtp",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="speculative decoding with drafts from the checkpoint's own multi-token "
+        "prediction heads (Qwen 3.5/3.6, Qwen3-Next, GLM-5 ...), kept on the last stage's "
+        "ranks (default: on where the checkpoint has them and the last stage computes on "
+        f"GPUs; {MODEL_DRAFTS} drafts a step unless --num-draft-tokens says)",
     )
     p.add_argument(
         "--prompt-lookup-ngram",
@@ -71,11 +79,10 @@ def node_speculative_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _fields(args: argparse.Namespace, draft: str | None) -> dict[str, Any]:
-    drafts = args.num_draft_tokens
-    if drafts is None:
-        drafts = DRAFT_MODEL_DRAFTS if draft else 0
+    mtp = {None: "auto", True: "on", False: "off"}[args.mtp]
     return {
-        "num_draft_tokens": drafts,
+        "num_draft_tokens": args.num_draft_tokens,  # None: MODEL_DRAFTS where a model drafts
         "prompt_lookup_ngram": args.prompt_lookup_ngram,
         "draft_model": draft,
+        "mtp": mtp,
     }

@@ -70,7 +70,7 @@ def weights_needed(spec: ModelSpec) -> int | None:
     """Bytes of the whole model's weights (its tower included), as one device would hold them
     (None: a family the planner cannot size whole)."""
     try:
-        return draft_cost(spec, "").weights + spec.vision_bytes
+        return draft_cost(spec, "").weights + spec.vision_bytes + spec.mtp_bytes
     except (ValueError, PlanError):
         return None
 

@@ -55,13 +55,14 @@ class RankMemory(Frozen):
     # weights and its KV cache for the context
     draft: int = 0
     tower: int = 0  # a vision tower held beside this rank's shard (exo_tp.plan.vision)
+    mtp: int = 0  # the checkpoint's MTP heads held beside it (the last stage's, exo_tp.plan.mtp)
 
     @property
     def context_fits(self) -> int | None:
         """Tokens of context per stream this rank's memory holds beside its weights (None:
         its KV does not grow with the context)."""
         tokens = tokens_beside_weights(
-            self.limit - self.draft - self.tower,
+            self.limit - self.draft - self.tower - self.mtp,
             self.weights,
             self.kv_per_token,
             self.state,
@@ -71,7 +72,7 @@ class RankMemory(Frozen):
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.draft + self.tower
+        return self.weights + self.kv_cache + self.draft + self.tower + self.mtp
 
     @property
     def fits(self) -> bool:
@@ -266,6 +267,7 @@ def predict(
                 streams=kv.streams,
                 draft=draft.bytes_at(context_tokens) if draft and r == draft_rank(plan) else 0,
                 tower=plan.spec.vision_bytes if r == tower_rank(plan) else 0,
+                mtp=plan.spec.mtp_bytes if last else 0,
             )
             for r, d, x in zip(stage.ranks, stage_devices, loads, strict=True)
         ]

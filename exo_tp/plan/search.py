@@ -287,6 +287,8 @@ class _Layouts:
             beside[0] = self.draft.bytes_at(self.context)
         if first:  # the first stage's first rank runs a vision tower (exo_tp.plan.vision)
             beside[0] += spec.vision_bytes
+        if last:  # every rank of the last stage holds the MTP heads (exo_tp.plan.mtp)
+            beside = [b + spec.mtp_bytes for b in beside]
         capacity = min(
             math.floor(
                 (d.memory - end.held_bytes - extra)

@@ -28,6 +28,7 @@ from exo_tp.arch.registry import family_for, linear_attention
 from exo_tp.arch.table import ArchTable
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen, replace
+from exo_tp.plan.mtp import declared_mtp, heads_bytes
 
 # The spec's parts are defined in exo_tp.arch.model_spec (family readers build them); they are
 # read from here as the planner's vocabulary.
@@ -291,6 +292,9 @@ def load_spec(model_dir: Path) -> ModelSpec:
     except json.JSONDecodeError as bad:
         raise ExoTpError(f"{path} is not valid JSON: {bad}") from None
     spec = spec_from_config(config)
+    mtp = heads_bytes(Path(model_dir), config) if declared_mtp(config) else 0
+    if mtp:
+        spec = replace(spec, mtp_bytes=mtp)
     if config.get("vision_config"):
         from exo_tp.vision.families import image_patches, tower_bytes
 

@@ -54,10 +54,9 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from exo_tp.runtime.admission import Admission
-from exo_tp.runtime.prompt_cache import prompt_cache_for
+from exo_tp.runtime.prompt_cache import prompt_alone, prompt_cache_for
 from exo_tp.runtime.prompt_scores import Inserted, prompt_outputs
 from exo_tp.runtime.speculative import (
     Backoff,
@@ -68,7 +67,7 @@ from exo_tp.runtime.speculative import (
 )
 from exo_tp.shard.fused_step import FusedForward
 from exo_tp.vision.registry import VisionRegistry
-from exo_tp.wire.assignment import ServingOptions
+from exo_tp.wire.assignment import MODEL_DRAFTS, ServingOptions
 from exo_tp.wire.ids import BatchUid
 from exo_tp.wire.runtime import Insert, Remove, Tokens
 
@@ -154,11 +153,14 @@ class LockstepBatch:
         self._received: list[dict[int, int]] = [{} for _ in range(lanes)]
         # Speculative decoding: each sequence's draft tokens per step (its Insert's), and
         # the conductor's count of drafted and accepted tokens (uid, drafted, accepted).
+        wanted, by_model = options.num_draft_tokens, MODEL_DRAFTS if drafter else 0
+        self.default_drafts = (by_model if wanted is None else wanted) if speculate else 0
+        hidden = getattr(drafter, "hidden", None)  # an MTP drafter's record of hidden states
         drafter = drafter or lookup_drafter(options.prompt_lookup_ngram)
-        self._speculative = SpeculativeStep(model, self._sample_now, drafter) if speculate else None
+        step = SpeculativeStep(model, self._sample_now, drafter, hidden)
+        self._speculative = step if speculate else None
         self._drafts: dict[int, int] = {}
         self._backoff = Backoff()  # streams whose drafts stopped paying decode plainly a while
-        self.default_drafts = options.num_draft_tokens if self._speculative else 0
         self.on_drafts: Callable[[BatchUid, int, int], None] | None = None
         self._fused = fused
         self.fused_steps = 0  # steps that ran their decode rows and a chunk in one pass
@@ -276,6 +278,8 @@ class LockstepBatch:
             raise DivergedError(f"request joined as {uid}, the conductor says {change.uid}")
         self.active.add(uid)
         self.admission.joined[uid] = self.steps
+        if self._speculative is not None:
+            self._speculative.joined()
         if change.keep_prompt and self.prompt_cache is not None:
             self._keep[uid] = tokens
         self._lane_of[uid] = change.lane
@@ -414,19 +418,9 @@ class LockstepBatch:
         return responses
 
     def _keep_prompt(self, generator: BatchGenerator, uid: int, prompt: list[int]) -> None:
-        """At a uid's first token, its prompt's KV cache into the prompt cache (under the
-        prompt alone: the token computed past it is trimmed), so that the choices sent after
-        this one skip its prefill. Every rank does it at the same step, for the same prompt."""
-        batch = generator._generation_batch
-        if uid not in batch.uids:  # it finished at once: kept whole as it left
-            return
-        row = batch.uids.index(uid)
-        cache, extra = batch.extract_cache(row), len(batch.tokens[row]) - len(prompt)
-        if extra > 0 and not can_trim_prompt_cache(cache):
-            return
-        if extra > 0:
-            trim_prompt_cache(cache, extra)
-        self._remember(prompt, cache)
+        """At a uid's first token, its prompt's KV cache into the prompt cache, so that the
+        choices sent after this one skip its prefill (every rank at the same step)."""
+        self._remember(prompt, prompt_alone(generator._generation_batch, uid, prompt))
 
     def _fill_tokens(self, lane: int) -> None:
         """Replace the lane's placeholder tokens with the conductor's (read by `agreed`)."""

@@ -51,12 +51,7 @@ class ModelDrafter:
         self._fed: list[int] = []  # the tokens the cache holds
 
     def __call__(self, uid: int, tokens: list[int], most: int) -> list[int]:
-        drafts = self._draft(uid, tokens, most)
-        padded = [float(len(drafts)), *drafts, *[0.0] * (most - len(drafts))]
-        agreed = _agreed(mx.array(padded, dtype=mx.float32), self.group)
-        for channel in self.earlier:
-            channel.send(Drafts(tokens=tuple(agreed)))
-        return agreed
+        return share_drafts(self._draft(uid, tokens, most), most, self.group, self.earlier)
 
     def _draft(self, uid: int, tokens: list[int], most: int) -> list[int]:
         if uid != self._uid:
@@ -87,14 +82,27 @@ class ModelDrafter:
         return drafts
 
 
+def share_drafts(
+    drafts: list[int], most: int, group: mx.distributed.Group, earlier: Sequence[Channel[Any]]
+) -> list[int]:
+    """The conductor's drafts, broadcast to its stage's ranks and sent to the earlier
+    stages' (``earlier``: their control links)."""
+    padded = [float(len(drafts)), *drafts, *[0.0] * (most - len(drafts))]
+    agreed = _agreed(mx.array(padded, dtype=mx.float32), group)
+    for channel in earlier:
+        channel.send(Drafts(tokens=tuple(agreed)))
+    return agreed
+
+
+def conductor_drafts(most: int, group: mx.distributed.Group) -> list[int]:
+    """The conductor's drafts at another rank of its stage, from its broadcast (every rank
+    knows how many: the batch decides that alike everywhere)."""
+    return _agreed(mx.zeros((most + 1,), dtype=mx.float32), group)
+
+
 def received_drafts(group: mx.distributed.Group) -> Drafter:
-    """Another rank's drafter: the conductor's drafts, from its broadcast (every rank knows
-    how many: the batch decides that alike everywhere)."""
-
-    def drafts(_uid: int, _tokens: list[int], most: int) -> list[int]:
-        return _agreed(mx.zeros((most + 1,), dtype=mx.float32), group)
-
-    return drafts
+    """Another rank's drafter where the conductor drafts with a model."""
+    return lambda _uid, _tokens, most: conductor_drafts(most, group)
 
 
 def fed_drafts(feed: ControlFeed) -> Drafter:

@@ -21,6 +21,7 @@ import copy
 from collections import OrderedDict
 from typing import Any
 
+from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
 from exo_tp.wire.assignment import ServingOptions
@@ -105,3 +106,18 @@ def prompt_cache_for(
     return PromptCache(
         options.prompt_cache_size, options.prompt_cache_bytes, bytes_per_token, bytes_per_entry
     )
+
+
+def prompt_alone(batch: GenerationBatch, uid: int, prompt: list[int]) -> list[Any] | None:
+    """A copy of a decoding stream's cache holding its prompt alone (the token computed past
+    it trimmed), or None where that cannot be had: the stream finished at once (it was kept
+    whole as it left), or its cache cannot be trimmed."""
+    if uid not in batch.uids:
+        return None
+    row = batch.uids.index(uid)
+    cache, extra = batch.extract_cache(row), len(batch.tokens[row]) - len(prompt)
+    if extra > 0 and not can_trim_prompt_cache(cache):
+        return None
+    if extra > 0:
+        trim_prompt_cache(cache, extra)
+    return cache

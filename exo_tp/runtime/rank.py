@@ -41,11 +41,11 @@ from exo_tp.process.lifecycle import die_with_parent
 from exo_tp.profile.collective_speed import group_links
 from exo_tp.runtime.batching import LockstepBatch, RankSampler
 from exo_tp.runtime.conductor import Conductor
-from exo_tp.runtime.draft_model import ModelDrafter, fed_drafts, received_drafts
+from exo_tp.runtime.draft_source import conductor_drafter, follower_drafter, may_speculate
 from exo_tp.runtime.follower import ControlFeed, follow, peer_sampler, stage_sampler
+from exo_tp.runtime.mtp.on_rank import MtpParts, mtp_on_rank
 from exo_tp.runtime.pipeline import HopChannel, StageModel
 from exo_tp.runtime.rank_progress import Progress, beat, exit_when_closed
-from exo_tp.runtime.speculative import Drafter
 from exo_tp.shard.apply import load_shard
 from exo_tp.shard.collectives import sum_over_ranks
 from exo_tp.shard.fused_step import FusedForward
@@ -148,12 +148,6 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
     )
 
 
-def _may_speculate(job: Assignment) -> bool:
-    """Speculation only with a float KV cache (a quantized one is quantized as it grows and
-    cannot be trimmed back)."""
-    return job.serving.kv_bits is None
-
-
 def _fused_steps(job: Assignment, model: Any, group: mx.distributed.Group) -> FusedForward | None:
     """What runs a step's decode rows and a prompt chunk in one pass, where this epoch does
     (ServingOptions.fused_steps; one stage, a float KV cache, a family whose blocks fuse).
@@ -173,28 +167,6 @@ def _fused_steps(job: Assignment, model: Any, group: mx.distributed.Group) -> Fu
     return FusedForward(model, model_type)
 
 
-def _conductor_drafter(
-    job: Assignment, group: mx.distributed.Group, model_dir: Path, earlier: list[Channel[Any]]
-) -> ModelDrafter | None:
-    """The conductor's draft model (exo_tp.runtime.draft_model), if the job names one and
-    its plan speculates (``earlier``: the earlier pipeline stages' links, which its drafts
-    reach by message). One this node cannot find or use is logged and left out: requests
-    then draft by prompt lookup (the followers learn which from EndTokens)."""
-    name = job.serving.draft_model
-    if name is None or not job.serving.loads_draft():
-        return None
-    from exo_tp.models.draft import check_draft
-
-    try:
-        folder = Path(job.draft_dir) if job.draft_dir else resolve_model(name)
-        model = check_draft(model_dir, folder, name, DTYPES[job.dtype])
-        mx.eval(model.parameters())  # loaded now, not inside the first step's drafts
-        return ModelDrafter(model, group, earlier)
-    except ExoTpError as error:
-        log.warning("epoch %d: no draft model, prompt lookup instead: %s", job.epoch, error)
-        return None
-
-
 def _serve_as_conductor(
     job: Assignment,
     key: bytes,
@@ -206,6 +178,7 @@ def _serve_as_conductor(
     ready: Ready,
     model_dir: Path,
     fused: FusedForward | None,
+    mtp: MtpParts | None,
 ) -> None:
     plan = job.plan
     followers = accept_count(job.conductor, key, HELLO, plan.size - 1, PEER_TIMEOUT, "conductor")
@@ -219,7 +192,7 @@ def _serve_as_conductor(
     # of CPU per rank, on every start of every epoch).
     last_stage = set(plan.stages[-1].ranks)
     earlier = [by_rank[r] for r in sorted(by_rank) if r not in last_stage]
-    drafter = _conductor_drafter(job, group, model_dir, earlier)
+    drafter = conductor_drafter(job, group, model_dir, earlier, mtp, DTYPES[job.dtype])
     ends = EndTokens(ids=tuple(sorted(tokenizer.eos_token_ids)), model_drafts=drafter is not None)
     for channel in by_rank.values():
         channel.send(ends)
@@ -235,7 +208,7 @@ def _serve_as_conductor(
             _bytes_per_token(job),
             lanes=job.lanes,
             bytes_per_entry=_bytes_per_entry(job),
-            speculate=_may_speculate(job),
+            speculate=may_speculate(job),
             drafter=drafter,
             fused=fused,
         )
@@ -256,17 +229,6 @@ def _serve_as_conductor(
     conductor.serve()
 
 
-def _follower_drafter(
-    opening: EndTokens, in_last_stage: bool, group: mx.distributed.Group, feed: ControlFeed
-) -> Drafter | None:
-    """Where a follower's drafts come from when the conductor drafts with a model: its
-    broadcast (the last stage's ranks) or its Drafts messages (earlier stages); else None,
-    prompt lookup on every rank."""
-    if not opening.model_drafts:
-        return None
-    return received_drafts(group) if in_last_stage else fed_drafts(feed)
-
-
 def _serve_as_follower(
     job: Assignment,
     key: bytes,
@@ -276,6 +238,7 @@ def _serve_as_follower(
     supervisor: Channel[Any],
     ready: Ready,
     fused: FusedForward | None,
+    mtp: MtpParts | None,
 ) -> None:
     channel = connect(job.conductor, key, STAGE_CONTROL, PEER_TIMEOUT)
     channel.send(Hello(epoch=job.epoch, rank=job.rank))
@@ -293,8 +256,8 @@ def _serve_as_follower(
         lanes=job.lanes,
         deferred=feed.next_tokens if deferred else None,
         bytes_per_entry=_bytes_per_entry(job),
-        speculate=_may_speculate(job),
-        drafter=_follower_drafter(opening, in_last_stage, group, feed),
+        speculate=may_speculate(job),
+        drafter=follower_drafter(opening, in_last_stage, group, feed, mtp),
         fused=fused,
     )
     if progress.probe is not None:
@@ -370,17 +333,19 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         if problem:
             raise ExoTpError(problem)
         quantize_kv(driver, bits, serving.kv_group_size, serving.quantized_kv_start)
-    fused = None if vision else _fused_steps(job, driver, group)  # positions ride on ids
+    mtp = mtp_on_rank(job, model_dir, model, group, DTYPES[job.dtype])
+    # (fused: positions ride on ids; the MTP record wants one stream's rows a call)
+    fused = None if vision or mtp else _fused_steps(job, driver, group)
     threading.Thread(target=beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
     if job.rank == job.conductor_rank:  # only the conductor reads text: the followers get
         # the end tokens from it (EndTokens)
         tokenizer = load_model_tokenizer(model_dir)
         _serve_as_conductor(
-            job, key, driver, tokenizer, group, progress, supervisor, ready, model_dir, fused
+            job, key, driver, tokenizer, group, progress, supervisor, ready, model_dir, fused, mtp
         )
     else:
-        _serve_as_follower(job, key, driver, group, progress, supervisor, ready, fused)
+        _serve_as_follower(job, key, driver, group, progress, supervisor, ready, fused, mtp)
 
 
 def _peer_lost(error: Exception) -> bool:

@@ -24,19 +24,20 @@ Positions after the first rejection are dropped, so every emitted token was draw
 tokens actually emitted before it. A seeded request draws its random numbers in another order
 than without speculation (k + 1 rows a step), so its tokens differ, not its distribution.
 When to speculate is decided in `exo_tp.runtime.batching` (one stream, a float KV cache,
-trimmable caches) and by the conductor (no logits processors, no grammar).
+caches a step can be taken back out of: exo_tp.runtime.cache_rewind) and by the conductor.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import BatchKVCache, CacheList, can_trim_prompt_cache, trim_prompt_cache
+
+from exo_tp.runtime.cache_rewind import rewind, rewindable, save
 
 Response = GenerationBatch.Response
 # The rank's part of sampling, as the batch generator calls it: logprobs (rows, V) in, the
@@ -105,33 +106,42 @@ class Backoff:
             table.pop(uid, None)
 
 
-def _plain(cache: object) -> bool:
-    """A whole-sequence KV cache (or a list of them), which a trim returns exactly to an
-    earlier length. Not a sliding window: mlx-lm calls one trimmable until it is full, but a
-    verify step that fills it rotates out positions a trim cannot bring back."""
-    if isinstance(cache, CacheList):
-        return all(_plain(c) for c in cache.caches)
-    return isinstance(cache, BatchKVCache)
-
-
 def can_speculate(generator: BatchGenerator) -> bool:
-    """One stream decoding, nothing prefilling or waiting, and caches that can be trimmed
-    (sliding windows and recurrent states cannot: those families never speculate)."""
+    """One stream decoding, nothing prefilling or waiting, and caches a verify step can be
+    taken back out of (exo_tp.runtime.cache_rewind: sliding windows cannot)."""
     batch = generator._generation_batch
     return (
         len(batch) == 1
         and not generator._unprocessed_sequences
         and not generator._currently_processing
-        and all(_plain(c) for c in batch.prompt_cache)
-        and can_trim_prompt_cache(batch.prompt_cache)
+        and all(rewindable(c) for c in batch.prompt_cache)
     )
+
+
+class HiddenRows(Protocol):
+    """The last stage's record of hidden states per position (an MTP drafter's,
+    exo_tp.runtime.mtp.tap): a verify step's rejected positions are cut from it, and a
+    stream joining starts it afresh."""
+
+    def size(self) -> int: ...
+
+    def cut(self, rows: int) -> None: ...
+
+    def clear(self) -> None: ...
 
 
 class SpeculativeStep:
     """A speculative step over a generator's lone decoding stream (see the module doc)."""
 
-    def __init__(self, model: nn.Module, sample: Sampler, draft: Drafter):
-        self.model, self._sample, self._draft = model, sample, draft
+    def __init__(
+        self, model: nn.Module, sample: Sampler, draft: Drafter, hidden: HiddenRows | None = None
+    ):
+        self.model, self._sample, self._draft, self._hidden = model, sample, draft, hidden
+
+    def joined(self) -> None:
+        """A stream joined the batch: hidden states recorded so far are another stream's."""
+        if self._hidden is not None:
+            self._hidden.clear()
 
     def drafts(self, generator: BatchGenerator, most: int) -> tuple[int, list[int]]:
         """The stream's pending token y (waited for: the drafts follow it) and its drafts."""
@@ -146,20 +156,14 @@ class SpeculativeStep:
         """Verify ``drafts`` after ``token``: the stream's responses (y, then each accepted
         draft, cut at a finish as mlx-lm cuts a batch's) and how many drafts were accepted."""
         batch = generator._generation_batch
+        recorded = self._hidden.size() if self._hidden is not None else 0
         with mx.stream(generator._stream):
             inputs = mx.array([token, *drafts], dtype=mx.uint32)
+            saved = save(batch.prompt_cache)
             logits = self.model(inputs[None], cache=batch.prompt_cache)[0]
             processors = batch.logits_processors[0] or ()
             if processors:  # the conductor's row marker: called once per position, in order
-                rows = []
-                seen = batch._token_context[0].tokens
-                for i in range(len(inputs)):
-                    context = mx.concatenate([seen, inputs[: i + 1].astype(seen.dtype)])
-                    row = logits[i : i + 1]
-                    for processor in processors:
-                        row = processor(context, row)
-                    rows.append(row)
-                logits = mx.concatenate(rows)
+                logits = _processed(logits, inputs, batch._token_context[0].tokens, processors)
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             targets_array = self._sample(logprobs)
             mx.eval(targets_array, logprobs, batch._next_logprobs)
@@ -167,40 +171,68 @@ class SpeculativeStep:
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
             accepted += 1
-        trim_prompt_cache(batch.prompt_cache, len(drafts) - accepted)
         emitted = [token, *drafts[:accepted]]
         scores = [batch._next_logprobs[0], *(logprobs[i] for i in range(accepted))]
-        batch.tokens[0].extend(emitted)
+        finish = self._finish(batch, emitted)
+        kept = len(emitted) if finish is None else finish[0] + 1
+        with mx.stream(generator._stream):
+            rewind(self.model, batch.prompt_cache, saved, inputs, kept)
+        if self._hidden is not None:
+            self._hidden.cut(recorded + kept)
+        batch.tokens[0].extend(emitted[:kept])
         if processors:
             batch._token_context[0].update_and_fetch(mx.array(emitted, dtype=mx.uint32))
         batch._next_tokens = mx.array([targets[accepted]], dtype=mx.uint32)
         batch._next_logprobs = [logprobs[accepted]]
-        return self._responses(batch, emitted, scores), accepted
+        return self._responses(batch, emitted[:kept], scores, finish), accepted
+
+    @staticmethod
+    def _finish(batch: GenerationBatch, emitted: list[int]) -> tuple[int, str] | None:
+        """mlx-lm's finish rules per emitted token (max_tokens, EOS, the stop matcher): the
+        index of the token that finishes the stream and why, or None. The rest of the run
+        is then dropped, so the cache handed on holds exactly its tokens."""
+        for i, token in enumerate(emitted):
+            reason = "length" if batch._num_tokens[0] + i + 1 >= batch.max_tokens[0] else None
+            if batch._matchers[0].advance(token):
+                reason = "stop"
+            if reason is not None:
+                return i, reason
+        return None
 
     @staticmethod
     def _responses(
-        batch: GenerationBatch, emitted: list[int], scores: list[mx.array]
+        batch: GenerationBatch,
+        emitted: list[int],
+        scores: list[mx.array],
+        finish: tuple[int, str] | None,
     ) -> list[Response]:
-        """mlx-lm's finish rules per emitted token (max_tokens, EOS): at a finish the rest of
-        the run is dropped and trimmed, so the cache handed on holds exactly its tokens."""
-        uid, responses = batch.uids[0], []
-        for i, (token, score) in enumerate(zip(emitted, scores, strict=True)):
-            batch._num_tokens[0] += 1
-            reason = "length" if batch._num_tokens[0] >= batch.max_tokens[0] else None
-            if batch._matchers[0].advance(token):
-                reason = "stop"
-            if reason is None:
-                responses.append(Response(uid, token, score, None, None, None))
-                continue
-            extra = len(emitted) - 1 - i
-            if extra:
-                trim_prompt_cache(batch.prompt_cache, extra)
-                del batch.tokens[0][-extra:]
-            tokens = batch.tokens[0]
-            responses.append(Response(uid, token, score, reason, batch.extract_cache(0), tokens))
+        uid = batch.uids[0]
+        batch._num_tokens[0] += len(emitted)
+        responses = [
+            Response(uid, token, score, None, None, None)
+            for token, score in zip(emitted, scores, strict=False)
+        ]
+        if finish is not None:
+            token, score = emitted[-1], scores[len(emitted) - 1]
+            cache, tokens = batch.extract_cache(0), batch.tokens[0]
+            responses[-1] = Response(uid, token, score, finish[1], cache, tokens)
             batch.filter([])
-            break
         return responses
+
+
+def _processed(
+    logits: mx.array, inputs: mx.array, seen: mx.array, processors: Sequence[Any]
+) -> mx.array:
+    """The verify step's logits through the request's processors, a position at a time with
+    the tokens before it."""
+    rows = []
+    for i in range(len(inputs)):
+        context = mx.concatenate([seen, inputs[: i + 1].astype(seen.dtype)])
+        row = logits[i : i + 1]
+        for processor in processors:
+            row = processor(context, row)
+        rows.append(row)
+    return mx.concatenate(rows)
 
 
 def lookup_drafter(ngram: int) -> Drafter:

@@ -21,6 +21,11 @@ DType = Literal["float32", "float16", "bfloat16", "auto"]
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 4}
 
 
+# Drafts per step where a model drafts (a draft model, the checkpoint's MTP heads) and neither
+# the node nor the request says: mlx-lm's default for its draft models.
+MODEL_DRAFTS = 3
+
+
 class ServingOptions(Frozen):
     """How the conductor batches (every rank of the epoch uses the same)."""
 
@@ -59,13 +64,19 @@ class ServingOptions(Frozen):
     prompt_cache_bytes: int | None = Field(default=None, ge=0)  # on the rank holding the most
     # Pipelines: split the batch into one micro-batch per stage, so every stage works at once.
     overlap: bool = True
-    # Prompt-lookup speculative decoding (exo_tp.runtime.speculative): draft tokens per step
-    # for requests that do not say (0: off), and the longest n-gram looked up to draft them.
-    num_draft_tokens: int = Field(default=0, ge=0, le=32)
+    # Speculative decoding (exo_tp.runtime.speculative): draft tokens per step for requests
+    # that do not say (0: off; None: MODEL_DRAFTS where a model drafts, a draft model or MTP
+    # heads, else off), and the longest n-gram prompt lookup looks up to draft them.
+    num_draft_tokens: int | None = Field(default=None, ge=0, le=32)
     prompt_lookup_ngram: int = Field(default=3, ge=1, le=16)
     # A draft model's folder on the conductor's machine (exo_tp.runtime.draft_model), drafting
     # in place of prompt lookup; checked against the model's tokenizer before any rank starts.
     draft_model: str | None = None
+    # The checkpoint's own MTP heads drafting (exo_tp.runtime.mtp): on, off, or auto: on where
+    # the checkpoint carries them and the last stage computes on GPUs (there a verify step of
+    # a few positions costs about one decode step; on CPUs it costs several, and MTP's drafts
+    # do not pay: docs/benchmarks.md).
+    mtp: Literal["auto", "on", "off"] = "auto"
     # What the leader's planner optimises when it plans from measured profiles: one request's
     # time per token, every stream's tokens together, or auto by the queue when it plans.
     objective: Literal["latency", "throughput", "auto"] = "auto"

@@ -283,13 +283,14 @@ def test_a_second_stream_turns_speculation_off_and_both_stay_greedy(
 
 
 # llama: plain KV caches (it speculates); gemma3_text and mistral: sliding windows (8 tokens
-# here); qwen3_next: a recurrent state (Gated DeltaNet). Tiny random checkpoints, whole in this
-# process on the engine's loader.
-FAMILIES = {"llama": True, "gemma3_text": False, "mistral": False, "qwen3_next": False}
+# here: they do not); qwen3_next: a recurrent state (Gated DeltaNet) beside its KV layers, kept
+# from before each verify step and replayed where drafts were rejected (it speculates). Tiny
+# random checkpoints, whole in this process on the engine's loader.
+FAMILIES = {"llama": True, "gemma3_text": False, "mistral": False, "qwen3_next": True}
 
 
 @pytest.mark.parametrize("arch", list(FAMILIES))
-def test_only_trimmable_families_speculate_and_all_stay_greedy(
+def test_only_rewindable_families_speculate_and_all_stay_greedy(
     tmp_path: Path, default_models: dict[str, Path], arch: str
 ) -> None:
     from mlx_lm import load, stream_generate
