@@ -260,6 +260,8 @@ class StatusViews:
                 accepted_tokens=self.dispatcher.accepted_tokens,
                 draft_model=self.config.serving.draft_model,
                 draft_node=_draft_node(assignment),
+                mtp=self.config.serving.mtp,
+                mtp_bytes=assignment.plan.spec.mtp_bytes if assignment else 0,
             ),
             balance=self.balance(),
             groups=group_views(self.joined, self._leader_status()),

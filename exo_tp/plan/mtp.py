@@ -32,18 +32,24 @@ def declared_mtp(config: dict[str, Any]) -> int:
     return 0
 
 
+def is_heads_tensor(name: str, layers: int) -> bool:
+    """Whether a checkpoint tensor belongs to the MTP heads (a model of ``layers`` layers)."""
+    return name.startswith((QWEN_PREFIX, f"model.layers.{layers}."))
+
+
 def heads_bytes(model_dir: Path, config: dict[str, Any]) -> int:
     """Bytes of the checkpoint's MTP tensors as stored (0: none)."""
     text = config.get("text_config") or config
     layers = text.get("num_hidden_layers")
-    prefixes = (QWEN_PREFIX, f"model.layers.{layers}.") if isinstance(layers, int) else ()
+    if not isinstance(layers, int):
+        return 0
     total = 0
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         with path.open("rb") as file:
             size = int.from_bytes(file.read(8), "little")
             header = json.loads(file.read(size))
         for name, info in header.items():
-            if name != "__metadata__" and name.startswith(prefixes):
+            if name != "__metadata__" and is_heads_tensor(name, layers):
                 start, stop = info["data_offsets"]
                 total += stop - start
     return total

@@ -6,7 +6,7 @@ layers only; in each layer the rules whose module exists, a branch of which the 
 split weight replaced by a stand-in (nothing inside it read), split weights cut by
 RankSelector, a row-parallel bias whole on the one rank that keeps it, every other parameter
 whole; the vocabulary-parallel embedding (first stage, and the last when tied) and LM head (last
-stage); the final norm on the last stage only.
+stage); the final norm and the checkpoint's MTP heads on the last stage only.
 
 Tensors the loader does not read straight from the files (``TensorEntry.sliceable`` false:
 model.sanitize() renames, stacks or transforms them) are needed whole by every rank holding
@@ -23,6 +23,7 @@ from exo_tp.arch import ArchTable, Dim, LinearRule, table_for
 from exo_tp.arch.table import is_under
 from exo_tp.errors import ExoTpError
 from exo_tp.frozen import Frozen
+from exo_tp.plan.mtp import is_heads_tensor
 from exo_tp.plan.pipeline import PipelinePlan
 from exo_tp.plan.slices import RankSelector
 from exo_tp.weights import ranges as R
@@ -250,6 +251,10 @@ def rank_boxes(manifest: ModelManifest, plan: PipelinePlan, rank: int) -> Boxes:
     extra = []
     for entry in manifest.tensors:
         if entry.sliceable or not entry.length:
+            continue
+        if spec.mtp_bytes and is_heads_tensor(entry.name, spec.num_layers):
+            if last:  # the MTP heads: whole on the last stage's ranks, which draft with them
+                extra.append((entry.name, [(0, entry.length)]))
             continue
         held_in = locate(entry.name, table).layer
         if held_in is None or held_in in stage.layers:

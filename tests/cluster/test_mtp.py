@@ -167,3 +167,42 @@ def test_sampled_mtp_drafts_keep_the_target_distribution(
     assert len(values) >= 300, len(values)
     assert _ks(values) < KS_LIMIT, (_ks(values), len(values))
     assert _ks(np.concatenate(greedy)) > KS_LIMIT
+
+
+def test_a_node_cluster_serves_with_mtp_drafts_stop_strings_and_the_prompt_cache(
+    models: dict[str, tuple[Path, Path, Reference]],
+) -> None:
+    """`exo-tp run --local-nodes 3 --weights 3,2,1 --mtp` with the trained Qwen 3.5 heads: a
+    chat answer is mlx-lm's with drafts kept (usage), cut at a stop string met inside the
+    answer; the same conversation again (its prompt in the prompt cache) answers alike; the
+    cluster view shows the heads held."""
+    from cluster_helpers import http_json, local_cluster
+
+    _, learned, reference = models["qwen3_5"]
+    decided = _greedy_prefix(reference)
+    text = reference.text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]  # met after drafts were kept
+    with local_cluster(3, weights=[3, 2, 1], model=str(learned), extra=("--mtp",)) as cluster:
+        body = {
+            "model": str(learned),
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": TOKENS,
+            "temperature": 0,
+        }
+        answers = []
+        for url in (cluster.urls[0], cluster.urls[2]):  # the second: the prompt cache's entry
+            status, answer = http_json(url + "/v1/chat/completions", body, timeout=300)
+            assert status == 200, answer
+            answers.append(answer)
+        status, stopped = http_json(
+            cluster.urls[1] + "/v1/chat/completions", {**body, "stop": [stop]}, timeout=300
+        )
+        _, view = http_json(cluster.urls[0] + "/v1/cluster")
+    assert status == 200, stopped
+    assert decided == TOKENS  # no near-tie in mlx-lm's answer: the text is exactly its text
+    assert [a["choices"][0]["message"]["content"] for a in answers] == [text, text]
+    assert stopped["choices"][0]["message"]["content"] == text[: text.index(stop)]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    for answer in answers:
+        assert answer["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    assert view["serving"]["mtp"] == "on" and view["serving"]["mtp_bytes"] > 0

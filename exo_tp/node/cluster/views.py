@@ -251,6 +251,10 @@ class ServingView(Frozen):
     # loads it (None: no epoch yet, or a quantized KV cache, which never speculates)
     draft_model: str | None = None
     draft_node: str | None = None
+    # --mtp (auto: on GPUs), and the served checkpoint's MTP heads, held whole by every rank
+    # of the last stage (bytes as stored; 0: it has none, or no epoch yet)
+    mtp: str = "auto"
+    mtp_bytes: int = 0
 
 
 class ClusterView(Frozen):
