@@ -34,6 +34,14 @@ def add_speculative_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
         f"GPUs; {MODEL_DRAFTS} drafts a step unless --num-draft-tokens says)",
     )
     p.add_argument(
+        "--batch-drafts",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="while several requests run, each drafts by prompt lookup and all are checked "
+        "in one batched step (default auto: on where every rank of a one-stage plan computes "
+        "on a GPU; on a CPU it costs more than it saves)",
+    )
+    p.add_argument(
         "--prompt-lookup-ngram",
         type=positive_int,
         default=3,
@@ -85,4 +93,5 @@ def _fields(args: argparse.Namespace, draft: str | None) -> dict[str, Any]:
         "prompt_lookup_ngram": args.prompt_lookup_ngram,
         "draft_model": draft,
         "mtp": mtp,
+        "batch_drafts": args.batch_drafts,
     }

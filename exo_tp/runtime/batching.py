@@ -56,6 +56,9 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
 from exo_tp.runtime.admission import Admission
+from exo_tp.runtime.batch_verify import RowsVerify, can_verify_rows
+from exo_tp.runtime.diverged import DivergedError
+from exo_tp.runtime.fused_steps import fusable, step_fused
 from exo_tp.runtime.prompt_cache import prompt_alone, prompt_cache_for
 from exo_tp.runtime.prompt_scores import Inserted, prompt_outputs
 from exo_tp.runtime.speculative import (
@@ -64,6 +67,7 @@ from exo_tp.runtime.speculative import (
     SpeculativeStep,
     can_speculate,
     lookup_drafter,
+    prompt_lookup,
 )
 from exo_tp.shard.fused_step import FusedForward
 from exo_tp.vision.registry import VisionRegistry
@@ -80,10 +84,6 @@ RankSampler = Callable[[mx.array], tuple[mx.array, Word]]
 # Earlier stages of an overlapped pipeline: the conductor's next Tokens message.
 TokenFeed = Callable[[], Tokens]
 Response = GenerationBatch.Response
-
-
-class DivergedError(RuntimeError):
-    """This rank's batch no longer matches the conductor's (a bug: the epoch must end)."""
 
 
 def _word_value(word: Word) -> int:
@@ -105,6 +105,7 @@ class LockstepBatch:
         speculate: bool = False,
         drafter: Drafter | None = None,
         fused: FusedForward | None = None,
+        verify_rows: bool = False,
     ):
         """``sample``: this rank's part of sampling; None with ``deferred`` (earlier stages of
         an overlapped pipeline, whose tokens arrive a round later). ``bytes_per_token`` and
@@ -113,7 +114,9 @@ class LockstepBatch:
         KV cache: every rank must pass the same); ``drafter``:
         where drafts come from (a draft model's, exo_tp.runtime.draft_model), else prompt
         lookup. ``fused``: runs a step's decode rows and a prompt chunk in one forward pass
-        (exo_tp.shard.fused_step; one stage, a float KV cache: every rank must pass alike)."""
+        (exo_tp.shard.fused_step; one stage, a float KV cache: every rank must pass alike).
+        ``verify_rows``: several streams draft by prompt lookup and are verified in one step
+        (exo_tp.runtime.batch_verify; every rank must pass alike)."""
         if (sample is None) == (deferred is None):
             raise ValueError("a rank samples either now or deferred")
         self.model = model
@@ -159,6 +162,10 @@ class LockstepBatch:
         drafter = drafter or lookup_drafter(options.prompt_lookup_ngram)
         step = SpeculativeStep(model, self._sample_now, drafter, hidden)
         self._speculative = step if speculate else None
+        rows = speculate and verify_rows and by_model == 0 and lanes == 1  # prompt lookup only
+        self._rows = RowsVerify(model, self._sample_now) if rows else None
+        self._ngram = options.prompt_lookup_ngram
+        self.rows_steps = 0  # steps that verified several streams' drafts together
         self._drafts: dict[int, int] = {}
         self._backoff = Backoff()  # streams whose drafts stopped paying decode plainly a while
         self.on_drafts: Callable[[BatchUid, int, int], None] | None = None
@@ -325,8 +332,12 @@ class LockstepBatch:
                 self._fill_tokens(lane)
         self.admission.prepare(generator, self.steps)
         responses = self._speculate(generator)
-        if responses is None and self._fusable(generator):
-            responses = self._step_fused(generator)
+        if responses is None and self._rows is not None and can_verify_rows(generator):
+            responses = self._speculate_rows(generator, self._rows)
+        fused = self._fused if len(self.lanes) == 1 else None
+        if responses is None and fused is not None and fusable(generator):
+            responses = step_fused(generator, fused, first=not self.fused_steps)
+            self.fused_steps += 1
         if responses is None:
             _, responses = generator.next()
         self._position += 1
@@ -367,54 +378,30 @@ class LockstepBatch:
             self.on_drafts(BatchUid(uid), len(drafts), accepted)
         return responses
 
-    def _fusable(self, generator: BatchGenerator) -> bool:
-        """Whether this step's decode rows and prompt chunk can share one forward pass: rows
-        decode (with room for more: mlx-lm skips the prompts of a full batch), and the one
-        prompt prefilling neither moves to decoding nor is joined by another this step (a
-        prompt batch of one: no padding to prepare before its chunk). Every rank holds the
-        same batch and queue, so every rank decides alike."""
-        if self._fused is None or len(self.lanes) != 1:
-            return False
-        rows, prompts = generator._generation_batch, generator._prompt_batch
-        if not len(rows) or len(rows) >= generator.completion_batch_size:
-            return False
-        if len(prompts) != 1 or len(generator._currently_processing) != 1:
-            return False
-        segments = generator._currently_processing[0][0]
-        if not segments or (len(segments) == 1 and len(segments[0]) == 1):
-            return False
-        joining = generator._unprocessed_sequences and generator.prefill_batch_size > 1
-        return not joining
-
-    def _step_fused(self, generator: BatchGenerator) -> list[Response]:
-        """mlx-lm's step with its two model calls made one (exo_tp.shard.fused_step): the
-        decode rows' call runs the chunk mlx-lm is about to take as well, and the prompt
-        call that follows finds its chunk done. Everything else is mlx-lm's own step."""
-        assert self._fused is not None
-        fused = self._fused
-        rows, prompts = generator._generation_batch, generator._prompt_batch
-        chunk = generator._currently_processing[0][0][0][: generator.prefill_step_size]
-
-        def rows_and_chunk(inputs: mx.array, cache: list[Any]) -> mx.array:
-            return fused(inputs, cache, mx.array([chunk]), prompts.prompt_cache)
-
-        def chunk_done(tokens: mx.array, cache: list[Any]) -> None:
-            if tokens.shape[1] != len(chunk):
-                raise DivergedError(f"a chunk of {tokens.shape[1]}, fused {len(chunk)}")
-
-        models, decoding = (rows.model, prompts.model), len(rows)
-        rows.model, prompts.model = rows_and_chunk, chunk_done
-        try:
-            _, responses = generator.next()
-        finally:
-            rows.model, prompts.model = models
-        if not self.fused_steps:
-            log.info(
-                "a step ran its %d decode rows and a %d-token chunk in one pass",
-                decoding,
-                len(chunk),
-            )
-        self.fused_steps += 1
+    def _speculate_rows(self, generator: BatchGenerator, rows: RowsVerify) -> list[Response] | None:
+        """Several streams decoding: each drafts by prompt lookup (its own count and back-off)
+        and all are verified in one batched step; None where no stream has drafts."""
+        batch = generator._generation_batch
+        mx.eval(batch._next_tokens)
+        pending = cast(list[int], batch._next_tokens.tolist())
+        drafts = []
+        for i, uid in enumerate(batch.uids):
+            most = min(self._drafts.get(uid, 0), batch.max_tokens[i] - batch._num_tokens[i] - 1)
+            allowed = most > 0 and self._backoff.allows(uid, self.steps)
+            history = [*batch.tokens[i], pending[i]]
+            drafts.append(prompt_lookup(history, self._ngram, most) if allowed else [])
+        if not any(drafts):
+            return None
+        uids = list(batch.uids)
+        responses, accepted = rows.run(generator, pending, drafts)
+        if not self.rows_steps:
+            log.info("a step verified the drafts of %d streams together", len(uids))
+        self.rows_steps += 1
+        for uid, row, kept in zip(uids, drafts, accepted, strict=True):
+            if row:
+                self._backoff.record(uid, self.steps, kept)
+                if self.on_drafts is not None:
+                    self.on_drafts(BatchUid(uid), len(row), kept)
         return responses
 
     def _keep_prompt(self, generator: BatchGenerator, uid: int, prompt: list[int]) -> None:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,31 @@ def _open_hops(job: Assignment, key: bytes, model: Any) -> Any:
     )
 
 
+@dataclass(frozen=True)
+class _StepParts:
+    """What this epoch's steps run with beside the model: fused decode rows and prompt chunks,
+    the MTP heads (the last stage's), several streams verified in one step."""
+
+    fused: FusedForward | None
+    mtp: MtpParts | None
+    verify_rows: bool
+
+
+def _all_on_gpus(group: mx.distributed.Group) -> bool:
+    """Whether every rank of the group computes on a GPU (one all-reduce: all decide alike)."""
+    on_gpu = mx.array([int(mx.default_device().type == mx.gpu)])
+    return bool(sum_over_ranks(on_gpu, 1, group).item() == group.size())
+
+
+def _verify_rows(job: Assignment, group: mx.distributed.Group) -> bool:
+    """Whether several streams draft and are verified in one step (ServingOptions.
+    batch_drafts): on, or auto where the plan has one stage whose ranks all compute on GPUs."""
+    choice = job.serving.batch_drafts
+    if choice == "off" or job.serving.kv_bits is not None:
+        return False
+    return choice == "on" or (len(job.plan.stages) == 1 and _all_on_gpus(group))
+
+
 def _fused_steps(job: Assignment, model: Any, group: mx.distributed.Group) -> FusedForward | None:
     """What runs a step's decode rows and a prompt chunk in one pass, where this epoch does
     (ServingOptions.fused_steps; one stage, a float KV cache, a family whose blocks fuse).
@@ -160,10 +186,8 @@ def _fused_steps(job: Assignment, model: Any, group: mx.distributed.Group) -> Fu
         if job.rank == job.conductor_rank:
             log.info("epoch %d: %s: no fused steps (its blocks do not fuse)", job.epoch, model_type)
         return None
-    if choice == "auto":
-        on_gpu = mx.array([int(mx.default_device().type == mx.gpu)])
-        if sum_over_ranks(on_gpu, 1, group).item() != group.size():
-            return None
+    if choice == "auto" and not _all_on_gpus(group):
+        return None
     return FusedForward(model, model_type)
 
 
@@ -177,8 +201,7 @@ def _serve_as_conductor(
     supervisor: Channel[Any],
     ready: Ready,
     model_dir: Path,
-    fused: FusedForward | None,
-    mtp: MtpParts | None,
+    steps: _StepParts,
 ) -> None:
     plan = job.plan
     followers = accept_count(job.conductor, key, HELLO, plan.size - 1, PEER_TIMEOUT, "conductor")
@@ -192,7 +215,7 @@ def _serve_as_conductor(
     # of CPU per rank, on every start of every epoch).
     last_stage = set(plan.stages[-1].ranks)
     earlier = [by_rank[r] for r in sorted(by_rank) if r not in last_stage]
-    drafter = conductor_drafter(job, group, model_dir, earlier, mtp, DTYPES[job.dtype])
+    drafter = conductor_drafter(job, group, model_dir, earlier, steps.mtp, DTYPES[job.dtype])
     ends = EndTokens(ids=tuple(sorted(tokenizer.eos_token_ids)), model_drafts=drafter is not None)
     for channel in by_rank.values():
         channel.send(ends)
@@ -210,7 +233,8 @@ def _serve_as_conductor(
             bytes_per_entry=_bytes_per_entry(job),
             speculate=may_speculate(job),
             drafter=drafter,
-            fused=fused,
+            fused=steps.fused,
+            verify_rows=steps.verify_rows,
         )
         if progress.probe is not None:
             progress.batch.after_step = progress.probe.maybe
@@ -237,8 +261,7 @@ def _serve_as_follower(
     progress: Progress,
     supervisor: Channel[Any],
     ready: Ready,
-    fused: FusedForward | None,
-    mtp: MtpParts | None,
+    steps: _StepParts,
 ) -> None:
     channel = connect(job.conductor, key, STAGE_CONTROL, PEER_TIMEOUT)
     channel.send(Hello(epoch=job.epoch, rank=job.rank))
@@ -257,8 +280,9 @@ def _serve_as_follower(
         deferred=feed.next_tokens if deferred else None,
         bytes_per_entry=_bytes_per_entry(job),
         speculate=may_speculate(job),
-        drafter=follower_drafter(opening, in_last_stage, group, feed, mtp),
-        fused=fused,
+        drafter=follower_drafter(opening, in_last_stage, group, feed, steps.mtp),
+        fused=steps.fused,
+        verify_rows=steps.verify_rows,
     )
     if progress.probe is not None:
         progress.batch.after_step = progress.probe.maybe
@@ -336,16 +360,17 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
     mtp = mtp_on_rank(job, model_dir, model, group, DTYPES[job.dtype])
     # (fused: positions ride on ids; the MTP record wants one stream's rows a call)
     fused = None if vision or mtp else _fused_steps(job, driver, group)
+    steps = _StepParts(fused, mtp, _verify_rows(job, group))
     threading.Thread(target=beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
     if job.rank == job.conductor_rank:  # only the conductor reads text: the followers get
         # the end tokens from it (EndTokens)
         tokenizer = load_model_tokenizer(model_dir)
         _serve_as_conductor(
-            job, key, driver, tokenizer, group, progress, supervisor, ready, model_dir, fused, mtp
+            job, key, driver, tokenizer, group, progress, supervisor, ready, model_dir, steps
         )
     else:
-        _serve_as_follower(job, key, driver, group, progress, supervisor, ready, fused, mtp)
+        _serve_as_follower(job, key, driver, group, progress, supervisor, ready, steps)
 
 
 def _peer_lost(error: Exception) -> bool:

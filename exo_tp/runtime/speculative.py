@@ -163,7 +163,7 @@ class SpeculativeStep:
             logits = self.model(inputs[None], cache=batch.prompt_cache)[0]
             processors = batch.logits_processors[0] or ()
             if processors:  # the conductor's row marker: called once per position, in order
-                logits = _processed(logits, inputs, batch._token_context[0].tokens, processors)
+                logits = processed(logits, inputs, batch._token_context[0].tokens, processors)
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             targets_array = self._sample(logprobs)
             mx.eval(targets_array, logprobs, batch._next_logprobs)
@@ -173,7 +173,7 @@ class SpeculativeStep:
             accepted += 1
         emitted = [token, *drafts[:accepted]]
         scores = [batch._next_logprobs[0], *(logprobs[i] for i in range(accepted))]
-        finish = self._finish(batch, emitted)
+        finish = finish_at(batch, 0, emitted)
         kept = len(emitted) if finish is None else finish[0] + 1
         with mx.stream(generator._stream):
             rewind(self.model, batch.prompt_cache, saved, inputs, kept)
@@ -185,19 +185,6 @@ class SpeculativeStep:
         batch._next_tokens = mx.array([targets[accepted]], dtype=mx.uint32)
         batch._next_logprobs = [logprobs[accepted]]
         return self._responses(batch, emitted[:kept], scores, finish), accepted
-
-    @staticmethod
-    def _finish(batch: GenerationBatch, emitted: list[int]) -> tuple[int, str] | None:
-        """mlx-lm's finish rules per emitted token (max_tokens, EOS, the stop matcher): the
-        index of the token that finishes the stream and why, or None. The rest of the run
-        is then dropped, so the cache handed on holds exactly its tokens."""
-        for i, token in enumerate(emitted):
-            reason = "length" if batch._num_tokens[0] + i + 1 >= batch.max_tokens[0] else None
-            if batch._matchers[0].advance(token):
-                reason = "stop"
-            if reason is not None:
-                return i, reason
-        return None
 
     @staticmethod
     def _responses(
@@ -220,7 +207,20 @@ class SpeculativeStep:
         return responses
 
 
-def _processed(
+def finish_at(batch: GenerationBatch, row: int, emitted: list[int]) -> tuple[int, str] | None:
+    """mlx-lm's finish rules per emitted token of a row (max_tokens, EOS, the stop matcher):
+    the index of the token that finishes the stream and why, or None. The rest of the run is
+    then dropped, so the cache handed on holds exactly its tokens."""
+    for i, token in enumerate(emitted):
+        reason = "length" if batch._num_tokens[row] + i + 1 >= batch.max_tokens[row] else None
+        if batch._matchers[row].advance(token):
+            reason = "stop"
+        if reason is not None:
+            return i, reason
+    return None
+
+
+def processed(
     logits: mx.array, inputs: mx.array, seen: mx.array, processors: Sequence[Any]
 ) -> mx.array:
     """The verify step's logits through the request's processors, a position at a time with

@@ -77,6 +77,10 @@ class ServingOptions(Frozen):
     # a few positions costs about one decode step; on CPUs it costs several, and MTP's drafts
     # do not pay: docs/benchmarks.md).
     mtp: Literal["auto", "on", "off"] = "auto"
+    # Several streams drafting (prompt lookup) and verified in one batched step
+    # (exo_tp.runtime.batch_verify): auto where every rank of a one-stage plan computes on a
+    # GPU; on a CPU B rows of K + 1 positions cost about B(K + 1) streams' step.
+    batch_drafts: Literal["auto", "on", "off"] = "auto"
     # What the leader's planner optimises when it plans from measured profiles: one request's
     # time per token, every stream's tokens together, or auto by the queue when it plans.
     objective: Literal["latency", "throughput", "auto"] = "auto"
