@@ -14,7 +14,6 @@ unseen text (llama.cpp reports ~75% of 3 drafts kept on Qwen 3.6).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import subprocess
@@ -110,22 +109,12 @@ def _launch(model: Path, args: argparse.Namespace, report: Path, *extra: str) ->
 
 
 def _under_load(model: Path, args: argparse.Namespace, logs: Path, flag: str) -> float:
-    from serving import client_session, exo_tp, prompts, run_level, wait_ready
+    from serving import aggregate_under_load
 
-    async def aggregate() -> float:
-        extra = ("--weights", args.weights, flag)
-        with exo_tp(f"mtp{flag}", str(model), 2, logs, [], {}, extra) as server:
-            await wait_ready(server, 900)
-            async with client_session(900) as session:
-                level = await run_level(
-                    session, server, args.streams, 1, args.load_tokens, prompts(seed=0)
-                )
-        errors = [r.error for r in level.results if r.error]
-        if errors:
-            sys.exit(f"under load: {errors[0]}")
-        return float(level.summary()["aggregate_tps"])
-
-    return asyncio.run(aggregate())
+    extra = ("--weights", args.weights, flag)
+    return aggregate_under_load(
+        f"mtp{flag}", str(model), logs, extra, args.streams, args.load_tokens
+    )
 
 
 def run_mtp(args: argparse.Namespace, tmp: Path) -> None:

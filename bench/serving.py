@@ -1056,3 +1056,22 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def aggregate_under_load(
+    name: str, model: str, logs: Path, extra: Sequence[str], streams: int, tokens: int
+) -> float:
+    """Aggregate tokens/s of ``streams`` concurrent streaming clients (distinct prompts,
+    ``tokens`` each) on `exo-tp run --local-nodes 2` with ``extra`` flags."""
+
+    async def aggregate() -> float:
+        with exo_tp(name, model, 2, logs, [], {}, extra) as server:
+            await wait_ready(server, 900)
+            async with client_session(900) as session:
+                level = await run_level(session, server, streams, 1, tokens, prompts(seed=0))
+        errors = [r.error for r in level.results if r.error]
+        if errors:
+            sys.exit(f"under load: {errors[0]}")
+        return float(level.summary()["aggregate_tps"])
+
+    return asyncio.run(aggregate())

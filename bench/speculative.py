@@ -12,7 +12,8 @@ the same tokens (greedy: they must).
 
 Under load: `exo-tp run --local-nodes 2` with and without prompt-lookup drafts asked of every
 request, 8 concurrent streaming clients (--streams) on distinct prompts: aggregate tokens/s
-(speculation must not make it worse; it turns itself off while more than one stream runs).
+(speculation must not make it worse: by default it turns itself off while more than one
+stream runs), and with `--batch-drafts on` (every stream drafts, all verified in one step).
 
     python bench/speculative.py [--model smollm2-135m] [--lines 200] [--tokens 256]
         [--drafts 4] [--ngram 3] [--draft-model smollm2-135m-q4] [--draft-drafts 3]
@@ -115,32 +116,27 @@ def under_load(model: Path, args: argparse.Namespace, logs: Path) -> dict[str, f
     """Aggregate tokens/s of ``args.streams`` concurrent streams on a 2-node local cluster,
     requests drafting ``args.drafts`` tokens a step (the node's default) and not drafting
     (medians of ``args.rounds`` alternating runs: one run's aggregate swings by 2x here)."""
-    import asyncio
+    from serving import aggregate_under_load
 
-    from serving import client_session, exo_tp, prompts, run_level, wait_ready
-
-    async def aggregate(drafts: int) -> float:
+    def aggregate(drafts: int, batched: str = "off") -> float:
         extra = ("--weights", args.weights, "--num-draft-tokens", str(drafts))
-        with exo_tp(f"drafts-{drafts}", str(model), 2, logs, [], {}, extra) as server:
-            await wait_ready(server, 900)
-            async with client_session(900) as session:
-                level = await run_level(
-                    session, server, args.streams, 1, args.load_tokens, prompts(seed=0)
-                )
-        errors = [r.error for r in level.results if r.error]
-        if errors:
-            sys.exit(f"under load: {errors[0]}")
-        return float(level.summary()["aggregate_tps"])
+        extra += ("--batch-drafts", batched)
+        name = f"drafts-{drafts}-{batched}"
+        return aggregate_under_load(name, str(model), logs, extra, args.streams, args.load_tokens)
 
-    runs: dict[str, list[float]] = {"plain": [], "drafting": []}
+    runs: dict[str, list[float]] = {"plain": [], "drafting": [], "batched": []}
     for _ in range(args.rounds):  # alternating, as the rounds above
-        runs["plain"].append(asyncio.run(aggregate(0)))
-        runs["drafting"].append(asyncio.run(aggregate(args.drafts)))
+        runs["plain"].append(aggregate(0))
+        runs["drafting"].append(aggregate(args.drafts))
+        runs["batched"].append(aggregate(args.drafts, "on"))
     plain, drafting = statistics.median(runs["plain"]), statistics.median(runs["drafting"])
+    batched = statistics.median(runs["batched"])
     return {
         "plain_tps": round(plain, 3),
         "drafting_tps": round(drafting, 3),
         "drafting_over_plain": round(drafting / plain, 3) if plain else 0.0,
+        "batched_tps": round(batched, 3),
+        "batched_over_plain": round(batched / plain, 3) if plain else 0.0,
     }
 
 
@@ -209,7 +205,8 @@ def main() -> None:
         load = under_load(model, args, Path(tmp))
     print(
         f"under load, {args.streams} streams: plain {load['plain_tps']:.2f} tok/s, drafting "
-        f"{load['drafting_tps']:.2f} tok/s",
+        f"{load['drafting_tps']:.2f} tok/s (a lone stream), {load['batched_tps']:.2f} tok/s "
+        "(drafts inside the batch)",
         file=sys.stderr,
     )
     median = {k: statistics.median(v) for k, v in tps.items()}
@@ -232,7 +229,8 @@ def main() -> None:
     print(f"same tokens: {same}")
     print(
         f"under load, {args.streams} streams: drafting / plain "
-        f"{load['drafting_over_plain']:.2f}x aggregate"
+        f"{load['drafting_over_plain']:.2f}x aggregate, drafts inside the batch / plain "
+        f"{load['batched_over_plain']:.2f}x"
     )
     print(
         json.dumps(
@@ -247,6 +245,7 @@ def main() -> None:
                 "same_tokens": same,
                 "under_load_streams": args.streams,
                 "under_load_drafting_over_plain": load["drafting_over_plain"],
+                "under_load_batched_drafts_over_plain": load["batched_over_plain"],
             }
         )
     )

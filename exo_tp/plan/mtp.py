@@ -9,9 +9,10 @@ that speculates, small beside the model's, and not counted.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from exo_tp.plan.stored import stored_bytes
 
 # Where the two shipped layouts keep them: Qwen's top-level block, and DeepSeek's and GLM's
 # decoder layer after the last (``model.layers.<num_hidden_layers>``).
@@ -39,17 +40,7 @@ def is_heads_tensor(name: str, layers: int) -> bool:
 
 def heads_bytes(model_dir: Path, config: dict[str, Any]) -> int:
     """Bytes of the checkpoint's MTP tensors as stored (0: none)."""
-    text = config.get("text_config") or config
-    layers = text.get("num_hidden_layers")
+    layers = (config.get("text_config") or config).get("num_hidden_layers")
     if not isinstance(layers, int):
         return 0
-    total = 0
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with path.open("rb") as file:
-            size = int.from_bytes(file.read(8), "little")
-            header = json.loads(file.read(size))
-        for name, info in header.items():
-            if name != "__metadata__" and is_heads_tensor(name, layers):
-                start, stop = info["data_offsets"]
-                total += stop - start
-    return total
+    return stored_bytes(model_dir, lambda name: is_heads_tensor(name, layers))

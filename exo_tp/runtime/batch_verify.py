@@ -25,13 +25,14 @@ would, and it does not pay (bench/speculative.py measures it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import BatchKVCache, CacheList
 
+from exo_tp.runtime.cache_rewind import leaves
 from exo_tp.runtime.speculative import finish_at, processed
 
 Response = GenerationBatch.Response
@@ -53,13 +54,6 @@ def can_verify_rows(generator: BatchGenerator) -> bool:
         and not generator._currently_processing
         and all(_whole_kv(c) for c in batch.prompt_cache)
     )
-
-
-def _leaves(caches: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for cache in caches:
-        out.extend(_leaves(list(cache.caches)) if isinstance(cache, CacheList) else [cache])
-    return out
 
 
 def _row(batch: GenerationBatch, row: int, logits: mx.array, inputs: mx.array) -> mx.array:
@@ -106,7 +100,7 @@ class RowsVerify:
             emitted.append(run if finish is None else run[: finish[0] + 1])
             finishes.append(finish)
         drops = [width - len(run) for run in emitted]
-        for cache in _leaves(batch.prompt_cache):
+        for cache in leaves(batch.prompt_cache):
             cache.prepare(right_padding=drops)
             cache.finalize()
         nexts = [targets[i * width + a] for i, a in enumerate(accepted)]

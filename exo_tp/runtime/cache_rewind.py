@@ -32,7 +32,7 @@ def rewindable(cache: object) -> bool:
 def save(caches: list[Any]) -> Saved:
     """The recurrent states of ``caches`` (none for a model of KV caches only)."""
     saved: Saved = []
-    for cache in _leaves(caches):
+    for cache in leaves(caches):
         if isinstance(cache, ArraysCache):
             data, padding, lengths = cache.state
             # copies: a step changes some of these in place (advance's `-=`)
@@ -64,13 +64,14 @@ def rewind(model: nn.Module, caches: list[Any], saved: Saved, inputs: mx.array, 
 
 
 def _trim(caches: list[Any], count: int) -> None:
-    for cache in _leaves(caches):
+    for cache in leaves(caches):
         if isinstance(cache, BatchKVCache):
             cache.trim(count)
 
 
-def _leaves(caches: list[Any]) -> list[Any]:
+def leaves(caches: list[Any]) -> list[Any]:
+    """The caches of a stream's layers, CacheLists opened."""
     out: list[Any] = []
     for cache in caches:
-        out.extend(_leaves(cache.caches) if isinstance(cache, CacheList) else [cache])
+        out.extend(leaves(list(cache.caches)) if isinstance(cache, CacheList) else [cache])
     return out

@@ -159,6 +159,17 @@ class _StepParts:
     verify_rows: bool
 
 
+def _step_parts(
+    job: Assignment, model_dir: Path, model: Any, driver: Any, group: Any, vision: bool
+) -> _StepParts:
+    """The MTP heads (the last stage's), fused steps and verified rows, decided alike on every
+    rank of the stage (each in its all-reduce, in this order everywhere)."""
+    mtp = mtp_on_rank(job, model_dir, model, group, DTYPES[job.dtype])
+    # (fused: positions ride on ids; the MTP record wants one stream's rows a call)
+    fused = None if vision or mtp else _fused_steps(job, driver, group)
+    return _StepParts(fused, mtp, _verify_rows(job, group))
+
+
 def _all_on_gpus(group: mx.distributed.Group) -> bool:
     """Whether every rank of the group computes on a GPU (one all-reduce: all decide alike)."""
     on_gpu = mx.array([int(mx.default_device().type == mx.gpu)])
@@ -357,10 +368,7 @@ def run(job: Assignment, key: bytes, supervisor: Channel[Any], child: str) -> No
         if problem:
             raise ExoTpError(problem)
         quantize_kv(driver, bits, serving.kv_group_size, serving.quantized_kv_start)
-    mtp = mtp_on_rank(job, model_dir, model, group, DTYPES[job.dtype])
-    # (fused: positions ride on ids; the MTP record wants one stream's rows a call)
-    fused = None if vision or mtp else _fused_steps(job, driver, group)
-    steps = _StepParts(fused, mtp, _verify_rows(job, group))
+    steps = _step_parts(job, model_dir, model, driver, group, vision is not None)
     threading.Thread(target=beat, args=(supervisor, progress), daemon=True).start()
     ready = Ready(epoch=job.epoch, rank=job.rank, links=links, memory=progress.memory())
     if job.rank == job.conductor_rank:  # only the conductor reads text: the followers get

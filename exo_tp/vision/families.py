@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from exo_tp.arch import supported_model_types  # pure tables: no MLX
+from exo_tp.plan.stored import stored_bytes
 
 
 @dataclass(frozen=True)
@@ -87,16 +88,7 @@ def _config(model_dir: Path) -> dict[str, Any] | None:
 def tower_bytes(model_dir: Path) -> int:
     """Bytes of a checkpoint's tensors outside its language model (the vision tower, its
     projector; mlx-vlm's layout), from the safetensors headers alone."""
-    total = 0
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with path.open("rb") as file:
-            size = int.from_bytes(file.read(8), "little")
-            header = json.loads(file.read(size))
-        for name, info in header.items():
-            if name != "__metadata__" and not name.startswith("language_model."):
-                start, stop = info["data_offsets"]
-                total += stop - start
-    return total
+    return stored_bytes(model_dir, lambda name: not name.startswith("language_model."))
 
 
 def image_patches(vision: dict[str, Any]) -> int:

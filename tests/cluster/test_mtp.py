@@ -14,12 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from helpers import Reference, launch, mlx_lm_reference
 from mtp_models import trained, write_mtp_model
 from test_arch_matrix import MIN_MARGIN
-from test_speculative import KS_LIMIT, SAMPLED_RUNS, SAMPLED_TOKENS, TEMPERATURE, _ks, _pit
+from test_speculative import SAMPLED_RUNS, TEMPERATURE, assert_target_distribution, sampled_runs
 
 from exo_tp.plan.spec import load_spec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
@@ -27,7 +26,7 @@ from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.runtime.sampling import request_sampler
 from exo_tp.shard.apply import load_shard
 from exo_tp.wire.assignment import ServingOptions
-from exo_tp.wire.runtime import Insert, SamplingParams
+from exo_tp.wire.runtime import SamplingParams
 
 PROMPT = "Repeat: apple banana cherry apple banana cherry"
 TOKENS = 24
@@ -136,37 +135,9 @@ def test_sampled_mtp_drafts_keep_the_target_distribution(
     )
     prompt = reference_answer.prompt_ids
     mx.random.seed(7)
-    runs: list[tuple[list[int], set[int]]] = []
-    counts = [0, 0]  # drafted, accepted
-    for uid in range(SAMPLED_RUNS // 3):
-        tokens: list[int] = []
-        decided: set[int] = set()
-
-        def record(_: int, drafts: int, kept: int, out: list[int] = tokens, d=decided) -> None:
-            counts[0], counts[1] = counts[0] + drafts, counts[1] + kept
-            d.update(range(len(out) + 1, len(out) + kept + 2))
-
-        batch.on_drafts = record
-        batch.insert(
-            Insert(uid=uid, tokens=tuple(prompt), max_tokens=SAMPLED_TOKENS, draft_tokens=3)
-        )
-        while not batch.idle:
-            tokens += [response.token for response in batch.step()]
-        runs.append((tokens, {i for i in decided if i < len(tokens)}))
-    drafted, accepted = counts
-    assert accepted >= 30 and drafted - accepted >= 30, counts
-    rng = np.random.default_rng(0)
-    sampled, greedy = [], []
-    for tokens, decided in runs:
-        logits = reference(mx.array(prompt + tokens[:-1])[None])[0, len(prompt) - 1 :]
-        rows = np.array(mx.softmax(logits.astype(mx.float32) / TEMPERATURE, axis=-1))
-        picked = sorted(decided)
-        sampled.append(_pit(rows[picked], [tokens[i] for i in picked], rng))
-        greedy.append(_pit(rows[picked], rows[picked].argmax(axis=-1).tolist(), rng))
-    values = np.concatenate(sampled)
-    assert len(values) >= 300, len(values)
-    assert _ks(values) < KS_LIMIT, (_ks(values), len(values))
-    assert _ks(np.concatenate(greedy)) > KS_LIMIT
+    runs, drafted, accepted = sampled_runs(batch, prompt, SAMPLED_RUNS // 3, 3)
+    assert accepted >= 30 and drafted - accepted >= 30, (drafted, accepted)
+    assert_target_distribution(reference, prompt, runs, 300)
 
 
 def test_a_node_cluster_serves_with_mtp_drafts_stop_strings_and_the_prompt_cache(

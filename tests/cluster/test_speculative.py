@@ -11,6 +11,7 @@ accepted run, the prompt cache it leaves).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -381,27 +382,49 @@ def test_sampled_speculation_keeps_the_target_distribution(
     batch = LockstepBatch(ours, [], options, lambda lp: (sampler(lp), 0), 0, speculate=True)
     prompt = [258, 85, 252, 258, 85, 252, 258, 85]  # repeats: drafts from the first token
     mx.random.seed(7)
-    runs: list[tuple[list[int], set[int]]] = []  # tokens, and those a verify step decided
-    drafted = accepted = 0
-    for uid in range(SAMPLED_RUNS):
+    runs, drafted, accepted = sampled_runs(batch, prompt, SAMPLED_RUNS, 4)
+    # both branches of the rule, many times over
+    assert accepted >= 30 and drafted - accepted >= 200, (drafted, accepted)
+    assert_target_distribution(reference, prompt, runs, 600)
+
+
+Run = tuple[list[int], set[int]]  # a sampled answer's tokens, and those a verify step decided
+
+
+def sampled_runs(
+    batch: LockstepBatch, prompt: list[int], count: int, drafts: int
+) -> tuple[list[Run], int, int]:
+    """``count`` sampled answers to ``prompt`` on ``batch`` (one after another, each with
+    ``drafts`` drafts a step), and the tokens drafted and accepted in all."""
+    runs: list[Run] = []
+    counts = [0, 0]
+    for uid in range(count):
         tokens: list[int] = []
         decided: set[int] = set()
 
-        def record(_: int, drafts: int, kept: int, out: list[int] = tokens, d=decided) -> None:
-            nonlocal drafted, accepted
-            drafted, accepted = drafted + drafts, accepted + kept
+        def record(_: int, drafted: int, kept: int, out: list[int] = tokens, d=decided) -> None:
+            counts[0], counts[1] = counts[0] + drafted, counts[1] + kept
             # the step emits the pending token (index len(out)) and the kept drafts, and
             # samples the token after them: those it decided are the indices after the first
             d.update(range(len(out) + 1, len(out) + kept + 2))
 
         batch.on_drafts = record
-        insert = Insert(uid=uid, tokens=tuple(prompt), max_tokens=SAMPLED_TOKENS, draft_tokens=4)
+        insert = Insert(
+            uid=uid, tokens=tuple(prompt), max_tokens=SAMPLED_TOKENS, draft_tokens=drafts
+        )
         batch.insert(insert)
         while not batch.idle:
             tokens += [response.token for response in batch.step()]
         runs.append((tokens, {i for i in decided if i < len(tokens)}))
-    # both branches of the rule, many times over
-    assert accepted >= 30 and drafted - accepted >= 200, (drafted, accepted)
+    return runs, counts[0], counts[1]
+
+
+def assert_target_distribution(
+    reference: Any, prompt: list[int], runs: list[Run], least: int
+) -> None:
+    """The tokens verify steps decided follow ``reference``'s distribution at TEMPERATURE
+    given the tokens before them (the probability integral transform is uniform, at least
+    ``least`` of them), and the same test rejects the greedy tokens (so it can fail)."""
     rng = np.random.default_rng(0)
     sampled, greedy = [], []
     for tokens, decided in runs:
@@ -411,7 +434,7 @@ def test_sampled_speculation_keeps_the_target_distribution(
         sampled.append(_pit(rows[picked], [tokens[i] for i in picked], rng))
         greedy.append(_pit(rows[picked], rows[picked].argmax(axis=-1).tolist(), rng))
     values = np.concatenate(sampled)
-    assert len(values) >= 600, len(values)
+    assert len(values) >= least, len(values)
     assert _ks(values) < KS_LIMIT, (_ks(values), len(values))
     assert _ks(np.concatenate(greedy)) > KS_LIMIT
 
