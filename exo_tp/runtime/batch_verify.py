@@ -30,19 +30,13 @@ from typing import cast
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import BatchKVCache, CacheList
+from mlx_lm.models.cache import BatchKVCache
 
-from exo_tp.runtime.cache_rewind import leaves
+from exo_tp.runtime.cache_rewind import leaves, made_of
 from exo_tp.runtime.speculative import finish_at, processed
 
 Response = GenerationBatch.Response
 Sampler = Callable[[mx.array], mx.array]
-
-
-def _whole_kv(cache: object) -> bool:
-    if isinstance(cache, CacheList):
-        return all(_whole_kv(c) for c in cache.caches)
-    return isinstance(cache, BatchKVCache)
 
 
 def can_verify_rows(generator: BatchGenerator) -> bool:
@@ -52,7 +46,7 @@ def can_verify_rows(generator: BatchGenerator) -> bool:
         len(batch) > 1
         and not generator._unprocessed_sequences
         and not generator._currently_processing
-        and all(_whole_kv(c) for c in batch.prompt_cache)
+        and all(made_of(c, (BatchKVCache,)) for c in batch.prompt_cache)
     )
 
 

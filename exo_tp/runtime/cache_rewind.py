@@ -22,11 +22,14 @@ from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList
 Saved = list[tuple[ArraysCache, Any]]
 
 
+def made_of(cache: object, kinds: tuple[type, ...]) -> bool:
+    """Whether a layer's cache (or each cache of its CacheList) is of one of ``kinds``."""
+    return all(isinstance(c, kinds) for c in leaves([cache]))
+
+
 def rewindable(cache: object) -> bool:
     """A whole-sequence KV cache, a recurrent state, or a list of them."""
-    if isinstance(cache, CacheList):
-        return all(rewindable(c) for c in cache.caches)
-    return isinstance(cache, BatchKVCache | ArraysCache)
+    return made_of(cache, (BatchKVCache, ArraysCache))
 
 
 def save(caches: list[Any]) -> Saved:

@@ -16,11 +16,11 @@ from typing import Any
 
 import mlx.core as mx
 from helpers import _single_device, mlx_lm_reference
+from test_speculative import greedy_batch
 
 from exo_tp.models.registry import resolve_model
 from exo_tp.plan.spec import load_spec
 from exo_tp.plan.tensor_parallel import plan_tensor_parallel
-from exo_tp.runtime.batching import LockstepBatch
 from exo_tp.shard.apply import load_shard
 from exo_tp.wire.assignment import ServingOptions
 from exo_tp.wire.runtime import Insert
@@ -38,15 +38,7 @@ def _decode_together(
     """The three prompts decoded together: each stream's tokens, and each verify step's
     (streams in the batch, drafted, accepted)."""
     options = ServingOptions(max_concurrency=4, prompt_cache_size=4, num_draft_tokens=drafts)
-    batch = LockstepBatch(
-        model,
-        list(tokenizer.eos_token_ids),
-        options,
-        lambda lp: (mx.argmax(lp, axis=-1), 0),
-        4096,
-        speculate=True,
-        verify_rows=rows,
-    )
+    batch = greedy_batch(model, list(tokenizer.eos_token_ids), options, verify_rows=rows)
     steps: list[tuple[int, int, int]] = []
     batch.on_drafts = lambda uid, drafted, kept: steps.append((len(batch.active), drafted, kept))
     tokens: dict[int, list[int]] = {i: [] for i in range(len(TEXTS))}

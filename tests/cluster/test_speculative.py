@@ -156,6 +156,15 @@ def test_two_uneven_ranks_speculate_when_sampling(tmp_path: Path) -> None:
     assert len(report.tokens) == TOKENS // 2 and report.finish_reason == "length"
 
 
+def greedy_batch(
+    model: Any, eos: list[int], options: ServingOptions, **extra: Any
+) -> LockstepBatch:
+    """A speculating LockstepBatch over a whole model in this process (no ranks: the sampler
+    is a plain argmax); ``extra``: LockstepBatch's other options (a drafter, verified rows)."""
+    sample = lambda lp: (mx.argmax(lp, axis=-1), 0)  # noqa: E731
+    return LockstepBatch(model, eos, options, sample, 4096, speculate=True, **extra)
+
+
 def _decode(
     eos: list[int], prompt: list[int], max_tokens: int, cache_entries: int = 0
 ) -> tuple[list[int], str | None, list[tuple[int, int, int]], LockstepBatch]:
@@ -166,9 +175,7 @@ def _decode(
     options = ServingOptions(
         max_concurrency=1, prompt_cache_size=cache_entries, num_draft_tokens=DRAFTS
     )
-    batch = LockstepBatch(
-        model, eos, options, lambda lp: (mx.argmax(lp, axis=-1), 0), 4096, speculate=True
-    )
+    batch = greedy_batch(model, eos, options)
     steps: list[tuple[int, int, int]] = []
     tokens: list[int] = []
     reason = None
@@ -255,14 +262,7 @@ def test_a_second_stream_turns_speculation_off_and_both_stay_greedy(
     lockstep), the first speculates again once alone, and both answers are greedy decoding's."""
     model, tokenizer = _single_device(_model_dir())
     options = ServingOptions(max_concurrency=2, prompt_cache_size=0, num_draft_tokens=DRAFTS)
-    batch = LockstepBatch(
-        model,
-        list(tokenizer.eos_token_ids),
-        options,
-        lambda lp: (mx.argmax(lp, axis=-1), 0),
-        4096,
-        speculate=True,
-    )
+    batch = greedy_batch(model, list(tokenizer.eos_token_ids), options)
     alone: list[bool] = []  # at each speculative step: whether its stream was alone
     tokens: dict[int, list[int]] = {0: [], 1: []}
     batch.on_drafts = lambda uid, drafted, accepted: alone.append(len(batch.active) == 1)
@@ -307,14 +307,7 @@ def test_only_rewindable_families_speculate_and_all_stay_greedy(
     # verify step would fill it; a repeat, so that drafts are found
     prompt = [258, 85, 252, 258, 85]
     options = ServingOptions(max_concurrency=1, prompt_cache_size=0, num_draft_tokens=DRAFTS)
-    batch = LockstepBatch(
-        ours,
-        list(tokenizer.eos_token_ids),
-        options,
-        lambda lp: (mx.argmax(lp, axis=-1), 0),
-        0,
-        speculate=True,
-    )
+    batch = greedy_batch(ours, list(tokenizer.eos_token_ids), options)
     steps: list[int] = []
     batch.on_drafts = lambda uid, drafted, accepted: steps.append(drafted)
     batch.insert(Insert(uid=0, tokens=tuple(prompt), max_tokens=12, draft_tokens=DRAFTS))
@@ -470,15 +463,8 @@ def _draft_decode(
     from exo_tp.runtime.draft_model import ModelDrafter
 
     options = ServingOptions(max_concurrency=1, prompt_cache_size=0, num_draft_tokens=DRAFTS)
-    batch = LockstepBatch(
-        target,  # type: ignore[arg-type]
-        eos,
-        options,
-        lambda lp: (mx.argmax(lp, axis=-1), 0),
-        0,
-        speculate=True,
-        drafter=ModelDrafter(draft, mx.distributed.init()),  # type: ignore[arg-type]
-    )
+    drafter = ModelDrafter(draft, mx.distributed.init())  # type: ignore[arg-type]
+    batch = greedy_batch(target, eos, options, drafter=drafter)
     counts = [0, 0]
 
     def record(_: int, drafted: int, accepted: int) -> None:

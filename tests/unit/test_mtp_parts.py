@@ -14,8 +14,9 @@ from mlx_lm.models.cache import ArraysCache, BatchKVCache
 from mtp_models import _drafter, mtp_config, write_mtp_model
 
 from exo_tp.plan.spec import load_spec
+from exo_tp.plan.stored import stored_bytes
 from exo_tp.runtime.cache_rewind import rewind, save
-from exo_tp.runtime.mtp.checkpoint import heads_tensors, load_heads
+from exo_tp.runtime.mtp.checkpoint import heads_names, load_heads
 from exo_tp.runtime.mtp.tap import MOST_ROWS, HiddenTap
 
 
@@ -31,11 +32,11 @@ def test_heads_written_as_shipped_load_back_through_mlx_vlm(
     written = dict(tree_flatten(_drafter(arch, mtp_config(arch)).parameters()))
     assert set(loaded) == set(written)
     assert all(loaded[name].shape == written[name].shape for name in written)
-    sizes = heads_tensors(folder)
+    names = heads_names(folder)  # as mlx-vlm's splitter picks them; the planner by prefix
     spec = load_spec(folder)
-    assert spec.mtp_bytes == sum(sizes.values()) > 0
+    assert spec.mtp_bytes == stored_bytes(folder, names.__contains__) > 0
     assert load_spec(default_models["smollm2-135m"]).mtp_bytes == 0
-    assert heads_tensors(default_models["smollm2-135m"]) == {}
+    assert heads_names(default_models["smollm2-135m"]) == set()
 
 
 def test_the_heads_read_what_was_written(tmp_path: Path, default_models: dict[str, Path]) -> None:
@@ -104,3 +105,35 @@ def test_mtp_flag_reaches_the_serving_options() -> None:
     for argv, expected in (([], "auto"), (["--mtp"], "on"), (["--no-mtp"], "off")):
         fields = _fields(parser.parse_args(argv), None)
         assert fields["mtp"] == expected and fields["num_draft_tokens"] is None
+    assert _fields(parser.parse_args(["--batch-drafts", "on"]), None)["batch_drafts"] == "on"
+
+
+def test_a_bad_batch_drafts_value_is_one_cli_line() -> None:
+    from helpers import run_cli
+
+    done = run_cli(
+        "launch", "--ranks", "1", "--prompt", "x", "--batch-drafts", "maybe", check=False
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "--batch-drafts: invalid choice: 'maybe'" in done.stderr
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "glm_moe_dsa"])
+def test_the_heads_travel_to_the_last_stage_only(
+    tmp_path: Path, default_models: dict[str, Path], arch: str
+) -> None:
+    """Weights between peers: every tensor mlx-vlm's splitter loads as the heads goes whole
+    to each rank of the last stage, and none to the first stage's."""
+    from exo_tp.plan.pipeline import plan_pipeline
+    from exo_tp.weights.boxes import rank_boxes
+    from exo_tp.weights.build import build_manifest
+
+    folder = write_mtp_model(tmp_path / arch, arch, default_models["smollm2-135m"])
+    names = heads_names(folder)
+    manifest = build_manifest(folder)
+    plan = plan_pipeline(load_spec(folder), [[1.0], [2.0, 1.0]])
+    lengths = {entry.name: entry.length for entry in manifest.tensors}
+    first, *last = (rank_boxes(manifest, plan, rank).ranges for rank in range(3))
+    assert names and not names & set(first)
+    for boxes in last:
+        assert all(boxes[name] == ((0, lengths[name]),) for name in names)

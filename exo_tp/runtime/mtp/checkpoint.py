@@ -8,7 +8,6 @@ the checkpoint's tensor names) and loaded by that splitter, so every family mlx-
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,6 @@ import mlx.nn as nn
 from exo_tp.errors import ExoTpError
 from exo_tp.plan.mtp import declared_mtp
 from exo_tp.shard.safetensors_slices import SafetensorsIndex
-
-_ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "F8_E4M3": 1}
 
 
 def _config(model_dir: Path) -> dict[str, Any]:
@@ -36,28 +33,25 @@ def _splitter(config: dict[str, Any]) -> Any | None:
         return None
 
 
-def heads_tensors(model_dir: Path) -> dict[str, int]:
-    """The checkpoint's MTP tensors and their bytes ({} where it carries none, declares
-    none, or mlx-vlm has no drafter for its family)."""
+def heads_names(model_dir: Path) -> set[str]:
+    """The checkpoint's MTP tensors, as mlx-vlm's splitter picks them (none where it carries
+    none, declares none, or mlx-vlm has no drafter for its family)."""
     config = _config(model_dir)
     if not declared_mtp(config):
-        return {}
+        return set()
     splitter = _splitter(config)
     if splitter is None:
-        return {}
+        return set()
     text_config = splitter.read_text_config(config)
-    out = {}
-    for name, entry in SafetensorsIndex(Path(model_dir)).entries.items():
-        if splitter.select_keys(name, text_config):
-            out[name] = math.prod(entry.shape) * _ITEM_BYTES.get(entry.dtype, 2)
-    return out
+    names = SafetensorsIndex(Path(model_dir)).entries
+    return {name for name in names if splitter.select_keys(name, text_config)}
 
 
 def load_heads(model_dir: Path, dtype: mx.Dtype | None) -> nn.Module:
     """mlx-vlm's drafter holding the checkpoint's MTP heads, in ``dtype``, loaded now."""
     config = _config(model_dir)
     splitter = _splitter(config)
-    if splitter is None or not heads_tensors(model_dir):
+    if splitter is None or not heads_names(model_dir):
         raise ExoTpError(f"{model_dir} carries no MTP heads mlx-vlm can load")
     heads = splitter.load(Path(model_dir), source_config=config)
     if dtype is not None:  # (None: the checkpoint's own)

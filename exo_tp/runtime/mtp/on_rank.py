@@ -14,7 +14,7 @@ import mlx.nn as nn
 
 from exo_tp.arch import table_for
 from exo_tp.arch.table import ArchTable
-from exo_tp.runtime.mtp.checkpoint import heads_tensors, load_heads
+from exo_tp.runtime.mtp.checkpoint import heads_names, load_heads
 from exo_tp.runtime.mtp.drafter import MtpDrafter
 from exo_tp.runtime.mtp.tap import HiddenTap
 from exo_tp.shard.collectives import sum_over_ranks
@@ -71,7 +71,7 @@ def _problem(job: Assignment, model_dir: Path, has_parts: bool) -> str:
         return "the last stage holds no embedding rows (an untied model's pipeline)"
     if job.serving.mtp == "auto" and mx.default_device().type != mx.gpu:
         return "auto: on a CPU a verify step costs several decode steps (--mtp to use them)"
-    if not heads_tensors(model_dir):
+    if not heads_names(model_dir):
         return "the checkpoint carries no MTP heads mlx-vlm can load"
     return ""
 
@@ -98,6 +98,6 @@ def mtp_on_rank(
         return None
     tap = HiddenTap(get_path(model, table.norm))
     set_path(model, table.norm, tap)
-    mb = sum(heads_tensors(model_dir).values()) / 1e6
+    mb = job.plan.spec.mtp_bytes / 1e6  # (as the planner counted them)
     log.info("epoch %d rank %d: MTP heads loaded (%.1f MB)", job.epoch, job.rank, mb)
     return MtpParts(heads, tap, parts[0], parts[1])
